@@ -1,0 +1,1 @@
+"""HookRegistry hooks on SGLang internals, one module per upstream function (installed as sglang_mepic.patches)."""

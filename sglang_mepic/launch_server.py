@@ -1,0 +1,138 @@
+"""Launch SGLang's own HTTP server with sglang-mepic loaded.
+
+    python -m sglang_mepic.launch_server [any sglang.launch_server flag ...]
+
+Every flag is passed on to SGLang. What this wrapper adds:
+- with no `--model-path`, the embedded default model (SmolLM2-135M-Instruct);
+- on a machine without CUDA, the CPU defaults (`SGLANG_USE_CPU_ENGINE=1`,
+  `--device cpu`, `--attention-backend torch_native`, a bounded
+  `--max-total-tokens`), each only where the flag is not given;
+- clear errors, before anything heavy loads, for a missing model folder or a
+  port that is taken.
+"""
+
+import argparse
+import os
+import socket
+import sys
+from pathlib import Path
+
+from sglang_mepic import models
+
+CPU_MAX_TOTAL_TOKENS = 65536  # SGLang would otherwise size the pool from free RAM (~14 GB)
+CPU_ATTENTION_BACKEND = "torch_native"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 30000
+
+
+class LaunchError(SystemExit):
+    def __init__(self, message: str):
+        super().__init__(f"sglang_mepic.launch_server: error: {message}")
+
+
+def _known_flags(argv: list[str]) -> argparse.Namespace:
+    """The few flags this wrapper reads; everything else is SGLang's business."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--model-path", "--model")
+    p.add_argument("--host", default=DEFAULT_HOST)
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--device")
+    p.add_argument("--attention-backend")
+    p.add_argument("--max-total-tokens")
+    known, _ = p.parse_known_args(argv)
+    return known
+
+
+def wants_help(argv: list[str]) -> bool:
+    return any(a in ("-h", "--help") for a in argv)
+
+
+def with_defaults(argv: list[str], cuda: bool) -> tuple[list[str], dict[str, str]]:
+    """Return (argv, env) with the defaults filled in where the user gave none."""
+    known = _known_flags(argv)
+    argv = list(argv)
+    env = {"HF_HUB_OFFLINE": "1"}  # nothing may download from a model hub
+    if known.model_path is None:
+        argv += ["--model-path", str(models.model_dir(models.DEFAULT_MODEL))]
+    if not cuda:
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+        if known.device is None:
+            argv += ["--device", "cpu"]
+        if known.attention_backend is None:
+            argv += ["--attention-backend", CPU_ATTENTION_BACKEND]
+        if known.max_total_tokens is None:
+            argv += ["--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
+    return argv, env
+
+
+def check_model_path(path: str) -> None:
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise LaunchError(
+            f"model folder not found: {folder}\n"
+            "  Give --model-path a local HF model folder (hub downloads are disabled), "
+            "or build one with: python -m sglang_mepic.models {tiny,smollm2-135m}"
+        )
+    if not (folder / "config.json").is_file():
+        raise LaunchError(f"{folder} is not an HF model folder: it has no config.json")
+
+
+def check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # Same option uvicorn sets, so a socket in TIME_WAIT does not count as taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise LaunchError(f"cannot listen on {host}:{port}: {e.strerror} (is another server running?)") from None
+
+
+def _ensure_default_model(model_path: str) -> None:
+    default = models.model_dir(models.DEFAULT_MODEL)
+    if Path(model_path) == default and not models.is_built(default):
+        models.build(models.DEFAULT_MODEL)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _drop_checkout_root_from_path() -> None:
+    """`python -m` from the repo root puts it first on sys.path, where `kernels/`
+    would shadow the PyPI package `kernels` in this process and the ones it
+    spawns. The installed package does not need it there."""
+    root = Path(__file__).resolve().parent.parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != root]
+
+
+def main(argv: list[str] | None = None) -> None:
+    _drop_checkout_root_from_path()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not wants_help(argv):
+        argv, env = with_defaults(argv, cuda=_has_cuda())
+        for key, value in env.items():
+            os.environ.setdefault(key, value)
+        known = _known_flags(argv)
+        _ensure_default_model(known.model_path)
+        check_model_path(known.model_path)
+        check_port_free(known.host, known.port)
+
+    # Imported late: SGLang reads SGLANG_USE_CPU_ENGINE at import time.
+    from sglang.launch_server import run_server
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
+
+    load_plugins()
+    server_args = prepare_server_args(argv)
+    try:
+        run_server(server_args)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Start and stop a real sglang-mepic server on a free loopback port.
+
+Used by the end-to-end tests and the evaluation scripts:
+
+    with ServerProcess(model_path, "--dtype", "float32") as server:
+        requests.post(server.url + "/generate", json=...)
+
+The server runs in its own process group, so stopping it also stops the
+scheduler and detokenizer processes SGLang spawns.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+HOST = "127.0.0.1"
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+class ServerProcess:
+    def __init__(self, model_path: str | os.PathLike, *args: str, port: int | None = None,
+                 startup_timeout: float = 300.0, env: dict[str, str] | None = None):
+        self.model_path = str(model_path)
+        self.args = list(args)
+        self.port = port or free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        self.startup_timeout = startup_timeout
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+
+    def start(self) -> "ServerProcess":
+        fd, log = tempfile.mkstemp(prefix=f"sglang-mepic-{self.port}-", suffix=".log")
+        self.log_path = Path(log)
+        cmd = [sys.executable, "-m", "sglang_mepic.launch_server", "--model-path", self.model_path,
+               "--host", HOST, "--port", str(self.port), *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True, cwd=tempfile.gettempdir())
+        os.close(fd)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"server exited with code {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise ServerError(f"server not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pgid = os.getpgid(self.proc.pid)
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        # SGLang's children may outlive the main process; clear the whole group.
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

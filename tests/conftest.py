@@ -1,0 +1,21 @@
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from sglang_mepic import models  # noqa: E402
+from sglang_mepic.server_process import ServerProcess  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    """The random-weight test Llama, built on first use (about 5 s)."""
+    return str(models.build(models.TEST_MODEL))
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model):
+    """One real SGLang server on the tiny model at float32, shared by the e2e tests."""
+    with ServerProcess(tiny_model, "--dtype", "float32") as server:
+        yield server

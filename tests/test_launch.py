@@ -1,0 +1,82 @@
+"""The launcher: CPU defaults, flag pass-through and start-up errors."""
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from sglang_mepic import launch_server, models
+from sglang_mepic.launch_server import with_defaults
+
+
+def flag_value(argv, flag):
+    return argv[argv.index(flag) + 1]
+
+
+def test_cpu_defaults_fill_missing_flags():
+    argv, env = with_defaults(["--model-path", "m"], cuda=False)
+    assert flag_value(argv, "--device") == "cpu"
+    assert flag_value(argv, "--attention-backend") == "torch_native"
+    assert int(flag_value(argv, "--max-total-tokens")) == launch_server.CPU_MAX_TOTAL_TOKENS
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert env["HF_HUB_OFFLINE"] == "1"
+
+
+@pytest.mark.parametrize("given", [["--max-total-tokens", "4096"], ["--max-total-tokens=4096"]])
+def test_user_flags_win_over_defaults(given):
+    user = ["--model-path", "m", "--attention-backend", "triton", *given]
+    argv, _ = with_defaults(user, cuda=False)
+    added = argv[len(user):]
+    assert argv[:len(user)] == user
+    assert "--attention-backend" not in added and "--max-total-tokens" not in added
+    assert added == ["--device", "cpu"]
+
+
+def test_cuda_machine_gets_no_cpu_defaults():
+    argv, env = with_defaults(["--model-path", "m"], cuda=True)
+    assert argv == ["--model-path", "m"]
+    assert "SGLANG_USE_CPU_ENGINE" not in env
+
+
+def test_default_model_when_no_model_path():
+    argv, _ = with_defaults([], cuda=False)
+    assert flag_value(argv, "--model-path") == str(models.model_dir(models.DEFAULT_MODEL))
+    argv, _ = with_defaults(["--model", "x"], cuda=False)
+    assert "--model-path" not in argv
+
+
+def run_launcher(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "sglang_mepic.launch_server", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_shows_sglang_flags():
+    out = run_launcher("--help")
+    assert out.returncode == 0, out.stderr
+    for flag in ("--model-path", "--attention-backend", "--radix-cache-backend", "--max-total-tokens"):
+        assert flag in out.stdout
+
+
+def test_missing_model_folder_is_a_clear_error(tmp_path):
+    out = run_launcher("--model-path", str(tmp_path / "nope"), "--port", "1")
+    assert out.returncode != 0
+    assert "model folder not found" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_folder_without_config_is_a_clear_error(tmp_path):
+    out = run_launcher("--model-path", str(tmp_path))
+    assert out.returncode != 0
+    assert "no config.json" in out.stderr
+
+
+def test_port_in_use_is_a_clear_error(tiny_model):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = run_launcher("--model-path", tiny_model, "--port", str(port))
+    assert out.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "Traceback" not in out.stderr

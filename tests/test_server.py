@@ -1,0 +1,102 @@
+"""End to end: SGLang's real server, started by sglang_mepic.launch_server on the tiny model."""
+
+import os
+
+import pytest
+import requests
+import torch
+
+pytestmark = pytest.mark.server
+
+
+def generate(server, **body):
+    r = requests.post(server.url + "/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def served_model(server):
+    return requests.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+
+
+def test_generate(tiny_server):
+    out = generate(tiny_server, text="def hello(x):",
+                   sampling_params={"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+    assert len(out["output_ids"]) == 8
+    assert out["meta_info"]["completion_tokens"] == 8
+    assert out["text"]
+
+
+def test_completions(tiny_server):
+    r = requests.post(tiny_server.url + "/v1/completions", timeout=120, json={
+        "model": served_model(tiny_server), "prompt": "import os\nimport", "max_tokens": 6,
+        "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion"
+    assert body["usage"]["completion_tokens"] > 0
+    assert isinstance(body["choices"][0]["text"], str)
+
+
+def test_chat_completions(tiny_server):
+    r = requests.post(tiny_server.url + "/v1/chat/completions", timeout=120, json={
+        "model": served_model(tiny_server), "max_tokens": 6, "temperature": 0,
+        "messages": [{"role": "system", "content": "You write Python."},
+                     {"role": "user", "content": "Open a file."}]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"]["prompt_tokens"] > 10
+    assert body["usage"]["completion_tokens"] > 0
+
+
+def test_repeated_prompt_hits_the_prefix_cache(tiny_server):
+    text = " ".join(open(os.__file__).read().split()[:200])
+    params = {"max_new_tokens": 4, "temperature": 0}
+    first = generate(tiny_server, text=text, sampling_params=params)
+    second = generate(tiny_server, text=text, sampling_params=params)
+    prompt_tokens = second["meta_info"]["prompt_tokens"]
+    assert first["meta_info"]["cached_tokens"] < prompt_tokens // 2
+    # Everything but the last prompt token (which must be recomputed for its logits) is reused.
+    assert second["meta_info"]["cached_tokens"] >= prompt_tokens - 1
+    assert second["output_ids"] == first["output_ids"]
+
+
+def test_frontend_program(tiny_server):
+    import sglang as sgl
+
+    @sgl.function
+    def qa(s, question):
+        s += "Question: " + question + "\n"
+        s += "Answer:" + sgl.gen("answer", max_tokens=8, temperature=0)
+        s += "\nMore:" + sgl.gen("more", max_tokens=4, temperature=0, stop="\n")
+
+    backend = sgl.RuntimeEndpoint(tiny_server.url)
+    state = qa.run(question="What does os.path.join do?", backend=backend)
+    assert isinstance(state["answer"], str) and state["answer"]
+    assert isinstance(state["more"], str)
+    states = qa.run_batch([{"question": f"q{i}"} for i in range(4)], backend=backend)
+    assert len(states) == 4
+    assert all(isinstance(s["answer"], str) and s["answer"] for s in states)
+    # Greedy and deterministic: the same question answers the same through run and run_batch.
+    again = qa.run_batch([{"question": "What does os.path.join do?"}], backend=backend)[0]
+    assert again["answer"] == state["answer"]
+
+
+def test_greedy_tokens_equal_hf_transformers(tiny_server, tiny_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    words = open(os.__file__).read().split()
+    prompts = ["def hello(x):", " ".join(words[:120]), " ".join(words[:400]) + " tail"]
+    lengths = []
+    for prompt in prompts:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        lengths.append(ids.shape[1])
+        with torch.no_grad():
+            hf = model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1]:].tolist()
+        out = generate(tiny_server, input_ids=ids[0].tolist(),
+                       sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
+        assert out["output_ids"] == hf, f"prompt of {ids.shape[1]} tokens diverges from HF"
+    assert max(lengths) > 500
