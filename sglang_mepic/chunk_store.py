@@ -1,0 +1,118 @@
+"""Chunk hash -> canonical pages, with object-level LRU eviction and admission.
+
+The store holds one page reference per canonical page of every chunk it keeps.
+Requests and radix nodes that use those pages hold references of their own
+(see `pages.PageRefs`), so a chunk is evictable exactly when the store is the
+only holder left on all of its pages: evicting it then frees every page.
+"""
+
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from sglang_mepic.pages import PageRefs
+
+
+class Residency(enum.Enum):
+    DEVICE = "device"
+    ABSENT = "absent"
+
+
+@dataclass
+class Chunk:
+    key: str
+    pages: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Admission:
+    ok: bool
+    need: int
+    free: int
+    evictable: int
+
+    @property
+    def reason(self) -> str:
+        if self.ok:
+            return ""
+        return (f"needs {self.need} KV pages but only {self.free} are free and "
+                f"{self.evictable} more could be evicted")
+
+
+@dataclass
+class Stats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+@dataclass
+class ChunkStore:
+    refs: PageRefs
+    _chunks: "OrderedDict[str, Chunk]" = field(default_factory=OrderedDict)  # oldest use first
+    stats: Stats = field(default_factory=Stats)
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._chunks
+
+    def residency(self, key: str) -> Residency:
+        return Residency.DEVICE if key in self._chunks else Residency.ABSENT
+
+    def use(self, key: str) -> tuple[int, ...] | None:
+        """The canonical pages of `key`, with one new reference for the caller; None on a miss."""
+        chunk = self._chunks.get(key)
+        if chunk is None:
+            self.stats.misses += 1
+            return None
+        self.stats.hits += 1
+        self._chunks.move_to_end(key)
+        self.refs.acquire(chunk.pages)
+        return chunk.pages
+
+    def put(self, key: str, pages: tuple[int, ...]) -> tuple[int, ...]:
+        """Keep `pages` as the canonical pages of `key`; the caller keeps its own reference.
+
+        If `key` is already stored (two requests compiled the same chunk at once),
+        the stored pages win and are returned; the caller should use them and drop its copy.
+        """
+        if key in self._chunks:
+            self._chunks.move_to_end(key)
+            return self._chunks[key].pages
+        self.refs.acquire(pages)
+        self._chunks[key] = Chunk(key, tuple(pages))
+        return tuple(pages)
+
+    def _is_evictable(self, chunk: Chunk) -> bool:
+        return all(self.refs.count(p) == 1 for p in chunk.pages)
+
+    def evictable_pages(self) -> int:
+        return sum(len(c.pages) for c in self._chunks.values() if self._is_evictable(c))
+
+    def evict(self, num_pages: int) -> int:
+        """Evict least recently used unheld chunks until `num_pages` pages are freed."""
+        freed = 0
+        for chunk in [c for c in self._chunks.values() if self._is_evictable(c)]:
+            if freed >= num_pages:
+                break
+            del self._chunks[chunk.key]
+            freed += len(self.refs.release(chunk.pages))
+            self.stats.evictions += 1
+        return freed
+
+    def admit(self, need: int) -> Admission:
+        """Make room for `need` new pages, evicting if that suffices; refuse otherwise."""
+        free = self.refs.allocator.available()
+        evictable = self.evictable_pages() if free < need else 0
+        ok = free + evictable >= need
+        if ok and free < need:
+            self.evict(need - free)
+        return Admission(ok, need, free, evictable)
+
+    def flush(self) -> int:
+        return self.evict(self.evictable_pages())
+
+    def canonical_pages(self) -> int:
+        return sum(len(c.pages) for c in self._chunks.values())
