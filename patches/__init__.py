@@ -1,1 +1,26 @@
-"""HookRegistry hooks on SGLang internals, one module per upstream function (installed as sglang_mepic.patches)."""
+"""HookRegistry hooks on SGLang internals (installed as `sglang_mepic.patches`).
+
+One module per upstream function. Each module names the function it hooks
+(`TARGET`), how (`HOOK_TYPE`), the hook itself (`hook`), and the SGLang release
+it was written against (`WRITTEN_FOR`); `register_all` refuses to hook any other
+release, because the upstream function may have changed under it.
+"""
+
+import importlib
+
+from sglang.srt.plugins.hook_registry import HookRegistry
+
+MODULES = (
+    "tokenizer_manager_tokenize_one_request",
+    "tokenizer_manager_should_use_batch_tokenization",
+    "serving_chat_process_messages",
+)
+
+
+def register_all(sglang_version: str) -> None:
+    for name in MODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        if module.WRITTEN_FOR != sglang_version:
+            raise RuntimeError(f"patch {name} was written for sglang {module.WRITTEN_FOR}, "
+                               f"not {sglang_version}; it must be re-checked against the new code")
+        HookRegistry.register(module.TARGET, module.hook, module.HOOK_TYPE)

@@ -17,12 +17,14 @@ import socket
 import sys
 from pathlib import Path
 
-from sglang_mepic import models
+from sglang_mepic import config, models
+from sglang_mepic.segments import Placement
 
 CPU_MAX_TOTAL_TOKENS = 65536  # SGLang would otherwise size the pool from free RAM (~14 GB)
 CPU_ATTENTION_BACKEND = "torch_native"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
+MEPIC_PAGE_SIZE = 16  # one MEPIC block = one SGLang page
 
 
 class LaunchError(SystemExit):
@@ -39,8 +41,28 @@ def _known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device")
     p.add_argument("--attention-backend")
     p.add_argument("--max-total-tokens")
+    p.add_argument("--radix-cache-backend")
+    p.add_argument("--page-size")
     known, _ = p.parse_known_args(argv)
     return known
+
+
+def mepic_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    g = p.add_argument_group("sglang-mepic options (consumed here, not passed to SGLang)")
+    g.add_argument("--mepic-placement", choices=[x.value for x in Placement], default=None,
+                   help=f"where a chunk's pads go: 'leading' (as in the paper) or 'trailing' "
+                        f"(first block full of real tokens). Default: {config.DEFAULT_PLACEMENT.value}.")
+    return p
+
+
+def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Remove the --mepic-* flags from argv and return them as environment settings."""
+    known, rest = mepic_parser().parse_known_args(argv)
+    env = {}
+    if known.mepic_placement:
+        env[config.PLACEMENT_ENV] = known.mepic_placement
+    return rest, env
 
 
 def wants_help(argv: list[str]) -> bool:
@@ -54,6 +76,8 @@ def with_defaults(argv: list[str], cuda: bool) -> tuple[list[str], dict[str, str
     env = {"HF_HUB_OFFLINE": "1"}  # nothing may download from a model hub
     if known.model_path is None:
         argv += ["--model-path", str(models.model_dir(models.DEFAULT_MODEL))]
+    if known.radix_cache_backend == "mepic" and known.page_size is None:
+        argv += ["--page-size", str(MEPIC_PAGE_SIZE)]
     if not cuda:
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         if known.device is None:
@@ -111,7 +135,12 @@ def _drop_checkout_root_from_path() -> None:
 def main(argv: list[str] | None = None) -> None:
     _drop_checkout_root_from_path()
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not wants_help(argv):
+    argv, mepic_env = split_mepic_flags(argv)
+    os.environ.update(mepic_env)
+    if wants_help(argv):
+        mepic_parser().print_help()
+        print()
+    else:
         argv, env = with_defaults(argv, cuda=_has_cuda())
         for key, value in env.items():
             os.environ.setdefault(key, value)

@@ -10,6 +10,7 @@ import logging
 from sglang_mepic import SGLANG_VERSION
 
 logger = logging.getLogger(__name__)
+_registered = False
 
 
 def check_sglang_version() -> str:
@@ -24,5 +25,17 @@ def check_sglang_version() -> str:
 
 
 def register() -> None:
-    check_sglang_version()
-    logger.debug("sglang-mepic plugin loaded")
+    global _registered
+    if _registered:
+        return
+    version = check_sglang_version()
+
+    from sglang.srt.mem_cache.registry import register_radix_cache_backend
+
+    from sglang_mepic import radix_cache
+    from sglang_mepic.patches import register_all
+
+    register_radix_cache_backend(radix_cache.BACKEND_NAME, radix_cache.build)
+    register_all(version)
+    _registered = True
+    logger.debug("sglang-mepic plugin registered")

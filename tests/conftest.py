@@ -19,3 +19,10 @@ def tiny_server(tiny_model):
     """One real SGLang server on the tiny model at float32, shared by the e2e tests."""
     with ServerProcess(tiny_model, "--dtype", "float32") as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def mepic_server(tiny_model):
+    """The tiny model behind `--radix-cache-backend mepic` (page size 16 by default)."""
+    with ServerProcess(tiny_model, "--dtype", "float32", "--radix-cache-backend", "mepic") as server:
+        yield server

@@ -54,7 +54,8 @@ def run_launcher(*args, timeout=120):
 def test_help_shows_sglang_flags():
     out = run_launcher("--help")
     assert out.returncode == 0, out.stderr
-    for flag in ("--model-path", "--attention-backend", "--radix-cache-backend", "--max-total-tokens"):
+    for flag in ("--model-path", "--attention-backend", "--radix-cache-backend", "--max-total-tokens",
+                 "--mepic-placement"):
         assert flag in out.stdout
 
 
@@ -80,3 +81,16 @@ def test_port_in_use_is_a_clear_error(tiny_model):
     assert out.returncode != 0
     assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_mepic_cache_defaults_to_page_size_16():
+    argv, _ = with_defaults(["--model-path", "m", "--radix-cache-backend", "mepic"], cuda=False)
+    assert flag_value(argv, "--page-size") == "16"
+    argv, _ = with_defaults(["--model-path", "m", "--radix-cache-backend", "mepic", "--page-size", "4"], cuda=False)
+    assert argv.count("--page-size") == 1
+
+
+def test_mepic_flags_are_consumed_here():
+    argv, env = launch_server.split_mepic_flags(["--model-path", "m", "--mepic-placement", "leading"])
+    assert argv == ["--model-path", "m"]
+    assert env == {"SGLANG_MEPIC_PLACEMENT": "leading"}

@@ -1,0 +1,46 @@
+"""Chat messages may carry chunk markup in their content.
+
+SGLang renders the chat template and tokenizes it in one step, which would turn
+the markers into text tokens. When the rendered prompt holds markup, re-split it:
+each piece is tokenized on its own and the markers become marker ids, which the
+tokenize hook then strips like any marked-up input_ids.
+"""
+
+from sglang.srt.plugins.hook_registry import HookType
+
+from sglang_mepic.markup import CHUNK_BEGIN_ID, CHUNK_END_ID, has_text_markup, tokenize_text
+from sglang_mepic.segments import Kind
+
+WRITTEN_FOR = "0.5.23"
+TARGET = "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._process_messages"
+HOOK_TYPE = HookType.AFTER
+
+
+def _marked(request) -> bool:
+    for message in request.messages:
+        content = message.content
+        parts = content if isinstance(content, list) else [content]
+        for part in parts:
+            text = part if isinstance(part, str) else getattr(part, "text", None)
+            if isinstance(text, str) and has_text_markup(text):
+                return True
+    return False
+
+
+def hook(result, serving, request, *args, **kwargs):
+    if not _marked(request):
+        return result
+    tok = serving.tokenizer_manager.tokenizer
+    rendered = result.prompt_ids
+    if isinstance(rendered, list):
+        rendered = tok.decode(rendered, skip_special_tokens=False)
+    if not isinstance(rendered, str) or not has_text_markup(rendered):
+        return result
+    # The template already placed BOS and other special tokens as text.
+    pieces = tokenize_text(rendered, lambda s, special: tok.encode(s, add_special_tokens=special),
+                           add_special_tokens=False)
+    ids: list[int] = []
+    for piece in pieces:
+        ids += [CHUNK_BEGIN_ID, *piece.tokens, CHUNK_END_ID] if piece.kind is Kind.CHUNK else piece.tokens
+    result.prompt_ids = ids
+    return result

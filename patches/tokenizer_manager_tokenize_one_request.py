@@ -1,0 +1,58 @@
+"""Strip chunk markup before SGLang tokenizes a generate request.
+
+Marked-up text or input_ids become plain input_ids plus a `kv_hints` action with
+the chunk spans; malformed markup raises a ValueError, which the HTTP layer
+returns as a 400 before the request reaches the scheduler.
+"""
+
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
+from sglang.srt.plugins.hook_registry import HookType
+
+from sglang_mepic import config
+from sglang_mepic.markup import (HINT_TYPE, Marked, chunks_from_hints, has_id_markup, has_text_markup,
+                                 split_ids, tokenize_text)
+from sglang_mepic.segments import layout
+
+WRITTEN_FOR = "0.5.23"
+TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._tokenize_one_request"
+HOOK_TYPE = HookType.AROUND
+
+
+def _page_size(manager) -> int:
+    return int(getattr(manager.server_args, "page_size", None) or 1)
+
+
+def _with_action(envelope: KvHintsEnvelope | None, rid, action: dict) -> KvHintsEnvelope:
+    others = [a for a in (envelope.actions if envelope else []) if a.action_type != HINT_TYPE]
+    return KvHintsEnvelope(protocol_version=envelope.protocol_version if envelope else "1",
+                           message_id=envelope.message_id if envelope else str(rid or ""),
+                           actions=[*others, KvHintAction(**action)])
+
+
+def strip_markup(manager, obj: GenerateReqInput) -> Marked | None:
+    if obj.input_embeds is not None:
+        return None
+    vocab = manager.model_config.vocab_size
+    if obj.input_ids is not None and (has_id_markup(obj.input_ids) or max(obj.input_ids, default=0) >= vocab):
+        # Also catches plain out-of-vocabulary ids, which would otherwise crash the scheduler.
+        pieces = split_ids(obj.input_ids, vocab)
+    elif isinstance(obj.text, str) and has_text_markup(obj.text):
+        tok = manager.tokenizer
+        pieces = tokenize_text(obj.text, lambda s, special: tok.encode(s, add_special_tokens=special))
+    else:
+        if obj.input_ids is not None and obj.kv_hints is not None:
+            chunks_from_hints(obj.kv_hints, len(obj.input_ids))  # a client-sent span list is validated too
+        return None
+    # Rejects a request that no longer fits the context once chunks are padded.
+    layout(pieces, _page_size(manager), config.placement(), max_slots=manager.context_len)
+    marked = Marked.from_pieces(pieces)
+    obj.input_ids, obj.text = marked.input_ids, None
+    obj.kv_hints = _with_action(obj.kv_hints, obj.rid, marked.hint_action())
+    return marked
+
+
+async def hook(original, manager, obj, *args, **kwargs):
+    if isinstance(obj, GenerateReqInput):
+        strip_markup(manager, obj)
+    return await original(manager, obj, *args, **kwargs)

@@ -1,0 +1,148 @@
+"""Chunk markup through every client path, against a real server with the mepic cache."""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from sglang_mepic.lang import chunk
+from sglang_mepic.markup import CHUNK_BEGIN_ID as BEG
+from sglang_mepic.markup import CHUNK_END_ID as END
+from sglang_mepic.markup import split_text
+from sglang_mepic.server_process import ServerProcess
+
+pytestmark = pytest.mark.server
+
+GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+WORDS = open(os.__file__).read().split()
+DOC_A = " ".join(WORDS[:60])
+DOC_B = " ".join(WORDS[200:290])
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+def post(server, path, body, expect=200):
+    r = requests.post(server.url + path, json=body, timeout=120)
+    assert r.status_code == expect, r.text
+    return r.json()
+
+
+def piecewise_ids(tok, text, bos=True):
+    """What the server must feed the model: each piece tokenized alone, markers dropped."""
+    ids = []
+    for i, (_, part) in enumerate(split_text(text)):
+        ids += tok.encode(part, add_special_tokens=bos and i == 0)
+    return ids
+
+
+def test_generate_text_markup_never_reaches_the_model(mepic_server, tok):
+    text = "Use the documents. " + chunk(DOC_A) + chunk(DOC_B) + " Question: what is os?"
+    marked = post(mepic_server, "/generate", {"text": text, "sampling_params": GREEDY})
+    plain = post(mepic_server, "/generate", {"input_ids": piecewise_ids(tok, text), "sampling_params": GREEDY})
+    assert marked["meta_info"]["prompt_tokens"] == len(piecewise_ids(tok, text))
+    assert marked["output_ids"] == plain["output_ids"]
+    assert "chunk|>" not in marked["text"]
+
+
+def test_input_ids_markup(mepic_server, tok):
+    a, b = tok.encode(DOC_A, add_special_tokens=False), tok.encode(DOC_B, add_special_tokens=False)
+    head, tail = tok.encode("Context:"), tok.encode(" Answer:", add_special_tokens=False)
+    marked = post(mepic_server, "/generate",
+                  {"input_ids": head + [BEG, *a, END, BEG, *b, END] + tail, "sampling_params": GREEDY})
+    plain = post(mepic_server, "/generate", {"input_ids": head + a + b + tail, "sampling_params": GREEDY})
+    assert marked["output_ids"] == plain["output_ids"]
+    assert marked["meta_info"]["prompt_tokens"] == len(head + a + b + tail)
+
+
+def test_completions_markup(mepic_server, tok):
+    prompt = "Docs: " + chunk(DOC_A) + " Summary:"
+    body = post(mepic_server, "/v1/completions",
+                {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0})
+    assert body["usage"]["prompt_tokens"] == len(piecewise_ids(tok, prompt))
+    assert "chunk|>" not in body["choices"][0]["text"]
+
+
+def test_chat_markup(mepic_server, tok):
+    messages = [{"role": "system", "content": "Answer from the documents."},
+                {"role": "user", "content": chunk(DOC_A) + chunk(DOC_B) + "What is os?"}]
+    body = post(mepic_server, "/v1/chat/completions",
+                {"model": "tiny", "messages": messages, "max_tokens": 4, "temperature": 0})
+    rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert body["usage"]["prompt_tokens"] == len(piecewise_ids(tok, rendered, bos=False))
+    assert "chunk|>" not in body["choices"][0]["message"]["content"]
+
+
+def test_frontend_program_with_chunks(mepic_server):
+    import sglang as sgl
+
+    @sgl.function
+    def rag(s, docs, question):
+        s += "Use the documents.\n"
+        for doc in docs:
+            s += chunk(doc)
+        s += "Question: " + question + "\nAnswer:" + sgl.gen("answer", max_tokens=6, temperature=0)
+
+    backend = sgl.RuntimeEndpoint(mepic_server.url)
+    state = rag.run(docs=[DOC_A, DOC_B], question="what is os?", backend=backend)
+    assert state["answer"] and "chunk|>" not in state["answer"]
+    direct = post(mepic_server, "/generate", {
+        "text": "Use the documents.\n" + chunk(DOC_A) + chunk(DOC_B) + "Question: what is os?\nAnswer:",
+        "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
+    assert state["answer"] == direct["text"]
+    states = rag.run_batch([{"docs": [DOC_B, DOC_A], "question": f"q{i}"} for i in range(3)], backend=backend)
+    assert all(s["answer"] for s in states)
+
+
+MALFORMED = [
+    ("/generate", {"text": "a <|chunk|> b", "sampling_params": GREEDY}, "never closed"),
+    ("/generate", {"text": "a <|/chunk|> b", "sampling_params": GREEDY}, "no matching"),
+    ("/generate", {"text": "<|chunk|>a<|chunk|>b<|/chunk|><|/chunk|>", "sampling_params": GREEDY}, "nested"),
+    ("/generate", {"text": "a <|chunk|><|/chunk|> b", "sampling_params": GREEDY}, "empty chunk"),
+    ("/generate", {"input_ids": [1, BEG, 5], "sampling_params": GREEDY}, "never closed"),
+    ("/generate", {"input_ids": [1, -7, 5], "sampling_params": GREEDY}, "neither a token id"),
+    ("/generate", {"input_ids": [1, 99999], "sampling_params": GREEDY}, "neither a token id"),
+    ("/generate", {"input_ids": [BEG, *([5] * 5000), END], "sampling_params": GREEDY}, "context length"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x <|chunk|>y", "max_tokens": 2}, "never closed"),
+    ("/v1/chat/completions", {"model": "tiny", "max_tokens": 2,
+                              "messages": [{"role": "user", "content": "<|chunk|>a<|chunk|>b"}]}, "nested"),
+]
+
+
+@pytest.mark.parametrize("path, body, message", MALFORMED, ids=[m[2] + "-" + m[0] for m in MALFORMED])
+def test_malformed_markup_is_a_400_and_the_server_keeps_serving(mepic_server, path, body, message):
+    r = requests.post(mepic_server.url + path, json=body, timeout=60)
+    assert 400 <= r.status_code < 500, r.text
+    assert message in r.text
+    ok = post(mepic_server, "/generate", {"text": "still alive?", "sampling_params": GREEDY})
+    assert len(ok["output_ids"]) == GREEDY["max_new_tokens"]
+
+
+def prompt_set(tok):
+    """The foundation prompt set: short, long, repeated (prefix hits) and extended prompts."""
+    long = " ".join(WORDS[:400])
+    return ["def hello(x):", " ".join(WORDS[:120]), long, long, long + " tail", " ".join(WORDS[:120])]
+
+
+def run_prompt_set(server, tok):
+    seq = [post(server, "/generate", {"text": p, "sampling_params": {**GREEDY, "max_new_tokens": 16}})
+           for p in prompt_set(tok)]
+    with ThreadPoolExecutor(8) as pool:
+        conc = list(pool.map(lambda i: post(server, "/generate", {
+            "text": " ".join(WORDS[i * 30:i * 30 + 150]), "sampling_params": GREEDY}), range(8)))
+    return ([(r["output_ids"], r["meta_info"]["cached_tokens"]) for r in seq],
+            [r["output_ids"] for r in conc])
+
+
+def test_no_markup_equals_sglang_default_cache(mepic_server, tiny_model, tok):
+    mepic_seq, mepic_conc = run_prompt_set(mepic_server, tok)
+    with ServerProcess(tiny_model, "--dtype", "float32", "--page-size", "16") as default:
+        default_seq, default_conc = run_prompt_set(default, tok)
+    assert mepic_seq == default_seq
+    assert mepic_conc == default_conc
+    assert any(cached > 0 for _, cached in mepic_seq)  # the set does exercise prefix hits

@@ -1,0 +1,86 @@
+import pytest
+
+from sglang_mepic.lang import chunk
+from sglang_mepic.markup import (CHUNK_BEGIN_ID as BEG, CHUNK_END_ID as END, Marked, MarkupError, chunks_from_hints,
+                                 split_ids, split_text, tokenize_text)
+from sglang_mepic.segments import Kind, Piece
+
+P, C = Kind.PROMPT, Kind.CHUNK
+
+
+def test_split_text():
+    text = "intro " + chunk("doc a") + chunk("doc b") + " question"
+    assert split_text(text) == [(P, "intro "), (C, "doc a"), (C, "doc b"), (P, " question")]
+    assert split_text("no markup") == [(P, "no markup")]
+    assert split_text(chunk("only")) == [(C, "only")]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a <|/chunk|> b", "no matching"),
+    ("a <|chunk|> b", "never closed"),
+    ("<|chunk|>a<|chunk|>b<|/chunk|><|/chunk|>", "nested"),
+    ("x<|chunk|><|/chunk|>y", "empty chunk"),
+    ("<|chunk|>a<|/chunk|><|/chunk|>", "no matching"),
+])
+def test_malformed_text(text, message):
+    with pytest.raises(MarkupError, match=message):
+        split_text(text)
+
+
+def test_split_ids():
+    assert split_ids([1, 2, BEG, 5, 6, END, 7], 10) == [
+        Piece(P, (1, 2)), Piece(C, (5, 6)), Piece(P, (7,))]
+    assert split_ids([BEG, 5, END, BEG, 6, END], 10) == [Piece(C, (5,)), Piece(C, (6,))]
+
+
+@pytest.mark.parametrize("ids, message", [
+    ([1, BEG, 2], "never closed"),
+    ([1, END], "no matching begin"),
+    ([BEG, 1, BEG, 2, END, END], "nested"),
+    ([BEG, END], "empty chunk"),
+    ([1, -5], "neither a token id"),
+    ([1, 10], "neither a token id"),
+])
+def test_malformed_ids(ids, message):
+    with pytest.raises(MarkupError, match=message):
+        split_ids(ids, 10)
+
+
+def test_tokenize_pieces_separately_with_bos_once():
+    calls = []
+
+    def encode(s, special):
+        calls.append((s, special))
+        return ([0] if special else []) + [len(w) for w in s.split()]
+
+    pieces = tokenize_text("a bb " + chunk("ccc dddd") + " ee", encode)
+    assert [p.kind for p in pieces] == [P, C, P]
+    assert pieces[0].tokens == (0, 1, 2) and pieces[1].tokens == (3, 4)
+    assert [special for _, special in calls] == [True, False, False]
+
+
+def test_marked_round_trip_and_hint():
+    pieces = [Piece(P, (1, 2)), Piece(C, (5, 6, 7)), Piece(C, (8,)), Piece(P, (9,))]
+    marked = Marked.from_pieces(pieces)
+    assert marked.input_ids == [1, 2, 5, 6, 7, 8, 9]
+    assert marked.chunks == [(2, 5), (5, 6)]
+    assert marked.pieces() == pieces
+
+    class Action:
+        action_type = marked.hint_action()["action_type"]
+        action_version = marked.hint_action()["action_version"]
+        payload = marked.hint_action()["payload"]
+
+    class Envelope:
+        actions = [Action]
+
+    assert chunks_from_hints(Envelope, 7) == [(2, 5), (5, 6)]
+    with pytest.raises(MarkupError, match="out of range"):
+        chunks_from_hints(Envelope, 5)
+
+
+def test_chunk_helper_rejects_bad_text():
+    with pytest.raises(MarkupError):
+        chunk("")
+    with pytest.raises(MarkupError):
+        chunk("a <|chunk|> b")
