@@ -14,6 +14,7 @@ MODULES = (
     "tokenizer_manager_tokenize_one_request",
     "tokenizer_manager_should_use_batch_tokenization",
     "serving_chat_process_messages",
+    "rotary_embedding_forward",
 )
 
 

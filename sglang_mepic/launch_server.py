@@ -4,9 +4,10 @@
 
 Every flag is passed on to SGLang. What this wrapper adds:
 - with no `--model-path`, the embedded default model (SmolLM2-135M-Instruct);
+- `--attention-backend mepic` (NoPE keys, RoPE applied inside attention);
 - on a machine without CUDA, the CPU defaults (`SGLANG_USE_CPU_ENGINE=1`,
-  `--device cpu`, `--attention-backend torch_native`, a bounded
-  `--max-total-tokens`), each only where the flag is not given;
+  `--device cpu`, a bounded `--max-total-tokens`);
+- each default only where the flag is not given;
 - clear errors, before anything heavy loads, for a missing model folder or a
   port that is taken.
 """
@@ -21,7 +22,7 @@ from sglang_mepic import config, models
 from sglang_mepic.segments import Placement
 
 CPU_MAX_TOTAL_TOKENS = 65536  # SGLang would otherwise size the pool from free RAM (~14 GB)
-CPU_ATTENTION_BACKEND = "torch_native"
+ATTENTION_BACKEND = "mepic"  # NoPE keys with RoPE fused into attention
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
 MEPIC_PAGE_SIZE = 16  # one MEPIC block = one SGLang page
@@ -43,6 +44,7 @@ def _known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-total-tokens")
     p.add_argument("--radix-cache-backend")
     p.add_argument("--page-size")
+    p.add_argument("--cuda-graph-backend-decode")
     known, _ = p.parse_known_args(argv)
     return known
 
@@ -78,12 +80,15 @@ def with_defaults(argv: list[str], cuda: bool) -> tuple[list[str], dict[str, str
         argv += ["--model-path", str(models.model_dir(models.DEFAULT_MODEL))]
     if known.radix_cache_backend == "mepic" and known.page_size is None:
         argv += ["--page-size", str(MEPIC_PAGE_SIZE)]
+    if known.attention_backend is None:
+        argv += ["--attention-backend", ATTENTION_BACKEND]
+    if (known.attention_backend or ATTENTION_BACKEND) == "mepic" and known.cuda_graph_backend_decode is None:
+        # The mepic backend has no CUDA-graph capture path yet.
+        argv += ["--cuda-graph-backend-decode", "disabled"]
     if not cuda:
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         if known.device is None:
             argv += ["--device", "cpu"]
-        if known.attention_backend is None:
-            argv += ["--attention-backend", CPU_ATTENTION_BACKEND]
         if known.max_total_tokens is None:
             argv += ["--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
     return argv, env

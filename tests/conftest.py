@@ -1,8 +1,12 @@
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# SGLang modules imported by unit tests pick their CPU code paths at import time.
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 from sglang_mepic import models  # noqa: E402
 from sglang_mepic.server_process import ServerProcess  # noqa: E402
@@ -26,3 +30,33 @@ def mepic_server(tiny_model):
     """The tiny model behind `--radix-cache-backend mepic` (page size 16 by default)."""
     with ServerProcess(tiny_model, "--dtype", "float32", "--radix-cache-backend", "mepic") as server:
         yield server
+
+
+def _generate(server, text, max_new_tokens):
+    r = requests.post(server.url + "/generate", timeout=120, json={
+        "text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.fixture(scope="session")
+def run_prompt_set():
+    """The foundation prompt set, for comparing two servers.
+
+    Sequential requests (short, long, repeated and extended prompts, so prefix-cache
+    hits happen) give (output ids, cached tokens); then 8 concurrent requests give
+    output ids.
+    """
+    words = open(os.__file__).read().split()
+    long = " ".join(words[:400])
+    sequential = ["def hello(x):", " ".join(words[:120]), long, long, long + " tail", " ".join(words[:120])]
+    concurrent = [" ".join(words[i * 30:i * 30 + 150]) for i in range(8)]
+
+    def run(server):
+        seq = [_generate(server, p, 16) for p in sequential]
+        with ThreadPoolExecutor(8) as pool:
+            conc = list(pool.map(lambda p: _generate(server, p, 8), concurrent))
+        return ([(r["output_ids"], r["meta_info"]["cached_tokens"]) for r in seq],
+                [r["output_ids"] for r in conc])
+
+    return run

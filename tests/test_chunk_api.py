@@ -1,8 +1,6 @@
 """Chunk markup through every client path, against a real server with the mepic cache."""
 
 import os
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 import requests
 
@@ -123,26 +121,10 @@ def test_malformed_markup_is_a_400_and_the_server_keeps_serving(mepic_server, pa
     assert len(ok["output_ids"]) == GREEDY["max_new_tokens"]
 
 
-def prompt_set(tok):
-    """The foundation prompt set: short, long, repeated (prefix hits) and extended prompts."""
-    long = " ".join(WORDS[:400])
-    return ["def hello(x):", " ".join(WORDS[:120]), long, long, long + " tail", " ".join(WORDS[:120])]
-
-
-def run_prompt_set(server, tok):
-    seq = [post(server, "/generate", {"text": p, "sampling_params": {**GREEDY, "max_new_tokens": 16}})
-           for p in prompt_set(tok)]
-    with ThreadPoolExecutor(8) as pool:
-        conc = list(pool.map(lambda i: post(server, "/generate", {
-            "text": " ".join(WORDS[i * 30:i * 30 + 150]), "sampling_params": GREEDY}), range(8)))
-    return ([(r["output_ids"], r["meta_info"]["cached_tokens"]) for r in seq],
-            [r["output_ids"] for r in conc])
-
-
-def test_no_markup_equals_sglang_default_cache(mepic_server, tiny_model, tok):
-    mepic_seq, mepic_conc = run_prompt_set(mepic_server, tok)
+def test_no_markup_equals_sglang_default_cache(mepic_server, tiny_model, run_prompt_set):
+    mepic_seq, mepic_conc = run_prompt_set(mepic_server)
     with ServerProcess(tiny_model, "--dtype", "float32", "--page-size", "16") as default:
-        default_seq, default_conc = run_prompt_set(default, tok)
+        default_seq, default_conc = run_prompt_set(default)
     assert mepic_seq == default_seq
     assert mepic_conc == default_conc
     assert any(cached > 0 for _, cached in mepic_seq)  # the set does exercise prefix hits

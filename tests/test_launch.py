@@ -17,7 +17,8 @@ def flag_value(argv, flag):
 def test_cpu_defaults_fill_missing_flags():
     argv, env = with_defaults(["--model-path", "m"], cuda=False)
     assert flag_value(argv, "--device") == "cpu"
-    assert flag_value(argv, "--attention-backend") == "torch_native"
+    assert flag_value(argv, "--attention-backend") == "mepic"
+    assert flag_value(argv, "--cuda-graph-backend-decode") == "disabled"
     assert int(flag_value(argv, "--max-total-tokens")) == launch_server.CPU_MAX_TOTAL_TOKENS
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
     assert env["HF_HUB_OFFLINE"] == "1"
@@ -30,12 +31,12 @@ def test_user_flags_win_over_defaults(given):
     added = argv[len(user):]
     assert argv[:len(user)] == user
     assert "--attention-backend" not in added and "--max-total-tokens" not in added
-    assert added == ["--device", "cpu"]
+    assert added == ["--device", "cpu"]  # triton attention: no CUDA-graph override either
 
 
 def test_cuda_machine_gets_no_cpu_defaults():
-    argv, env = with_defaults(["--model-path", "m"], cuda=True)
-    assert argv == ["--model-path", "m"]
+    argv, env = with_defaults(["--model-path", "m", "--attention-backend", "triton"], cuda=True)
+    assert argv == ["--model-path", "m", "--attention-backend", "triton"]
     assert "SGLANG_USE_CPU_ENGINE" not in env
 
 

@@ -1,0 +1,115 @@
+"""The `mepic` attention backend (`--attention-backend mepic`).
+
+Keys are written to the KV pool in NoPE form: the `rotary_embedding_forward`
+patch lets the model rotate queries only, for the rotary modules this backend
+validated at start-up. We bypass the rotation rather than un-rotating stored
+keys, because un-rotating is a lossy round trip and would make the no-chunk
+path differ from SGLang's. At attention time each key is rotated at its slot's
+position in the request (`positions.PositionMap`). On CPU the math runs in
+torch (`attention.attend`); the Triton kernels in `sglang_mepic.kernels` are
+the GPU path of the same semantics.
+"""
+
+import logging
+
+import torch
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+from sglang_mepic.attention import attend_paged
+from sglang_mepic.positions import PositionMap
+from sglang_mepic.rope import Rope, UnsupportedRope
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "mepic"
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+def _rotary_modules(model) -> list:
+    return [m for name, m in model.named_modules() if name.endswith("rotary_emb")]
+
+
+class MepicAttnBackend(AttentionBackend):
+    def __init__(self, model_runner):
+        super().__init__()
+        self.device = model_runner.device
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        self.positions = PositionMap(self.req_to_token_pool.req_to_token)
+        self.rope = self._take_over_rotary(model_runner)
+
+    @staticmethod
+    def _take_over_rotary(model_runner) -> Rope:
+        archs = getattr(model_runner.model_config.hf_config, "architectures", None) or []
+        if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+            raise UnsupportedRope(f"--attention-backend mepic supports {', '.join(SUPPORTED_ARCHITECTURES)}; "
+                                  f"this model is {archs}")
+        if getattr(model_runner.model_config.hf_config, "sliding_window", None) and \
+                getattr(model_runner.model_config.hf_config, "use_sliding_window", True):
+            raise UnsupportedRope("--attention-backend mepic does not support sliding-window attention")
+        modules = _rotary_modules(model_runner.model)
+        if not modules:
+            raise UnsupportedRope("--attention-backend mepic needs a model with rotary position embedding; "
+                                  "none was found")
+        ropes = [Rope.from_module(m) for m in modules]
+        first = ropes[0]
+        for r in ropes[1:]:
+            if (r.rotary_dim, r.head_size, r.is_neox_style) != (first.rotary_dim, first.head_size, first.is_neox_style) \
+                    or not torch.equal(r.cos_sin_cache, first.cos_sin_cache):
+                raise UnsupportedRope("--attention-backend mepic needs one RoPE for all layers")
+        for m in modules:
+            m.mepic_nope_key = True
+        logger.info("mepic attention: NoPE keys, RoPE %s-style, rotary_dim %d of %d",
+                    "neox" if first.is_neox_style else "gptj", first.rotary_dim, first.head_size)
+        return first
+
+    def init_forward_metadata(self, forward_batch):
+        mode = forward_batch.forward_mode
+        if mode.is_decode():
+            self.positions.on_decode(forward_batch.req_pool_indices, forward_batch.seq_lens,
+                                     forward_batch.positions)
+        elif mode.is_extend():
+            self.positions.on_extend(forward_batch.req_pool_indices, forward_batch.extend_prefix_lens,
+                                     forward_batch.extend_seq_lens, forward_batch.positions)
+
+    def _save(self, layer, forward_batch, k, v, save_kv_cache):
+        if save_kv_cache and k is not None and v is not None:
+            self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
+
+    def _run(self, q, layer, forward_batch, q_lens):
+        if layer.is_cross_attention or (layer.sliding_window_size is not None and layer.sliding_window_size > -1):
+            raise NotImplementedError("mepic attention: cross or sliding-window attention is not supported")
+        q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        out = q.new_empty((q.shape[0], layer.tp_q_head_num, layer.v_head_dim))
+        k_pool = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        v_pool = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        req_to_token = self.req_to_token_pool.req_to_token
+        req_to_pos = self.positions.req_to_pos
+        rows = forward_batch.req_pool_indices.tolist()
+        seq_lens = forward_batch.seq_lens.tolist()
+        positions = forward_batch.positions
+        start = 0
+        for row, seq_len, n in zip(rows, seq_lens, q_lens):
+            end = start + n
+            out[start:end] = attend_paged(q[start:end], positions[start:end], k_pool, v_pool,
+                                          req_to_token[row, :seq_len], req_to_pos[row, :seq_len],
+                                          self.rope, layer.scaling)
+            start = end
+        return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        self._save(layer, forward_batch, k, v, save_kv_cache)
+        return self._run(q, layer, forward_batch, forward_batch.extend_seq_lens.tolist())
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        self._save(layer, forward_batch, k, v, save_kv_cache)
+        return self._run(q, layer, forward_batch, [1] * forward_batch.batch_size)
+
+    def support_triton(self):
+        return False
+
+
+def create(model_runner) -> MepicAttnBackend:
+    return MepicAttnBackend(model_runner)

@@ -1,0 +1,105 @@
+"""MEPIC attention semantics in torch: NoPE keys rotated at their slot positions."""
+
+import pytest
+import torch
+from torch.nn.functional import scaled_dot_product_attention
+
+from sglang_mepic.attention import attend
+from sglang_mepic.rope import Rope, cos_sin_cache
+
+D = 64
+
+
+def make_rope(rotary_dim=D, neox=True):
+    return Rope(cos_sin_cache(rotary_dim, 4096), rotary_dim, D, neox)
+
+
+def random_case(n_q=5, m=40, hq=6, hkv=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(n_q, hq, D, generator=g)
+    k = torch.randn(m, hkv, D, generator=g)
+    v = torch.randn(m, hkv, D, generator=g)
+    return q, k, v
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("rotary_dim", [D, D // 2])
+def test_identity_positions_equal_standard_causal_attention(neox, rotary_dim):
+    rope = make_rope(rotary_dim, neox)
+    q, k, v = random_case()
+    m, n = k.shape[0], q.shape[0]
+    pos = torch.arange(m)
+    q_pos = pos[-n:]
+    q_rot = rope.rotate(q, q_pos)
+    k_rot = rope.rotate(k, pos)
+    # Reference: the rotated keys as a standard pool, causal by index (queries are the last n).
+    mask = torch.arange(m)[None, :] <= torch.arange(m - n, m)[:, None]
+    ref = scaled_dot_product_attention(q_rot.transpose(0, 1)[None], k_rot.transpose(0, 1)[None],
+                                       v.transpose(0, 1)[None], attn_mask=mask[None, None],
+                                       enable_gqa=True).squeeze(0).transpose(0, 1)
+    out = attend(q_rot, q_pos, k, v, pos, rope, D ** -0.5)
+    torch.testing.assert_close(out, ref)
+
+
+def test_slot_order_does_not_matter_and_pads_are_masked():
+    rope = make_rope()
+    q, k, v = random_case(seed=1)
+    m = k.shape[0]
+    pos = torch.arange(100, 100 + m)  # positions need not start at 0
+    q_pos = torch.tensor([110, 120, 139, 139, 125])
+    q_rot = rope.rotate(q, q_pos)
+    base = attend(q_rot, q_pos, k, v, pos, rope, 0.1)
+
+    perm = torch.randperm(m, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(attend(q_rot, q_pos, k[perm], v[perm], pos[perm], rope, 0.1), base)
+
+    # Pads anywhere, holding garbage, change nothing.
+    pads = 7
+    k_pad = torch.cat([torch.full((pads, *k.shape[1:]), 1e4), k])
+    v_pad = torch.cat([torch.full((pads, *v.shape[1:]), -1e4), v])
+    pos_pad = torch.cat([torch.full((pads,), -1), pos])
+    torch.testing.assert_close(attend(q_rot, q_pos, k_pad, v_pad, pos_pad, rope, 0.1), base)
+
+
+def test_relative_positions_only():
+    """Shifting every position by the same amount leaves attention unchanged (RoPE is relative)."""
+    rope = make_rope()
+    q, k, v = random_case(seed=3)
+    pos = torch.arange(k.shape[0])
+    q_pos = torch.tensor([3, 10, 20, 30, 39])
+    out = attend(rope.rotate(q, q_pos), q_pos, k, v, pos, rope, 0.1)
+    shifted = attend(rope.rotate(q, q_pos + 777), q_pos + 777, k, v, pos + 777, rope, 0.1)
+    torch.testing.assert_close(out, shifted, atol=2e-4, rtol=1e-4)
+
+
+def sglang_rope(**kwargs):
+    from sglang.srt.layers.rotary_embedding import get_rope
+
+    return get_rope(head_size=D, max_position=4096, base=10000, dtype=torch.float32, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(rotary_dim=D),
+    dict(rotary_dim=D, is_neox_style=False),
+    dict(rotary_dim=D, partial_rotary_factor=0.5),
+    dict(rotary_dim=D, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    dict(rotary_dim=D, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}),
+    dict(rotary_dim=D, rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}),
+], ids=["neox", "gptj", "partial", "linear", "llama3", "yarn"])
+def test_key_rotation_matches_sglang_rotary(kwargs):
+    module = sglang_rope(**kwargs)
+    rope = Rope.from_module(module)
+    pos = torch.tensor([0, 5, 17, 1000, 4000, 3])
+    q = torch.randn(len(pos), 4, D)
+    k = torch.randn(len(pos), 2, D)
+    _, k_ref = module.forward_native(pos, q.clone(), k.clone())
+    torch.testing.assert_close(rope.rotate(k, pos), k_ref.view_as(k), rtol=0, atol=0)
+
+
+def test_unsupported_rope_is_refused():
+    from sglang_mepic.rope import UnsupportedRope
+
+    module = sglang_rope(rotary_dim=D, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    with pytest.raises(UnsupportedRope, match="cannot rotate keys"):
+        Rope.from_module(module)
