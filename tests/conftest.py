@@ -1,8 +1,12 @@
 import os
-from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-import requests
+# Must precede any import of the Triton kernels: @triton.jit reads it at decoration time.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+
+import pytest  # noqa: E402
+import requests  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # SGLang modules imported by unit tests pick their CPU code paths at import time.
