@@ -17,7 +17,7 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from sglang_mepic.attention import attend_paged
+from sglang_mepic.attention import attend_paged, attend_plain
 from sglang_mepic.positions import PositionMap
 from sglang_mepic.rope import Rope, UnsupportedRope
 
@@ -39,6 +39,12 @@ class MepicAttnBackend(AttentionBackend):
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         self.positions = PositionMap(self.req_to_token_pool.req_to_token)
         self.rope = self._take_over_rotary(model_runner)
+        self.use_triton = torch.device(self.device).type == "cuda"
+        if self.use_triton:
+            from sglang_mepic.kernels import attention as kernels
+
+            self.kernels = kernels
+            self.cos_sin = self.rope.cos_sin_cache.float().contiguous()
 
     @staticmethod
     def _take_over_rotary(model_runner) -> Rope:
@@ -66,6 +72,8 @@ class MepicAttnBackend(AttentionBackend):
         return first
 
     def init_forward_metadata(self, forward_batch):
+        # Rows without a placement plan have slot j at position j: the plain fast path.
+        self.plain_rows = (~self.positions.planned[forward_batch.req_pool_indices.long()]).tolist()
         mode = forward_batch.forward_mode
         if mode.is_decode():
             self.positions.on_decode(forward_batch.req_pool_indices, forward_batch.seq_lens,
@@ -91,20 +99,42 @@ class MepicAttnBackend(AttentionBackend):
         seq_lens = forward_batch.seq_lens.tolist()
         positions = forward_batch.positions
         start = 0
-        for row, seq_len, n in zip(rows, seq_lens, q_lens):
+        for row, seq_len, n, plain in zip(rows, seq_lens, q_lens, self.plain_rows):
             end = start + n
-            out[start:end] = attend_paged(q[start:end], positions[start:end], k_pool, v_pool,
-                                          req_to_token[row, :seq_len], req_to_pos[row, :seq_len],
-                                          self.rope, layer.scaling)
+            slots = req_to_token[row, :seq_len]
+            if plain:
+                out[start:end] = attend_plain(q[start:end], k_pool, v_pool, slots, self.rope, layer.scaling)
+            else:
+                out[start:end] = attend_paged(q[start:end], positions[start:end], k_pool, v_pool, slots,
+                                              req_to_pos[row, :seq_len], self.rope, layer.scaling)
             start = end
+        return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def _run_triton(self, q, layer, forward_batch, decode: bool):
+        q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        args = (self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+                self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+                self.req_to_token_pool.req_to_token, self.positions.req_to_pos, forward_batch.req_pool_indices,
+                forward_batch.seq_lens)
+        rope = (self.cos_sin, self.rope.rotary_dim, self.rope.is_neox_style, layer.scaling)
+        if decode:
+            out = self.kernels.decode(q, *args, forward_batch.positions, *rope)
+        else:
+            lens = forward_batch.extend_seq_lens
+            out = self.kernels.extend(q, *args, torch.cumsum(lens, 0) - lens, lens, forward_batch.positions, *rope,
+                                      max_ext_len=max(forward_batch.extend_seq_lens_cpu))
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         self._save(layer, forward_batch, k, v, save_kv_cache)
+        if self.use_triton:
+            return self._run_triton(q, layer, forward_batch, decode=False)
         return self._run(q, layer, forward_batch, forward_batch.extend_seq_lens.tolist())
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         self._save(layer, forward_batch, k, v, save_kv_cache)
+        if self.use_triton:
+            return self._run_triton(q, layer, forward_batch, decode=True)
         return self._run(q, layer, forward_batch, [1] * forward_batch.batch_size)
 
     def support_triton(self):

@@ -40,24 +40,41 @@ class Rope:
             raise UnsupportedRope(f"rotary_dim {module.rotary_dim} does not fit head size {module.head_size}")
         return cls(module.cos_sin_cache, module.rotary_dim, module.head_size, module.is_neox_style)
 
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate x [n, heads, head_size] at positions [n] (same arithmetic as SGLang's native path)."""
-        if positions.numel() and int(positions.max()) >= self.cos_sin_cache.shape[0]:
-            raise ValueError(f"position {int(positions.max())} is beyond the RoPE cache "
-                             f"({self.cos_sin_cache.shape[0]} positions)")
-        cos, sin = self.cos_sin_cache.index_select(0, positions.long()).chunk(2, dim=-1)
-        cos = cos.unsqueeze(-2).to(x.dtype)
-        sin = sin.unsqueeze(-2).to(x.dtype)
-        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim:]
-        if self.is_neox_style:
-            x1, x2 = rot.chunk(2, dim=-1)
-        else:
-            x1, x2 = rot[..., ::2], rot[..., 1::2]
-        o1 = x1 * cos - x2 * sin
-        o2 = x2 * cos + x1 * sin
-        out = torch.cat((o1, o2), dim=-1) if self.is_neox_style else torch.stack((o1, o2), dim=-1).flatten(-2)
-        return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate x [n, heads, head_size] at positions [n], or at 0..n-1 if positions is None.
 
+        Same arithmetic as SGLang's native rotary path, element for element (each
+        product rounded, then summed), so rotated keys are bit-identical to the
+        ones SGLang would have stored; written into one output to save passes.
+        """
+        n = x.shape[0]
+        if positions is None:
+            if n > self.cos_sin_cache.shape[0]:
+                raise ValueError(f"{n} positions exceed the RoPE cache ({self.cos_sin_cache.shape[0]})")
+            cos_sin = self.cos_sin_cache[:n]
+        else:
+            if positions.numel() and int(positions.max()) >= self.cos_sin_cache.shape[0]:
+                raise ValueError(f"position {int(positions.max())} is beyond the RoPE cache "
+                                 f"({self.cos_sin_cache.shape[0]} positions)")
+            cos_sin = self.cos_sin_cache.index_select(0, positions.long())
+        cos, sin = cos_sin.to(x.dtype).unsqueeze(-2).chunk(2, dim=-1)
+        half = self.rotary_dim // 2
+        if self.is_neox_style:
+            x1, x2 = x[..., :half], x[..., half:self.rotary_dim]
+        else:
+            x1, x2 = x[..., 0:self.rotary_dim:2], x[..., 1:self.rotary_dim:2]
+        out = torch.empty_like(x)
+        if self.is_neox_style:
+            o1, o2 = out[..., :half], out[..., half:self.rotary_dim]
+        else:
+            o1, o2 = out[..., 0:self.rotary_dim:2], out[..., 1:self.rotary_dim:2]
+        torch.mul(x1, cos, out=o1)
+        o1.sub_(x2 * sin)
+        torch.mul(x2, cos, out=o2)
+        o2.add_(x1 * sin)
+        if self.rotary_dim < self.head_size:
+            out[..., self.rotary_dim:] = x[..., self.rotary_dim:]
+        return out
 
 def cos_sin_cache(rotary_dim: int, max_positions: int, base: float = 10000.0) -> torch.Tensor:
     """A plain RoPE cache, for tests and kernels' references."""

@@ -103,3 +103,35 @@ def test_unsupported_rope_is_refused():
     module = sglang_rope(rotary_dim=D, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     with pytest.raises(UnsupportedRope, match="cannot rotate keys"):
         Rope.from_module(module)
+
+
+@pytest.mark.parametrize("n", [1, 7, 40])
+def test_plain_fast_path_equals_general_path(n):
+    from sglang_mepic.attention import attend_paged, attend_plain
+
+    rope = make_rope()
+    q, k, v = random_case(n_q=n, m=40, seed=4)
+    slots = torch.randperm(40, generator=torch.Generator().manual_seed(5))
+    pos = torch.arange(40)
+    q_rot = rope.rotate(q, pos[40 - n:])
+    general = attend_paged(q_rot, pos[40 - n:], k, v, slots, pos, rope, 0.125)
+    torch.testing.assert_close(attend_plain(q_rot, k, v, slots, rope, 0.125), general)
+
+
+def test_position_map_writes():
+    from sglang_mepic.positions import PositionMap
+
+    pm = PositionMap(torch.zeros(4, 16, dtype=torch.int32))
+    # Row 2: 3 cached prefix slots + 2 new tokens; row 0: a fresh prompt of 4.
+    pm.on_extend(torch.tensor([2, 0]), torch.tensor([3, 0]), torch.tensor([2, 4]),
+                 torch.tensor([3, 4, 0, 1, 2, 3]))
+    assert pm.req_to_pos[2, :6].tolist() == [0, 1, 2, 3, 4, -1]
+    assert pm.req_to_pos[0, :5].tolist() == [0, 1, 2, 3, -1]
+    pm.on_decode(torch.tensor([2]), torch.tensor([6]), torch.tensor([5]))
+    assert pm.req_to_pos[2, :6].tolist() == [0, 1, 2, 3, 4, 5]
+    # A planned row keeps its prefix positions (pads included); only new tokens are written.
+    pm.assign(1, torch.tensor([0, 1, -1, -1, 2, 3]))
+    pm.on_extend(torch.tensor([1]), torch.tensor([6]), torch.tensor([1]), torch.tensor([4]))
+    assert pm.req_to_pos[1, :8].tolist() == [0, 1, -1, -1, 2, 3, 4, -1]
+    pm.release(1)
+    assert not pm.planned[1]
