@@ -102,6 +102,7 @@ def test_extend_kernel(d, hq, hkv, page_size, neox, rot, dtype):
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 
+@pytest.mark.slow
 def test_compiles_for_sm90_and_sm80():
     """Real GPU compilation (PTX + cubin) with no GPU present, in a process without the interpreter."""
     import subprocess
