@@ -20,21 +20,9 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 import torch  # noqa: E402
 
 from sglang_mepic.backend import MepicAttnBackend  # noqa: E402
-from sglang_mepic.positions import PositionMap  # noqa: E402
 from sglang_mepic.rope import Rope, cos_sin_cache  # noqa: E402
 
 HQ, HKV, D = 9, 3, 64
-
-
-class Pool:
-    def __init__(self, k, v):
-        self.k, self.v = k, v
-
-    def get_key_buffer(self, layer_id):
-        return self.k
-
-    def get_value_buffer(self, layer_id):
-        return self.v
 
 
 def setup(batch, ctx, new_tokens, seed=0):
@@ -56,11 +44,7 @@ def setup(batch, ctx, new_tokens, seed=0):
 
 
 def mepic_fn(s, rope, decode, general=False):
-    backend = object.__new__(MepicAttnBackend)
-    backend.req_to_token_pool = SimpleNamespace(req_to_token=s.req_to_token)
-    backend.token_to_kv_pool = Pool(s.k, s.v)
-    backend.positions = PositionMap(s.req_to_token)
-    backend.rope = rope
+    backend = MepicAttnBackend.over_pools(s.req_to_token, s.k, s.v, rope)
     layer = SimpleNamespace(tp_q_head_num=HQ, qk_head_dim=D, v_head_dim=D, layer_id=0, scaling=D ** -0.5,
                             is_cross_attention=False, sliding_window_size=-1)
     fb = SimpleNamespace(req_pool_indices=s.rows, seq_lens=s.seq_lens, positions=s.positions, batch_size=len(s.rows))
@@ -70,7 +54,19 @@ def mepic_fn(s, rope, decode, general=False):
         backend.positions.planned[:] = True
     backend.plain_rows = (~backend.positions.planned[s.rows]).tolist()
     q_lens = [1] * len(s.rows) if decode else s.ext.tolist()
-    return lambda: backend._run(s.q, layer, fb, q_lens)
+    if not decode:
+        return lambda: backend._run(s.q, layer, fb, q_lens)
+    run = lambda: backend._run(s.q, layer, fb, q_lens, decode=True)  # noqa: E731
+    run()  # the first step rotates every key
+
+    def steady_step():
+        # As at each real decode step, all keys but the newest are already rotated.
+        cache = backend.rotated_keys._entries
+        for key, (buf, n) in cache.items():
+            cache[key] = (buf, n - 1)
+        return run()
+
+    return steady_step
 
 
 def native_fn(s, rope, decode):

@@ -42,16 +42,73 @@ def attend_plain(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, sl
     causal by index (the n queries are the last n slots), so SDPA's own causal
     path applies. Results equal `attend_paged` with kv_pos = arange(m).
     """
-    n, m = q.shape[0], slots.shape[0]
     k = rope.rotate(k_pool[slots].to(q.dtype))
-    v = v_pool[slots].to(q.dtype)
+    return attend_causal(q, k, v_pool[slots].to(q.dtype), scaling)
+
+
+def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float,
+                  pads: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotated keys, causal by index: the n queries are the last n of the m slots.
+
+    For one query (decode) every key is visible but pad slots, given as a mask in `pads`.
+    """
+    n, m = q.shape[0], k.shape[0]
     qh, kh, vh = q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
     gqa = q.shape[1] != k.shape[1]
+    if pads is not None and n != 1:
+        raise ValueError("pad masks are only for single-query attention")
     if n == 1:
-        out = scaled_dot_product_attention(qh, kh, vh, scale=scaling, enable_gqa=gqa)
+        mask = None if pads is None else (~pads)[None, None, None, :]
+        out = scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scaling, enable_gqa=gqa)
     elif n == m:
         out = scaled_dot_product_attention(qh, kh, vh, scale=scaling, enable_gqa=gqa, is_causal=True)
     else:
         mask = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n)
         out = scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[None, None], scale=scaling, enable_gqa=gqa)
     return out.squeeze(0).transpose(0, 1)
+
+
+class RotatedKeys:
+    """Rotated keys of decoding requests, kept across decode steps (CPU path).
+
+    Rotating every key of the context at every step costs more than the attention
+    itself on a CPU. A slot's position does not change while its request decodes,
+    so a request's rotated keys only grow by one slot per step. The backend drops
+    a row's entry when the row is extended (a new or resumed request) and when it
+    leaves the decode batch, so memory stays within the running requests' keys.
+    The GPU kernels rotate in registers and need none of this.
+    """
+
+    def __init__(self, rope: Rope):
+        self.rope = rope
+        self._entries: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}  # (layer, row) -> (buffer, length)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def drop(self, rows) -> None:
+        rows = set(rows)
+        self._entries = {key: e for key, e in self._entries.items() if key[1] not in rows}
+
+    def keep_only(self, rows) -> None:
+        rows = set(rows)
+        self._entries = {key: e for key, e in self._entries.items() if key[1] in rows}
+
+    def get(self, layer_id: int, row: int, k_pool: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype,
+            positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Keys of `slots` rotated at `positions` (default: slot j at position j; pads: any position)."""
+        n = slots.shape[0]
+        entry = self._entries.get((layer_id, row))
+        if entry is not None and entry[1] == n - 1:
+            buf = entry[0]
+            if buf.shape[0] < n:
+                grown = buf.new_empty((2 * buf.shape[0], *buf.shape[1:]))
+                grown[: n - 1] = buf[: n - 1]
+                buf = grown
+            new_pos = torch.tensor([n - 1], device=slots.device) if positions is None else positions[n - 1:]
+            buf[n - 1:n] = self.rope.rotate(k_pool[slots[n - 1:]].to(dtype), new_pos)
+        else:
+            buf = k_pool.new_empty((max(2 * n, 64), *k_pool.shape[1:]), dtype=dtype)
+            buf[:n] = self.rope.rotate(k_pool[slots].to(dtype), positions)
+        self._entries[(layer_id, row)] = (buf, n)
+        return buf[:n]

@@ -17,7 +17,7 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from sglang_mepic.attention import attend_paged, attend_plain
+from sglang_mepic.attention import RotatedKeys, attend_causal, attend_paged, attend_plain
 from sglang_mepic.positions import PositionMap
 from sglang_mepic.rope import Rope, UnsupportedRope
 
@@ -39,12 +39,35 @@ class MepicAttnBackend(AttentionBackend):
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         self.positions = PositionMap(self.req_to_token_pool.req_to_token)
         self.rope = self._take_over_rotary(model_runner)
+        self.rotated_keys = RotatedKeys(self.rope)
         self.use_triton = torch.device(self.device).type == "cuda"
         if self.use_triton:
             from sglang_mepic.kernels import attention as kernels
 
             self.kernels = kernels
             self.cos_sin = self.rope.cos_sin_cache.float().contiguous()
+
+    @classmethod
+    def over_pools(cls, req_to_token, k_pool, v_pool, rope: Rope) -> "MepicAttnBackend":
+        """A backend around bare tensors, without a model runner (tests, benchmarks)."""
+
+        class Pool:
+            def get_key_buffer(self, layer_id):
+                return k_pool
+
+            def get_value_buffer(self, layer_id):
+                return v_pool
+
+        backend = cls.__new__(cls)
+        AttentionBackend.__init__(backend)
+        backend.device = k_pool.device
+        backend.req_to_token_pool = type("ReqToTokenPool", (), {"req_to_token": req_to_token})()
+        backend.token_to_kv_pool = Pool()
+        backend.positions = PositionMap(req_to_token)
+        backend.rope = rope
+        backend.rotated_keys = RotatedKeys(rope)
+        backend.use_triton = False
+        return backend
 
     @staticmethod
     def _take_over_rotary(model_runner) -> Rope:
@@ -75,10 +98,13 @@ class MepicAttnBackend(AttentionBackend):
         # Rows without a placement plan have slot j at position j: the plain fast path.
         self.plain_rows = (~self.positions.planned[forward_batch.req_pool_indices.long()]).tolist()
         mode = forward_batch.forward_mode
+        rows = forward_batch.req_pool_indices.tolist()
         if mode.is_decode():
+            self.rotated_keys.keep_only(rows)
             self.positions.on_decode(forward_batch.req_pool_indices, forward_batch.seq_lens,
                                      forward_batch.positions)
         elif mode.is_extend():
+            self.rotated_keys.drop(rows)
             self.positions.on_extend(forward_batch.req_pool_indices, forward_batch.extend_prefix_lens,
                                      forward_batch.extend_seq_lens, forward_batch.positions)
 
@@ -86,7 +112,7 @@ class MepicAttnBackend(AttentionBackend):
         if save_kv_cache and k is not None and v is not None:
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
 
-    def _run(self, q, layer, forward_batch, q_lens):
+    def _run(self, q, layer, forward_batch, q_lens, decode=False):
         if layer.is_cross_attention or (layer.sliding_window_size is not None and layer.sliding_window_size > -1):
             raise NotImplementedError("mepic attention: cross or sliding-window attention is not supported")
         q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
@@ -102,11 +128,20 @@ class MepicAttnBackend(AttentionBackend):
         for row, seq_len, n, plain in zip(rows, seq_lens, q_lens, self.plain_rows):
             end = start + n
             slots = req_to_token[row, :seq_len]
-            if plain:
+            kv_pos = None if plain else req_to_pos[row, :seq_len]
+            if decode and (plain or int(kv_pos.max()) <= int(positions[start])):
+                # The new token has the largest position: every real slot is visible.
+                pads = None if plain else kv_pos < 0
+                if pads is not None and not bool(pads.any()):
+                    pads = None
+                k = self.rotated_keys.get(layer.layer_id, row, k_pool, slots, q.dtype,
+                                          None if plain else kv_pos.clamp(min=0))
+                out[start:end] = attend_causal(q[start:end], k, v_pool[slots].to(q.dtype), layer.scaling, pads)
+            elif plain:
                 out[start:end] = attend_plain(q[start:end], k_pool, v_pool, slots, self.rope, layer.scaling)
             else:
-                out[start:end] = attend_paged(q[start:end], positions[start:end], k_pool, v_pool, slots,
-                                              req_to_pos[row, :seq_len], self.rope, layer.scaling)
+                out[start:end] = attend_paged(q[start:end], positions[start:end], k_pool, v_pool, slots, kv_pos,
+                                              self.rope, layer.scaling)
             start = end
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
@@ -135,7 +170,7 @@ class MepicAttnBackend(AttentionBackend):
         self._save(layer, forward_batch, k, v, save_kv_cache)
         if self.use_triton:
             return self._run_triton(q, layer, forward_batch, decode=True)
-        return self._run(q, layer, forward_batch, [1] * forward_batch.batch_size)
+        return self._run(q, layer, forward_batch, [1] * forward_batch.batch_size, decode=True)
 
     def support_triton(self):
         return False

@@ -41,7 +41,10 @@ class ServerProcess:
         self.port = port or free_port()
         self.url = f"http://{HOST}:{self.port}"
         self.startup_timeout = startup_timeout
-        self.env = {**os.environ, **(env or {})}
+        # A test session may run Triton under the interpreter; a server never should
+        # (SGLang's own kernels would crawl), unless asked to explicitly.
+        inherited = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        self.env = {**inherited, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.log_path: Path | None = None
 

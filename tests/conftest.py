@@ -1,6 +1,7 @@
 import os
 
-# Must precede any import of the Triton kernels: @triton.jit reads it at decoration time.
+# Must precede any import of the Triton kernels: @triton.jit reads it at decoration
+# time. Servers started by the tests do not inherit it (see ServerProcess).
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402

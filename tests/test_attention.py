@@ -135,3 +135,59 @@ def test_position_map_writes():
     assert pm.req_to_pos[1, :8].tolist() == [0, 1, -1, -1, 2, 3, 4, -1]
     pm.release(1)
     assert not pm.planned[1]
+
+
+def test_rotated_keys_across_decode_steps():
+    from sglang_mepic.attention import RotatedKeys
+
+    rope = make_rope()
+    g = torch.Generator().manual_seed(6)
+    k_pool = torch.randn(300, 2, D, generator=g)
+    slots = torch.randperm(300, generator=g)[:200]
+    cache = RotatedKeys(rope)
+    for n in range(10, 200):  # one new slot per step, past the initial capacity
+        got = cache.get(0, 3, k_pool, slots[:n], torch.float32)
+        if n % 40 == 0 or n == 199:
+            torch.testing.assert_close(got, rope.rotate(k_pool[slots[:n]]), rtol=0, atol=0)
+    # A row whose request changed (an extend) must not reuse stale keys.
+    cache.drop([3])
+    assert len(cache) == 0
+    other = torch.randperm(300, generator=g)[:50]
+    torch.testing.assert_close(cache.get(0, 3, k_pool, other, torch.float32), rope.rotate(k_pool[other]))
+
+
+def test_backend_decode_steps_with_pads_equal_the_general_path():
+    """Decode on a planned row (pads, shuffled slots) through the backend's cached-rotation
+    path gives what `attend_paged` gives from scratch, step after step."""
+    from types import SimpleNamespace
+
+    from sglang_mepic.attention import attend_paged
+    from sglang_mepic.backend import MepicAttnBackend
+
+    rope = make_rope()
+    g = torch.Generator().manual_seed(8)
+    hq, hkv, steps, m0 = 6, 2, 5, 30
+    k_pool = torch.randn(64, hkv, D, generator=g)
+    v_pool = torch.randn(64, hkv, D, generator=g)
+    req_to_token = torch.zeros(2, 64, dtype=torch.int32)
+    req_to_token[1, :m0 + steps] = torch.randperm(64, generator=g)[:m0 + steps].to(torch.int32)
+    backend = MepicAttnBackend.over_pools(req_to_token, k_pool, v_pool, rope)
+    pos = torch.arange(m0) + 5
+    pos[[3, 4, 17]] = -1  # pads
+    backend.positions.assign(1, pos)
+    layer = SimpleNamespace(tp_q_head_num=hq, qk_head_dim=D, v_head_dim=D, layer_id=0, scaling=0.1,
+                            is_cross_attention=False, sliding_window_size=-1)
+    for step in range(steps):
+        seq_len = m0 + step + 1
+        q_pos = torch.tensor([int(backend.positions.req_to_pos[1, :seq_len - 1].max()) + 1])
+        fb = SimpleNamespace(req_pool_indices=torch.tensor([1]), seq_lens=torch.tensor([seq_len]), positions=q_pos,
+                             batch_size=1, forward_mode=SimpleNamespace(is_decode=lambda: True))
+        backend.init_forward_metadata(fb)
+        assert backend.plain_rows == [False]
+        q = rope.rotate(torch.randn(1, hq, D, generator=g), q_pos)
+        out = backend._run(q.reshape(1, -1), layer, fb, [1], decode=True).view(1, hq, D)
+        slots = req_to_token[1, :seq_len].long()
+        ref = attend_paged(q, q_pos, k_pool, v_pool, slots, backend.positions.req_to_pos[1, :seq_len].long(),
+                           rope, 0.1)
+        torch.testing.assert_close(out, ref)
+    assert len(backend.rotated_keys) == 1
