@@ -36,6 +36,31 @@ def _pair_index(h, HALF: tl.constexpr, NEOX: tl.constexpr):
 
 
 @triton.jit
+def _rotated_keys(K, ReqToToken, ReqToPos, CosSin, row, tok, seq_len, kvh, stride_rt, stride_rp, stride_ks,
+                  stride_kh, stride_cs, h, i1, i2, HALF: tl.constexpr):
+    """Slots, positions and RoPE'd key halves (fp32) of one block of a request's slots."""
+    in_seq = tok < seq_len
+    slot = tl.load(ReqToToken + row * stride_rt + tok, mask=in_seq, other=0).to(tl.int64)
+    pos = tl.load(ReqToPos + row * stride_rp + tok, mask=in_seq, other=-1)
+    real = in_seq & (pos >= 0)
+    cpos = tl.where(real, pos, 0).to(tl.int64)
+    cos = tl.load(CosSin + cpos[:, None] * stride_cs + h[None, :]).to(tl.float32)
+    sin = tl.load(CosSin + cpos[:, None] * stride_cs + HALF + h[None, :]).to(tl.float32)
+    k_base = K + slot[:, None] * stride_ks + kvh * stride_kh
+    k1 = tl.load(k_base + i1[None, :], mask=real[:, None], other=0.0).to(tl.float32)
+    k2 = tl.load(k_base + i2[None, :], mask=real[:, None], other=0.0).to(tl.float32)
+    return slot, pos, real, k_base, k1 * cos - k2 * sin, k2 * cos + k1 * sin
+
+
+@triton.jit
+def _softmax_step(s, m_i):
+    """Online softmax: new running max, rescale factor for the old sums, and this block's weights."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a block with nothing visible
+    return m_new, tl.exp(m_i - m_safe), tl.exp(s - m_safe[:, None])
+
+
+@triton.jit
 def _mepic_decode_kernel(
     Q, K, V, Out, ReqToToken, ReqToPos, ReqIdx, SeqLens, QPos, CosSin, sm_scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
@@ -69,28 +94,16 @@ def _mepic_decode_kernel(
     l_i = tl.zeros([GROUP_P], tl.float32)
     acc = tl.zeros([GROUP_P, DV], tl.float32)
     for start in range(0, seq_len, BLOCK_N):
-        tok = start + n
-        in_seq = tok < seq_len
-        slot = tl.load(ReqToToken + row * stride_rt + tok, mask=in_seq, other=0).to(tl.int64)
-        pos = tl.load(ReqToPos + row * stride_rp + tok, mask=in_seq, other=-1)
-        valid = in_seq & (pos >= 0) & (pos <= q_pos)
-        cpos = tl.where(valid, pos, 0).to(tl.int64)
-        cos = tl.load(CosSin + cpos[:, None] * stride_cs + h[None, :]).to(tl.float32)
-        sin = tl.load(CosSin + cpos[:, None] * stride_cs + HALF + h[None, :]).to(tl.float32)
-        k_base = K + slot[:, None] * stride_ks + kvh * stride_kh
-        k1 = tl.load(k_base + i1[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        k2 = tl.load(k_base + i2[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        k1r = k1 * cos - k2 * sin
-        k2r = k2 * cos + k1 * sin
+        slot, pos, real, k_base, k1r, k2r = _rotated_keys(
+            K, ReqToToken, ReqToPos, CosSin, row, start + n, seq_len, kvh, stride_rt, stride_rp, stride_ks,
+            stride_kh, stride_cs, h, i1, i2, HALF)
+        valid = real & (pos <= q_pos)
         s = tl.sum(q1[:, None, :] * k1r[None, :, :], 2) + tl.sum(q2[:, None, :] * k2r[None, :, :], 2)
         if PASS > 0:
             kp = tl.load(k_base + ip[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
             s += tl.sum(qp[:, None, :] * kp[None, :, :], 2)
         s = tl.where(valid[None, :], s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a block with nothing visible
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
+        m_new, alpha, p = _softmax_step(s, m_i)
         v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :],
                     mask=valid[:, None], other=0.0).to(tl.float32)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], 1)
@@ -152,29 +165,16 @@ def _mepic_extend_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV], tl.float32)
     for start in range(0, seq_len, BLOCK_N):
-        tok = start + n
-        in_seq = tok < seq_len
-        slot = tl.load(ReqToToken + row * stride_rt + tok, mask=in_seq, other=0).to(tl.int64)
-        pos = tl.load(ReqToPos + row * stride_rp + tok, mask=in_seq, other=-1)
-        real = in_seq & (pos >= 0)
-        cpos = tl.where(real, pos, 0).to(tl.int64)
-        cos = tl.load(CosSin + cpos[:, None] * stride_cs + h[None, :]).to(tl.float32)
-        sin = tl.load(CosSin + cpos[:, None] * stride_cs + HALF + h[None, :]).to(tl.float32)
-        k_base = K + slot[:, None] * stride_ks + kvh * stride_kh
-        k1 = tl.load(k_base + i1[None, :], mask=real[:, None], other=0.0).to(tl.float32)
-        k2 = tl.load(k_base + i2[None, :], mask=real[:, None], other=0.0).to(tl.float32)
-        k1r = k1 * cos - k2 * sin
-        k2r = k2 * cos + k1 * sin
+        slot, pos, real, k_base, k1r, k2r = _rotated_keys(
+            K, ReqToToken, ReqToPos, CosSin, row, start + n, seq_len, kvh, stride_rt, stride_rp, stride_ks,
+            stride_kh, stride_cs, h, i1, i2, HALF)
         s = _dot(q1, tl.trans(k1r), DOT_FP32, OP) + _dot(q2, tl.trans(k2r), DOT_FP32, OP)
         if PASS > 0:
             kp = tl.load(k_base + ip[None, :], mask=real[:, None], other=0.0)
             s += _dot(qp, tl.trans(kp), DOT_FP32, OP)
         visible = real[None, :] & (pos[None, :] <= q_pos[:, None])
         s = tl.where(visible, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
+        m_new, alpha, p = _softmax_step(s, m_i)
         v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :], mask=real[:, None], other=0.0)
         acc = acc * alpha[:, None] + _dot(p, v, DOT_FP32, OP)
         l_i = l_i * alpha + tl.sum(p, 1)
