@@ -15,6 +15,7 @@ MODULES = (
     "tokenizer_manager_should_use_batch_tokenization",
     "serving_chat_process_messages",
     "rotary_embedding_forward",
+    "paged_allocator_release_page_ids",
 )
 
 

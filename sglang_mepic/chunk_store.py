@@ -9,6 +9,7 @@ only holder left on all of its pages: evicting it then frees every page.
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Collection
 
 from sglang_mepic.pages import PageRefs
 
@@ -61,15 +62,17 @@ class ChunkStore:
     def residency(self, key: str) -> Residency:
         return Residency.DEVICE if key in self._chunks else Residency.ABSENT
 
-    def use(self, key: str) -> tuple[int, ...] | None:
-        """The canonical pages of `key`, with one new reference for the caller; None on a miss."""
+    def lookup(self, key: str) -> tuple[int, ...] | None:
+        """The canonical pages of `key` (None on a miss); a hit makes it most recently used.
+
+        The caller acquires a reference on each page it goes on to use.
+        """
         chunk = self._chunks.get(key)
         if chunk is None:
             self.stats.misses += 1
             return None
         self.stats.hits += 1
         self._chunks.move_to_end(key)
-        self.refs.acquire(chunk.pages)
         return chunk.pages
 
     def put(self, key: str, pages: tuple[int, ...]) -> tuple[int, ...]:
@@ -85,16 +88,18 @@ class ChunkStore:
         self._chunks[key] = Chunk(key, tuple(pages))
         return tuple(pages)
 
-    def _is_evictable(self, chunk: Chunk) -> bool:
-        return all(self.refs.count(p) == 1 for p in chunk.pages)
+    def _evictable(self, keep: Collection[str] = ()) -> list[Chunk]:
+        """Chunks whose only holder is the store, least recently used first."""
+        return [c for c in self._chunks.values()
+                if c.key not in keep and all(self.refs.count(p) == 1 for p in c.pages)]
 
-    def evictable_pages(self) -> int:
-        return sum(len(c.pages) for c in self._chunks.values() if self._is_evictable(c))
+    def evictable_pages(self, keep: Collection[str] = ()) -> int:
+        return sum(len(c.pages) for c in self._evictable(keep))
 
-    def evict(self, num_pages: int) -> int:
-        """Evict least recently used unheld chunks until `num_pages` pages are freed."""
+    def evict(self, num_pages: int, keep: Collection[str] = ()) -> int:
+        """Evict least recently used unheld chunks (not those in `keep`) until `num_pages` pages are freed."""
         freed = 0
-        for chunk in [c for c in self._chunks.values() if self._is_evictable(c)]:
+        for chunk in self._evictable(keep):
             if freed >= num_pages:
                 break
             del self._chunks[chunk.key]
@@ -102,14 +107,22 @@ class ChunkStore:
             self.stats.evictions += 1
         return freed
 
-    def admit(self, need: int) -> Admission:
-        """Make room for `need` new pages, evicting if that suffices; refuse otherwise."""
+    def admit(self, need: int, keep: Collection[str] = ()) -> Admission:
+        """Make room for `need` new pages, evicting if that suffices; refuse otherwise.
+
+        `keep` names the chunks the admitted request will reuse: evicting one of
+        them to make room would only turn a reuse into a recompile.
+        """
         free = self.refs.allocator.available()
-        evictable = self.evictable_pages() if free < need else 0
+        evictable = self.evictable_pages(keep) if free < need else 0
         ok = free + evictable >= need
         if ok and free < need:
-            self.evict(need - free)
+            self.evict(need - free, keep)
         return Admission(ok, need, free, evictable)
+
+    def forget(self) -> None:
+        """Drop every chunk without releasing pages (the pool is being cleared wholesale)."""
+        self._chunks.clear()
 
     def flush(self) -> int:
         return self.evict(self.evictable_pages())

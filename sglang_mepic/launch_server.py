@@ -6,7 +6,7 @@ Every flag is passed on to SGLang. What this wrapper adds:
 - with no `--model-path`, the embedded default model (SmolLM2-135M-Instruct);
 - `--attention-backend mepic` (NoPE keys, RoPE applied inside attention);
 - on a machine without CUDA, the CPU defaults (`SGLANG_USE_CPU_ENGINE=1`,
-  `--device cpu`, a bounded `--max-total-tokens`);
+  `--device cpu`, a bounded `--max-total-tokens`, `--sleep-on-idle`);
 - each default only where the flag is not given;
 - clear errors, before anything heavy loads, for a missing model folder or a
   port that is taken.
@@ -45,6 +45,7 @@ def _known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--radix-cache-backend")
     p.add_argument("--page-size")
     p.add_argument("--cuda-graph-backend-decode")
+    p.add_argument("--sleep-on-idle", action="store_true")
     known, _ = p.parse_known_args(argv)
     return known
 
@@ -91,6 +92,9 @@ def with_defaults(argv: list[str], cuda: bool) -> tuple[list[str], dict[str, str
             argv += ["--device", "cpu"]
         if known.max_total_tokens is None:
             argv += ["--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
+        if not known.sleep_on_idle:
+            # An idle scheduler otherwise spins a whole core of a small CPU machine.
+            argv += ["--sleep-on-idle"]
     return argv, env
 
 

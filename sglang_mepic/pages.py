@@ -47,45 +47,54 @@ class FreeList:
 
 
 class PageRefs:
+    """Holders of allocated pages.
+
+    A page the allocator handed out has one holder, implicitly: pages nobody
+    shares cost nothing here and go back to the allocator exactly as before.
+    `acquire` adds a holder; `release` removes one, and the last release returns
+    the page to the allocator.
+    """
+
     def __init__(self, allocator: PageAllocator):
         self.allocator = allocator
-        self._refs: dict[int, int] = {}
+        self._extra: dict[int, int] = {}  # page -> holders beyond the first
 
     def alloc(self, n: int) -> list[int] | None:
-        """n fresh pages, each with one reference owned by the caller."""
-        pages = self.allocator.alloc(n)
-        if pages is not None:
-            for p in pages:
-                self._refs[p] = 1
-        return pages
+        """n fresh pages, each held once, by the caller."""
+        return self.allocator.alloc(n)
 
     def acquire(self, pages: Iterable[int]) -> None:
         for p in pages:
-            if p not in self._refs:
-                raise PageError(f"page {p} is not allocated")
-            self._refs[p] += 1
+            self._extra[p] = self._extra.get(p, 0) + 1
+
+    def releasable(self, pages: Iterable[int]) -> list[int]:
+        """Drop one holder per page; returns the pages whose last holder this was."""
+        last = []
+        for p in pages:
+            extra = self._extra.get(p, 0)
+            if extra == 0:
+                last.append(p)
+            elif extra == 1:
+                del self._extra[p]
+            else:
+                self._extra[p] = extra - 1
+        return last
 
     def release(self, pages: Iterable[int]) -> list[int]:
-        """Drop one reference per page; returns the pages that went back to the allocator."""
-        freed = []
-        for p in pages:
-            count = self._refs.get(p, 0)
-            if count == 0:
-                raise PageError(f"page {p} released with no reference held")
-            if count == 1:
-                del self._refs[p]
-                freed.append(p)
-            else:
-                self._refs[p] = count - 1
+        """Drop one holder per page and free the pages nobody holds any more."""
+        freed = self.releasable(pages)
         if freed:
             self.allocator.free(freed)
         return freed
 
-    def count(self, page: int) -> int:
-        return self._refs.get(page, 0)
+    def forget(self) -> None:
+        """Drop all counts (the allocator is being cleared wholesale)."""
+        self._extra.clear()
 
-    def in_use(self) -> int:
-        return len(self._refs)
+    def count(self, page: int) -> int:
+        """Holders of an allocated page."""
+        return 1 + self._extra.get(page, 0)
 
     def shared(self) -> int:
-        return sum(1 for c in self._refs.values() if c > 1)
+        """Pages with more than one holder."""
+        return len(self._extra)

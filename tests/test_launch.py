@@ -20,6 +20,7 @@ def test_cpu_defaults_fill_missing_flags():
     assert flag_value(argv, "--attention-backend") == "mepic"
     assert flag_value(argv, "--cuda-graph-backend-decode") == "disabled"
     assert int(flag_value(argv, "--max-total-tokens")) == launch_server.CPU_MAX_TOTAL_TOKENS
+    assert "--sleep-on-idle" in argv
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
     assert env["HF_HUB_OFFLINE"] == "1"
 
@@ -31,7 +32,7 @@ def test_user_flags_win_over_defaults(given):
     added = argv[len(user):]
     assert argv[:len(user)] == user
     assert "--attention-backend" not in added and "--max-total-tokens" not in added
-    assert added == ["--device", "cpu"]  # triton attention: no CUDA-graph override either
+    assert added == ["--device", "cpu", "--sleep-on-idle"]  # triton attention: no CUDA-graph override
 
 
 def test_cuda_machine_gets_no_cpu_defaults():

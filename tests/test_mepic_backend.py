@@ -27,7 +27,7 @@ def test_model_without_supported_rope_is_refused_at_startup(tmp_path, tiny_model
     cfg = json.loads((model / "config.json").read_text())
     cfg["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0}
     (model / "config.json").write_text(json.dumps(cfg))
-    server = ServerProcess(model, "--dtype", "float32", startup_timeout=120)
+    server = ServerProcess(model, "--dtype", "float32")
     with pytest.raises(Exception) as err:
         server.start()
     assert "cannot rotate keys for DynamicNTKScalingRotaryEmbedding" in str(err.value)
