@@ -99,7 +99,8 @@ def timed(fn, repeat):
 def bench_cpu(repeat):
     rope = Rope(cos_sin_cache(D, 8192), D, D, True)
     print("## CPU: mepic torch path vs SGLang torch_native (fp32, 9/3 heads, head dim 64)\n")
-    print("| case | batch x new tokens | context | torch_native ms | mepic ms | ratio | mepic general path ms | ratio |")
+    print("| case | batch x new tokens | context | torch_native ms | mepic ms | ratio "
+          "| mepic general path ms | ratio |")
     print("|---|---|---|---|---|---|---|---|")
     ratios = []
     for name, batch, new, decode in (("prefill", 1, None, False), ("decode", 8, 1, True)):

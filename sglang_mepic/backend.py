@@ -84,9 +84,10 @@ class MepicAttnBackend(AttentionBackend):
                                   "none was found")
         ropes = [Rope.from_module(m) for m in modules]
         first = ropes[0]
+        shape = (first.rotary_dim, first.head_size, first.is_neox_style)
         for r in ropes[1:]:
-            if (r.rotary_dim, r.head_size, r.is_neox_style) != (first.rotary_dim, first.head_size, first.is_neox_style) \
-                    or not torch.equal(r.cos_sin_cache, first.cos_sin_cache):
+            if (r.rotary_dim, r.head_size, r.is_neox_style) != shape or not torch.equal(r.cos_sin_cache,
+                                                                                        first.cos_sin_cache):
                 raise UnsupportedRope("--attention-backend mepic needs one RoPE for all layers")
         for m in modules:
             m.mepic_nope_key = True

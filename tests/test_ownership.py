@@ -107,7 +107,8 @@ class Ownership(RuleBasedStateMachine):
 
 
 TestOwnership = Ownership.TestCase
-TestOwnership.settings = settings(max_examples=int(os.environ.get("OWNERSHIP_EXAMPLES", 150)), stateful_step_count=40, deadline=None)
+TestOwnership.settings = settings(max_examples=int(os.environ.get("OWNERSHIP_EXAMPLES", 150)),
+                                  stateful_step_count=40, deadline=None)
 
 
 def test_double_release_is_caught():
