@@ -115,3 +115,32 @@ def test_compiles_for_sm90_and_sm80():
     assert out.returncode == 0, out.stdout + out.stderr
     for arch in ("cuda:90", "cuda:80"):
         assert f"{arch} decode" in out.stdout and f"{arch} extend" in out.stdout
+
+
+@pytest.mark.parametrize("decode", [False, True], ids=["extend", "decode"])
+def test_backend_triton_path_equals_torch_path(decode):
+    """The backend's GPU glue (argument plumbing into the kernels), run on CPU under the interpreter."""
+    from types import SimpleNamespace
+
+    from sglang_mepic.backend import MepicAttnBackend
+
+    d, hq, hkv = 64, 6, 2
+    seq_lens, ext = [30, 45], ([1, 1] if decode else [30, 12])
+    k_pool, v_pool, r2t, r2p, req_idx = make_batch(seq_lens, ext, hq, hkv, d, 16, torch.float32, seed=11, pads=False)
+    rope = Rope(cos_sin_cache(d, MAX_POS), d, d, True)
+    backend = MepicAttnBackend.over_pools(r2t, k_pool, v_pool, rope)
+    for row, n in zip(req_idx.tolist(), seq_lens):
+        backend.positions.assign(row, r2p[row, :n])
+    positions = torch.cat([r2p[row, n - e:n] for row, n, e in zip(req_idx.tolist(), seq_lens, ext)]).long()
+    q = rope.rotate(torch.randn(sum(ext), hq, d), positions).reshape(sum(ext), -1)
+    fb = SimpleNamespace(req_pool_indices=req_idx.long(), seq_lens=torch.tensor(seq_lens), positions=positions,
+                         batch_size=len(seq_lens), extend_seq_lens=torch.tensor(ext), extend_seq_lens_cpu=ext,
+                         forward_mode=SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: not decode),
+                         extend_prefix_lens=torch.tensor([n - e for n, e in zip(seq_lens, ext)]))
+    backend.init_forward_metadata(fb)
+    layer = SimpleNamespace(tp_q_head_num=hq, qk_head_dim=d, v_head_dim=d, layer_id=0, scaling=d ** -0.5,
+                            is_cross_attention=False, sliding_window_size=-1)
+    torch_out = backend._run(q, layer, fb, ext, decode=decode)
+    backend.kernels, backend.cos_sin = kernels, rope.cos_sin_cache
+    triton_out = backend._run_triton(q, layer, fb, decode=decode)
+    torch.testing.assert_close(triton_out, torch_out, atol=2e-4, rtol=2e-4)
