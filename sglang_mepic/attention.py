@@ -30,8 +30,26 @@ def attend(q: torch.Tensor, q_pos: torch.Tensor, k_nope: torch.Tensor, v: torch.
 
 def attend_paged(q: torch.Tensor, q_pos: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                  slots: torch.Tensor, kv_pos: torch.Tensor, rope: Rope, scaling: float) -> torch.Tensor:
-    """`attend` with keys and values gathered from the KV pool through `slots` [m]."""
+    """`attend` with keys and values gathered from the KV pool through `slots` [m].
+
+    Pad slots never contribute, so they are dropped before anything is gathered.
+    When positions then increase along the slots and the queries are the last
+    slots (what a MEPIC layout gives), causal by position is causal by index and
+    SDPA's causal path applies; any other order takes the explicit mask.
+    """
+    real = kv_pos != NO_POSITION
+    if not bool(real.all()):
+        slots, kv_pos = slots[real], kv_pos[real]
+    if _queries_last_in_order(kv_pos, q_pos):
+        k = rope.rotate(k_pool[slots].to(q.dtype), kv_pos)
+        return attend_causal(q, k, v_pool[slots].to(q.dtype), scaling)
     return attend(q, q_pos, k_pool[slots], v_pool[slots], kv_pos, rope, scaling)
+
+
+def _queries_last_in_order(kv_pos: torch.Tensor, q_pos: torch.Tensor) -> bool:
+    n = q_pos.shape[0]
+    return (kv_pos.shape[0] >= n and bool((kv_pos[1:] > kv_pos[:-1]).all())
+            and torch.equal(kv_pos[kv_pos.shape[0] - n:].long(), q_pos.long()))
 
 
 def attend_plain(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,

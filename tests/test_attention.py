@@ -106,7 +106,7 @@ def test_unsupported_rope_is_refused():
 
 
 @pytest.mark.parametrize("n", [1, 7, 40])
-def test_plain_fast_path_equals_general_path(n):
+def test_fast_paths_equal_the_reference(n):
     from sglang_mepic.attention import attend_paged, attend_plain
 
     rope = make_rope()
@@ -114,8 +114,15 @@ def test_plain_fast_path_equals_general_path(n):
     slots = torch.randperm(40, generator=torch.Generator().manual_seed(5))
     pos = torch.arange(40)
     q_rot = rope.rotate(q, pos[40 - n:])
-    general = attend_paged(q_rot, pos[40 - n:], k, v, slots, pos, rope, 0.125)
-    torch.testing.assert_close(attend_plain(q_rot, k, v, slots, rope, 0.125), general)
+    reference = attend(q_rot, pos[40 - n:], k[slots], v[slots], pos, rope, 0.125)
+    torch.testing.assert_close(attend_plain(q_rot, k, v, slots, rope, 0.125), reference)
+    torch.testing.assert_close(attend_paged(q_rot, pos[40 - n:], k, v, slots, pos, rope, 0.125), reference)
+    # A MEPIC layout: gaps where pads were skipped, pad slots, the queries last.
+    laid = torch.cumsum(torch.randint(1, 3, (40,), generator=torch.Generator().manual_seed(9)), 0)
+    laid[[i for i in (2, 3, 11) if i < 40 - n]] = -1  # queries are real tokens
+    q_rot = rope.rotate(q, laid[40 - n:])
+    reference = attend(q_rot, laid[40 - n:], k[slots], v[slots], laid, rope, 0.125)
+    torch.testing.assert_close(attend_paged(q_rot, laid[40 - n:], k, v, slots, laid, rope, 0.125), reference)
 
 
 def test_position_map_writes():
