@@ -16,6 +16,8 @@ MODULES = (
     "serving_chat_process_messages",
     "rotary_embedding_forward",
     "paged_allocator_release_page_ids",
+    "schedule_batch_prepare_for_extend",
+    "output_streamer_accept",
 )
 
 

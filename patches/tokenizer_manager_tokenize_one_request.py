@@ -12,7 +12,8 @@ from sglang.srt.plugins.hook_registry import HookType
 from sglang_mepic import config
 from sglang_mepic.markup import (HINT_TYPE, Marked, chunks_from_hints, has_id_markup, has_text_markup,
                                  split_ids, tokenize_text)
-from sglang_mepic.segments import layout
+from sglang_mepic.request_layout import PAD_FILL_ID
+from sglang_mepic.segments import PAD_ID, layout
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._tokenize_one_request"
@@ -21,6 +22,14 @@ HOOK_TYPE = HookType.AROUND
 
 def _page_size(manager) -> int:
     return int(getattr(manager.server_args, "page_size", None) or 1)
+
+
+def _lays_out_slots(manager) -> bool:
+    """Pad slots need the mepic attention backend (masks them, positions by the map) and
+    the mepic radix cache (keys them apart from real tokens); otherwise chunks are
+    computed in full on the real tokens."""
+    args = manager.server_args
+    return args.attention_backend == "mepic" and args.radix_cache_backend == "mepic"
 
 
 def _with_action(envelope: KvHintsEnvelope | None, rid, action: dict) -> KvHintsEnvelope:
@@ -45,10 +54,18 @@ def strip_markup(manager, obj: GenerateReqInput) -> Marked | None:
             chunks_from_hints(obj.kv_hints, len(obj.input_ids))  # a client-sent span list is validated too
         return None
     # Rejects a request that no longer fits the context once chunks are padded.
-    layout(pieces, _page_size(manager), config.placement(), max_slots=manager.context_len)
+    lay = layout(pieces, _page_size(manager), config.placement(), max_slots=manager.context_len)
     marked = Marked.from_pieces(pieces)
-    obj.input_ids, obj.text = marked.input_ids, None
-    obj.kv_hints = _with_action(obj.kv_hints, obj.rid, marked.hint_action())
+    action = marked.hint_action()
+    if _lays_out_slots(manager) and lay.pad_runs():
+        # Laid out in slots: pads have no position and are masked by the mepic backend.
+        obj.input_ids = [PAD_FILL_ID if t == PAD_ID else t for t in lay.slot_tokens()]
+        action["payload"]["pads"] = [list(run) for run in lay.pad_runs()]
+        action["payload"]["chunks"] = [[seg.start, seg.end] for seg in lay.chunks]
+    else:
+        obj.input_ids = marked.input_ids
+    obj.text = None
+    obj.kv_hints = _with_action(obj.kv_hints, obj.rid, action)
     return marked
 
 

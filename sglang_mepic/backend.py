@@ -18,6 +18,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from sglang_mepic.attention import RotatedKeys, attend_causal, attend_paged, attend_plain
+from sglang_mepic import positions as positions_module
 from sglang_mepic.positions import PositionMap
 from sglang_mepic.rope import Rope, UnsupportedRope
 
@@ -38,6 +39,7 @@ class MepicAttnBackend(AttentionBackend):
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         self.positions = PositionMap(self.req_to_token_pool.req_to_token)
+        positions_module.ACTIVE = self.positions
         self.rope = self._take_over_rotary(model_runner)
         self.rotated_keys = RotatedKeys(self.rope)
         self.use_triton = torch.device(self.device).type == "cuda"
@@ -100,14 +102,16 @@ class MepicAttnBackend(AttentionBackend):
         self.plain_rows = (~self.positions.planned[forward_batch.req_pool_indices.long()]).tolist()
         mode = forward_batch.forward_mode
         rows = forward_batch.req_pool_indices.tolist()
+        # The model reads forward_batch.positions after this: planned rows get theirs here.
         if mode.is_decode():
             self.rotated_keys.keep_only(rows)
-            self.positions.on_decode(forward_batch.req_pool_indices, forward_batch.seq_lens,
-                                     forward_batch.positions)
+            forward_batch.positions = self.positions.on_decode(
+                forward_batch.req_pool_indices, forward_batch.seq_lens, forward_batch.positions)
         elif mode.is_extend():
             self.rotated_keys.drop(rows)
-            self.positions.on_extend(forward_batch.req_pool_indices, forward_batch.extend_prefix_lens,
-                                     forward_batch.extend_seq_lens, forward_batch.positions)
+            forward_batch.positions = self.positions.on_extend(
+                forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
+                forward_batch.positions)
 
     def _save(self, layer, forward_batch, k, v, save_kv_cache):
         if save_kv_cache and k is not None and v is not None:

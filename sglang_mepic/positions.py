@@ -10,15 +10,24 @@ A shared canonical page holds NoPE keys, so it can sit at any j with any
 positions. Writers:
 - `assign(row, positions)`: a placement plan (chunked requests) sets the whole
   row when the request is admitted; the row is then "planned".
-- `on_extend` / `on_decode` (the attention backend, every forward): new tokens
-  take the positions the model rotated their queries with; the prefix of an
-  unplanned row is the identity, which is what every request without chunks has.
-- `release(row)` when the request leaves, so the row is unplanned again.
+- `on_extend` / `on_decode` (the attention backend, every forward, before the
+  model runs): they return the positions the model must rotate queries with.
+  An unplanned row is the identity (every request without chunks): its new
+  tokens keep SGLang's positions. A planned row's new tokens take the plan's
+  positions (pads, which the model still embeds, rotate at 0 and stay masked),
+  and a decoded token follows the row's last real position.
+- `release(row)` for a request without a plan, so a reused row is unplanned.
+
+`ACTIVE` is the map of this process's attention backend, for the scheduler-side
+writer (one model runner per scheduler process).
 """
 
 import torch
 
 from sglang_mepic.segments import NO_POSITION
+
+
+ACTIVE: "PositionMap | None" = None
 
 
 class PositionMap:
@@ -37,11 +46,11 @@ class PositionMap:
         self.planned[row] = False
 
     def on_extend(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
-                  positions: torch.Tensor) -> None:
+                  positions: torch.Tensor) -> torch.Tensor:
         rows = rows.long()
-        unplanned = ~self.planned[rows]
+        planned = self.planned[rows]
         # Identity prefix for rows without a plan (vectorised over the whole batch).
-        plen = torch.where(unplanned, prefix_lens.long(), 0)
+        plen = torch.where(planned, 0, prefix_lens.long())
         if int(plen.sum()):
             r = torch.repeat_interleave(rows, plen)
             starts = torch.repeat_interleave(torch.cumsum(plen, 0) - plen, plen)
@@ -51,7 +60,20 @@ class PositionMap:
         r = torch.repeat_interleave(rows, elen)
         starts = torch.repeat_interleave(torch.cumsum(elen, 0) - elen, elen)
         j = torch.arange(r.numel(), device=rows.device) - starts + torch.repeat_interleave(prefix_lens.long(), elen)
-        self.req_to_pos[r, j] = positions.to(self.req_to_pos.dtype)
+        token_planned = torch.repeat_interleave(planned, elen)
+        planned_pos = self.req_to_pos[r, j].to(positions.dtype)
+        self.req_to_pos[r, j] = torch.where(token_planned, planned_pos.to(self.req_to_pos.dtype),
+                                            positions.to(self.req_to_pos.dtype))
+        return torch.where(token_planned, planned_pos.clamp(min=0), positions)
 
-    def on_decode(self, rows: torch.Tensor, seq_lens: torch.Tensor, positions: torch.Tensor) -> None:
-        self.req_to_pos[rows.long(), seq_lens.long() - 1] = positions.to(self.req_to_pos.dtype)
+    def on_decode(self, rows: torch.Tensor, seq_lens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        rows, last = rows.long(), seq_lens.long() - 1
+        planned = self.planned[rows]
+        if bool(planned.any()):
+            # The new token follows the request's last real position (pads have none).
+            width = int(last.max())
+            before = torch.arange(width, device=rows.device)[None, :] < last[:, None]
+            row_pos = torch.where(before, self.req_to_pos[rows, :width].long(), -1)
+            positions = torch.where(planned, row_pos.max(dim=1).values + 1, positions)
+        self.req_to_pos[rows, last] = positions.to(self.req_to_pos.dtype)
+        return positions

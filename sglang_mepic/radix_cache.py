@@ -32,6 +32,7 @@ from sglang_mepic.chunk_store import ChunkStore
 from sglang_mepic.pages import PageRefs
 from sglang_mepic.plan import Plan, Source, make_plan
 from sglang_mepic.pool_pages import PoolPages
+from sglang_mepic.request_layout import masked_key, pad_runs
 from sglang_mepic.segments import Kind, Layout, chunk_hash
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,22 @@ class MepicRadixCache(RadixCache):
         self.refs = PageRefs(self.pages)
         params.token_to_kv_pool_allocator.mepic_refs = self.refs
         self.store = ChunkStore(self.refs)
+
+    # Requests laid out in slots (request_layout): their pad slots key as PAD_ID.
+
+    def match_prefix(self, params):
+        runs = pad_runs(getattr(params.req, "kv_hints", None))
+        if runs:
+            key = params.key
+            params.key = RadixKey(array("q", masked_key(key.token_ids, runs)), key.extra_key,
+                                  is_bigram=key.is_bigram, limit=key.limit, cache_salt=key.cache_salt)
+        return super().match_prefix(params)
+
+    def _insert_cache(self, req, token_ids, **kwargs):
+        runs = pad_runs(req.kv_hints)
+        if runs:
+            token_ids = array("q", masked_key(token_ids, runs))
+        return super()._insert_cache(req, token_ids, **kwargs)
 
     def key_for(self, layout: Layout, namespace: str | None) -> RadixKey:
         return RadixKey(array("q", layout.slot_tokens()), extra_key=namespace)

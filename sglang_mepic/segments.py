@@ -10,7 +10,9 @@ every chunk one canonical page layout, wherever it sits in a request:
 - a prompt segment gets trailing pads up to the next boundary, except the last
   segment of the request;
 - a chunk that fits in one page is treated as prompt: it has no canonical
-  pages to share, since its first page is recomputed anyway.
+  pages to share, since its first page is recomputed anyway;
+- with trailing pads, a chunk that ends the request is treated as prompt: the
+  last slot must hold a real token, whose logits start the answer.
 
 Pad slots hold `PAD_ID`, which is never a real token id. They take no RoPE
 position (`NO_POSITION`) and are masked out of attention, so real tokens carry
@@ -98,6 +100,16 @@ class Layout:
     def real_tokens(self) -> list[int]:
         return [t for s in self.segments for t in s.tokens]
 
+    def pad_runs(self) -> list[tuple[int, int]]:
+        """(first slot, count) of every run of pad slots."""
+        runs = []
+        for s in self.segments:
+            if s.lead_pad:
+                runs.append((s.start, s.lead_pad))
+            if s.tail_pad:
+                runs.append((s.end - s.tail_pad, s.tail_pad))
+        return runs
+
 
 def _merge(pieces: Sequence[Piece], page_size: int) -> list[Piece]:
     """Drop empty prompts, demote one-page chunks to prompt, join adjacent prompts."""
@@ -122,6 +134,8 @@ def layout(pieces: Sequence[Piece], page_size: int, placement: Placement = Place
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
     merged = _merge(pieces, page_size)
+    if placement is Placement.TRAILING and merged and merged[-1].kind is Kind.CHUNK:
+        merged = _merge([*merged[:-1], Piece(Kind.PROMPT, merged[-1].tokens)], page_size)
     segments: list[Segment] = []
     slot = position = 0
     for i, piece in enumerate(merged):

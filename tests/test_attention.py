@@ -136,10 +136,16 @@ def test_position_map_writes():
     assert pm.req_to_pos[0, :5].tolist() == [0, 1, 2, 3, -1]
     pm.on_decode(torch.tensor([2]), torch.tensor([6]), torch.tensor([5]))
     assert pm.req_to_pos[2, :6].tolist() == [0, 1, 2, 3, 4, 5]
-    # A planned row keeps its prefix positions (pads included); only new tokens are written.
-    pm.assign(1, torch.tensor([0, 1, -1, -1, 2, 3]))
-    pm.on_extend(torch.tensor([1]), torch.tensor([6]), torch.tensor([1]), torch.tensor([4]))
+    # A planned row: the plan's positions win over SGLang's (which count pads), pads
+    # rotate at 0 but stay -1 in the map, and decode follows the last real position.
+    pm.assign(1, torch.tensor([0, 1, -1, -1, 2, 3, 4]))
+    out = pm.on_extend(torch.tensor([1, 0]), torch.tensor([2, 4]), torch.tensor([5, 1]),
+                       torch.tensor([2, 3, 4, 5, 6, 4]))
+    assert out.tolist() == [0, 0, 2, 3, 4, 4]
     assert pm.req_to_pos[1, :8].tolist() == [0, 1, -1, -1, 2, 3, 4, -1]
+    out = pm.on_decode(torch.tensor([0, 1]), torch.tensor([6, 8]), torch.tensor([5, 7]))
+    assert out.tolist() == [5, 5]
+    assert pm.req_to_pos[1, :8].tolist() == [0, 1, -1, -1, 2, 3, 4, 5]
     pm.release(1)
     assert not pm.planned[1]
 

@@ -128,3 +128,17 @@ def test_no_markup_equals_sglang_default_cache(mepic_server, tiny_model, run_pro
     assert mepic_seq == default_seq
     assert mepic_conc == default_conc
     assert any(cached > 0 for _, cached in mepic_seq)  # the set does exercise prefix hits
+
+
+def test_repeated_chunked_request_hits_the_tree(mepic_server, tok):
+    """Laid out with pad slots, a repeated request matches its own earlier layout in the
+    radix tree (pads key as PAD_ID) and reports cached tokens in real tokens."""
+    text = "Context: " + chunk(" ".join(WORDS[500:560])) + chunk(" ".join(WORDS[600:680])) + " So?"
+    first = post(mepic_server, "/generate", {"text": text, "sampling_params": GREEDY})
+    second = post(mepic_server, "/generate", {"text": text, "sampling_params": GREEDY})
+    real = len(piecewise_ids(tok, text))
+    assert second["output_ids"] == first["output_ids"]
+    assert first["meta_info"]["prompt_tokens"] == second["meta_info"]["prompt_tokens"] == real
+    assert first["meta_info"]["cached_tokens"] < real // 2
+    # All whole pages but the last are reused; what is left is the unaligned question.
+    assert real - 16 <= second["meta_info"]["cached_tokens"] < real

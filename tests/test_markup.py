@@ -84,3 +84,34 @@ def test_chunk_helper_rejects_bad_text():
         chunk("")
     with pytest.raises(MarkupError):
         chunk("a <|chunk|> b")
+
+
+@pytest.mark.parametrize("radix, laid_out", [("mepic", True), (None, False)])
+def test_tokenize_hook_lays_out_slots_only_with_the_mepic_cache(radix, laid_out):
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_mepic.markup import chunks_from_hints
+    from sglang_mepic.patches.tokenizer_manager_tokenize_one_request import strip_markup
+    from sglang_mepic.request_layout import PAD_FILL_ID, pad_runs
+
+    encode = {"intro ": [5, 6], "doc " * 10: list(range(10, 30)), " q?": [7]}
+    tokenizer = SimpleNamespace(encode=lambda s, add_special_tokens: ([1] if add_special_tokens else []) + encode[s])
+    manager = SimpleNamespace(tokenizer=tokenizer, model_config=SimpleNamespace(vocab_size=100), context_len=512,
+                              server_args=SimpleNamespace(page_size=16, attention_backend="mepic",
+                                                          radix_cache_backend=radix))
+    obj = GenerateReqInput(text="intro " + chunk("doc " * 10) + " q?")
+    obj.normalize_batch_and_arguments()
+    strip_markup(manager, obj)
+    real = [1, 5, 6] + list(range(10, 30)) + [7]
+    assert obj.text is None
+    if laid_out:
+        # prompt (3) + 13 pads | chunk (20) + 12 pads | question (1)
+        assert obj.input_ids == [1, 5, 6] + [PAD_FILL_ID] * 13 + list(range(10, 30)) + [PAD_FILL_ID] * 12 + [7]
+        assert pad_runs(obj.kv_hints) == [(3, 13), (36, 12)]
+        assert chunks_from_hints(obj.kv_hints, len(obj.input_ids)) == [(16, 48)]
+    else:
+        assert obj.input_ids == real
+        assert pad_runs(obj.kv_hints) == []
+        assert chunks_from_hints(obj.kv_hints, len(obj.input_ids)) == [(3, 23)]

@@ -64,12 +64,24 @@ def test_consecutive_chunks_and_no_prompt(placement):
     pieces = [chunk(40, 0), chunk(17, 100), chunk(33, 200)]
     lay = layout(pieces, B, placement)
     check_invariants(lay, pieces)
-    assert [s.kind for s in lay.segments] == [Kind.CHUNK] * 3
     assert [s.start for s in lay.segments] == [0, 48, 80]
+    if placement is Placement.LEADING:
+        assert [s.kind for s in lay.segments] == [Kind.CHUNK] * 3
+    else:
+        # Trailing pads after the final chunk would put a pad in the last slot, whose
+        # logits start the answer: that chunk is laid out as prompt instead.
+        assert [s.kind for s in lay.segments] == [Kind.CHUNK, Kind.CHUNK, Kind.PROMPT]
+        assert lay.slot_tokens()[-1] != PAD_ID
+
+
+def test_pad_runs():
+    lay = layout([prompt(5), chunk(20), prompt(3)], B, Placement.LEADING)
+    assert lay.pad_runs() == [(5, 11), (16, 12)]
+    assert [i for i, t in enumerate(lay.slot_tokens()) if t == PAD_ID] == list(range(5, 16)) + list(range(16, 28))
 
 
 def test_chunk_layout_does_not_depend_on_position():
-    a = layout([prompt(3), chunk(40, 7)], B).segments[1]
+    a = layout([prompt(3), chunk(40, 7), prompt(1)], B).segments[1]
     b = layout([prompt(33), chunk(50, 300), chunk(40, 7), prompt(2)], B).segments[2]
     assert a.padded_tokens() == b.padded_tokens()
     assert a.first_position != b.first_position

@@ -1,0 +1,52 @@
+"""The padded layout a chunked request carries to the scheduler, and what it implies there.
+
+With the mepic attention backend, a request with chunks is sent to the scheduler
+already laid out in slots: pad slots hold `PAD_FILL_ID` (any valid id: the
+model embeds it, attention never sees it) and the `mepic.chunks` kv_hints
+action lists the pad runs. From them the scheduler side derives each slot's
+position (for the position map) and the radix-tree key (pads as `PAD_ID`, so a
+pad can never match a real token).
+"""
+
+import torch
+
+from sglang_mepic.markup import HINT_TYPE
+from sglang_mepic.segments import NO_POSITION, PAD_ID
+
+PAD_FILL_ID = 0
+
+
+def pad_runs(kv_hints) -> list[tuple[int, int]]:
+    if kv_hints is None:
+        return []
+    for action in kv_hints.actions:
+        if action.action_type == HINT_TYPE:
+            return [(int(a), int(b)) for a, b in action.payload.get("pads", [])]
+    return []
+
+
+def pad_mask(num_slots: int, runs) -> torch.Tensor:
+    mask = torch.zeros(num_slots, dtype=torch.bool)
+    for start, count in runs:
+        mask[start:start + count] = True
+    return mask
+
+
+def slot_positions(num_slots: int, runs) -> torch.Tensor:
+    """Real slots count up from 0, pads take NO_POSITION."""
+    pads = pad_mask(num_slots, runs)
+    positions = torch.cumsum(~pads, 0) - 1
+    return torch.where(pads, NO_POSITION, positions)
+
+
+def masked_key(token_ids, runs):
+    """Token ids with every pad slot set to PAD_ID (slots past the layout are generated tokens)."""
+    out = list(token_ids)
+    for start, count in runs:
+        out[start:start + count] = [PAD_ID] * min(count, max(0, len(out) - start))
+    return out
+
+
+def pads_before(runs, n: int) -> int:
+    """How many of the first n slots are pads."""
+    return sum(max(0, min(start + count, n) - start) for start, count in runs)
