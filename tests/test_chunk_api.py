@@ -142,3 +142,15 @@ def test_repeated_chunked_request_hits_the_tree(mepic_server, tok):
     assert first["meta_info"]["cached_tokens"] < real // 2
     # All whole pages but the last are reused; what is left is the unaligned question.
     assert real - 16 <= second["meta_info"]["cached_tokens"] < real
+
+
+def test_leading_placement_equals_the_plain_prompt(tiny_model, tok):
+    """The paper's placement (pads before each chunk) through the whole server path."""
+    text = "Use the documents. " + chunk(DOC_A) + chunk(DOC_B) + " Question: what is os?"
+    with ServerProcess(tiny_model, "--dtype", "float32", "--radix-cache-backend", "mepic",
+                       "--mepic-placement", "leading") as server:
+        assert "SGLANG_MEPIC_PLACEMENT" not in server.env  # the launcher's flag, not an inherited setting
+        marked = post(server, "/generate", {"text": text, "sampling_params": GREEDY})
+        plain = post(server, "/generate", {"input_ids": piecewise_ids(tok, text), "sampling_params": GREEDY})
+    assert marked["output_ids"] == plain["output_ids"]
+    assert marked["meta_info"]["prompt_tokens"] == len(piecewise_ids(tok, text))
