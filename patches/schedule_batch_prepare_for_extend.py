@@ -25,7 +25,9 @@ def hook(result, batch, *args, **kwargs):
             continue
         runs = pad_runs(req.kv_hints)
         if runs:
-            position_map.assign(row, slot_positions(len(req.origin_input_ids), runs).to(position_map.req_to_pos.device))
+            # Output tokens count too: a retracted request re-prefills them after its prompt.
+            slots = len(req.origin_input_ids) + len(req.output_ids)
+            position_map.assign(row, slot_positions(slots, runs).to(position_map.req_to_pos.device))
         else:
             position_map.release(row)
     return result
