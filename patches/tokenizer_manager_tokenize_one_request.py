@@ -10,7 +10,7 @@ from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic import config
-from sglang_mepic.markup import (HINT_TYPE, Marked, chunks_from_hints, has_id_markup, has_text_markup,
+from sglang_mepic.markup import (HINT_TYPE, Marked, check_client_hints, has_id_markup, has_text_markup,
                                  split_ids, tokenize_text)
 from sglang_mepic.request_layout import PAD_FILL_ID
 from sglang_mepic.segments import PAD_ID, layout
@@ -50,8 +50,9 @@ def strip_markup(manager, obj: GenerateReqInput) -> Marked | None:
         tok = manager.tokenizer
         pieces = tokenize_text(obj.text, lambda s, special: tok.encode(s, add_special_tokens=special))
     else:
-        if obj.input_ids is not None and obj.kv_hints is not None:
-            chunks_from_hints(obj.kv_hints, len(obj.input_ids))  # a client-sent span list is validated too
+        if obj.kv_hints is not None:
+            # Spans index input_ids, so a text request cannot carry any.
+            check_client_hints(obj.kv_hints, len(obj.input_ids) if obj.input_ids is not None else 0)
         return None
     # Rejects a request that no longer fits the context once chunks are padded.
     lay = layout(pieces, _page_size(manager), config.placement(), max_slots=manager.context_len)

@@ -154,3 +154,18 @@ def test_leading_placement_equals_the_plain_prompt(tiny_model, tok):
         plain = post(server, "/generate", {"input_ids": piecewise_ids(tok, text), "sampling_params": GREEDY})
     assert marked["output_ids"] == plain["output_ids"]
     assert marked["meta_info"]["prompt_tokens"] == len(piecewise_ids(tok, text))
+
+
+def test_client_sent_layout_hints_are_refused(mepic_server):
+    hint = {"protocol_version": "1", "message_id": "x", "actions": [
+        {"action_id": "a", "action_type": "mepic.chunks", "action_version": "1",
+         "payload": {"chunks": [[0, 2]], "pads": [[0, 2]]}}]}
+    r = requests.post(mepic_server.url + "/generate", timeout=60,
+                      json={"input_ids": [1, 2, 3, 4], "kv_hints": hint, "sampling_params": GREEDY})
+    assert r.status_code == 400 and "laid out by the server" in r.text
+    hint["actions"][0]["payload"] = {"chunks": [[2, 9]]}
+    r = requests.post(mepic_server.url + "/generate", timeout=60,
+                      json={"input_ids": [1, 2, 3, 4], "kv_hints": hint, "sampling_params": GREEDY})
+    assert r.status_code == 400 and "out of range" in r.text
+    ok = post(mepic_server, "/generate", {"text": "still alive?", "sampling_params": GREEDY})
+    assert len(ok["output_ids"]) == GREEDY["max_new_tokens"]
