@@ -47,12 +47,14 @@ def mepic_fn(s, rope, decode, general=False):
     backend = MepicAttnBackend.over_pools(s.req_to_token, s.k, s.v, rope)
     layer = SimpleNamespace(tp_q_head_num=HQ, qk_head_dim=D, v_head_dim=D, layer_id=0, scaling=D ** -0.5,
                             is_cross_attention=False, sliding_window_size=-1)
-    fb = SimpleNamespace(req_pool_indices=s.rows, seq_lens=s.seq_lens, positions=s.positions, batch_size=len(s.rows))
-    backend.positions.on_extend(s.rows, s.prefix, s.ext, s.positions)
+    backend.positions.on_extend(s.rows, s.prefix, s.ext, s.positions)  # the rows' positions: 0..ctx-1
     if general:
-        # Force the general path chunked requests take: explicit positions and mask.
+        # Force the general path chunked requests take: positions read from the map.
         backend.positions.planned[:] = True
-    backend.plain_rows = (~backend.positions.planned[s.rows]).tolist()
+    mode = SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: not decode)
+    fb = SimpleNamespace(req_pool_indices=s.rows, seq_lens=s.seq_lens, positions=s.positions, batch_size=len(s.rows),
+                         extend_prefix_lens=s.prefix, extend_seq_lens=s.ext, forward_mode=mode)
+    backend.init_forward_metadata(fb)
     q_lens = [1] * len(s.rows) if decode else s.ext.tolist()
     if not decode:
         return lambda: backend._run(s.q, layer, fb, q_lens)

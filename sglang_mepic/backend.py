@@ -35,19 +35,9 @@ def _rotary_modules(model) -> list:
 class MepicAttnBackend(AttentionBackend):
     def __init__(self, model_runner):
         super().__init__()
-        self.device = model_runner.device
-        self.req_to_token_pool = model_runner.req_to_token_pool
-        self.token_to_kv_pool = model_runner.token_to_kv_pool
-        self.positions = PositionMap(self.req_to_token_pool.req_to_token)
+        self._attach(model_runner.device, model_runner.req_to_token_pool, model_runner.token_to_kv_pool,
+                     self._take_over_rotary(model_runner))
         positions_module.ACTIVE = self.positions
-        self.rope = self._take_over_rotary(model_runner)
-        self.rotated_keys = RotatedKeys(self.rope)
-        self.use_triton = torch.device(self.device).type == "cuda"
-        if self.use_triton:
-            from sglang_mepic.kernels import attention as kernels
-
-            self.kernels = kernels
-            self.cos_sin = self.rope.cos_sin_cache.float().contiguous()
 
     @classmethod
     def over_pools(cls, req_to_token, k_pool, v_pool, rope: Rope) -> "MepicAttnBackend":
@@ -62,14 +52,22 @@ class MepicAttnBackend(AttentionBackend):
 
         backend = cls.__new__(cls)
         AttentionBackend.__init__(backend)
-        backend.device = k_pool.device
-        backend.req_to_token_pool = type("ReqToTokenPool", (), {"req_to_token": req_to_token})()
-        backend.token_to_kv_pool = Pool()
-        backend.positions = PositionMap(req_to_token)
-        backend.rope = rope
-        backend.rotated_keys = RotatedKeys(rope)
-        backend.use_triton = False
+        backend._attach(k_pool.device, type("ReqToTokenPool", (), {"req_to_token": req_to_token})(), Pool(), rope)
         return backend
+
+    def _attach(self, device, req_to_token_pool, token_to_kv_pool, rope: Rope) -> None:
+        self.device = device
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool = token_to_kv_pool
+        self.positions = PositionMap(req_to_token_pool.req_to_token)
+        self.rope = rope
+        self.rotated_keys = RotatedKeys(rope)
+        self.use_triton = torch.device(device).type == "cuda"
+        if self.use_triton:
+            from sglang_mepic.kernels import attention as kernels
+
+            self.kernels = kernels
+            self.cos_sin = rope.cos_sin_cache.float().contiguous()
 
     @staticmethod
     def _take_over_rotary(model_runner) -> Rope:
@@ -98,10 +96,12 @@ class MepicAttnBackend(AttentionBackend):
         return first
 
     def init_forward_metadata(self, forward_batch):
+        # Host-side per-request values, read by every layer of this forward.
+        self.rows = rows = forward_batch.req_pool_indices.tolist()
+        self.seq_lens = forward_batch.seq_lens.tolist()
         # Rows without a placement plan have slot j at position j: the plain fast path.
         self.plain_rows = (~self.positions.planned[forward_batch.req_pool_indices.long()]).tolist()
         mode = forward_batch.forward_mode
-        rows = forward_batch.req_pool_indices.tolist()
         # The model reads forward_batch.positions after this: planned rows get theirs here.
         if mode.is_decode():
             self.rotated_keys.keep_only(rows)
@@ -126,11 +126,9 @@ class MepicAttnBackend(AttentionBackend):
         v_pool = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
         req_to_token = self.req_to_token_pool.req_to_token
         req_to_pos = self.positions.req_to_pos
-        rows = forward_batch.req_pool_indices.tolist()
-        seq_lens = forward_batch.seq_lens.tolist()
         positions = forward_batch.positions
         start = 0
-        for row, seq_len, n, plain in zip(rows, seq_lens, q_lens, self.plain_rows):
+        for row, seq_len, n, plain in zip(self.rows, self.seq_lens, q_lens, self.plain_rows):
             end = start + n
             slots = req_to_token[row, :seq_len]
             kv_pos = None if plain else req_to_pos[row, :seq_len]
