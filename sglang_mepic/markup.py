@@ -126,15 +126,6 @@ class Marked:
             ids += p.tokens
         return cls(ids, spans)
 
-    def pieces(self) -> list[Piece]:
-        out, pos = [], 0
-        for start, end in self.chunks:
-            out.append(Piece(Kind.PROMPT, tuple(self.input_ids[pos:start])))
-            out.append(Piece(Kind.CHUNK, tuple(self.input_ids[start:end])))
-            pos = end
-        out.append(Piece(Kind.PROMPT, tuple(self.input_ids[pos:])))
-        return [p for p in out if p.tokens]
-
     def hint_action(self) -> dict:
         return {"action_id": "mepic-chunks", "action_type": HINT_TYPE, "action_version": HINT_VERSION,
                 "payload": {"chunks": [list(s) for s in self.chunks]}}
