@@ -18,6 +18,10 @@ MODULES = (
     "paged_allocator_release_page_ids",
     "schedule_batch_prepare_for_extend",
     "output_streamer_accept",
+    "output_streamer_is_request_level_customized_info_key",
+    "tokenizer_manager_update_request_meta_info",
+    "schedule_batch_prepare_for_decode",
+    "scheduler_get_internal_state",
 )
 
 

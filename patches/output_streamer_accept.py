@@ -1,24 +1,30 @@
-"""Report a laid-out request's token counts in real tokens, not KV slots.
+"""Report a laid-out request's token counts in real tokens, and its MEPIC figures.
 
 `prompt_tokens` and `cached_tokens` come from the request's slot counts; for a
 request laid out with pad slots those include pads, which are not tokens the
-client sent. The accumulator's newest entry is corrected after it is appended.
+client sent. The accumulator's newest entry is corrected after it is appended:
+`cached_tokens` becomes the real tokens whose KV was reused (prefix hits and
+chunk tokens from the store), and the request's `mepic_*` figures ride along as
+request-level customized info, which the tokenizer side puts in `meta_info`.
 """
 
 from sglang.srt.plugins.hook_registry import HookType
-
-from sglang_mepic.request_layout import pad_runs, pads_before
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept"
 HOOK_TYPE = HookType.AROUND
 
+REPORT_KEYS = ("mepic_recomputed_tokens", "mepic_chunk_hits", "mepic_chunk_misses")
+
 
 def hook(original, accumulator, *args, req, **kwargs):
+    link = getattr(req, "mepic", None)
+    if link is not None and link.report:
+        req.customized_info = {**(req.customized_info or {}), **{k: [link.report[k]] for k in REPORT_KEYS}}
     before = len(accumulator.rids)
     result = original(accumulator, *args, req=req, **kwargs)
-    runs = pad_runs(req.kv_hints)
-    if runs and len(accumulator.rids) > before:
-        accumulator.prompt_tokens[-1] -= sum(count for _, count in runs)
-        accumulator.cached_tokens[-1] -= pads_before(runs, accumulator.cached_tokens[-1])
+    if link is not None and len(accumulator.rids) > before:
+        accumulator.prompt_tokens[-1] -= sum(count for _, count in link.pads)
+        if link.report:
+            accumulator.cached_tokens[-1] = link.report["mepic_cached_tokens"]
     return result

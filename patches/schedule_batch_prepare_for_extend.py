@@ -1,21 +1,32 @@
-"""Write a chunked request's slot positions into the position map when it is scheduled.
+"""Admit laid-out requests to the chunk cache and write their positions when they are scheduled.
 
-Every request passes `ScheduleBatch.prepare_for_extend` with its KV row assigned,
-at each (chunked-)prefill pass: rows of laid-out requests get their plan's
-positions, every other row is marked unplanned (identity positions).
+Every request passes `ScheduleBatch.prepare_for_extend` at each (chunked-)prefill
+pass. Before SGLang allocates (which may evict), the mepic radix cache takes a
+reference on every page the new requests will read, so eviction cannot take them.
+After, each KV row is assigned: rows of laid-out requests get their plan's
+positions (and, in private-copy modes, the slots their KV is copied from); every
+other row is marked unplanned (identity positions). The cache's figures are
+sampled right after the allocation (peak pages in use, /metrics).
 """
 
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic import positions
-from sglang_mepic.request_layout import pad_runs, slot_positions
+from sglang_mepic.radix_cache import MepicRadixCache
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend"
-HOOK_TYPE = HookType.AFTER
+HOOK_TYPE = HookType.AROUND
 
 
-def hook(result, batch, *args, **kwargs):
+def hook(original, batch, *args, **kwargs):
+    tree = batch.tree_cache if isinstance(batch.tree_cache, MepicRadixCache) else None
+    if tree is not None:
+        for req in batch.reqs:
+            tree.admit(req)
+    result = original(batch, *args, **kwargs)
+    if tree is not None:
+        tree.sample()
     position_map = positions.ACTIVE
     if position_map is None:  # another attention backend: nothing to write
         return result
@@ -23,11 +34,13 @@ def hook(result, batch, *args, **kwargs):
         row = req.kv.req_pool_idx
         if row is None:
             continue
-        runs = pad_runs(req.kv_hints)
-        if runs:
+        link = getattr(req, "mepic", None)
+        if link is not None:
             # Output tokens count too: a retracted request re-prefills them after its prompt.
             slots = len(req.origin_input_ids) + len(req.output_ids)
-            position_map.assign(row, slot_positions(slots, runs).to(position_map.req_to_pos.device))
+            device = position_map.req_to_pos.device
+            position_map.assign(row, link.positions(slots).to(device),
+                                None if link.sources is None else link.sources)
         else:
             position_map.release(row)
     return result

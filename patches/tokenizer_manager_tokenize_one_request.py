@@ -1,9 +1,17 @@
-"""Strip chunk markup before SGLang tokenizes a generate request.
+"""Strip chunk markup before SGLang tokenizes a generate request, and compile new chunks.
 
 Marked-up text or input_ids become plain input_ids plus a `kv_hints` action with
 the chunk spans; malformed markup raises a ValueError, which the HTTP layer
 returns as a 400 before the request reaches the scheduler.
+
+When chunks are reused (every mode but `full`), each chunk of the request is
+first sent alone as an internal `compile` request: the chunk computed
+standalone, positions from 0, whose pages then join the chunk store. A chunk
+the cache already holds costs one token there (the radix tree matches the rest).
+The request itself follows once its chunks are compiled.
 """
+
+import asyncio
 
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
@@ -13,7 +21,7 @@ from sglang_mepic import config
 from sglang_mepic.markup import (HINT_TYPE, Marked, check_client_hints, has_id_markup, has_text_markup,
                                  split_ids, tokenize_text)
 from sglang_mepic.request_layout import PAD_FILL_ID
-from sglang_mepic.segments import PAD_ID, layout
+from sglang_mepic.segments import PAD_ID, Layout, Segment, layout
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._tokenize_one_request"
@@ -27,9 +35,9 @@ def _page_size(manager) -> int:
 def _lays_out_slots(manager) -> bool:
     """Pad slots need the mepic attention backend (masks them, positions by the map) and
     the mepic radix cache (keys them apart from real tokens); otherwise chunks are
-    computed in full on the real tokens."""
+    computed in full on the real tokens, as they are in `full` mode."""
     args = manager.server_args
-    return args.attention_backend == "mepic" and args.radix_cache_backend == "mepic"
+    return args.attention_backend == "mepic" and args.radix_cache_backend == "mepic" and config.mode().reuses
 
 
 def _with_action(envelope: KvHintsEnvelope | None, rid, action: dict) -> KvHintsEnvelope:
@@ -39,8 +47,12 @@ def _with_action(envelope: KvHintsEnvelope | None, rid, action: dict) -> KvHints
                            actions=[*others, KvHintAction(**action)])
 
 
-def strip_markup(manager, obj: GenerateReqInput) -> Marked | None:
-    if obj.input_embeds is not None:
+COMPILE_FLAG = "_mepic_compile"
+
+
+def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
+    """Replace markup by input_ids and hints; returns the layout when the request is laid out in slots."""
+    if obj.input_embeds is not None or getattr(obj, COMPILE_FLAG, False):
         return None
     vocab = manager.model_config.vocab_size
     if obj.input_ids is not None and (has_id_markup(obj.input_ids) or max(obj.input_ids, default=0) >= vocab):
@@ -58,19 +70,67 @@ def strip_markup(manager, obj: GenerateReqInput) -> Marked | None:
     lay = layout(pieces, _page_size(manager), config.placement(), max_slots=manager.context_len)
     marked = Marked.from_pieces(pieces)
     action = marked.hint_action()
-    if _lays_out_slots(manager) and lay.pad_runs():
+    laid_out = _lays_out_slots(manager) and bool(lay.chunks or lay.pad_runs())
+    if laid_out:
         # Laid out in slots: pads have no position and are masked by the mepic backend.
         obj.input_ids = [PAD_FILL_ID if t == PAD_ID else t for t in lay.slot_tokens()]
         action["payload"]["pads"] = [list(run) for run in lay.pad_runs()]
         action["payload"]["chunks"] = [[seg.start, seg.end] for seg in lay.chunks]
+        action["payload"]["slots"] = action["payload"]["chunks"]
     else:
         obj.input_ids = marked.input_ids
     obj.text = None
     obj.kv_hints = _with_action(obj.kv_hints, obj.rid, action)
-    return marked
+    return lay if laid_out else None
+
+
+def compile_request(seg: Segment, parent: GenerateReqInput) -> GenerateReqInput:
+    """The chunk alone, padded as in any request, plus one pad slot: SGLang always computes
+    at least the last slot, and a pad there lets the tree match every page of a compiled chunk."""
+    size = seg.size
+    pads = ([[0, seg.lead_pad]] if seg.lead_pad else []) + [[size - seg.tail_pad, seg.tail_pad + 1]]
+    action = {"action_id": "mepic-compile", "action_type": HINT_TYPE, "action_version": "1",
+              "payload": {"pads": pads, "slots": [[0, size]], "compile": True}}
+    req = GenerateReqInput(
+        input_ids=[PAD_FILL_ID if t == PAD_ID else t for t in seg.padded_tokens()] + [PAD_FILL_ID],
+        sampling_params={"max_new_tokens": 0},
+        extra_key=parent.extra_key, cache_salt=parent.cache_salt, lora_path=parent.lora_path,
+        kv_hints=_with_action(None, None, action),
+    )
+    setattr(req, COMPILE_FLAG, True)
+    return req
+
+
+async def _drain(manager, obj) -> None:
+    async for _ in manager.generate_request(obj, None):
+        pass
+
+
+# Compiles in flight, so that requests arriving together share one compile of a chunk
+# instead of each computing (and briefly holding) a copy of it.
+_inflight: dict[tuple, asyncio.Future] = {}
+
+
+async def _compile_once(manager, seg: Segment, parent: GenerateReqInput) -> None:
+    key = (seg.tokens, seg.lead_pad, seg.tail_pad, str(parent.extra_key), str(parent.cache_salt),
+           str(parent.lora_path))
+    running = _inflight.get(key)
+    if running is None:
+        running = _inflight[key] = asyncio.ensure_future(_drain(manager, compile_request(seg, parent)))
+        running.add_done_callback(lambda _: _inflight.pop(key, None))
+    await asyncio.shield(running)
+
+
+async def compile_chunks(manager, lay: Layout, parent: GenerateReqInput) -> None:
+    if config.canonical_from() is None:
+        return
+    unique = {seg.tokens: seg for seg in lay.chunks}
+    await asyncio.gather(*(_compile_once(manager, seg, parent) for seg in unique.values()))
 
 
 async def hook(original, manager, obj, *args, **kwargs):
     if isinstance(obj, GenerateReqInput):
-        strip_markup(manager, obj)
+        lay = strip_markup(manager, obj)
+        if lay is not None and lay.chunks and config.mode().reuses:
+            await compile_chunks(manager, lay, obj)
     return await original(manager, obj, *args, **kwargs)

@@ -11,12 +11,14 @@ the GPU path of the same semantics.
 """
 
 import logging
+import math
 
 import torch
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
+from sglang_mepic import config
 from sglang_mepic.attention import RotatedKeys, attend_causal, attend_paged, attend_plain
 from sglang_mepic import positions as positions_module
 from sglang_mepic.positions import PositionMap
@@ -62,6 +64,9 @@ class MepicAttnBackend(AttentionBackend):
         self.positions = PositionMap(req_to_token_pool.req_to_token)
         self.rope = rope
         self.rotated_keys = RotatedKeys(rope)
+        self.copies = None
+        mode = config.mode()
+        self.blend = mode if mode.kind is config.Kind.CACHEBLEND else None
         self.use_triton = torch.device(device).type == "cuda"
         if self.use_triton:
             from sglang_mepic.kernels import attention as kernels
@@ -102,6 +107,7 @@ class MepicAttnBackend(AttentionBackend):
         # Rows without a placement plan have slot j at position j: the plain fast path.
         self.plain_rows = (~self.positions.planned[forward_batch.req_pool_indices.long()]).tolist()
         mode = forward_batch.forward_mode
+        self.copies = None
         # The model reads forward_batch.positions after this: planned rows get theirs here.
         if mode.is_decode():
             self.rotated_keys.keep_only(rows)
@@ -112,10 +118,41 @@ class MepicAttnBackend(AttentionBackend):
             forward_batch.positions = self.positions.on_extend(
                 forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
                 forward_batch.positions)
+            self.copies = self.positions.copies_for_extend(
+                forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
+                forward_batch.out_cache_loc)
 
     def _save(self, layer, forward_batch, k, v, save_kv_cache):
         if save_kv_cache and k is not None and v is not None:
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
+            if self.copies is not None:
+                self._copy(layer.layer_id)
+
+    def _copy(self, layer_id: int) -> None:
+        """Private-copy modes: tokens not recomputed get the chunk store's KV, in the request's own pages.
+
+        The model still runs those tokens (their outputs are discarded with the overwritten KV):
+        the baselines are faithful in what attention sees and in memory, not in compute time.
+        """
+        keys = self.token_to_kv_pool.get_key_buffer(layer_id)
+        values = self.token_to_kv_pool.get_value_buffer(layer_id)
+        dst, src, batch = self.copies
+        if self.blend is not None:
+            if layer_id < self.blend.check_layer:
+                return
+            if layer_id == self.blend.check_layer:
+                # CacheBlend: the tokens whose fresh KV deviates most from the cached KV are recomputed.
+                deviation = ((keys[dst].float() - keys[src].float()) ** 2).sum((1, 2)) + \
+                            ((values[dst].float() - values[src].float()) ** 2).sum((1, 2))
+                copy = torch.ones_like(dst, dtype=torch.bool)
+                for b in torch.unique(batch).tolist():
+                    idx = torch.nonzero(batch == b).flatten()
+                    n = math.ceil(self.blend.ratio * idx.numel())
+                    copy[idx[deviation[idx].topk(n).indices]] = False
+                self.copies = (dst[copy], src[copy], batch[copy])
+                return
+        keys[dst] = keys[src]
+        values[dst] = values[src]
 
     def _run(self, q, layer, forward_batch, q_lens, decode=False):
         if layer.is_cross_attention or (layer.sliding_window_size is not None and layer.sliding_window_size > -1):

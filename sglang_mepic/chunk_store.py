@@ -75,6 +75,15 @@ class ChunkStore:
         self._chunks.move_to_end(key)
         return chunk.pages
 
+    def peek(self, key: str) -> tuple[int, ...] | None:
+        """The canonical pages of `key`, without counting a hit or touching the LRU order."""
+        chunk = self._chunks.get(key)
+        return None if chunk is None else chunk.pages
+
+    def chunks(self) -> list[tuple[int, ...]]:
+        """The canonical pages of every stored chunk."""
+        return [c.pages for c in self._chunks.values()]
+
     def put(self, key: str, pages: tuple[int, ...]) -> tuple[int, ...]:
         """Keep `pages` as the canonical pages of `key`; the caller keeps its own reference.
 

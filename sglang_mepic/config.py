@@ -4,12 +4,85 @@ The launcher turns `--mepic-*` flags into these environment variables, so the
 scheduler and tokenizer processes SGLang spawns read the same values.
 """
 
+import enum
 import os
+import re
+from dataclasses import dataclass
 
 from sglang_mepic.segments import Placement
 
 PLACEMENT_ENV = "SGLANG_MEPIC_PLACEMENT"
+MODE_ENV = "SGLANG_MEPIC_MODE"
+RECOMPUTE_ENV = "SGLANG_MEPIC_RECOMPUTE_BLOCKS"
 DEFAULT_PLACEMENT = Placement.TRAILING
+DEFAULT_MODE = "mepic"
+DEFAULT_RECOMPUTE_BLOCKS = 1
+
+
+class Kind(enum.Enum):
+    FULL = "full"              # no chunk reuse; SGLang's prefix cache only
+    NAIVE = "naive"            # shared chunk KV, nothing recomputed
+    EPIC = "epic"              # first k tokens recomputed, private copy per request
+    CACHEBLEND = "cacheblend"  # fraction r with the largest KV deviation recomputed, private copy
+    MEPIC = "mepic"            # first block(s) recomputed, canonical pages shared
+
+
+@dataclass(frozen=True)
+class Mode:
+    kind: Kind
+    tokens: int = 0            # epic-k: leading tokens of each chunk recomputed
+    ratio: float = 0.0         # cacheblend-r: fraction of chunk tokens recomputed
+    check_layer: int = 0       # cacheblend: the layer whose KV deviation selects tokens (the first)
+
+    @property
+    def name(self) -> str:
+        if self.kind is Kind.EPIC:
+            return f"epic-{self.tokens}"
+        if self.kind is Kind.CACHEBLEND:
+            return f"cacheblend-{self.ratio:g}"
+        return self.kind.value
+
+    @property
+    def shares(self) -> bool:
+        """Requests read the chunk store's pages in place (no private copy)."""
+        return self.kind in (Kind.NAIVE, Kind.MEPIC)
+
+    @property
+    def private(self) -> bool:
+        """Requests hold a private copy of each chunk, patched in their own pages."""
+        return self.kind in (Kind.EPIC, Kind.CACHEBLEND)
+
+    @property
+    def reuses(self) -> bool:
+        return self.kind is not Kind.FULL
+
+
+MODE_HELP = "full | naive | mepic | epic-K (K tokens, e.g. epic-16) | cacheblend-R (fraction, e.g. cacheblend-0.15)"
+
+
+def parse_mode(text: str) -> Mode:
+    text = text.strip().lower()
+    for kind in (Kind.FULL, Kind.NAIVE, Kind.MEPIC):
+        if text == kind.value:
+            return Mode(kind)
+    m = re.fullmatch(r"epic-(\d+)", text)
+    if m and int(m.group(1)) >= 1:
+        return Mode(Kind.EPIC, tokens=int(m.group(1)))
+    m = re.fullmatch(r"cacheblend-(0?\.\d+|1(\.0*)?|0)", text)
+    if m and 0 < float(m.group(1)) <= 1:
+        return Mode(Kind.CACHEBLEND, ratio=float(m.group(1)))
+    raise ValueError(f"--mepic-mode {text!r}: choose one of {MODE_HELP}")
+
+
+def parse_recompute_blocks(text: str) -> int | None:
+    """Leading blocks of each chunk recomputed in mepic mode; None means all (nothing shared)."""
+    text = text.strip().lower()
+    if text == "all":
+        return None
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ValueError(f"--mepic-recompute-blocks {text!r}: give a whole number >= 1 or 'all' "
+                     "(naive mode is the one that recomputes nothing)")
 
 
 def placement() -> Placement:
@@ -18,3 +91,25 @@ def placement() -> Placement:
         return Placement(value)
     except ValueError:
         raise ValueError(f"{PLACEMENT_ENV}={value!r}: choose from {[p.value for p in Placement]}") from None
+
+
+def mode() -> Mode:
+    return parse_mode(os.environ.get(MODE_ENV, DEFAULT_MODE))
+
+
+def recompute_blocks() -> int | None:
+    return parse_recompute_blocks(os.environ.get(RECOMPUTE_ENV, str(DEFAULT_RECOMPUTE_BLOCKS)))
+
+
+def canonical_from() -> int | None:
+    """Index of a chunk's first page that the chunk store keeps (None: the store keeps nothing).
+
+    Shared modes keep the pages they do not recompute; private-copy modes keep the whole
+    chunk, since which tokens they patch is decided per request.
+    """
+    m = mode()
+    if m.kind is Kind.FULL:
+        return None
+    if m.kind is Kind.MEPIC:
+        return recompute_blocks()
+    return 0

@@ -4,7 +4,11 @@
 
 Every flag is passed on to SGLang. What this wrapper adds:
 - with no `--model-path`, the embedded default model (SmolLM2-135M-Instruct);
-- `--attention-backend mepic` (NoPE keys, RoPE applied inside attention);
+- `--attention-backend mepic` (NoPE keys, RoPE applied inside attention) with
+  `--radix-cache-backend mepic` (chunk reuse) and `--page-size 16`;
+- `--enable-metrics` (Prometheus `/metrics`, MEPIC figures included);
+- the `--mepic-*` flags (mode, recompute blocks, pad placement), which become
+  environment settings read by every SGLang process;
 - on a machine without CUDA, the CPU defaults (`SGLANG_USE_CPU_ENGINE=1`,
   `--device cpu`, a bounded `--max-total-tokens`, `--sleep-on-idle`);
 - each default only where the flag is not given;
@@ -46,6 +50,7 @@ def _known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--page-size")
     p.add_argument("--cuda-graph-backend-decode")
     p.add_argument("--sleep-on-idle", action="store_true")
+    p.add_argument("--enable-metrics", action="store_true")
     known, _ = p.parse_known_args(argv)
     return known
 
@@ -56,7 +61,24 @@ def mepic_parser() -> argparse.ArgumentParser:
     g.add_argument("--mepic-placement", choices=[x.value for x in Placement], default=None,
                    help=f"where a chunk's pads go: 'leading' (as in the paper) or 'trailing' "
                         f"(first block full of real tokens). Default: {config.DEFAULT_PLACEMENT.value}.")
+    g.add_argument("--mepic-mode", type=_checked(config.parse_mode), default=None, metavar="MODE",
+                   help=f"how chunks are reused: {config.MODE_HELP}. Default: {config.DEFAULT_MODE}.")
+    g.add_argument("--mepic-recompute-blocks", type=_checked(config.parse_recompute_blocks), default=None,
+                   metavar="N|all",
+                   help="mepic mode: leading blocks (pages) of each chunk recomputed per request; 'all' "
+                        f"recomputes every block and shares nothing. Default: {config.DEFAULT_RECOMPUTE_BLOCKS}.")
     return p
+
+
+def _checked(parse):
+    """An argparse type that keeps the text but rejects what `parse` rejects, with its message."""
+    def check(text: str) -> str:
+        try:
+            parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+    return check
 
 
 def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -65,6 +87,10 @@ def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     env = {}
     if known.mepic_placement:
         env[config.PLACEMENT_ENV] = known.mepic_placement
+    if known.mepic_mode:
+        env[config.MODE_ENV] = known.mepic_mode
+    if known.mepic_recompute_blocks:
+        env[config.RECOMPUTE_ENV] = known.mepic_recompute_blocks
     return rest, env
 
 
@@ -79,10 +105,15 @@ def with_defaults(argv: list[str], cuda: bool) -> tuple[list[str], dict[str, str
     env = {"HF_HUB_OFFLINE": "1"}  # nothing may download from a model hub
     if known.model_path is None:
         argv += ["--model-path", str(models.model_dir(models.DEFAULT_MODEL))]
+    if known.radix_cache_backend is None and (known.attention_backend or ATTENTION_BACKEND) == "mepic":
+        argv += ["--radix-cache-backend", "mepic"]
+        known.radix_cache_backend = "mepic"
     if known.radix_cache_backend == "mepic" and known.page_size is None:
         argv += ["--page-size", str(MEPIC_PAGE_SIZE)]
     if known.attention_backend is None:
         argv += ["--attention-backend", ATTENTION_BACKEND]
+    if not known.enable_metrics:
+        argv += ["--enable-metrics"]  # /metrics, with the chunk cache's figures
     if (known.attention_backend or ATTENTION_BACKEND) == "mepic" and known.cuda_graph_backend_decode is None:
         # The mepic backend has no CUDA-graph capture path yet.
         argv += ["--cuda-graph-backend-decode", "disabled"]

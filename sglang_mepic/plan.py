@@ -1,100 +1,124 @@
-"""The placement plan of one request: where each page comes from, what to compute.
+"""The placement plan of one laid-out request: which pages are reused, what is computed.
 
-    layout (segments.py) + radix prefix hit + chunk store  ->  Plan
+    request slots (segments.py / request_layout.py) + chunk store  ->  Plan
 
-The plan is the input to the recompute pass and to the attention backend's
-per-slot position map. For every page of the request it records its source:
+SGLang computes a request as [prefix it already has][tokens to extend]. MEPIC
+needs to compute a request's prompt pages and each chunk's first block while
+reusing the chunks' other pages where they are. The plan reconciles the two by
+*ordering the request's pages*: the reused canonical pages come first, in
+request order, and form SGLang's prefix; every other page follows in request
+order and is the extend. Attention never depends on slot order, only on each
+slot's RoPE position (`positions.PositionMap`), so the reordering is free:
 
-- PREFIX:  matched in the radix tree (prompt pages and request-specific first
-           blocks of an identical earlier request); nothing to compute.
-- SHARED:  a canonical page of a resident chunk; reused as it is, never copied.
-- COMPUTE: a new page whose real tokens are computed in this request's context
-           (uncached prompt tokens, and the first `recompute_blocks` pages of
-           each chunk).
-- COMPILE: a new canonical page of a chunk seen for the first time; the whole
-           chunk is computed standalone, then its pages go to the chunk store.
+    natural:  [prompt][C1 b0][C1 b1][C1 b2][prompt][C2 b0][C2 b1][question]
+    planned:  [C1 b1][C1 b2][C2 b1] | [prompt][C1 b0][prompt][C2 b0][question]
+              `-- reused, shared --'   `-- computed, positions ascending --'
+
+Computed pages keep their request order, so every computed token's context is
+either in the prefix or earlier in the extend, as chunked prefill requires. A
+chunk missing from the store is computed whole, in context (a miss).
+
+Private-copy modes (EPIC, CacheBlend) keep the natural order and compute every
+slot into pages of their own; `sources` names, per slot, the canonical slot
+whose KV replaces the computed one (the copy) unless the mode recomputes it.
 """
 
-import enum
 from dataclasses import dataclass
+from typing import Sequence
 
-from sglang_mepic.segments import NO_POSITION, Kind, Layout
-
-
-class Source(enum.Enum):
-    PREFIX = "prefix"
-    SHARED = "shared"
-    COMPUTE = "compute"
-    COMPILE = "compile"
+from sglang_mepic.segments import NO_POSITION
 
 
 @dataclass(frozen=True)
-class PagePlan:
-    source: Source
-    chunk: str | None = None       # chunk hash, for pages of a chunk segment
-    page: int | None = None        # physical page, for SHARED pages
+class ChunkSpan:
+    start: int   # first slot, page-aligned
+    end: int     # one past the last slot, page-aligned
+    key: str     # chunk hash
 
 
 @dataclass(frozen=True)
 class Plan:
-    layout: Layout
-    pages: tuple[PagePlan, ...]
-    positions: tuple[int, ...]            # RoPE position per slot, NO_POSITION for pads
-    compile: tuple[tuple[str, int], ...]  # (chunk hash, segment index) compiled standalone
+    size: int                     # slots of the request's prompt
+    page_size: int
+    order: tuple[int, ...]        # natural page index of each page, in planned order
+    reused: tuple[int, ...]       # canonical page of each of the first len(reused) planned pages
+    hits: int                     # chunk occurrences found in the store
+    misses: int
 
     @property
-    def page_size(self) -> int:
-        return self.layout.page_size
+    def prefix_slots(self) -> int:
+        return len(self.reused) * self.page_size
 
-    def count(self, source: Source) -> int:
-        return sum(1 for p in self.pages if p.source is source)
-
-    @property
-    def new_pages(self) -> int:
-        return self.count(Source.COMPUTE) + self.count(Source.COMPILE)
-
-    def compute_slots(self) -> list[int]:
-        """Non-pad slots computed in this request's context."""
+    def slot_order(self) -> list[int]:
+        """Natural slot of each planned slot."""
         b = self.page_size
-        return [s for i, p in enumerate(self.pages) if p.source is Source.COMPUTE
-                for s in range(i * b, (i + 1) * b)
-                if s < len(self.positions) and self.positions[s] != NO_POSITION]
+        return [s for p in self.order for s in range(p * b, min((p + 1) * b, self.size))]
+
+    def reused_slots(self) -> list[int]:
+        """Physical KV slots of the planned prefix, in order."""
+        b = self.page_size
+        return [p * b + i for p in self.reused for i in range(b)]
 
 
-def make_plan(layout: Layout, chunk_keys: dict[int, str], prefix_len: int,
-              resident: dict[str, tuple[int, ...]], recompute_blocks: int | None = 1) -> Plan:
-    """Build the plan.
+def make_plan(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: dict[str, tuple[int, ...]],
+              canonical_from: int | None) -> Plan:
+    """Order the pages of a request of `size` slots.
 
-    chunk_keys: segment index -> chunk hash, for every chunk segment.
-    prefix_len: slots matched by the radix tree (a whole number of pages).
-    resident: chunk hash -> canonical pages, for chunks resident in the store.
-    recompute_blocks: leading pages of each chunk computed in context; None = all
-        (then nothing is shared and the request equals full recompute).
+    resident: chunk hash -> its canonical pages (the chunk's pages from `canonical_from` on).
+    canonical_from: leading pages of each chunk computed in context; None = all (nothing reused).
     """
-    b = layout.page_size
-    if prefix_len % b:
-        raise ValueError(f"prefix_len {prefix_len} is not a multiple of the page size {b}")
-    first_new_page = prefix_len // b
-    pages: list[PagePlan] = []
-    compile: list[tuple[str, int]] = []
-    for index, seg in enumerate(layout.segments):
-        n_pages = -(-seg.size // b)
-        first_page = seg.start // b
-        if seg.kind is Kind.PROMPT:
-            pages += [PagePlan(Source.COMPUTE) for _ in range(n_pages)]
+    b = page_size
+    hits = misses = 0
+    reused_pages: list[int] = []
+    reused: list[int] = []
+    for c in chunks:
+        if c.start % b or c.end % b:
+            raise ValueError(f"chunk span [{c.start}, {c.end}) is not page-aligned (page size {b})")
+        canonical = resident.get(c.key)
+        if canonical is None:
+            misses += 1
             continue
-        key = chunk_keys[index]
-        k = n_pages if recompute_blocks is None else min(recompute_blocks, n_pages)
-        canonical = resident.get(key)
-        if canonical is None and k < n_pages and first_page + n_pages > first_new_page:
-            compile.append((key, index))
-        for j in range(n_pages):
-            if j < k:
-                pages.append(PagePlan(Source.COMPUTE, key))
-            elif canonical is not None:
-                pages.append(PagePlan(Source.SHARED, key, canonical[j - 1]))
-            else:
-                pages.append(PagePlan(Source.COMPILE, key))
-    # What the radix tree already holds overrides everything else.
-    pages[:first_new_page] = [PagePlan(Source.PREFIX, p.chunk) for p in pages[:first_new_page]]
-    return Plan(layout, tuple(pages), tuple(layout.slot_positions()), tuple(compile))
+        hits += 1
+        if canonical_from is None:
+            continue
+        first, last = c.start // b + canonical_from, c.end // b
+        if len(canonical) != max(0, last - first):
+            raise ValueError(f"chunk {c.key} has {len(canonical)} canonical pages, expected {max(0, last - first)}")
+        reused_pages += range(first, last)
+        reused += canonical
+    taken = set(reused_pages)
+    rest = [p for p in range(-(-size // b)) if p not in taken]
+    return Plan(size, b, tuple(reused_pages + rest), tuple(reused), hits, misses)
+
+
+def planned(values: Sequence, plan: Plan) -> list:
+    """`values` (one per natural slot) in planned order; values past the prompt (output tokens) stay last."""
+    order = plan.slot_order()
+    return [values[s] for s in order] + list(values[plan.size:])
+
+
+def sources(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: dict[str, tuple[int, ...]],
+            positions: Sequence[int], keep_tokens: int) -> tuple[list[int], int, int]:
+    """Private-copy modes: per natural slot, the canonical KV slot that replaces it, or -1.
+
+    Of each resident chunk, the first `keep_tokens` real tokens are left to compute (EPIC's
+    recompute); the chunk store holds the whole chunk (canonical_from = 0).
+    Returns (sources, hits, misses).
+    """
+    b = page_size
+    src = [-1] * size
+    hits = misses = 0
+    for c in chunks:
+        canonical = resident.get(c.key)
+        if canonical is None:
+            misses += 1
+            continue
+        hits += 1
+        real = 0
+        for s in range(c.start, c.end):
+            if positions[s] == NO_POSITION:
+                continue
+            if real >= keep_tokens:
+                src[s] = canonical[(s - c.start) // b] * b + (s - c.start) % b
+            real += 1
+    return src, hits, misses

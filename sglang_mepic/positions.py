@@ -18,6 +18,10 @@ positions. Writers:
   and a decoded token follows the row's last real position.
 - `release(row)` for a request without a plan, so a reused row is unplanned.
 
+Private-copy modes (EPIC, CacheBlend) also set `req_to_src`: for each slot, the
+canonical KV slot its keys and values are copied from instead of computed
+(-1: computed). `copies_for_extend` turns that into the copy list of a forward.
+
 `ACTIVE` is the map of this process's attention backend, for the scheduler-side
 writer (one model runner per scheduler process).
 """
@@ -35,15 +39,42 @@ class PositionMap:
         self.req_to_pos = torch.full(req_to_token.shape, NO_POSITION, dtype=torch.int32,
                                      device=req_to_token.device)
         self.planned = torch.zeros(req_to_token.shape[0], dtype=torch.bool, device=req_to_token.device)
+        self.copies = torch.zeros(req_to_token.shape[0], dtype=torch.bool, device=req_to_token.device)
+        self.req_to_src: torch.Tensor | None = None  # allocated on first use
 
-    def assign(self, row: int, positions: torch.Tensor) -> None:
+    def assign(self, row: int, positions: torch.Tensor, sources=None) -> None:
         n = positions.numel()
         self.req_to_pos[row, :n] = positions.to(self.req_to_pos.dtype)
         self.req_to_pos[row, n:] = NO_POSITION
         self.planned[row] = True
+        self.copies[row] = sources is not None
+        if sources is not None:
+            if self.req_to_src is None:
+                self.req_to_src = torch.full(self.req_to_pos.shape, -1, dtype=torch.int64,
+                                             device=self.req_to_pos.device)
+            src = torch.as_tensor(sources, dtype=torch.int64, device=self.req_to_src.device)
+            self.req_to_src[row] = -1
+            self.req_to_src[row, :src.numel()] = src
 
     def release(self, row: int) -> None:
         self.planned[row] = False
+        self.copies[row] = False
+
+    def copies_for_extend(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
+                          out_cache_loc: torch.Tensor):
+        """(destination slots, source slots, batch index) of the extend tokens whose KV is copied."""
+        rows = rows.long()
+        if self.req_to_src is None or not bool(self.copies[rows].any()):
+            return None
+        elen = extend_lens.long()
+        batch = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), elen)
+        starts = torch.repeat_interleave(torch.cumsum(elen, 0) - elen, elen)
+        j = torch.arange(batch.numel(), device=rows.device) - starts + prefix_lens.long()[batch]
+        src = self.req_to_src[rows[batch], j]
+        keep = (src >= 0) & self.copies[rows[batch]]
+        if not bool(keep.any()):
+            return None
+        return out_cache_loc[keep].long(), src[keep], batch[keep]
 
     def on_extend(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
                   positions: torch.Tensor) -> torch.Tensor:

@@ -6,93 +6,268 @@ plugin cannot give a new node kind, while the Python tree is a plain class whose
 paths can be extended in Python. For a request without chunk markup it is
 SGLang's own `RadixCache`, unchanged.
 
-For a request with chunks the tree is keyed by the request's padded slot
-tokens (pads are `PAD_ID`, never a real token id), so prompt pages and each
-chunk's request-specific first block are cached by prefix as usual, and the
-nodes past a chunk's first block hold its canonical pages, the same physical
-pages the chunk store holds. An identical request matches all the way through;
-a request with the same chunks in another order matches the common prefix and
-then finds its chunks in the store (`plan`).
+A laid-out request (request_layout.py) is planned against the chunk store each
+time the scheduler matches it (plan.py). In the shared modes its token ids are
+reordered so that the reused canonical pages come first; the tree matches that
+key as far as it can and the rest of the reused pages are appended from the
+store ("injected"), so SGLang's prefix is exactly the reused KV and its extend
+is exactly what MEPIC recomputes. The tree then caches the request under its
+planned key: an identical request matches all the way through, first blocks
+included.
+
+A chunk's canonical pages come from a standalone compile: the tokenizer side
+sends the chunk alone as a small internal request (`compile`), and when that
+request is released its pages join the store.
 
 Pages are shared between the store, tree nodes and running requests, so the
-cache attaches a `PageRefs` to SGLang's allocator: every release there drops one
-holder (patch `paged_allocator_release_page_ids`).
+cache attaches a `PageRefs` to SGLang's allocator: every release there drops
+one holder (patch `paged_allocator_release_page_ids`). Holders:
+- the store: one per canonical page it keeps;
+- a tree node: one per page of its value (SGLang's own accounting, plus one
+  taken here when a node is created over injected pages);
+- a running request: one per injected or copied-from page, until its release.
 """
 
 import hashlib
 import json
 import logging
+import math
 from array import array
+from dataclasses import dataclass
 
-from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+import torch
+
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
-from sglang_mepic import config
+from sglang_mepic import config, metrics
 from sglang_mepic.chunk_store import ChunkStore
+from sglang_mepic.link import Link
 from sglang_mepic.pages import PageRefs
-from sglang_mepic.plan import Plan, Source, make_plan
+from sglang_mepic.plan import make_plan, sources
 from sglang_mepic.pool_pages import PoolPages
-from sglang_mepic.request_layout import masked_key, pad_runs
-from sglang_mepic.segments import Kind, Layout, chunk_hash
+from sglang_mepic.request_layout import hints
+from sglang_mepic.segments import NO_POSITION, PAD_ID, span_hash
 
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "mepic"
 
 
+@dataclass
+class Counters:
+    recomputed_tokens: int = 0   # chunk and prompt tokens computed in a request's context
+    reused_tokens: int = 0       # chunk tokens served from the store (shared or copied)
+    compiled_chunks: int = 0     # standalone compiles that produced new canonical pages
+
+
 class MepicRadixCache(RadixCache):
-    def __init__(self, params, model_fingerprint: str = "", recompute_blocks: int | None = 1):
+    def __init__(self, params, model_fingerprint: str = "", mode: config.Mode | None = None,
+                 canonical_from: int | None = -1):
         super().__init__(params)
         self.model_fingerprint = model_fingerprint
-        self.recompute_blocks = recompute_blocks
+        self.mode = mode or config.mode()
+        self.canonical_from = config.canonical_from() if canonical_from == -1 else canonical_from
+        self.placement = config.placement()
         self.pages = PoolPages(params.token_to_kv_pool_allocator)
         self.refs = PageRefs(self.pages)
         params.token_to_kv_pool_allocator.mepic_refs = self.refs
         self.store = ChunkStore(self.refs)
+        self.counters = Counters()
+        self.peak_pages_in_use = 0
 
-    # Requests laid out in slots (request_layout): their pad slots key as PAD_ID.
+    # ---- the request side -------------------------------------------------
+
+    def link(self, req) -> Link | None:
+        link = getattr(req, "mepic", None)
+        if link is None:
+            h = hints(getattr(req, "kv_hints", None))
+            if h is None:
+                return None
+            link = Link(array("q", req.origin_input_ids), h.pads, h.chunks, h.compile)
+            link.keys = [span_hash(self._natural_masked(link)[s:e], self.placement, self.page_size,
+                                   self.model_fingerprint, req.extra_key) for s, e in link.chunk_slots]
+            req.mepic = link
+        return link
+
+    @staticmethod
+    def _natural_masked(link: Link) -> array:
+        out = array("q", link.natural)
+        for start, count in link.pads:
+            out[start:start + count] = array("q", [PAD_ID] * count)
+        return out
+
+    def _plan(self, req, link: Link) -> None:
+        """Plan the request against the store; in shared modes, put its ids in planned order."""
+        resident = {}
+        for key in link.keys:
+            pages = self.store.peek(key)
+            if pages is not None:
+                resident[key] = pages
+        link.order = link.sources = None
+        link.plan = None
+        if self.mode.shares and not link.compile:
+            link.plan = make_plan(link.size, self.page_size, link.spans(), resident, self.canonical_from)
+            if link.plan.reused:
+                link.order = link.plan.slot_order()
+                # Same length, new order: fill_ids is rebuilt from it below (it would go stale).
+                req.origin_input_ids[:] = array("q", (link.natural[s] for s in link.order))
+            else:
+                req.origin_input_ids[:] = link.natural
+        elif self.mode.private and not link.compile:
+            natural_pos = link.natural_positions(link.size).tolist()
+            keep = self.mode.tokens if self.mode.kind is config.Kind.EPIC else 0
+            link.sources, _, _ = sources(link.size, self.page_size, link.spans(), resident, natural_pos, keep)
+        req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
 
     def match_prefix(self, params):
-        runs = pad_runs(getattr(params.req, "kv_hints", None))
-        if runs:
-            key = params.key
-            params.key = RadixKey(array("q", masked_key(key.token_ids, runs)), key.extra_key,
-                                  is_bigram=key.is_bigram, limit=key.limit, cache_salt=key.cache_salt)
-        return super().match_prefix(params)
+        req = params.req
+        link = self.link(req) if req is not None else None
+        if link is None:
+            return super().match_prefix(params)
+        if not link.admitted:
+            self._plan(req, link)
+            ids = req.full_untruncated_fill_ids
+        else:
+            ids = params.key.token_ids
+        key = params.key
+        params.key = RadixKey(link.masked(ids), key.extra_key, is_bigram=key.is_bigram, limit=key.limit,
+                              cache_salt=key.cache_salt)
+        result = super().match_prefix(params)
+        link.injected, link.tree_len, link.tree_took = None, result.device_prefix_len, 0
+        plan = link.plan
+        if link.admitted or plan is None or not plan.reused:
+            return result
+        limit = len(ids) if key.limit is None else min(key.limit, len(ids))
+        end = min(plan.prefix_slots, limit // self.page_size * self.page_size)
+        if end <= result.device_prefix_len:
+            return result
+        slots = plan.reused_slots()[result.device_prefix_len:end]
+        link.injected = torch.tensor(slots, dtype=torch.int64, device=self.pages.allocator.device)
+        return result._replace(device_prefix_len=end)
+
+    def prefix_device_indices(self, req) -> torch.Tensor:
+        link = getattr(req, "mepic", None)
+        path = self.path_device_indices(req.last_node)
+        if link is not None and link.injected is not None:
+            path = torch.cat([path[:link.tree_len], link.injected.to(path.device, path.dtype)])
+        assert len(path) >= req.prefix_len, (req.rid, len(path), req.prefix_len)
+        return path[:req.prefix_len]
+
+    def admit(self, req) -> None:
+        """The request is about to get its KV row: hold the pages it reads, fix its plan, count it."""
+        link = getattr(req, "mepic", None)
+        if link is None or link.admitted:
+            return
+        held = []
+        if link.injected is not None:
+            held += link.injected[::self.page_size].div(self.page_size, rounding_mode="floor").tolist()
+        substituted = 0
+        if link.sources is not None:
+            substituted = sum(1 for s in link.sources[req.prefix_len:] if s >= 0)
+            if self.mode.kind is config.Kind.CACHEBLEND:
+                substituted -= math.ceil(self.mode.ratio * substituted)
+            held += sorted({s // self.page_size for s in link.sources if s >= 0})
+        self.refs.acquire(held)
+        link.held = held
+        link.admitted = True
+        if link.compile:
+            return
+        for key in link.keys:  # counts hits and misses, refreshes LRU order
+            self.store.lookup(key)
+        prefix = min(req.prefix_len, link.size)
+        cached = link.real_slots(0, prefix) + substituted
+        recomputed = link.real_slots(prefix, link.size) - substituted
+        plan_hits = link.plan.hits if link.plan is not None else sum(1 for s in link.spans()
+                                                                     if self.store.peek(s.key) is not None)
+        link.report = {"mepic_recomputed_tokens": recomputed, "mepic_chunk_hits": plan_hits,
+                       "mepic_chunk_misses": len(link.keys) - plan_hits, "mepic_cached_tokens": cached}
+        self.counters.recomputed_tokens += recomputed
+        self.counters.reused_tokens += link.real_slots(0, prefix) if link.plan is not None else substituted
 
     def _insert_cache(self, req, token_ids, **kwargs):
-        runs = pad_runs(req.kv_hints)
-        if runs:
-            token_ids = array("q", masked_key(token_ids, runs))
-        return super()._insert_cache(req, token_ids, **kwargs)
+        link = getattr(req, "mepic", None)
+        if link is None:
+            return super()._insert_cache(req, token_ids, **kwargs)
+        key, kv_indices, existing = super()._insert_cache(req, link.masked(token_ids), **kwargs)
+        if link.injected is not None:
+            # New tree nodes over injected pages hold them from now on: give them a reference.
+            start = max(existing, link.tree_len + link.tree_took)
+            end = min(len(key), link.tree_len + len(link.injected))
+            if end > start:
+                self.refs.acquire(kv_indices[start:end:self.page_size].div(
+                    self.page_size, rounding_mode="floor").tolist())
+                link.tree_took = end - link.tree_len
+        return key, kv_indices, existing
 
-    def key_for(self, layout: Layout, namespace: str | None) -> RadixKey:
-        return RadixKey(array("q", layout.slot_tokens()), extra_key=namespace)
+    def on_release(self, req, *, checkpointed: bool) -> None:
+        link = getattr(req, "mepic", None)
+        if link is not None:
+            if link.compile and checkpointed:
+                self._publish(req, link)
+            self.refs.release(link.held)
+            link.held, link.admitted, link.injected, link.tree_took = [], False, None, 0
+        super().on_release(req, checkpointed=checkpointed)
 
-    def chunk_keys(self, layout: Layout, namespace: str | None) -> dict[int, str]:
-        return {i: chunk_hash(seg, layout.placement, layout.page_size, self.model_fingerprint, namespace)
-                for i, seg in enumerate(layout.segments) if seg.kind is Kind.CHUNK}
+    def _publish(self, req, link: Link) -> None:
+        """A compiled chunk's pages (now owned by the tree) join the store."""
+        (start, end), key = link.chunk_slots[0], link.keys[0]
+        if self.canonical_from is None or req.kv.cache_protected_len < end or key in self.store:
+            return
+        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+        pages = row[start:end:self.page_size].div(self.page_size, rounding_mode="floor").tolist()
+        self.store.put(key, tuple(pages[self.canonical_from:]))
+        self.counters.compiled_chunks += 1
 
-    def plan(self, layout: Layout, namespace: str | None) -> Plan:
-        """Match the tree, resolve the rest of the chunks through the store, and take a
-        reference on every shared page the request will read (release them with the row)."""
-        if layout.page_size != self.page_size:
-            raise ValueError(f"layout page size {layout.page_size} != pool page size {self.page_size}")
-        match = self.match_prefix(MatchPrefixParams(key=self.key_for(layout, namespace)))
-        keys = self.chunk_keys(layout, namespace)
-        resident = {}
-        for i, key in keys.items():
-            if layout.segments[i].end > match.device_prefix_len and key not in resident:
-                pages = self.store.lookup(key)
-                if pages is not None:
-                    resident[key] = pages
-        plan = make_plan(layout, keys, match.device_prefix_len, resident, self.recompute_blocks)
-        self.refs.acquire(p.page for p in plan.pages if p.source is Source.SHARED)
-        return plan
+    # ---- memory -----------------------------------------------------------
 
-    def publish(self, key: str, pages) -> tuple[int, ...]:
-        """A compiled chunk's canonical pages join the store (which takes its own reference)."""
-        return self.store.put(key, tuple(pages))
+    def _tree_holders(self) -> dict[int, int]:
+        """Page -> number of unlocked tree nodes holding it."""
+        values = []
+        stack = list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.lock_ref == 0 and node.value is not None and len(node.value):
+                values.append(node.value[::self.page_size])
+        if not values:
+            return {}
+        pages, counts = torch.unique(torch.cat(values).div(self.page_size, rounding_mode="floor"),
+                                     return_counts=True)
+        return dict(zip(pages.tolist(), counts.tolist()))
+
+    def freeable_pages(self) -> set[int]:
+        """Pages that evicting every unlocked tree node and every unheld chunk would free."""
+        holders = self._tree_holders()
+        free = {p for p, n in holders.items() if self.refs.count(p) == n}
+        for pages in self.store.chunks():
+            if all(self.refs.count(p) == holders.get(p, 0) + 1 for p in pages):
+                free.update(pages)
+        return free
+
+    def evictable_size(self):
+        # SGLang's tree count would count a page shared by nodes and the store once per holder.
+        return len(self.freeable_pages()) * self.page_size
+
+    def pages_in_use(self) -> int:
+        """Pages held by running requests or the chunk store (not those only the tree keeps for reuse)."""
+        holders = self._tree_holders()
+        total = self.pages.allocator.size // self.page_size
+        only_tree = sum(1 for p, n in holders.items() if self.refs.count(p) == n)
+        return total - self.pages.available() - only_tree
+
+    def evict(self, params: EvictParams) -> EvictResult:
+        """Evict tree leaves (LRU), then unheld chunks (LRU), until `num_tokens` slots are actually free."""
+        allocator = self.token_to_kv_pool_allocator
+        before = allocator.available_size()
+        while (freed := allocator.available_size() - before) < params.num_tokens:
+            short = params.num_tokens - freed
+            evicted = super().evict(EvictParams(num_tokens=short)).num_tokens_evicted
+            short = params.num_tokens - (allocator.available_size() - before)
+            chunks = self.store.evict(-(-short // self.page_size)) if short > 0 else 0
+            if not evicted and not chunks:
+                break
+        return EvictResult(num_tokens_evicted=allocator.available_size() - before)
 
     def reset(self):
         # SGLang clears the allocator right after resetting the tree (flush_cache), so
@@ -101,6 +276,38 @@ class MepicRadixCache(RadixCache):
         if getattr(self, "store", None) is not None:
             self.store.forget()
             self.refs.forget()
+            self.peak_pages_in_use = 0
+            # The allocator is cleared right after this; say so without waiting for the next sample.
+            metrics.publish({"kv_pages_in_use": 0, "kv_pages_in_use_peak": 0, "canonical_chunk_pages": 0,
+                             "shared_pages": 0, "chunks_resident": 0,
+                             "kv_pages_free": self.pages.allocator.size // self.page_size})
+
+    def sample(self) -> dict:
+        """Take the figures after an allocation: tracks the peak and feeds /metrics."""
+        stats = self.stats()
+        metrics.publish(stats)
+        return stats
+
+    def stats(self) -> dict:
+        in_use = self.pages_in_use()
+        self.peak_pages_in_use = max(self.peak_pages_in_use, in_use)
+        return {
+            "mode": self.mode.name,
+            "page_size": self.page_size,
+            "kv_pages_total": self.pages.allocator.size // self.page_size,
+            "kv_pages_free": self.pages.available(),
+            "kv_pages_in_use": in_use,
+            "kv_pages_in_use_peak": self.peak_pages_in_use,
+            "canonical_chunk_pages": self.store.canonical_pages(),
+            "chunks_resident": len(self.store),
+            "shared_pages": self.refs.shared(),
+            "chunk_hits": self.store.stats.hits,
+            "chunk_misses": self.store.stats.misses,
+            "chunk_evictions": self.store.stats.evictions,
+            "chunks_compiled": self.counters.compiled_chunks,
+            "recomputed_tokens": self.counters.recomputed_tokens,
+            "reused_tokens": self.counters.reused_tokens,
+        }
 
 
 def model_fingerprint(model_config) -> str:
@@ -112,14 +319,24 @@ def model_fingerprint(model_config) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
+ACTIVE: "MepicRadixCache | None" = None
+
+
 def build(ctx) -> MepicRadixCache:
+    global ACTIVE
     if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
         raise ValueError("--radix-cache-backend mepic supports full-attention models only "
                          "(no sliding-window or state-space layers)")
     if ctx.enable_hierarchical_cache:
         raise ValueError("--radix-cache-backend mepic does not support --enable-hierarchical-cache")
-    config.placement()  # fail at start-up on a bad SGLANG_MEPIC_PLACEMENT
+    config.placement()  # fail at start-up on a bad setting
+    mode = config.mode()
+    config.canonical_from()
+    if ctx.disable_radix_cache and mode.reuses:
+        raise ValueError(f"--mepic-mode {mode.name} needs the radix cache: drop --disable-radix-cache "
+                         "or use --mepic-mode full")
     params = ctx.params
     if ctx.disable_radix_cache:
         params.disable = True
-    return MepicRadixCache(params, model_fingerprint(ctx.model_config))
+    ACTIVE = MepicRadixCache(params, model_fingerprint(ctx.model_config), mode)
+    return ACTIVE

@@ -8,6 +8,8 @@ position (for the position map) and the radix-tree key (pads as `PAD_ID`, so a
 pad can never match a real token).
 """
 
+from dataclasses import dataclass
+
 import torch
 
 from sglang_mepic.markup import HINT_TYPE
@@ -16,13 +18,26 @@ from sglang_mepic.segments import NO_POSITION, PAD_ID
 PAD_FILL_ID = 0
 
 
+@dataclass(frozen=True)
+class Hints:
+    pads: list[tuple[int, int]]    # (first slot, count) of each pad run
+    chunks: list[tuple[int, int]]  # [start, end) slots of each chunk segment, page-aligned
+    compile: bool                  # the request is the standalone compile of its one chunk
+
+
+def hints(kv_hints) -> Hints | None:
+    """The layout a request was sent with (None: not laid out in slots)."""
+    for action in kv_hints.actions if kv_hints is not None else []:
+        if action.action_type == HINT_TYPE and "pads" in action.payload:
+            p = action.payload
+            return Hints([(int(a), int(b)) for a, b in p["pads"]], [(int(a), int(b)) for a, b in p.get("slots", [])],
+                         bool(p.get("compile", False)))
+    return None
+
+
 def pad_runs(kv_hints) -> list[tuple[int, int]]:
-    if kv_hints is None:
-        return []
-    for action in kv_hints.actions:
-        if action.action_type == HINT_TYPE:
-            return [(int(a), int(b)) for a, b in action.payload.get("pads", [])]
-    return []
+    h = hints(kv_hints)
+    return h.pads if h is not None else []
 
 
 def pad_mask(num_slots: int, runs) -> torch.Tensor:

@@ -11,8 +11,9 @@ every chunk one canonical page layout, wherever it sits in a request:
   segment of the request;
 - a chunk that fits in one page is treated as prompt: it has no canonical
   pages to share, since its first page is recomputed anyway;
-- with trailing pads, a chunk that ends the request is treated as prompt: the
-  last slot must hold a real token, whose logits start the answer.
+- a chunk that ends the request is treated as prompt: the last slot must be
+  computed in the request (its logits start the answer), and with trailing
+  pads it must also hold a real token.
 
 Pad slots hold `PAD_ID`, which is never a real token id. They take no RoPE
 position (`NO_POSITION`) and are masked out of attention, so real tokens carry
@@ -134,7 +135,7 @@ def layout(pieces: Sequence[Piece], page_size: int, placement: Placement = Place
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
     merged = _merge(pieces, page_size)
-    if placement is Placement.TRAILING and merged and merged[-1].kind is Kind.CHUNK:
+    if merged and merged[-1].kind is Kind.CHUNK:
         merged = _merge([*merged[:-1], Piece(Kind.PROMPT, merged[-1].tokens)], page_size)
     segments: list[Segment] = []
     slot = position = 0
@@ -162,11 +163,16 @@ def layout(pieces: Sequence[Piece], page_size: int, placement: Placement = Place
 
 def chunk_hash(seg: Segment, placement: Placement, page_size: int, model_fingerprint: str,
                namespace: str | None) -> str:
-    """Identity of a chunk's KV: its padded tokens, the model, and the cache namespace.
+    return span_hash(seg.padded_tokens(), placement, page_size, model_fingerprint, namespace)
+
+
+def span_hash(padded_tokens: Sequence[int], placement: Placement, page_size: int, model_fingerprint: str,
+              namespace: str | None) -> str:
+    """Identity of a chunk's KV: its padded tokens (pads as PAD_ID), the model, and the cache namespace.
 
     Tenants with different namespaces (SGLang `extra_key` / cache salt) never share.
     """
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{model_fingerprint}\0{namespace or ''}\0{placement.value}\0{page_size}\0".encode())
-    h.update(array("q", seg.padded_tokens()).tobytes())
+    h.update(array("q", padded_tokens).tobytes())
     return h.hexdigest()

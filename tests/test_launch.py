@@ -18,6 +18,9 @@ def test_cpu_defaults_fill_missing_flags():
     argv, env = with_defaults(["--model-path", "m"], cuda=False)
     assert flag_value(argv, "--device") == "cpu"
     assert flag_value(argv, "--attention-backend") == "mepic"
+    assert flag_value(argv, "--radix-cache-backend") == "mepic"
+    assert flag_value(argv, "--page-size") == "16"
+    assert "--enable-metrics" in argv
     assert flag_value(argv, "--cuda-graph-backend-decode") == "disabled"
     assert int(flag_value(argv, "--max-total-tokens")) == launch_server.CPU_MAX_TOTAL_TOKENS
     assert "--sleep-on-idle" in argv
@@ -32,12 +35,13 @@ def test_user_flags_win_over_defaults(given):
     added = argv[len(user):]
     assert argv[:len(user)] == user
     assert "--attention-backend" not in added and "--max-total-tokens" not in added
-    assert added == ["--device", "cpu", "--sleep-on-idle"]  # triton attention: no CUDA-graph override
+    # triton attention: no mepic cache, no CUDA-graph override
+    assert added == ["--enable-metrics", "--device", "cpu", "--sleep-on-idle"]
 
 
 def test_cuda_machine_gets_no_cpu_defaults():
     argv, env = with_defaults(["--model-path", "m", "--attention-backend", "triton"], cuda=True)
-    assert argv == ["--model-path", "m", "--attention-backend", "triton"]
+    assert argv == ["--model-path", "m", "--attention-backend", "triton", "--enable-metrics"]
     assert "SGLANG_USE_CPU_ENGINE" not in env
 
 
@@ -93,6 +97,17 @@ def test_mepic_cache_defaults_to_page_size_16():
 
 
 def test_mepic_flags_are_consumed_here():
-    argv, env = launch_server.split_mepic_flags(["--model-path", "m", "--mepic-placement", "leading"])
+    argv, env = launch_server.split_mepic_flags(["--model-path", "m", "--mepic-placement", "leading",
+                                                 "--mepic-mode", "epic-16", "--mepic-recompute-blocks", "all"])
     assert argv == ["--model-path", "m"]
-    assert env == {"SGLANG_MEPIC_PLACEMENT": "leading"}
+    assert env == {"SGLANG_MEPIC_PLACEMENT": "leading", "SGLANG_MEPIC_MODE": "epic-16",
+                   "SGLANG_MEPIC_RECOMPUTE_BLOCKS": "all"}
+
+
+@pytest.mark.parametrize("flag", [["--mepic-mode", "epic"], ["--mepic-mode", "cacheblend-2"],
+                                  ["--mepic-mode", "turbo"], ["--mepic-recompute-blocks", "0"]])
+def test_bad_mepic_flags_are_refused_with_the_choices(flag, capsys):
+    with pytest.raises(SystemExit):
+        launch_server.split_mepic_flags(["--model-path", "m", *flag])
+    err = capsys.readouterr().err
+    assert flag[0] in err and ("choose one of" in err or "whole number" in err)

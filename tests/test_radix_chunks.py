@@ -1,15 +1,21 @@
 """The mepic radix cache with chunks, on SGLang's real paged allocator and RadixCache,
-without a server: prefix matching through chunk nodes, reuse through the store,
-tenant isolation, and page ownership from admission to flush."""
+without a server or a model: the scheduler's calls (match, admit, allocate, insert,
+release) are replayed by hand, so planning, injection of shared pages, compile
+publishing, tenant isolation and page ownership are checked page by page."""
+
+from array import array
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from sglang_mepic.plan import Source
-from sglang_mepic.segments import Kind, Piece, Placement, layout
+from sglang_mepic import config
+from sglang_mepic.markup import HINT_TYPE
+from sglang_mepic.request_layout import PAD_FILL_ID
+from sglang_mepic.segments import PAD_ID, Kind, Piece, Placement, layout
 
 B = 16
-NUM_PAGES = 64
+NUM_PAGES = 128
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -22,17 +28,27 @@ def hooks():
     HookRegistry.apply_hooks()
 
 
-@pytest.fixture
-def tree():
+def make_tree(mode="mepic", canonical_from=1):
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
     from sglang_mepic.radix_cache import MepicRadixCache
 
     allocator = PagedTokenToKVPoolAllocator(NUM_PAGES * B, B, torch.float32, "cpu", None, False)
-    params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator,
+    pool = SimpleNamespace(req_to_token=torch.zeros((16, NUM_PAGES * B), dtype=torch.int32))
+    params = CacheInitParams(disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator,
                              page_size=B)
-    return MepicRadixCache(params, model_fingerprint="tiny")
+    return MepicRadixCache(params, model_fingerprint="tiny", mode=config.parse_mode(mode),
+                           canonical_from=canonical_from)
+
+
+@pytest.fixture
+def tree():
+    return make_tree()
+
+
+C1 = tuple(range(100, 140))  # 40 tokens: 3 pages, 2 of them canonical
+C2 = tuple(range(200, 250))  # 50 tokens: 4 pages, 3 canonical
 
 
 def request(*chunks, prompt=(1, 2, 3), question=(9, 8, 7, 6)):
@@ -40,98 +56,152 @@ def request(*chunks, prompt=(1, 2, 3), question=(9, 8, 7, 6)):
     return layout(pieces, B, Placement.TRAILING)
 
 
-C1 = tuple(range(100, 140))  # 40 tokens: 3 pages, 2 of them canonical
-C2 = tuple(range(200, 250))  # 50 tokens: 4 pages, 3 canonical
+def envelope(payload):
+    action = SimpleNamespace(action_type=HINT_TYPE, payload=payload)
+    return SimpleNamespace(actions=[action])
 
 
-def serve(tree, lay, namespace=None):
-    """What the scheduler does for one chunked request, minus the model: plan, allocate,
-    publish compiled chunks, cache the row in the tree, release the unaligned tail."""
-    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
-
-    plan = tree.plan(lay, namespace)
-    prefix = tree.match_prefix(MatchPrefixParams(key=tree.key_for(lay, namespace)))
-    prefix_pages = (tree.path_device_indices(prefix.last_device_node)[::B] // B).tolist()
-    row, compiled = [], {}
-    for i, page in enumerate(plan.pages):
-        if page.source is Source.PREFIX:
-            row.append(prefix_pages[i])
-        elif page.source is Source.SHARED:
-            row.append(page.page)
-        else:
-            (new,) = tree.refs.alloc(1)
-            row.append(new)
-            if page.source is Source.COMPILE:
-                compiled.setdefault(page.chunk, []).append(new)
-    for key, pages in compiled.items():
-        assert tree.publish(key, pages) == tuple(pages)
-    full_pages = lay.size // B
-    tree.insert(InsertParams(key=tree.key_for(lay, namespace), value=tree.pages.slots(row[:full_pages])))
-    tree.refs.release(row[full_pages:])  # the partial last page is not cached
-    return plan, row
+def laid_out(lay):
+    ids = [PAD_FILL_ID if t == PAD_ID else t for t in lay.slot_tokens()]
+    spans = [[s.start, s.end] for s in lay.chunks]
+    return ids, envelope({"pads": [list(r) for r in lay.pad_runs()], "chunks": spans, "slots": spans})
 
 
-def sources(plan):
-    return [p.source for p in plan.pages]
+def compiled(seg):
+    """What the tokenizer side sends to compile one chunk (see compile_request)."""
+    ids = [PAD_FILL_ID if t == PAD_ID else t for t in seg.padded_tokens()] + [PAD_FILL_ID]
+    return ids, envelope({"pads": [[seg.size - seg.tail_pad, seg.tail_pad + 1]], "slots": [[0, seg.size]],
+                          "compile": True})
+
+
+_rows = iter(range(10 ** 6))
+
+
+def serve(tree, ids, hints, namespace=None):
+    """One request through the scheduler's cache calls; returns (req, its row of pages)."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    req = SimpleNamespace(rid="r", origin_input_ids=array("q", ids), output_ids=array("q"), kv_hints=hints,
+                          extra_key=namespace, cache_salt=None, priority=0,
+                          kv=SimpleNamespace(req_pool_idx=next(_rows) % 16, cache_protected_len=0,
+                                             cache_inserted_len=0))
+    req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+    key = RadixKey(req.full_untruncated_fill_ids, namespace, limit=len(ids) - 1)
+    match = tree.match_prefix(MatchPrefixParams(key=key, req=req))
+    req.prefix_len, req.last_node = match.device_prefix_len, match.last_device_node
+    tree.inc_lock_ref(req.last_node)
+    tree.admit(req)
+    prefix = tree.prefix_device_indices(req)
+    size = len(ids)
+    new = tree.token_to_kv_pool_allocator.alloc(-(-(size - req.prefix_len) // B) * B)
+    row = torch.cat([prefix.to(torch.int64), new.to(torch.int64)])
+    tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(row)] = row.to(torch.int32)
+    req.kv.cache_protected_len = req.prefix_len
+    # finish: the tree keeps the page-aligned part, the rest of the row goes back
+    key, _, _ = tree._insert_cache(req, req.full_untruncated_fill_ids)
+    tree.token_to_kv_pool_allocator.free(row[len(key):])
+    req.kv.cache_protected_len = len(key)
+    tree.dec_lock_ref(req.last_node)
+    tree.on_release(req, checkpointed=True)
+    return req, (row[:size:B] // B).tolist()
+
+
+def compile_all(tree, lay, namespace=None):
+    for seg in lay.chunks:
+        serve(tree, *compiled(seg), namespace=namespace)
+
+
+def test_compile_publishes_non_first_pages_and_a_request_reuses_them(tree):
+    lay = request(C1, C2)
+    compile_all(tree, lay)
+    assert len(tree.store) == 2 and tree.store.canonical_pages() == 2 + 3
+    req, row = serve(tree, *laid_out(lay))
+    link = req.mepic
+    # planned order: C1 pages 1-2, C2 pages 1-3, then prompt, C1 first block, C2 first block, question
+    assert link.plan.order == (2, 3, 5, 6, 7, 0, 1, 4, 8)
+    canonical = [p for key in link.keys for p in tree.store.peek(key)]
+    assert row[:5] == canonical
+    assert link.report == {"mepic_recomputed_tokens": 3 + 16 + 16 + 4, "mepic_chunk_hits": 2,
+                           "mepic_chunk_misses": 0, "mepic_cached_tokens": 24 + 34}
+    # the request's ids were reordered to match
+    assert list(req.origin_input_ids[:B]) == list(C1[B:2 * B])
 
 
 def test_identical_request_matches_all_the_way(tree):
     lay = request(C1, C2)
-    first, row = serve(tree, lay)
-    assert first.count(Source.COMPILE) == 2 + 3 and first.count(Source.SHARED) == 0
-    again, row2 = serve(tree, lay)
-    # Prompt, both first blocks and all canonical pages come from the tree; only the
-    # unaligned question page is computed again.
-    assert sources(again) == [Source.PREFIX] * (len(again.pages) - 1) + [Source.COMPUTE]
+    compile_all(tree, lay)
+    _, row = serve(tree, *laid_out(lay))
+    again, row2 = serve(tree, *laid_out(lay))
     assert row2[:-1] == row[:-1]
+    # only the unaligned question page is computed again
+    assert again.mepic.report["mepic_recomputed_tokens"] == 4
 
 
-def test_reordered_chunks_resolve_through_the_store(tree):
-    _, row_a = serve(tree, request(C1, C2))
-    plan, row_c = serve(tree, request(C2, C1, question=(5, 5)))
-    # prompt page from the tree; each chunk's first block recomputed; canonical pages shared.
-    assert sources(plan) == [Source.PREFIX,
-                             Source.COMPUTE, Source.SHARED, Source.SHARED, Source.SHARED,
-                             Source.COMPUTE, Source.SHARED, Source.SHARED,
-                             Source.COMPUTE]
-    canonical_a = {*row_a[2:4], *row_a[5:8]}  # C1 pages 1-2, C2 pages 1-3 in the first request
-    assert set(p.page for p in plan.pages if p.source is Source.SHARED) == canonical_a
-    assert set(row_c[2:5]) == set(row_a[5:8]) and set(row_c[6:8]) == set(row_a[2:4])
-    # Each canonical page has three holders: the store and both requests' tree paths.
-    assert {tree.refs.count(p) for p in canonical_a} == {3}
-    assert tree.refs.shared() == len(canonical_a)
-    assert tree.store.stats.hits == 2
+def test_reordered_chunks_share_the_same_canonical_pages(tree):
+    compile_all(tree, request(C1, C2))
+    _, row_a = serve(tree, *laid_out(request(C1, C2)))
+    req_c, row_c = serve(tree, *laid_out(request(C2, C1, question=(5, 5))))
+    assert set(row_c[:5]) == set(row_a[:5])
+    assert req_c.mepic.report["mepic_recomputed_tokens"] == 3 + 16 + 16 + 2
+    # holders of each canonical page: the store, the compile's tree node and both requests'
+    # tree paths (the requests themselves let go when they were released)
+    assert {tree.refs.count(p) for p in row_a[:5]} == {4}
+
+
+def test_missing_chunk_is_a_miss_computed_in_context(tree):
+    serve(tree, *compiled(request(C1).chunks[0]))
+    req, row = serve(tree, *laid_out(request(C2, C1)))
+    assert req.mepic.report["mepic_chunk_misses"] == 1 and req.mepic.report["mepic_chunk_hits"] == 1
+    assert req.mepic.plan.order[:2] == (6, 7)  # C1's canonical pages, in C2-then-C1 layout
 
 
 def test_namespaces_never_share(tree):
-    _, row_a = serve(tree, request(C1), namespace="tenant-a")
-    plan, row_b = serve(tree, request(C1), namespace="tenant-b")
-    assert Source.SHARED not in sources(plan) and Source.PREFIX not in sources(plan)
-    assert not set(row_a[:-1]) & set(row_b[:-1])  # the last, partial pages were freed and reused
+    lay = request(C1)
+    compile_all(tree, lay, namespace="tenant-a")
+    req, _ = serve(tree, *laid_out(lay), namespace="tenant-b")
+    assert req.mepic.report["mepic_chunk_hits"] == 0 and req.mepic.plan.reused == ()
 
 
-def test_pages_return_to_the_pool_after_eviction_and_flush(tree):
+def test_pages_return_to_the_pool_after_eviction(tree):
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
     start = tree.pages.available()
-    serve(tree, request(C1, C2))
-    serve(tree, request(C2, C1, question=(4,)))
-    serve(tree, request(C1, C2))
-    canonical = tree.store.canonical_pages()
-    assert canonical == 5
-    assert tree.pages.available() < start - canonical
-    tree.evict(EvictParams(num_tokens=NUM_PAGES * B))
-    # The tree let go; the store still holds the canonical pages, and nothing else is in use.
-    assert tree.pages.available() == start - canonical
-    assert tree.store.flush() == canonical
+    compile_all(tree, request(C1, C2))
+    serve(tree, *laid_out(request(C1, C2)))
+    serve(tree, *laid_out(request(C2, C1, question=(4,))))
+    serve(tree, *laid_out(request(C1, C2, prompt=(5, 5, 5))))
+    # idle: everything allocated is evictable, as SGLang's idle leak check requires
+    used = start - tree.pages.available()
+    assert tree.evictable_size() == used * B
+    assert tree.pages_in_use() == tree.store.canonical_pages()
+    assert tree.evict(EvictParams(num_tokens=NUM_PAGES * B)).num_tokens_evicted == used * B
     assert tree.pages.available() == start
-    assert tree.refs.shared() == 0
+    assert tree.refs.shared() == 0 and len(tree.store) == 0
 
 
-def test_store_holds_pages_the_tree_evicted_and_reuses_them(tree):
+def test_eviction_keeps_chunks_a_waiting_request_will_read(tree):
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-    _, row_a = serve(tree, request(C1))
+    compile_all(tree, request(C1))
+    req_pages = tree.store.peek(next(iter(tree.store._chunks)))
+    tree.refs.acquire(req_pages)  # as admit() does for a request that reads them
     tree.evict(EvictParams(num_tokens=NUM_PAGES * B))
-    plan, row_b = serve(tree, request(C1, prompt=(7, 7)))
-    assert [p.page for p in plan.pages if p.source is Source.SHARED] == row_a[2:4]
+    assert len(tree.store) == 1 and tree.store.canonical_pages() == 2
+    tree.refs.release(req_pages)
+
+
+def test_epic_requests_copy_into_pages_of_their_own():
+    tree = make_tree("epic-16", canonical_from=0)
+    lay = request(C1, C2)
+    compile_all(tree, lay)
+    assert tree.store.canonical_pages() == 3 + 4  # the whole chunk is kept
+    req, row = serve(tree, *laid_out(lay))
+    link = req.mepic
+    assert link.order is None and link.plan is None
+    canonical = {p for key in link.keys for p in tree.store.peek(key)}
+    assert not canonical & set(row)  # a private copy
+    copied = [s for s in link.sources if s >= 0]
+    assert len(copied) == (40 - 16) + (50 - 16)
+    assert {s // B for s in copied} <= canonical
+    assert link.report["mepic_recomputed_tokens"] == 3 + 16 + 16 + 4

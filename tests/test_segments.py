@@ -65,13 +65,10 @@ def test_consecutive_chunks_and_no_prompt(placement):
     lay = layout(pieces, B, placement)
     check_invariants(lay, pieces)
     assert [s.start for s in lay.segments] == [0, 48, 80]
-    if placement is Placement.LEADING:
-        assert [s.kind for s in lay.segments] == [Kind.CHUNK] * 3
-    else:
-        # Trailing pads after the final chunk would put a pad in the last slot, whose
-        # logits start the answer: that chunk is laid out as prompt instead.
-        assert [s.kind for s in lay.segments] == [Kind.CHUNK, Kind.CHUNK, Kind.PROMPT]
-        assert lay.slot_tokens()[-1] != PAD_ID
+    # The final chunk is laid out as prompt: the last slot must be computed in the request
+    # (its logits start the answer), and must not be a pad.
+    assert [s.kind for s in lay.segments] == [Kind.CHUNK, Kind.CHUNK, Kind.PROMPT]
+    assert lay.slot_tokens()[-1] != PAD_ID
 
 
 def test_pad_runs():

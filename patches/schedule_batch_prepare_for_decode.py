@@ -1,0 +1,15 @@
+"""Sample the chunk cache's figures after each decode step's KV allocation (peak pages, /metrics)."""
+
+from sglang.srt.plugins.hook_registry import HookType
+
+from sglang_mepic.radix_cache import MepicRadixCache
+
+WRITTEN_FOR = "0.5.23"
+TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
+HOOK_TYPE = HookType.AFTER
+
+
+def hook(result, batch, *args, **kwargs):
+    if isinstance(batch.tree_cache, MepicRadixCache):
+        batch.tree_cache.sample()
+    return result

@@ -1,0 +1,17 @@
+"""`/server_info` (and `/get_server_info`) report the chunk cache's figures under `mepic`."""
+
+from sglang.srt.plugins.hook_registry import HookType
+
+from sglang_mepic.radix_cache import MepicRadixCache
+
+WRITTEN_FOR = "0.5.23"
+TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+HOOK_TYPE = HookType.AROUND
+
+
+def hook(original, scheduler, *args, **kwargs):
+    result = original(scheduler, *args, **kwargs)
+    tree = scheduler.tree_cache
+    if isinstance(tree, MepicRadixCache):
+        result.internal_state["mepic"] = tree.stats()
+    return result

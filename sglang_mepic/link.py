@@ -1,0 +1,68 @@
+"""Scheduler-side state of one laid-out request (`req.mepic`).
+
+A request arrives laid out in its natural slot order with the `mepic.chunks`
+kv_hints action (request_layout.py). Each time the scheduler matches it, the
+radix cache plans it against the chunk store (plan.py) and, in shared modes,
+reorders its token ids so the reused pages form the prefix. Once the request is
+admitted the plan is fixed until the request releases its row (a retracted
+request is planned again from its natural order).
+"""
+
+from array import array
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang_mepic.plan import ChunkSpan, Plan
+from sglang_mepic.request_layout import slot_positions
+from sglang_mepic.segments import NO_POSITION, PAD_ID
+
+
+@dataclass
+class Link:
+    natural: array                      # prompt token ids in natural slot order
+    pads: list[tuple[int, int]]         # (first slot, count) in natural order
+    chunk_slots: list[tuple[int, int]]  # [start, end) of each chunk segment
+    compile: bool                       # a standalone compile of one chunk (issued by the tokenizer side)
+    keys: list[str] = field(default_factory=list)
+    plan: Plan | None = None
+    order: list[int] | None = None      # natural slot of each planned prompt slot (None: natural order)
+    sources: list[int] | None = None    # private-copy modes: canonical slot per natural slot, or -1
+    injected: torch.Tensor | None = None  # reused KV slots appended to the tree's match
+    tree_len: int = 0                   # slots the tree matched before the injected ones
+    tree_took: int = 0                  # injected slots the tree has taken its own reference on
+    held: list[int] = field(default_factory=list)  # pages this request holds a reference on
+    admitted: bool = False
+    report: dict = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.natural)
+
+    def spans(self) -> list[ChunkSpan]:
+        return [ChunkSpan(s, e, k) for (s, e), k in zip(self.chunk_slots, self.keys)]
+
+    def natural_positions(self, num_slots: int) -> torch.Tensor:
+        """Positions of the request's slots in natural order (output slots follow the prompt)."""
+        return slot_positions(num_slots, self.pads)
+
+    def positions(self, num_slots: int) -> torch.Tensor:
+        """Positions of the request's slots in planned order."""
+        natural = self.natural_positions(num_slots)
+        if self.order is None:
+            return natural
+        index = torch.tensor(self.order + list(range(self.size, num_slots)), dtype=torch.long)
+        return natural[index]
+
+    def masked(self, token_ids) -> array:
+        """Token ids (planned order) with pad slots as PAD_ID, the radix-tree key."""
+        out = array("q", token_ids)
+        pos = self.positions(len(out))
+        for i in torch.nonzero(pos == NO_POSITION).flatten().tolist():
+            out[i] = PAD_ID
+        return out
+
+    def real_slots(self, start: int, end: int) -> int:
+        """Non-pad slots among planned prompt slots [start, end)."""
+        pos = self.positions(self.size)[start:end]
+        return int((pos != NO_POSITION).sum())

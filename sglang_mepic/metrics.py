@@ -1,0 +1,45 @@
+"""MEPIC figures on SGLang's Prometheus endpoint (`/metrics`, with `--enable-metrics`).
+
+The scheduler process sets these after every KV allocation (see
+`MepicRadixCache.sample`); SGLang's multiprocess Prometheus collector serves them
+from the HTTP process. Without `--enable-metrics` nothing is created.
+"""
+
+import os
+
+PREFIX = "sglang_mepic:"
+DESCRIPTIONS = {
+    "kv_pages_in_use": "KV pages held by running requests or the chunk store",
+    "kv_pages_in_use_peak": "Highest kv_pages_in_use since start (or since the last flush)",
+    "kv_pages_free": "KV pages free in the pool",
+    "canonical_chunk_pages": "KV pages the chunk store keeps as canonical chunk pages",
+    "shared_pages": "KV pages with more than one holder (store, tree nodes, requests)",
+    "chunks_resident": "Chunks in the chunk store",
+    "chunk_hits": "Chunk occurrences found in the store (cumulative)",
+    "chunk_misses": "Chunk occurrences not found in the store (cumulative)",
+    "chunk_evictions": "Chunks evicted from the store (cumulative)",
+    "chunks_compiled": "Standalone chunk compiles that produced canonical pages (cumulative)",
+    "recomputed_tokens": "Tokens computed in a request's context, prompt and chunk first blocks (cumulative)",
+    "reused_tokens": "Tokens whose KV was reused rather than computed (cumulative)",
+}
+
+_gauges = None
+
+
+def _create():
+    global _gauges
+    if _gauges is None:
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            _gauges = {}
+        else:
+            from prometheus_client import Gauge
+
+            _gauges = {name: Gauge(PREFIX + name, doc, multiprocess_mode="mostrecent")
+                       for name, doc in DESCRIPTIONS.items()}
+    return _gauges
+
+
+def publish(stats: dict) -> None:
+    for name, gauge in _create().items():
+        if name in stats:
+            gauge.set(stats[name])
