@@ -1,12 +1,14 @@
-"""Chunk hash -> canonical pages, with object-level LRU eviction and admission.
+"""Chunk hash -> canonical pages, with object-level LRU eviction.
 
 The store holds one page reference per canonical page of every chunk it keeps.
 Requests and radix nodes that use those pages hold references of their own
 (see `pages.PageRefs`), so a chunk is evictable exactly when the store is the
 only holder left on all of its pages: evicting it then frees every page.
+Admission is SGLang's (its scheduler admits a request when free pages plus
+evictable ones suffice); the mepic radix cache counts unheld chunks as
+evictable and evicts them after the tree's leaves.
 """
 
-import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Collection
@@ -14,30 +16,10 @@ from typing import Collection
 from sglang_mepic.pages import PageRefs
 
 
-class Residency(enum.Enum):
-    DEVICE = "device"
-    ABSENT = "absent"
-
-
 @dataclass
 class Chunk:
     key: str
     pages: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Admission:
-    ok: bool
-    need: int
-    free: int
-    evictable: int
-
-    @property
-    def reason(self) -> str:
-        if self.ok:
-            return ""
-        return (f"needs {self.need} KV pages but only {self.free} are free and "
-                f"{self.evictable} more could be evicted")
 
 
 @dataclass
@@ -58,9 +40,6 @@ class ChunkStore:
 
     def __contains__(self, key: str) -> bool:
         return key in self._chunks
-
-    def residency(self, key: str) -> Residency:
-        return Residency.DEVICE if key in self._chunks else Residency.ABSENT
 
     def lookup(self, key: str) -> tuple[int, ...] | None:
         """The canonical pages of `key` (None on a miss); a hit makes it most recently used.
@@ -115,19 +94,6 @@ class ChunkStore:
             freed += len(self.refs.release(chunk.pages))
             self.stats.evictions += 1
         return freed
-
-    def admit(self, need: int, keep: Collection[str] = ()) -> Admission:
-        """Make room for `need` new pages, evicting if that suffices; refuse otherwise.
-
-        `keep` names the chunks the admitted request will reuse: evicting one of
-        them to make room would only turn a reuse into a recompile.
-        """
-        free = self.refs.allocator.available()
-        evictable = self.evictable_pages(keep) if free < need else 0
-        ok = free + evictable >= need
-        if ok and free < need:
-            self.evict(need - free, keep)
-        return Admission(ok, need, free, evictable)
 
     def forget(self) -> None:
         """Drop every chunk without releasing pages (the pool is being cleared wholesale)."""

@@ -5,7 +5,8 @@
 Every flag is passed on to SGLang. What this wrapper adds:
 - with no `--model-path`, the embedded default model (SmolLM2-135M-Instruct);
 - `--attention-backend mepic` (NoPE keys, RoPE applied inside attention) with
-  `--radix-cache-backend mepic` (chunk reuse) and `--page-size 16`;
+  `--radix-cache-backend mepic` (chunk reuse) and `--page-size 16`
+  (`--radix-cache-backend sglang` keeps SGLang's built-in cache instead);
 - `--enable-metrics` (Prometheus `/metrics`, MEPIC figures included);
 - the `--mepic-*` flags (mode, recompute blocks, pad placement), which become
   environment settings read by every SGLang process;
@@ -30,6 +31,7 @@ ATTENTION_BACKEND = "mepic"  # NoPE keys with RoPE fused into attention
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
 MEPIC_PAGE_SIZE = 16  # one MEPIC block = one SGLang page
+SGLANG_CACHE = "sglang"  # `--radix-cache-backend sglang`: SGLang's built-in tree, no chunk reuse
 
 
 class LaunchError(SystemExit):
@@ -94,6 +96,18 @@ def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     return rest, env
 
 
+def _without_flag(argv: list[str], flag: str) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = True
+        elif not a.startswith(flag + "="):
+            out.append(a)
+    return out
+
+
 def wants_help(argv: list[str]) -> bool:
     return any(a in ("-h", "--help") for a in argv)
 
@@ -105,7 +119,9 @@ def with_defaults(argv: list[str], cuda: bool) -> tuple[list[str], dict[str, str
     env = {"HF_HUB_OFFLINE": "1"}  # nothing may download from a model hub
     if known.model_path is None:
         argv += ["--model-path", str(models.model_dir(models.DEFAULT_MODEL))]
-    if known.radix_cache_backend is None and (known.attention_backend or ATTENTION_BACKEND) == "mepic":
+    if known.radix_cache_backend == SGLANG_CACHE:
+        argv = _without_flag(argv, "--radix-cache-backend")
+    elif known.radix_cache_backend is None and (known.attention_backend or ATTENTION_BACKEND) == "mepic":
         argv += ["--radix-cache-backend", "mepic"]
         known.radix_cache_backend = "mepic"
     if known.radix_cache_backend == "mepic" and known.page_size is None:

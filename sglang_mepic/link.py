@@ -47,12 +47,13 @@ class Link:
         return slot_positions(num_slots, self.pads)
 
     def positions(self, num_slots: int) -> torch.Tensor:
-        """Positions of the request's slots in planned order."""
-        natural = self.natural_positions(num_slots)
+        """Positions of the first `num_slots` slots in planned order (a chunked prefill's part, or
+        the prompt and its output tokens)."""
+        natural = self.natural_positions(max(num_slots, self.size))
         if self.order is None:
-            return natural
+            return natural[:num_slots]
         index = torch.tensor(self.order + list(range(self.size, num_slots)), dtype=torch.long)
-        return natural[index]
+        return natural[index][:num_slots]
 
     def masked(self, token_ids) -> array:
         """Token ids (planned order) with pad slots as PAD_ID, the radix-tree key."""

@@ -31,9 +31,10 @@ def tiny_server(tiny_model):
 
 
 @pytest.fixture(scope="session")
-def mepic_server(tiny_model):
-    """The tiny model behind `--radix-cache-backend mepic` (page size 16 by default)."""
-    with ServerProcess(tiny_model, "--dtype", "float32", "--radix-cache-backend", "mepic") as server:
+def exact_server(tiny_model):
+    """The mepic cache with every chunk block recomputed: chunked requests take the whole
+    reuse path (layout, pads, planning) but share nothing, so outputs equal the plain prompt's."""
+    with ServerProcess(tiny_model, "--dtype", "float32", "--mepic-recompute-blocks", "all") as server:
         yield server
 
 

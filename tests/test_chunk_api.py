@@ -1,4 +1,8 @@
-"""Chunk markup through every client path, against a real server with the mepic cache."""
+"""Chunk markup through every client path, against a real server with the mepic cache.
+
+The server recomputes every chunk block (`exact_server`), so a marked-up request
+must give exactly the tokens of its plain prompt: markers never reach the model,
+pads are invisible. Reuse itself is tested in test_link.py."""
 
 import os
 import pytest
@@ -39,44 +43,44 @@ def piecewise_ids(tok, text, bos=True):
     return ids
 
 
-def test_generate_text_markup_never_reaches_the_model(mepic_server, tok):
+def test_generate_text_markup_never_reaches_the_model(exact_server, tok):
     text = "Use the documents. " + chunk(DOC_A) + chunk(DOC_B) + " Question: what is os?"
-    marked = post(mepic_server, "/generate", {"text": text, "sampling_params": GREEDY})
-    plain = post(mepic_server, "/generate", {"input_ids": piecewise_ids(tok, text), "sampling_params": GREEDY})
+    marked = post(exact_server, "/generate", {"text": text, "sampling_params": GREEDY})
+    plain = post(exact_server, "/generate", {"input_ids": piecewise_ids(tok, text), "sampling_params": GREEDY})
     assert marked["meta_info"]["prompt_tokens"] == len(piecewise_ids(tok, text))
     assert marked["output_ids"] == plain["output_ids"]
     assert "chunk|>" not in marked["text"]
 
 
-def test_input_ids_markup(mepic_server, tok):
+def test_input_ids_markup(exact_server, tok):
     a, b = tok.encode(DOC_A, add_special_tokens=False), tok.encode(DOC_B, add_special_tokens=False)
     head, tail = tok.encode("Context:"), tok.encode(" Answer:", add_special_tokens=False)
-    marked = post(mepic_server, "/generate",
+    marked = post(exact_server, "/generate",
                   {"input_ids": head + [BEG, *a, END, BEG, *b, END] + tail, "sampling_params": GREEDY})
-    plain = post(mepic_server, "/generate", {"input_ids": head + a + b + tail, "sampling_params": GREEDY})
+    plain = post(exact_server, "/generate", {"input_ids": head + a + b + tail, "sampling_params": GREEDY})
     assert marked["output_ids"] == plain["output_ids"]
     assert marked["meta_info"]["prompt_tokens"] == len(head + a + b + tail)
 
 
-def test_completions_markup(mepic_server, tok):
+def test_completions_markup(exact_server, tok):
     prompt = "Docs: " + chunk(DOC_A) + " Summary:"
-    body = post(mepic_server, "/v1/completions",
+    body = post(exact_server, "/v1/completions",
                 {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0})
     assert body["usage"]["prompt_tokens"] == len(piecewise_ids(tok, prompt))
     assert "chunk|>" not in body["choices"][0]["text"]
 
 
-def test_chat_markup(mepic_server, tok):
+def test_chat_markup(exact_server, tok):
     messages = [{"role": "system", "content": "Answer from the documents."},
                 {"role": "user", "content": chunk(DOC_A) + chunk(DOC_B) + "What is os?"}]
-    body = post(mepic_server, "/v1/chat/completions",
+    body = post(exact_server, "/v1/chat/completions",
                 {"model": "tiny", "messages": messages, "max_tokens": 4, "temperature": 0})
     rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert body["usage"]["prompt_tokens"] == len(piecewise_ids(tok, rendered, bos=False))
     assert "chunk|>" not in body["choices"][0]["message"]["content"]
 
 
-def test_frontend_program_with_chunks(mepic_server):
+def test_frontend_program_with_chunks(exact_server):
     import sglang as sgl
 
     @sgl.function
@@ -86,10 +90,10 @@ def test_frontend_program_with_chunks(mepic_server):
             s += chunk(doc)
         s += "Question: " + question + "\nAnswer:" + sgl.gen("answer", max_tokens=6, temperature=0)
 
-    backend = sgl.RuntimeEndpoint(mepic_server.url)
+    backend = sgl.RuntimeEndpoint(exact_server.url)
     state = rag.run(docs=[DOC_A, DOC_B], question="what is os?", backend=backend)
     assert state["answer"] and "chunk|>" not in state["answer"]
-    direct = post(mepic_server, "/generate", {
+    direct = post(exact_server, "/generate", {
         "text": "Use the documents.\n" + chunk(DOC_A) + chunk(DOC_B) + "Question: what is os?\nAnswer:",
         "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
     assert state["answer"] == direct["text"]
@@ -113,29 +117,30 @@ MALFORMED = [
 
 
 @pytest.mark.parametrize("path, body, message", MALFORMED, ids=[m[2] + "-" + m[0] for m in MALFORMED])
-def test_malformed_markup_is_a_400_and_the_server_keeps_serving(mepic_server, path, body, message):
-    r = requests.post(mepic_server.url + path, json=body, timeout=60)
+def test_malformed_markup_is_a_400_and_the_server_keeps_serving(exact_server, path, body, message):
+    r = requests.post(exact_server.url + path, json=body, timeout=60)
     assert 400 <= r.status_code < 500, r.text
     assert message in r.text
-    ok = post(mepic_server, "/generate", {"text": "still alive?", "sampling_params": GREEDY})
+    ok = post(exact_server, "/generate", {"text": "still alive?", "sampling_params": GREEDY})
     assert len(ok["output_ids"]) == GREEDY["max_new_tokens"]
 
 
-def test_no_markup_equals_sglang_default_cache(mepic_server, tiny_model, run_prompt_set):
-    mepic_seq, mepic_conc = run_prompt_set(mepic_server)
-    with ServerProcess(tiny_model, "--dtype", "float32", "--page-size", "16") as default:
+def test_no_markup_equals_sglang_default_cache(exact_server, tiny_model, run_prompt_set):
+    mepic_seq, mepic_conc = run_prompt_set(exact_server)
+    with ServerProcess(tiny_model, "--dtype", "float32", "--page-size", "16",
+                       "--radix-cache-backend", "sglang") as default:
         default_seq, default_conc = run_prompt_set(default)
     assert mepic_seq == default_seq
     assert mepic_conc == default_conc
     assert any(cached > 0 for _, cached in mepic_seq)  # the set does exercise prefix hits
 
 
-def test_repeated_chunked_request_hits_the_tree(mepic_server, tok):
+def test_repeated_chunked_request_hits_the_tree(exact_server, tok):
     """Laid out with pad slots, a repeated request matches its own earlier layout in the
     radix tree (pads key as PAD_ID) and reports cached tokens in real tokens."""
     text = "Context: " + chunk(" ".join(WORDS[500:560])) + chunk(" ".join(WORDS[600:680])) + " So?"
-    first = post(mepic_server, "/generate", {"text": text, "sampling_params": GREEDY})
-    second = post(mepic_server, "/generate", {"text": text, "sampling_params": GREEDY})
+    first = post(exact_server, "/generate", {"text": text, "sampling_params": GREEDY})
+    second = post(exact_server, "/generate", {"text": text, "sampling_params": GREEDY})
     real = len(piecewise_ids(tok, text))
     assert second["output_ids"] == first["output_ids"]
     assert first["meta_info"]["prompt_tokens"] == second["meta_info"]["prompt_tokens"] == real
@@ -147,7 +152,7 @@ def test_repeated_chunked_request_hits_the_tree(mepic_server, tok):
 def test_leading_placement_equals_the_plain_prompt(tiny_model, tok):
     """The paper's placement (pads before each chunk) through the whole server path."""
     text = "Use the documents. " + chunk(DOC_A) + chunk(DOC_B) + " Question: what is os?"
-    with ServerProcess(tiny_model, "--dtype", "float32", "--radix-cache-backend", "mepic",
+    with ServerProcess(tiny_model, "--dtype", "float32", "--mepic-recompute-blocks", "all",
                        "--mepic-placement", "leading") as server:
         assert "SGLANG_MEPIC_PLACEMENT" not in server.env  # the launcher's flag, not an inherited setting
         marked = post(server, "/generate", {"text": text, "sampling_params": GREEDY})
@@ -156,16 +161,16 @@ def test_leading_placement_equals_the_plain_prompt(tiny_model, tok):
     assert marked["meta_info"]["prompt_tokens"] == len(piecewise_ids(tok, text))
 
 
-def test_client_sent_layout_hints_are_refused(mepic_server):
+def test_client_sent_layout_hints_are_refused(exact_server):
     hint = {"protocol_version": "1", "message_id": "x", "actions": [
         {"action_id": "a", "action_type": "mepic.chunks", "action_version": "1",
          "payload": {"chunks": [[0, 2]], "pads": [[0, 2]]}}]}
-    r = requests.post(mepic_server.url + "/generate", timeout=60,
+    r = requests.post(exact_server.url + "/generate", timeout=60,
                       json={"input_ids": [1, 2, 3, 4], "kv_hints": hint, "sampling_params": GREEDY})
     assert r.status_code == 400 and "laid out by the server" in r.text
     hint["actions"][0]["payload"] = {"chunks": [[2, 9]]}
-    r = requests.post(mepic_server.url + "/generate", timeout=60,
+    r = requests.post(exact_server.url + "/generate", timeout=60,
                       json={"input_ids": [1, 2, 3, 4], "kv_hints": hint, "sampling_params": GREEDY})
     assert r.status_code == 400 and "out of range" in r.text
-    ok = post(mepic_server, "/generate", {"text": "still alive?", "sampling_params": GREEDY})
+    ok = post(exact_server, "/generate", {"text": "still alive?", "sampling_params": GREEDY})
     assert len(ok["output_ids"]) == GREEDY["max_new_tokens"]

@@ -96,6 +96,13 @@ def test_mepic_cache_defaults_to_page_size_16():
     assert argv.count("--page-size") == 1
 
 
+def test_sglang_cache_opts_out_of_chunk_reuse():
+    argv, _ = with_defaults(["--model-path", "m", "--radix-cache-backend", "sglang"], cuda=False)
+    assert "--radix-cache-backend" not in argv and "--page-size" not in argv
+    argv, _ = with_defaults(["--model-path", "m", "--radix-cache-backend=sglang"], cuda=False)
+    assert not any(a.startswith("--radix-cache-backend") for a in argv)
+
+
 def test_mepic_flags_are_consumed_here():
     argv, env = launch_server.split_mepic_flags(["--model-path", "m", "--mepic-placement", "leading",
                                                  "--mepic-mode", "epic-16", "--mepic-recompute-blocks", "all"])

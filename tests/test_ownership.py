@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sglang_mepic.chunk_store import ChunkStore, Residency
+from sglang_mepic.chunk_store import ChunkStore
 from sglang_mepic.pages import FreeList, PageError, PageRefs
 
 NUM_PAGES = 48
@@ -40,11 +40,13 @@ class Ownership(RuleBasedStateMachine):
     @rule(chunks=st.lists(st.sampled_from(sorted(CHUNK_PAGES)), min_size=1, max_size=4),
           prompt_pages=st.integers(1, 3))
     def admit(self, chunks, prompt_pages):
-        need = prompt_pages + sum(
-            CHUNK_PAGES[c] if self.store.residency(c) is Residency.ABSENT else 1 for c in chunks)
-        if not self.store.admit(need, keep=set(chunks)).ok:
-            self.refused += 1
-            return
+        need = prompt_pages + sum(CHUNK_PAGES[c] if c not in self.store else 1 for c in chunks)
+        free = self.allocator.available()
+        if free < need:  # as the scheduler does: evict unheld chunks (not this request's) if that suffices
+            if free + self.store.evictable_pages(keep=set(chunks)) < need:
+                self.refused += 1
+                return
+            self.store.evict(need - free, keep=set(chunks))
         pages = self.refs.alloc(prompt_pages)
         for key in chunks:
             first = self.refs.alloc(1)
@@ -128,10 +130,9 @@ def test_evicted_chunk_is_lru_and_never_in_use():
         refs.release(pages)  # the compiling request is done
     held = store.lookup("a")  # a running request holds "a"; "b" is now least recently used
     refs.acquire(held)
-    assert store.admit(4).ok  # 2 free, 2 more from evicting "b" alone
+    assert store.evict(2) == 2  # evicting "b" alone frees enough
     assert "a" in store and "b" not in store and "c" in store
-    refused = store.admit(7)  # 4 free + "c" evictable < 7; "a" is in use
-    assert not refused.ok and "needs 7 KV pages" in refused.reason
-    assert "c" in store  # a refused admission evicts nothing
+    assert store.evictable_pages() == 2  # "c"; "a" is in use
+    assert store.evict(8) == 2 and "a" in store
     refs.release(held)
-    assert store.flush() == 4 and refs.allocator.available() == 8
+    assert store.flush() == 2 and refs.allocator.available() == 8

