@@ -9,11 +9,14 @@ the one holding the answer and others from the same article, in a seeded
 shuffled order, so paragraphs recur across prompts at different positions.
 Each chunk is marked up (`<|chunk|>...<|/chunk|>`) inside the user message of
 the model's chat template. One server per mode (float32, greedy), 4 requests in
-flight; a mode written `mode:leading` pads chunks at the front, as the paper does.
+flight. Options follow a mode after colons: `leading` / `trailing` (pad placement),
+`sink` / `nosink` (compile after the model's BOS or alone), `blocks=N` (recomputed
+blocks), e.g. `mepic:leading:sink`.
 
 Figures per mode, against `full` (no reuse):
 - top-1: the first generated token equals full's;
-- prefix: tokens of full's 16 matched before the first difference, over 16;
+- prefix: tokens of full's first 16 matched before the first difference, over 16
+  (over full's length when it stopped earlier);
 - F1: SQuAD token F1 of the answer against the gold answers (max over them);
 - recomputed: mean tokens computed per request in context (meta_info), and the
   server's peak KV pages in use.
@@ -104,11 +107,26 @@ def f1(prediction: str, golds: list[str]) -> float:
     return max(one(g) for g in golds)
 
 
-def run_mode(model: str, mode: str, texts: list[str], new_tokens: int, in_flight: int) -> tuple[list[dict], dict]:
-    name, _, placement = mode.partition(":")
+OPTIONS = {"leading": ["--mepic-placement", "leading"], "trailing": ["--mepic-placement", "trailing"],
+           "sink": ["--mepic-compile-sink", "bos"], "nosink": ["--mepic-compile-sink", "none"]}
+
+
+def server_args(mode: str) -> list[str]:
+    """`mepic:leading:sink:blocks=2` -> launcher flags."""
+    name, *options = mode.split(":")
     args = ["--dtype", "float32", "--mepic-mode", name]
-    if placement:
-        args += ["--mepic-placement", placement]
+    for opt in options:
+        if opt.startswith("blocks="):
+            args += ["--mepic-recompute-blocks", opt.split("=", 1)[1]]
+        elif opt in OPTIONS:
+            args += OPTIONS[opt]
+        else:
+            sys.exit(f"unknown mode option {opt!r} in {mode!r}: use {', '.join(OPTIONS)} or blocks=N")
+    return args
+
+
+def run_mode(model: str, mode: str, texts: list[str], new_tokens: int, in_flight: int) -> tuple[list[dict], dict]:
+    args = server_args(mode)
     with ServerProcess(model, *args, startup_timeout=600) as server:
         def generate(text):
             r = requests.post(server.url + "/generate", timeout=600, json={
@@ -122,11 +140,12 @@ def run_mode(model: str, mode: str, texts: list[str], new_tokens: int, in_flight
     return outs, info
 
 
-def prefix_agreement(a: list[int], b: list[int], n: int) -> float:
+def prefix_agreement(out: list[int], ref: list[int], n: int) -> float:
+    """Share of the reference's first n tokens (fewer if it stopped earlier) matched before the first difference."""
     k = 0
-    while k < min(len(a), len(b), n) and a[k] == b[k]:
+    while k < min(len(out), len(ref), n) and out[k] == ref[k]:
         k += 1
-    return k / n
+    return k / max(1, min(n, len(ref)))
 
 
 def main(argv=None) -> None:

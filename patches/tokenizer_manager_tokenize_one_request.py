@@ -84,15 +84,22 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
     return lay if laid_out else None
 
 
-def compile_request(seg: Segment, parent: GenerateReqInput) -> GenerateReqInput:
+def compile_request(seg: Segment, parent: GenerateReqInput, page_size: int, sink: int | None) -> GenerateReqInput:
     """The chunk alone, padded as in any request, plus one pad slot: SGLang always computes
-    at least the last slot, and a pad there lets the tree match every page of a compiled chunk."""
-    size = seg.size
-    pads = ([[0, seg.lead_pad]] if seg.lead_pad else []) + [[size - seg.tail_pad, seg.tail_pad + 1]]
+    at least the last slot, and a pad there lets the tree match every page of a compiled chunk.
+
+    With a `sink` token (the model's BOS), the chunk follows it on a page of its own, so the
+    chunk attends to an attention sink as it would in a prompt, instead of making its own
+    first token the sink.
+    """
+    head = [] if sink is None else [sink] + [PAD_FILL_ID] * (page_size - 1)
+    at, size = len(head), seg.size
+    pads = ([[1, page_size - 1]] if head else []) + ([[at, seg.lead_pad]] if seg.lead_pad else []) + \
+        [[at + size - seg.tail_pad, seg.tail_pad + 1]]
     action = {"action_id": "mepic-compile", "action_type": HINT_TYPE, "action_version": "1",
-              "payload": {"pads": pads, "slots": [[0, size]], "compile": True}}
+              "payload": {"pads": pads, "slots": [[at, at + size]], "compile": True}}
     req = GenerateReqInput(
-        input_ids=[PAD_FILL_ID if t == PAD_ID else t for t in seg.padded_tokens()] + [PAD_FILL_ID],
+        input_ids=head + [PAD_FILL_ID if t == PAD_ID else t for t in seg.padded_tokens()] + [PAD_FILL_ID],
         sampling_params={"max_new_tokens": 0},
         extra_key=parent.extra_key, cache_salt=parent.cache_salt, lora_path=parent.lora_path,
         kv_hints=_with_action(None, None, action),
@@ -111,12 +118,17 @@ async def _drain(manager, obj) -> None:
 _inflight: dict[tuple, asyncio.Future] = {}
 
 
+def _sink(manager) -> int | None:
+    return manager.tokenizer.bos_token_id if config.compile_sink() == "bos" and manager.tokenizer else None
+
+
 async def _compile_once(manager, seg: Segment, parent: GenerateReqInput) -> None:
     key = (seg.tokens, seg.lead_pad, seg.tail_pad, str(parent.extra_key), str(parent.cache_salt),
            str(parent.lora_path))
     running = _inflight.get(key)
     if running is None:
-        running = _inflight[key] = asyncio.ensure_future(_drain(manager, compile_request(seg, parent)))
+        request = compile_request(seg, parent, _page_size(manager), _sink(manager))
+        running = _inflight[key] = asyncio.ensure_future(_drain(manager, request))
         running.add_done_callback(lambda _: _inflight.pop(key, None))
     await asyncio.shield(running)
 

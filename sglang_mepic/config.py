@@ -14,6 +14,9 @@ from sglang_mepic.segments import Placement
 PLACEMENT_ENV = "SGLANG_MEPIC_PLACEMENT"
 MODE_ENV = "SGLANG_MEPIC_MODE"
 RECOMPUTE_ENV = "SGLANG_MEPIC_RECOMPUTE_BLOCKS"
+SINK_ENV = "SGLANG_MEPIC_COMPILE_SINK"
+SINKS = ("bos", "none")
+DEFAULT_SINK = "none"
 DEFAULT_PLACEMENT = Placement.TRAILING
 DEFAULT_MODE = "mepic"
 DEFAULT_RECOMPUTE_BLOCKS = 1
@@ -99,6 +102,14 @@ def mode() -> Mode:
 
 def recompute_blocks() -> int | None:
     return parse_recompute_blocks(os.environ.get(RECOMPUTE_ENV, str(DEFAULT_RECOMPUTE_BLOCKS)))
+
+
+def compile_sink() -> str:
+    """What a standalone compile puts before the chunk: the model's BOS as an attention sink, or nothing."""
+    value = os.environ.get(SINK_ENV, DEFAULT_SINK)
+    if value not in SINKS:
+        raise ValueError(f"{SINK_ENV}={value!r}: choose from {list(SINKS)}")
+    return value
 
 
 def canonical_from() -> int | None:

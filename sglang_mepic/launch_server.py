@@ -69,6 +69,9 @@ def mepic_parser() -> argparse.ArgumentParser:
                    metavar="N|all",
                    help="mepic mode: leading blocks (pages) of each chunk recomputed per request; 'all' "
                         f"recomputes every block and shares nothing. Default: {config.DEFAULT_RECOMPUTE_BLOCKS}.")
+    g.add_argument("--mepic-compile-sink", choices=config.SINKS, default=None,
+                   help="what a chunk is compiled after: 'bos' (the model's BOS token, as an attention sink) "
+                        f"or 'none' (the chunk alone). Default: {config.DEFAULT_SINK}.")
     return p
 
 
@@ -93,6 +96,8 @@ def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
         env[config.MODE_ENV] = known.mepic_mode
     if known.mepic_recompute_blocks:
         env[config.RECOMPUTE_ENV] = known.mepic_recompute_blocks
+    if known.mepic_compile_sink:
+        env[config.SINK_ENV] = known.mepic_compile_sink
     return rest, env
 
 

@@ -9,7 +9,7 @@ import os
 
 PREFIX = "sglang_mepic:"
 DESCRIPTIONS = {
-    "kv_pages_in_use": "KV pages held by running requests or the chunk store",
+    "kv_pages_in_use": "KV pages held by running requests (not freeable by evicting the tree and the chunk store)",
     "kv_pages_in_use_peak": "Highest kv_pages_in_use since start (or since the last flush)",
     "kv_pages_free": "KV pages free in the pool",
     "canonical_chunk_pages": "KV pages the chunk store keeps as canonical chunk pages",

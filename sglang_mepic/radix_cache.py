@@ -47,7 +47,7 @@ from sglang_mepic.pages import PageRefs
 from sglang_mepic.plan import make_plan, sources
 from sglang_mepic.pool_pages import PoolPages
 from sglang_mepic.request_layout import hints
-from sglang_mepic.segments import NO_POSITION, PAD_ID, span_hash
+from sglang_mepic.segments import PAD_ID, span_hash
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class MepicRadixCache(RadixCache):
         self.store = ChunkStore(self.refs)
         self.counters = Counters()
         self.peak_pages_in_use = 0
+        self._sampled_free = -1
 
     # ---- the request side -------------------------------------------------
 
@@ -85,8 +86,10 @@ class MepicRadixCache(RadixCache):
             if h is None:
                 return None
             link = Link(array("q", req.origin_input_ids), h.pads, h.chunks, h.compile)
+            # Everything that keeps SGLang's tree entries apart keeps chunks apart too.
+            namespace = "\x1f".join(str(getattr(req, a, None)) for a in ("extra_key", "cache_salt", "lora_id"))
             link.keys = [span_hash(self._natural_masked(link)[s:e], self.placement, self.page_size,
-                                   self.model_fingerprint, req.extra_key) for s, e in link.chunk_slots]
+                                   self.model_fingerprint, namespace) for s, e in link.chunk_slots]
             req.mepic = link
         return link
 
@@ -125,18 +128,19 @@ class MepicRadixCache(RadixCache):
         link = self.link(req) if req is not None else None
         if link is None:
             return super().match_prefix(params)
-        if not link.admitted:
-            self._plan(req, link)
-            ids = req.full_untruncated_fill_ids
-        else:
-            ids = params.key.token_ids
         key = params.key
+        if link.admitted:  # the plan is fixed while the request holds its row
+            params.key = RadixKey(link.masked(key.token_ids), key.extra_key, is_bigram=key.is_bigram,
+                                  limit=key.limit, cache_salt=key.cache_salt)
+            return super().match_prefix(params)
+        self._plan(req, link)
+        ids = req.full_untruncated_fill_ids
         params.key = RadixKey(link.masked(ids), key.extra_key, is_bigram=key.is_bigram, limit=key.limit,
                               cache_salt=key.cache_salt)
         result = super().match_prefix(params)
         link.injected, link.tree_len, link.tree_took = None, result.device_prefix_len, 0
         plan = link.plan
-        if link.admitted or plan is None or not plan.reused:
+        if plan is None or not plan.reused:
             return result
         limit = len(ids) if key.limit is None else min(key.limit, len(ids))
         end = min(plan.prefix_slots, limit // self.page_size * self.page_size)
@@ -250,11 +254,17 @@ class MepicRadixCache(RadixCache):
         return len(self.freeable_pages()) * self.page_size
 
     def pages_in_use(self) -> int:
-        """Pages held by running requests or the chunk store (not those only the tree keeps for reuse)."""
-        holders = self._tree_holders()
+        """Pages running requests hold: allocated pages that evicting every unlocked tree node
+        and every unheld chunk would not free (SGLang's "used" = total - available - evictable)."""
         total = self.pages.allocator.size // self.page_size
-        only_tree = sum(1 for p, n in holders.items() if self.refs.count(p) == n)
-        return total - self.pages.available() - only_tree
+        return total - self.pages.available() - len(self.freeable_pages())
+
+    def done_with_sources(self, req) -> None:
+        """A private-copy request's prefill is over: its copies are made, the sources can go."""
+        link = getattr(req, "mepic", None)
+        if link is not None and link.sources is not None and link.held:
+            self.refs.release(link.held)
+            link.held = []
 
     def evict(self, params: EvictParams) -> EvictResult:
         """Evict tree leaves (LRU), then unheld chunks (LRU), until `num_tokens` slots are actually free."""
@@ -277,16 +287,23 @@ class MepicRadixCache(RadixCache):
             self.store.forget()
             self.refs.forget()
             self.peak_pages_in_use = 0
+            self._sampled_free = -1
             # The allocator is cleared right after this; say so without waiting for the next sample.
             metrics.publish({"kv_pages_in_use": 0, "kv_pages_in_use_peak": 0, "canonical_chunk_pages": 0,
                              "shared_pages": 0, "chunks_resident": 0,
                              "kv_pages_free": self.pages.allocator.size // self.page_size})
 
-    def sample(self) -> dict:
-        """Take the figures after an allocation: tracks the peak and feeds /metrics."""
-        stats = self.stats()
-        metrics.publish(stats)
-        return stats
+    def sample(self) -> None:
+        """Take the figures after an allocation: tracks the peak and feeds /metrics.
+
+        Pages in use change with allocations and frees (admission moves tree pages into
+        use only together with an allocation), so an unchanged free count is skipped:
+        most decode steps allocate nothing.
+        """
+        free = self.pages.available()
+        if free != self._sampled_free:
+            self._sampled_free = free
+            metrics.publish(self.stats())
 
     def stats(self) -> dict:
         in_use = self.pages_in_use()
@@ -330,6 +347,7 @@ def build(ctx) -> MepicRadixCache:
     if ctx.enable_hierarchical_cache:
         raise ValueError("--radix-cache-backend mepic does not support --enable-hierarchical-cache")
     config.placement()  # fail at start-up on a bad setting
+    config.compile_sink()
     mode = config.mode()
     config.canonical_from()
     if ctx.disable_radix_cache and mode.reuses:

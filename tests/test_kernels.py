@@ -137,7 +137,8 @@ def test_backend_triton_path_equals_torch_path(decode):
                          batch_size=len(seq_lens), extend_seq_lens=torch.tensor(ext), extend_seq_lens_cpu=ext,
                          forward_mode=SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: not decode),
                          extend_prefix_lens=torch.tensor([n - e for n, e in zip(seq_lens, ext)]),
-                         out_cache_loc=torch.cat([r2t[row, n - e:n] for row, n, e in zip(req_idx.tolist(), seq_lens, ext)]))
+                         out_cache_loc=torch.cat([r2t[row, n - e:n]
+                                                  for row, n, e in zip(req_idx.tolist(), seq_lens, ext)]))
     backend.init_forward_metadata(fb)
     layer = SimpleNamespace(tp_q_head_num=hq, qk_head_dim=d, v_head_dim=d, layer_id=0, scaling=d ** -0.5,
                             is_cross_attention=False, sliding_window_size=-1)

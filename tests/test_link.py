@@ -133,7 +133,7 @@ def peak_pages(server, work):
     return stats, start_free, end_free, outputs
 
 
-def test_mepic_memory_bound_and_half_of_epic(servers):
+def test_mepic_memory_bound_and_half_of_epic(servers, capsys):
     work = workload()
     mepic, start_free, end_free, _ = peak_pages(servers("mepic"), work)
     assert end_free == start_free, "a flush after the load must give every page back"
@@ -144,11 +144,12 @@ def test_mepic_memory_bound_and_half_of_epic(servers):
     assert mepic["canonical_chunk_pages"] == canonical  # one copy of each chunk, whatever its positions
     in_flight = sorted((per_request_pages(o, q) for o, q, _ in work), reverse=True)[:4]
     bound = canonical + sum(in_flight)
-    print(f"\nmepic peak KV pages {mepic['kv_pages_in_use_peak']}, bound {bound} "
-          f"(canonical {canonical} + in flight {sum(in_flight)}), "
-          f"ratio {mepic['kv_pages_in_use_peak'] / bound:.3f}")
-    print(f"epic-16 peak KV pages {epic['kv_pages_in_use_peak']}, "
-          f"mepic/epic-16 = {mepic['kv_pages_in_use_peak'] / epic['kv_pages_in_use_peak']:.3f}")
+    with capsys.disabled():  # the figures belong in the test log
+        print(f"\n[memory] mepic peak KV pages {mepic['kv_pages_in_use_peak']}, bound {bound} "
+              f"(canonical {canonical} + in flight {sum(in_flight)}), "
+              f"ratio {mepic['kv_pages_in_use_peak'] / bound:.3f}")
+        print(f"[memory] epic-16 peak KV pages {epic['kv_pages_in_use_peak']}, "
+              f"mepic/epic-16 = {mepic['kv_pages_in_use_peak'] / epic['kv_pages_in_use_peak']:.3f}")
     assert mepic["kv_pages_in_use_peak"] <= 1.10 * bound
     assert mepic["kv_pages_in_use_peak"] <= 0.5 * epic["kv_pages_in_use_peak"]
     assert mepic["chunk_hits"] > 0 and mepic["chunks_compiled"] >= 8

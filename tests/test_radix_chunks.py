@@ -67,11 +67,14 @@ def laid_out(lay):
     return ids, envelope({"pads": [list(r) for r in lay.pad_runs()], "chunks": spans, "slots": spans})
 
 
-def compiled(seg):
-    """What the tokenizer side sends to compile one chunk (see compile_request)."""
-    ids = [PAD_FILL_ID if t == PAD_ID else t for t in seg.padded_tokens()] + [PAD_FILL_ID]
-    return ids, envelope({"pads": [[seg.size - seg.tail_pad, seg.tail_pad + 1]], "slots": [[0, seg.size]],
-                          "compile": True})
+def compiled(seg, sink=None):
+    """What the tokenizer side sends to compile one chunk."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_mepic.patches.tokenizer_manager_tokenize_one_request import compile_request
+
+    req = compile_request(seg, GenerateReqInput(input_ids=[1]), B, sink)
+    return req.input_ids, req.kv_hints
 
 
 _rows = iter(range(10 ** 6))
@@ -110,9 +113,9 @@ def serve(tree, ids, hints, namespace=None, checkpoint_at=None):
     return req, (row[:size:B] // B).tolist()
 
 
-def compile_all(tree, lay, namespace=None):
+def compile_all(tree, lay, namespace=None, sink=None):
     for seg in lay.chunks:
-        serve(tree, *compiled(seg), namespace=namespace)
+        serve(tree, *compiled(seg, sink), namespace=namespace)
 
 
 def test_compile_publishes_non_first_pages_and_a_request_reuses_them(tree):
@@ -129,6 +132,15 @@ def test_compile_publishes_non_first_pages_and_a_request_reuses_them(tree):
                            "mepic_chunk_misses": 0, "mepic_cached_tokens": 24 + 34}
     # the request's ids were reordered to match
     assert list(req.origin_input_ids[:B]) == list(C1[B:2 * B])
+
+
+def test_compiled_after_a_sink_the_chunk_keeps_its_identity(tree):
+    lay = request(C1, C2)
+    compile_all(tree, lay, sink=5)
+    assert len(tree.store) == 2 and tree.store.canonical_pages() == 2 + 3
+    req, row = serve(tree, *laid_out(lay))
+    assert req.mepic.report["mepic_chunk_hits"] == 2
+    assert row[:5] == [p for key in req.mepic.keys for p in tree.store.peek(key)]
 
 
 def test_chunked_prefill_checkpoints_a_planned_request_midway(tree):
@@ -185,7 +197,7 @@ def test_pages_return_to_the_pool_after_eviction(tree):
     # idle: everything allocated is evictable, as SGLang's idle leak check requires
     used = start - tree.pages.available()
     assert tree.evictable_size() == used * B
-    assert tree.pages_in_use() == tree.store.canonical_pages()
+    assert tree.pages_in_use() == 0  # the tree and the store keep pages for reuse; nobody uses them
     assert tree.evict(EvictParams(num_tokens=NUM_PAGES * B)).num_tokens_evicted == used * B
     assert tree.pages.available() == start
     assert tree.refs.shared() == 0 and len(tree.store) == 0
