@@ -59,6 +59,8 @@ def run_prompt_set():
     concurrent = [" ".join(words[i * 30:i * 30 + 150]) for i in range(8)]
 
     def run(server):
+        # Shared servers have served other tests: start both sides from an empty cache.
+        assert requests.post(server.url + "/flush_cache", timeout=60).status_code == 200
         seq = [_generate(server, p, 16) for p in sequential]
         with ThreadPoolExecutor(8) as pool:
             conc = list(pool.map(lambda p: _generate(server, p, 8), concurrent))
