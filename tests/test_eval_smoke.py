@@ -1,0 +1,38 @@
+"""The RAG evaluation harness end to end on the tiny model: 6 requests, 2 systems."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.server
+
+ROOT = Path(__file__).resolve().parent.parent
+COLUMNS = ["system", "QPS", "chunks", "peak KV pages", "mean KV pages", "peak KV MiB", "TTFT p50 s", "TTFT p99 s",
+           "e2e p50 s", "e2e p99 s", "req/s", "recomputed tok/req", "prompt tok/req", "F1", "EM",
+           "agreement vs full", "top-1 vs full"]
+
+
+def test_eval_harness_produces_table_json_and_plots(tiny_model, tmp_path):
+    # As a user runs it: from the repository root, as a module.
+    done = subprocess.run([sys.executable, "-m", "eval.run", "--model", tiny_model, "--systems", "full,mepic",
+                           "--requests", "6", "--qps", "4", "--chunks", "3", "--new-tokens", "4",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "reuse ratio" in done.stdout
+    lines = (tmp_path / "table.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| system"))
+    assert [c.strip() for c in header.strip("|").split("|")] == COLUMNS
+    body = [line for line in lines if line.startswith("| full") or line.startswith("| mepic")]
+    assert [line.split("|")[1].strip() for line in body] == ["full", "mepic"]
+    rows = {r["system"]: r for r in json.loads((tmp_path / "results.json").read_text())["rows"]}
+    for system, r in rows.items():
+        assert r["requests"] == 6
+        for key in ("peak_kv_pages", "ttft_p50", "e2e_p50", "throughput_rps", "recomputed_tokens", "prompt_tokens"):
+            assert r[key] > 0, (system, key)
+    assert rows["full"]["agreement"] == 1.0 and rows["full"]["top1"] == 1.0
+    assert rows["mepic"]["recomputed_tokens"] < rows["full"]["recomputed_tokens"]
+    for name in ("peak_kv_vs_qps.png", "peak_kv_vs_chunks.png", "ttft_vs_qps.png"):
+        assert (tmp_path / name).stat().st_size > 1000
