@@ -48,7 +48,7 @@ def zipf_weights(n: int, s: float = 1.1) -> list[float]:
     return [1.0 / (i + 1) ** s for i in range(n)]
 
 
-def squad(n: int, chunks: int, seed: int = 0, articles: int = 6, zipf: float = 1.1) -> list[Request]:
+def squad(n: int, chunks: int, seed: int = 0, articles: int = 2, zipf: float = 1.1) -> list[Request]:
     """n requests over the first `articles` articles with at least `chunks` paragraphs."""
     rng = random.Random(seed)
     pool = [a for a in load_json("squad.json")["data"] if len(a["paragraphs"]) >= chunks][:articles]
