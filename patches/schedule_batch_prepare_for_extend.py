@@ -39,8 +39,7 @@ def hook(original, batch, *args, **kwargs):
             # Output tokens count too: a retracted request re-prefills them after its prompt.
             slots = len(req.origin_input_ids) + len(req.output_ids)
             device = position_map.req_to_pos.device
-            position_map.assign(row, link.positions(slots).to(device),
-                                None if link.sources is None else link.sources)
+            position_map.assign(row, link.positions(slots).to(device), link.sources)
         else:
             position_map.release(row)
     return result

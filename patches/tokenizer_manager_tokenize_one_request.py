@@ -76,7 +76,6 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
         obj.input_ids = [PAD_FILL_ID if t == PAD_ID else t for t in lay.slot_tokens()]
         action["payload"]["pads"] = [list(run) for run in lay.pad_runs()]
         action["payload"]["chunks"] = [[seg.start, seg.end] for seg in lay.chunks]
-        action["payload"]["slots"] = action["payload"]["chunks"]
     else:
         obj.input_ids = marked.input_ids
     obj.text = None
@@ -97,7 +96,7 @@ def compile_request(seg: Segment, parent: GenerateReqInput, page_size: int, sink
     pads = ([[1, page_size - 1]] if head else []) + ([[at, seg.lead_pad]] if seg.lead_pad else []) + \
         [[at + size - seg.tail_pad, seg.tail_pad + 1]]
     action = {"action_id": "mepic-compile", "action_type": HINT_TYPE, "action_version": "1",
-              "payload": {"pads": pads, "slots": [[at, at + size]], "compile": True}}
+              "payload": {"pads": pads, "chunks": [[at, at + size]], "compile": True}}
     req = GenerateReqInput(
         input_ids=head + [PAD_FILL_ID if t == PAD_ID else t for t in seg.padded_tokens()] + [PAD_FILL_ID],
         sampling_params={"max_new_tokens": 0},

@@ -46,8 +46,8 @@ from sglang_mepic.link import Link
 from sglang_mepic.pages import PageRefs
 from sglang_mepic.plan import make_plan, sources
 from sglang_mepic.pool_pages import PoolPages
-from sglang_mepic.request_layout import hints
-from sglang_mepic.segments import PAD_ID, span_hash
+from sglang_mepic.request_layout import hints, masked_key
+from sglang_mepic.segments import span_hash
 
 logger = logging.getLogger(__name__)
 
@@ -88,17 +88,11 @@ class MepicRadixCache(RadixCache):
             link = Link(array("q", req.origin_input_ids), h.pads, h.chunks, h.compile)
             # Everything that keeps SGLang's tree entries apart keeps chunks apart too.
             namespace = "\x1f".join(str(getattr(req, a, None)) for a in ("extra_key", "cache_salt", "lora_id"))
-            link.keys = [span_hash(self._natural_masked(link)[s:e], self.placement, self.page_size,
-                                   self.model_fingerprint, namespace) for s, e in link.chunk_slots]
+            masked = masked_key(link.natural, link.pads)
+            link.keys = [span_hash(masked[s:e], self.placement, self.page_size, self.model_fingerprint, namespace)
+                         for s, e in link.chunk_slots]
             req.mepic = link
         return link
-
-    @staticmethod
-    def _natural_masked(link: Link) -> array:
-        out = array("q", link.natural)
-        for start, count in link.pads:
-            out[start:start + count] = array("q", [PAD_ID] * count)
-        return out
 
     def _plan(self, req, link: Link) -> None:
         """Plan the request against the store; in shared modes, put its ids in planned order."""

@@ -30,7 +30,7 @@ def hints(kv_hints) -> Hints | None:
     for action in kv_hints.actions if kv_hints is not None else []:
         if action.action_type == HINT_TYPE and "pads" in action.payload:
             p = action.payload
-            return Hints([(int(a), int(b)) for a, b in p["pads"]], [(int(a), int(b)) for a, b in p.get("slots", [])],
+            return Hints([(int(a), int(b)) for a, b in p["pads"]], [(int(a), int(b)) for a, b in p.get("chunks", [])],
                          bool(p.get("compile", False)))
     return None
 
@@ -61,7 +61,3 @@ def masked_key(token_ids, runs):
         out[start:start + count] = [PAD_ID] * min(count, max(0, len(out) - start))
     return out
 
-
-def pads_before(runs, n: int) -> int:
-    """How many of the first n slots are pads."""
-    return sum(max(0, min(start + count, n) - start) for start, count in runs)

@@ -117,11 +117,10 @@ def test_tokenize_hook_lays_out_slots_only_with_the_mepic_cache(radix, laid_out)
 
 
 def test_slot_positions_and_keys_of_a_laid_out_request():
-    from sglang_mepic.request_layout import masked_key, pads_before, slot_positions
+    from sglang_mepic.request_layout import masked_key, slot_positions
 
     runs = [(3, 2), (8, 1)]
     # 10 prompt slots then 2 generated tokens: positions continue after the prompt.
     assert slot_positions(12, runs).tolist() == [0, 1, 2, -1, -1, 3, 4, 5, -1, 6, 7, 8]
     assert masked_key([7] * 12, runs) == [7, 7, 7, -1, -1, 7, 7, 7, -1, 7, 7, 7]
     assert masked_key([7] * 4, runs) == [7, 7, 7, -1]  # a prefix of the layout
-    assert [pads_before(runs, n) for n in (0, 3, 4, 5, 9, 12)] == [0, 0, 1, 2, 3, 3]

@@ -64,7 +64,7 @@ def envelope(payload):
 def laid_out(lay):
     ids = [PAD_FILL_ID if t == PAD_ID else t for t in lay.slot_tokens()]
     spans = [[s.start, s.end] for s in lay.chunks]
-    return ids, envelope({"pads": [list(r) for r in lay.pad_runs()], "chunks": spans, "slots": spans})
+    return ids, envelope({"pads": [list(r) for r in lay.pad_runs()], "chunks": spans})
 
 
 def compiled(seg, sink=None):
