@@ -118,3 +118,10 @@ def test_bad_mepic_flags_are_refused_with_the_choices(flag, capsys):
         launch_server.split_mepic_flags(["--model-path", "m", *flag])
     err = capsys.readouterr().err
     assert flag[0] in err and ("choose one of" in err or "whole number" in err)
+
+
+def test_bad_compile_sink_is_refused_with_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        launch_server.split_mepic_flags(["--model-path", "m", "--mepic-compile-sink", "eos"])
+    err = capsys.readouterr().err
+    assert "--mepic-compile-sink" in err and "'bos'" in err and "'none'" in err
