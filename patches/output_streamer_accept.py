@@ -14,17 +14,18 @@ WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept"
 HOOK_TYPE = HookType.AROUND
 
-REPORT_KEYS = ("mepic_recomputed_tokens", "mepic_chunk_hits", "mepic_chunk_misses")
+CACHED = "mepic_cached_tokens"  # replaces SGLang's cached_tokens rather than riding along
 
 
 def hook(original, accumulator, *args, req, **kwargs):
     link = getattr(req, "mepic", None)
     if link is not None and link.report:
-        req.customized_info = {**(req.customized_info or {}), **{k: [link.report[k]] for k in REPORT_KEYS}}
+        figures = {k: [v] for k, v in link.report.items() if k != CACHED}
+        req.customized_info = {**(req.customized_info or {}), **figures}
     before = len(accumulator.rids)
     result = original(accumulator, *args, req=req, **kwargs)
     if link is not None and len(accumulator.rids) > before:
         accumulator.prompt_tokens[-1] -= sum(count for _, count in link.pads)
-        if link.report:
-            accumulator.cached_tokens[-1] = link.report["mepic_cached_tokens"]
+        if CACHED in link.report:
+            accumulator.cached_tokens[-1] = link.report[CACHED]
     return result

@@ -3,9 +3,14 @@
 The scheduler sends them as request-level customized info, which the tokenizer
 side hands on as one-element lists (and, when streaming, repeats on every chunk
 after the first). Every response a request yields passes through here.
+
+`mepic_residency` lists where each chunk segment of the request was when its
+compile looked it up: device, host, storage (the file tier) or absent.
 """
 
 from sglang.srt.plugins.hook_registry import HookType
+
+from sglang_mepic.patches import tokenizer_manager_tokenize_one_request as compile_patch
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._stream_one_response"
@@ -21,8 +26,15 @@ def scalars(meta_info: dict) -> None:
                 del meta_info[key]
 
 
-async def hook(original, manager, *args, **kwargs):
-    async for out in original(manager, *args, **kwargs):
+async def hook(original, manager, obj, *args, **kwargs):
+    rid = getattr(obj, "rid", None)
+    async for out in original(manager, obj, *args, **kwargs):
         if isinstance(out, dict) and isinstance(out.get("meta_info"), dict):
-            scalars(out["meta_info"])
+            meta = out["meta_info"]
+            scalars(meta)
+            found = compile_patch.residency.get(rid) if isinstance(rid, str) else None
+            if found is not None:
+                meta["mepic_residency"] = found
+                if meta.get("finish_reason") is not None:
+                    compile_patch.residency.pop(rid, None)
         yield out

@@ -12,6 +12,8 @@ The request itself follows once its chunks are compiled.
 """
 
 import asyncio
+import logging
+from collections import OrderedDict
 
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
@@ -26,6 +28,8 @@ from sglang_mepic.segments import PAD_ID, Layout, Segment, layout
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._tokenize_one_request"
 HOOK_TYPE = HookType.AROUND
+
+logger = logging.getLogger(__name__)
 
 
 def _page_size(manager) -> int:
@@ -107,9 +111,16 @@ def compile_request(seg: Segment, parent: GenerateReqInput, page_size: int, sink
     return req
 
 
-async def _drain(manager, obj) -> None:
-    async for _ in manager.generate_request(obj, None):
-        pass
+async def _drain(manager, obj) -> str:
+    """Run a compile request; returns where the scheduler found the chunk (device, host, storage
+    or absent). A compile that fails or is aborted only means the chunk is computed in context."""
+    found = "absent"
+    try:
+        async for out in manager.generate_request(obj, None):
+            found = out.get("meta_info", {}).get("mepic_residency", found)
+    except Exception as e:  # noqa: BLE001 - the request it serves must go on regardless
+        logger.warning("MEPIC chunk compile did not complete (%s); the chunk is computed in context", e)
+    return found
 
 
 # Compiles in flight, so that requests arriving together share one compile of a chunk
@@ -121,7 +132,7 @@ def _sink(manager) -> int | None:
     return manager.tokenizer.bos_token_id if config.compile_sink() == "bos" and manager.tokenizer else None
 
 
-async def _compile_once(manager, seg: Segment, parent: GenerateReqInput) -> None:
+async def _compile_once(manager, seg: Segment, parent: GenerateReqInput) -> str:
     key = (seg.tokens, seg.lead_pad, seg.tail_pad, str(parent.extra_key), str(parent.cache_salt),
            str(parent.lora_path))
     running = _inflight.get(key)
@@ -129,19 +140,32 @@ async def _compile_once(manager, seg: Segment, parent: GenerateReqInput) -> None
         request = compile_request(seg, parent, _page_size(manager), _sink(manager))
         running = _inflight[key] = asyncio.ensure_future(_drain(manager, request))
         running.add_done_callback(lambda _: _inflight.pop(key, None))
-    await asyncio.shield(running)
+    return await asyncio.shield(running)
 
 
-async def compile_chunks(manager, lay: Layout, parent: GenerateReqInput) -> None:
+async def compile_chunks(manager, lay: Layout, parent: GenerateReqInput) -> list[str] | None:
+    """Compile the request's chunks; returns where each chunk segment was found, in order."""
     if config.canonical_from() is None:
-        return
+        return None
     unique = {seg.tokens: seg for seg in lay.chunks}
-    await asyncio.gather(*(_compile_once(manager, seg, parent) for seg in unique.values()))
+    found = await asyncio.gather(*(_compile_once(manager, seg, parent) for seg in unique.values()))
+    where = dict(zip(unique, found))
+    return [where[seg.tokens] for seg in lay.chunks]
+
+
+# rid -> residency of each chunk segment, until the response is streamed (patch
+# tokenizer_manager_stream_one_response). Bounded: a request that never streams leaves its entry.
+residency: "OrderedDict[str, list[str]]" = OrderedDict()
+RESIDENCY_KEPT = 10_000
 
 
 async def hook(original, manager, obj, *args, **kwargs):
     if isinstance(obj, GenerateReqInput):
         lay = strip_markup(manager, obj)
         if lay is not None and lay.chunks and config.mode().reuses:
-            await compile_chunks(manager, lay, obj)
+            found = await compile_chunks(manager, lay, obj)
+            if found is not None and isinstance(obj.rid, str):
+                residency[obj.rid] = found
+                while len(residency) > RESIDENCY_KEPT:
+                    residency.popitem(last=False)
     return await original(manager, obj, *args, **kwargs)

@@ -11,7 +11,7 @@ evictable and evicts them after the tree's leaves.
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Collection
+from typing import Callable, Collection
 
 from sglang_mepic.pages import PageRefs
 
@@ -34,6 +34,7 @@ class ChunkStore:
     refs: PageRefs
     _chunks: "OrderedDict[str, Chunk]" = field(default_factory=OrderedDict)  # oldest use first
     stats: Stats = field(default_factory=Stats)
+    on_evict: Callable[[str, tuple[int, ...]], None] | None = None  # called while the pages still hold the KV
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -91,6 +92,8 @@ class ChunkStore:
             if freed >= num_pages:
                 break
             del self._chunks[chunk.key]
+            if self.on_evict is not None:
+                self.on_evict(chunk.key, chunk.pages)
             freed += len(self.refs.release(chunk.pages))
             self.stats.evictions += 1
         return freed

@@ -15,6 +15,8 @@ PLACEMENT_ENV = "SGLANG_MEPIC_PLACEMENT"
 MODE_ENV = "SGLANG_MEPIC_MODE"
 RECOMPUTE_ENV = "SGLANG_MEPIC_RECOMPUTE_BLOCKS"
 SINK_ENV = "SGLANG_MEPIC_COMPILE_SINK"
+HOST_TIER_ENV = "SGLANG_MEPIC_HOST_TIER_GB"
+STORAGE_ENV = "SGLANG_MEPIC_STORAGE_DIR"
 SINKS = ("bos", "none")
 DEFAULT_SINK = "none"
 DEFAULT_PLACEMENT = Placement.TRAILING
@@ -110,6 +112,26 @@ def compile_sink() -> str:
     if value not in SINKS:
         raise ValueError(f"{SINK_ENV}={value!r}: choose from {list(SINKS)}")
     return value
+
+
+def parse_gigabytes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"--mepic-host-tier-gb {text!r}: give a size in GB >= 0 (0 turns the host tier off)")
+    return value
+
+
+def host_tier_gb() -> float:
+    """Host memory for chunk KV evicted from the device pool (0: none)."""
+    return parse_gigabytes(os.environ.get(HOST_TIER_ENV, "0"))
+
+
+def storage_dir() -> str | None:
+    """Directory of the file tier, shared by server instances (None: no file tier)."""
+    return os.environ.get(STORAGE_ENV) or None
 
 
 def canonical_from() -> int | None:

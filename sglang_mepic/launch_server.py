@@ -72,6 +72,13 @@ def mepic_parser() -> argparse.ArgumentParser:
     g.add_argument("--mepic-compile-sink", choices=config.SINKS, default=None,
                    help="what a chunk is compiled after: 'bos' (the model's BOS token, as an attention sink) "
                         f"or 'none' (the chunk alone). Default: {config.DEFAULT_SINK}.")
+    g.add_argument("--mepic-host-tier-gb", type=_checked(config.parse_gigabytes), default=None, metavar="GB",
+                   help="host memory for chunk KV evicted from the device pool; a later use copies it back "
+                        "instead of compiling the chunk again. Default: 0 (no host tier).")
+    g.add_argument("--mepic-storage-dir", default=None, metavar="DIR",
+                   help="file tier: every compiled chunk is written here by hash (with the model fingerprint "
+                        "and a checksum), so other instances, or this one after a restart, reuse it. "
+                        "Default: none.")
     return p
 
 
@@ -98,6 +105,10 @@ def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
         env[config.RECOMPUTE_ENV] = known.mepic_recompute_blocks
     if known.mepic_compile_sink:
         env[config.SINK_ENV] = known.mepic_compile_sink
+    if known.mepic_host_tier_gb:
+        env[config.HOST_TIER_ENV] = known.mepic_host_tier_gb
+    if known.mepic_storage_dir:
+        env[config.STORAGE_ENV] = os.path.abspath(known.mepic_storage_dir)
     return rest, env
 
 

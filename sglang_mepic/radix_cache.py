@@ -19,19 +19,31 @@ A chunk's canonical pages come from a standalone compile: the tokenizer side
 sends the chunk alone as a small internal request (`compile`), and when that
 request is released its pages join the store.
 
-Pages are shared between the store, tree nodes and running requests, so the
-cache attaches a `PageRefs` to SGLang's allocator: every release there drops
-one holder (patch `paged_allocator_release_page_ids`). Holders:
+Pages are shared between the store, tree nodes and requests, so the cache
+attaches a `PageRefs` to SGLang's allocator: every release there drops one
+holder (patch `paged_allocator_release_page_ids`). Holders:
 - the store: one per canonical page it keeps;
 - a tree node: one per page of its value (SGLang's own accounting, plus one
   taken here when a node is created over injected pages);
-- a running request: one per injected or copied-from page, until its release.
+- a request: one per page of each stored chunk it reads, from the moment it is
+  planned. The scheduler checks a request's memory budget right after planning
+  it, so the chunks it will pin are not counted as evictable there. A request
+  that is not admitted lets go when the scheduling round ends (`end_round`),
+  an admitted one when it releases its row.
+
+A chunk the store evicts is copied to the host tier first, and every compiled
+chunk is written through to the file tier (tiers.py). Planning a request loads
+a chunk it needs back from those tiers into fresh pages (evicting tree leaves
+and unheld chunks for room), so a compile of a chunk that was evicted costs a
+copy and its first block instead of the whole chunk.
 """
 
+import dataclasses
 import hashlib
 import json
 import logging
 import math
+import os
 from array import array
 from dataclasses import dataclass
 
@@ -48,6 +60,7 @@ from sglang_mepic.plan import make_plan, sources
 from sglang_mepic.pool_pages import PoolPages
 from sglang_mepic.request_layout import hints, masked_key
 from sglang_mepic.segments import span_hash
+from sglang_mepic.tiers import Tiers
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +72,12 @@ class Counters:
     recomputed_tokens: int = 0   # chunk and prompt tokens computed in a request's context
     reused_tokens: int = 0       # chunk tokens served from the store (shared or copied)
     compiled_chunks: int = 0     # standalone compiles that produced new canonical pages
+    compiled_tokens: int = 0     # real tokens computed by standalone compiles
 
 
 class MepicRadixCache(RadixCache):
     def __init__(self, params, model_fingerprint: str = "", mode: config.Mode | None = None,
-                 canonical_from: int | None = -1):
+                 canonical_from: int | None = -1, tiers: Tiers | None = None):
         super().__init__(params)
         self.model_fingerprint = model_fingerprint
         self.mode = mode or config.mode()
@@ -72,7 +86,10 @@ class MepicRadixCache(RadixCache):
         self.pages = PoolPages(params.token_to_kv_pool_allocator)
         self.refs = PageRefs(self.pages)
         params.token_to_kv_pool_allocator.mepic_refs = self.refs
-        self.store = ChunkStore(self.refs)
+        self.store = ChunkStore(self.refs, on_evict=self._demote)
+        self.tiers = tiers or Tiers(params.token_to_kv_pool_allocator.get_kvcache(), self.page_size,
+                                    model_fingerprint, config.host_tier_gb(), config.storage_dir())
+        self._unadmitted: dict[int, Link] = {}  # planned, holding their chunks, not admitted yet
         self.counters = Counters()
         self.peak_pages_in_use = 0
         self._sampled_free = -1
@@ -95,15 +112,30 @@ class MepicRadixCache(RadixCache):
         return link
 
     def _plan(self, req, link: Link) -> None:
-        """Plan the request against the store; in shared modes, put its ids in planned order."""
-        resident = {}
-        for key in link.keys:
+        """Plan the request against the store; in shared modes, put its ids in planned order.
+
+        The request holds every stored chunk it will read from here on; chunks missing
+        from the device pool are loaded back from the tiers below when they have them.
+        """
+        self._let_go(link)
+        resident, found = {}, []
+        for (start, end), key in zip(link.chunk_slots, link.keys):
             pages = self.store.peek(key)
-            if pages is not None:
+            where = "device" if pages is not None else self.tiers.where(key)
+            if pages is None and where != "absent" and self.canonical_from is not None:
+                pages = self._load(key, (end - start) // self.page_size - self.canonical_from)
+            if pages is not None and key not in resident:
+                self.refs.acquire(pages)  # before the next load, which may evict
                 resident[key] = pages
+                link.held += pages
+            found.append(where)
+        if link.found is None:
+            link.found = found
+        if link.held:
+            self._unadmitted[id(link)] = link
         link.order = link.sources = None
         link.plan = None
-        if self.mode.shares and not link.compile:
+        if link.compile or self.mode.shares:
             link.plan = make_plan(link.size, self.page_size, link.spans(), resident, self.canonical_from)
             if link.plan.reused:
                 link.order = link.plan.slot_order()
@@ -111,7 +143,7 @@ class MepicRadixCache(RadixCache):
                 req.origin_input_ids[:] = array("q", (link.natural[s] for s in link.order))
             else:
                 req.origin_input_ids[:] = link.natural
-        elif self.mode.private and not link.compile:
+        elif self.mode.private:
             natural_pos = link.natural_positions(link.size).tolist()
             keep = self.mode.tokens if self.mode.kind is config.Kind.EPIC else 0
             link.sources, _, _ = sources(link.size, self.page_size, link.spans(), resident, natural_pos, keep)
@@ -128,6 +160,16 @@ class MepicRadixCache(RadixCache):
                                   limit=key.limit, cache_salt=key.cache_salt)
             return super().match_prefix(params)
         self._plan(req, link)
+        if link.compile and link.order is not None:
+            # Planned, a compile of a stored chunk computes its first block; in natural order it
+            # costs nothing when the tree still holds the chunk's earlier compile whole.
+            natural = RadixKey(array("q", masked_key(link.natural, link.pads)), key.extra_key, is_bigram=key.is_bigram,
+                               limit=key.limit, cache_salt=key.cache_salt)
+            held = super().match_prefix(dataclasses.replace(params, key=natural)).device_prefix_len
+            if held >= link.chunk_slots[0][1]:
+                link.plan = link.order = None
+                req.origin_input_ids[:] = link.natural
+                req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
         ids = req.full_untruncated_fill_ids
         params.key = RadixKey(link.masked(ids), key.extra_key, is_bigram=key.is_bigram, limit=key.limit,
                               cache_salt=key.cache_salt)
@@ -144,6 +186,38 @@ class MepicRadixCache(RadixCache):
         link.injected = torch.tensor(slots, dtype=torch.int64, device=self.pages.allocator.device)
         return result._replace(device_prefix_len=end)
 
+    def _load(self, key: str, num_pages: int) -> tuple[int, ...] | None:
+        """Copy a chunk from the host or file tier into fresh device pages and store it."""
+        fetched = self.tiers.fetch(key, num_pages * self.page_size)
+        if fetched is None:
+            return None
+        pages = self.refs.alloc(num_pages)
+        if pages is None:
+            short = num_pages - self.pages.available()
+            self.evict(EvictParams(num_tokens=short * self.page_size))
+            pages = self.refs.alloc(num_pages)
+            if pages is None:
+                return None
+        self.tiers.place(fetched, self.pages.slots(pages))
+        pages = self.store.put(key, tuple(pages))
+        self.refs.release(pages)  # the store is now their only holder
+        return pages
+
+    def _let_go(self, link: Link) -> None:
+        """Drop the chunks a planned request holds (it is planned again, or was not admitted)."""
+        self._unadmitted.pop(id(link), None)
+        if link.held:
+            self.refs.release(link.held)
+            link.held = []
+
+    def end_round(self) -> None:
+        """A scheduling round is over: requests planned in it but not admitted let go of their chunks."""
+        for link in list(self._unadmitted.values()):
+            self._let_go(link)
+
+    def _demote(self, key: str, pages: tuple[int, ...]) -> None:
+        self.tiers.demote(key, self.pages.slots(pages))
+
     def prefix_device_indices(self, req) -> torch.Tensor:
         link = getattr(req, "mepic", None)
         path = self.path_device_indices(req.last_node)
@@ -157,23 +231,22 @@ class MepicRadixCache(RadixCache):
         link = getattr(req, "mepic", None)
         if link is None or link.admitted:
             return
-        held = []
-        if link.injected is not None:
-            held += link.injected[::self.page_size].div(self.page_size, rounding_mode="floor").tolist()
+        self._unadmitted.pop(id(link), None)  # it keeps what it holds until its release
+        link.admitted = True
+        prefix = min(req.prefix_len, link.size)
+        if link.compile:
+            computed = link.real_slots(prefix, link.size)
+            self.counters.compiled_tokens += computed
+            self.tiers.lookups[link.found[0]] += 1
+            link.report = {"mepic_residency": link.found[0], "mepic_compiled_tokens": computed}
+            return
         substituted = 0
         if link.sources is not None:
             substituted = sum(1 for s in link.sources[req.prefix_len:] if s >= 0)
             if self.mode.kind is config.Kind.CACHEBLEND:
                 substituted -= math.ceil(self.mode.ratio * substituted)
-            held += sorted({s // self.page_size for s in link.sources if s >= 0})
-        self.refs.acquire(held)
-        link.held = held
-        link.admitted = True
-        if link.compile:
-            return
         for key in link.keys:  # counts hits and misses, refreshes LRU order
             self.store.lookup(key)
-        prefix = min(req.prefix_len, link.size)
         cached = link.real_slots(0, prefix) + substituted
         recomputed = link.real_slots(prefix, link.size) - substituted
         plan_hits = link.plan.hits if link.plan is not None else sum(1 for s in link.spans()
@@ -203,8 +276,8 @@ class MepicRadixCache(RadixCache):
         if link is not None:
             if link.compile and checkpointed:
                 self._publish(req, link)
-            self.refs.release(link.held)
-            link.held, link.admitted, link.injected, link.tree_took = [], False, None, 0
+            self._let_go(link)
+            link.admitted, link.injected, link.tree_took = False, None, 0
         super().on_release(req, checkpointed=checkpointed)
 
     def _publish(self, req, link: Link) -> None:
@@ -214,7 +287,9 @@ class MepicRadixCache(RadixCache):
             return
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         pages = row[start:end:self.page_size].div(self.page_size, rounding_mode="floor").tolist()
-        self.store.put(key, tuple(pages[self.canonical_from:]))
+        canonical = tuple(pages[self.canonical_from:])
+        self.store.put(key, canonical)
+        self.tiers.persist(key, self.pages.slots(canonical))
         self.counters.compiled_chunks += 1
 
     # ---- memory -----------------------------------------------------------
@@ -280,6 +355,10 @@ class MepicRadixCache(RadixCache):
         if getattr(self, "store", None) is not None:
             self.store.forget()
             self.refs.forget()
+            self.tiers.clear_host()
+            for link in self._unadmitted.values():
+                link.held = []
+            self._unadmitted.clear()
             self.peak_pages_in_use = 0
             self._sampled_free = -1
             # The allocator is cleared right after this; say so without waiting for the next sample.
@@ -316,8 +395,10 @@ class MepicRadixCache(RadixCache):
             "chunk_misses": self.store.stats.misses,
             "chunk_evictions": self.store.stats.evictions,
             "chunks_compiled": self.counters.compiled_chunks,
+            "compiled_tokens": self.counters.compiled_tokens,
             "recomputed_tokens": self.counters.recomputed_tokens,
             "reused_tokens": self.counters.reused_tokens,
+            **self.tiers.stats(),
         }
 
 
@@ -342,6 +423,15 @@ def build(ctx) -> MepicRadixCache:
         raise ValueError("--radix-cache-backend mepic does not support --enable-hierarchical-cache")
     config.placement()  # fail at start-up on a bad setting
     config.compile_sink()
+    config.host_tier_gb()
+    storage = config.storage_dir()
+    if storage is not None:
+        try:
+            os.makedirs(storage, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--mepic-storage-dir {storage}: cannot create it ({e.strerror})") from None
+        if not os.access(storage, os.W_OK):
+            raise ValueError(f"--mepic-storage-dir {storage}: not writable")
     mode = config.mode()
     config.canonical_from()
     if ctx.disable_radix_cache and mode.reuses:

@@ -220,19 +220,32 @@ class Tiers:
         if self.files is not None:
             self.files.put(key, self.device.gather(slots))
 
-    def load(self, key: str, slots: torch.Tensor) -> str | None:
-        """Copy the chunk's KV into device `slots`; returns the tier it came from, or None."""
+    def fetch(self, key: str, num_slots: int) -> tuple[torch.Tensor, str] | None:
+        """The chunk's KV (a copy: making room on the device may demote other chunks into the
+        host tier) and the tier it came from; None when no tier has it whole and sound."""
         kv = self.host.get(key) if self.host is not None else None
-        tier = "host"
-        if kv is None and self.files is not None:
-            kv, tier = self.files.get(key, self.device.empty(len(slots))), "storage"
-            if kv is not None and self.host is not None:
-                self.host.put(key, kv)
-        if kv is None or kv.shape[2] != len(slots):
-            return None
+        if kv is not None:
+            return (kv.clone(), "host") if kv.shape[2] == num_slots else None
+        if self.files is not None:
+            kv = self.files.get(key, self.device.empty(num_slots))
+            if kv is not None:
+                if self.host is not None:
+                    self.host.put(key, kv)
+                return kv, "storage"
+        return None
+
+    def place(self, fetched: tuple[torch.Tensor, str], slots: torch.Tensor) -> None:
+        kv, tier = fetched
         self.device.scatter(slots, kv)
         self.loads[tier] += 1
-        return tier
+
+    def load(self, key: str, slots: torch.Tensor) -> str | None:
+        """Copy the chunk's KV into device `slots`; returns the tier it came from, or None."""
+        fetched = self.fetch(key, len(slots))
+        if fetched is None:
+            return None
+        self.place(fetched, slots)
+        return fetched[1]
 
     def clear_host(self) -> None:
         if self.host is not None:

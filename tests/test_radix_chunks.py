@@ -28,18 +28,24 @@ def hooks():
     HookRegistry.apply_hooks()
 
 
-def make_tree(mode="mepic", canonical_from=1):
+def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num_pages=NUM_PAGES):
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
     from sglang_mepic.radix_cache import MepicRadixCache
+    from sglang_mepic.tiers import Tiers
 
-    allocator = PagedTokenToKVPoolAllocator(NUM_PAGES * B, B, torch.float32, "cpu", None, False)
-    pool = SimpleNamespace(req_to_token=torch.zeros((16, NUM_PAGES * B), dtype=torch.int32))
+    kv = MHATokenToKVPool(num_pages * B, B, torch.float32, 1, 4, 2, "cpu", False, start_layer=0, end_layer=1)
+    for buffer in (*kv.k_buffer, *kv.v_buffer):
+        buffer.normal_()  # stands for computed KV, so that copies between tiers can be checked
+    allocator = PagedTokenToKVPoolAllocator(num_pages * B, B, torch.float32, "cpu", kv, False)
+    pool = SimpleNamespace(req_to_token=torch.zeros((16, num_pages * B), dtype=torch.int32))
     params = CacheInitParams(disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator,
                              page_size=B)
     return MepicRadixCache(params, model_fingerprint="tiny", mode=config.parse_mode(mode),
-                           canonical_from=canonical_from)
+                           canonical_from=canonical_from,
+                           tiers=Tiers(kv, B, "tiny", host_gb=host_gb, storage_dir=storage_dir))
 
 
 @pytest.fixture
@@ -80,8 +86,8 @@ def compiled(seg, sink=None):
 _rows = iter(range(10 ** 6))
 
 
-def serve(tree, ids, hints, namespace=None, checkpoint_at=None):
-    """One request through the scheduler's cache calls; returns (req, its row of pages)."""
+def planned(tree, ids, hints, namespace=None):
+    """A request as the scheduler has it right after matching it (planned, not admitted)."""
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
@@ -93,6 +99,12 @@ def serve(tree, ids, hints, namespace=None, checkpoint_at=None):
     key = RadixKey(req.full_untruncated_fill_ids, namespace, limit=len(ids) - 1)
     match = tree.match_prefix(MatchPrefixParams(key=key, req=req))
     req.prefix_len, req.last_node = match.device_prefix_len, match.last_device_node
+    return req
+
+
+def serve(tree, ids, hints, namespace=None, checkpoint_at=None):
+    """One request through the scheduler's cache calls; returns (req, its row of pages)."""
+    req = planned(tree, ids, hints, namespace)
     tree.inc_lock_ref(req.last_node)
     tree.admit(req)
     prefix = tree.prefix_device_indices(req)
@@ -203,15 +215,86 @@ def test_pages_return_to_the_pool_after_eviction(tree):
     assert tree.refs.shared() == 0 and len(tree.store) == 0
 
 
-def test_eviction_keeps_chunks_a_waiting_request_will_read(tree):
+def test_a_planned_request_holds_its_chunks_until_the_round_ends(tree):
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
+    start = tree.pages.available()
     compile_all(tree, request(C1))
-    req_pages = tree.store.peek(next(iter(tree.store._chunks)))
-    tree.refs.acquire(req_pages)  # as admit() does for a request that reads them
+    idle_evictable = tree.evictable_size()
+    planned(tree, *laid_out(request(C1)))  # the scheduler checks its budget right after this
+    assert tree.evictable_size() == idle_evictable - 2 * B  # C1's canonical pages are spoken for
     tree.evict(EvictParams(num_tokens=NUM_PAGES * B))
     assert len(tree.store) == 1 and tree.store.canonical_pages() == 2
-    tree.refs.release(req_pages)
+    tree.end_round()  # not admitted: it lets go
+    assert tree.evictable_size() == (start - tree.pages.available()) * B
+    tree.evict(EvictParams(num_tokens=NUM_PAGES * B))
+    assert tree.pages.available() == start and tree.refs.shared() == 0
+
+
+def kv_of(tree, key):
+    return tree.tiers.device.gather(tree.pages.slots(tree.store.peek(key)))
+
+
+def evict_all(tree):
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    tree.evict(EvictParams(num_tokens=NUM_PAGES * B))
+    assert len(tree.store) == 0
+
+
+def test_an_evicted_chunk_comes_back_from_the_host_tier_as_a_copy_plus_its_first_block():
+    lay = request(C1, C2)
+    compiled_c1 = compiled(lay.chunks[0])
+    reports = {}
+    for host_gb in (0.0, 1e-3):
+        tree = make_tree(host_gb=host_gb)
+        compile_all(tree, lay)
+        again, _ = serve(tree, *compiled_c1)
+        assert again.mepic.report == {"mepic_residency": "device", "mepic_compiled_tokens": 0}  # all in the tree
+        computed = kv_of(tree, again.mepic.keys[0])
+        evict_all(tree)
+        req, _ = serve(tree, *compiled_c1)
+        reports[host_gb] = req.mepic.report
+        if host_gb:
+            assert tree.tiers.loads["host"] == 1
+            assert torch.equal(kv_of(tree, req.mepic.keys[0]), computed)  # the same KV, copied back
+        user, _ = serve(tree, *laid_out(lay))
+        # C1 is back on the device; C2 comes back from the host when the request is planned
+        assert user.mepic.report["mepic_chunk_hits"] == (2 if host_gb else 1)
+    assert reports[0.0] == {"mepic_residency": "absent", "mepic_compiled_tokens": 40}  # the whole chunk
+    assert reports[1e-3] == {"mepic_residency": "host", "mepic_compiled_tokens": 16}  # its first block
+
+
+def test_a_load_makes_room_by_evicting_what_nobody_holds():
+    tree = make_tree(host_gb=1e-3, num_pages=12)
+    start = tree.pages.available()
+    compile_all(tree, request(C1, C2))  # 4 + 5 pages with the compiles' pad slots
+    evict_all(tree)
+    compile_all(tree, request((7,) * 70))  # 6 pages: the pool now holds only this chunk's compile
+    req, _ = serve(tree, *compiled(request(C1, C2).chunks[1]))  # C2 (3 canonical pages) must evict to load
+    assert req.mepic.found == ["host"] and tree.tiers.loads["host"] == 1
+    evict_all(tree)
+    assert tree.pages.available() == start
+
+
+def test_the_file_tier_serves_a_restarted_server_and_rejects_what_does_not_check(tmp_path, caplog):
+    lay = request(C1)
+    first = make_tree(storage_dir=str(tmp_path))
+    compile_all(first, lay)
+    kv = kv_of(first, next(iter(first.store._chunks)))
+    restarted = make_tree(storage_dir=str(tmp_path))
+    req, _ = serve(restarted, *compiled(lay.chunks[0]))
+    assert req.mepic.report == {"mepic_residency": "storage", "mepic_compiled_tokens": 16}
+    assert torch.equal(kv_of(restarted, req.mepic.keys[0]), kv)
+
+    path = restarted.tiers.files.path(req.mepic.keys[0])
+    data = bytearray(open(path, "rb").read())
+    data[200] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    again = make_tree(storage_dir=str(tmp_path))
+    req, _ = serve(again, *compiled(lay.chunks[0]))
+    assert req.mepic.report == {"mepic_residency": "storage", "mepic_compiled_tokens": 40}  # rejected: computed
+    assert again.tiers.files.rejected == 1 and "checksum mismatch" in caplog.text
 
 
 def test_epic_requests_copy_into_pages_of_their_own():
