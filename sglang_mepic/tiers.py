@@ -174,9 +174,10 @@ class FileTier:
             size = os.path.getsize(path)
         except OSError:
             return None
+        expected = _HEADER.size + like.numel() * like.element_size()
         try:
-            if size != _HEADER.size + like.numel() * like.element_size():
-                raise CorruptEntry(f"file of {size} bytes, expected {_HEADER.size + like.numel() * like.element_size()}")
+            if size != expected:
+                raise CorruptEntry(f"file of {size} bytes, expected {expected}")
             data = torch.empty(size, dtype=torch.uint8)
             if self.files.get(key, data) is None:
                 return None
