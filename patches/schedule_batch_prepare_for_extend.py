@@ -1,8 +1,9 @@
 """Admit laid-out requests to the chunk cache and write their positions when they are scheduled.
 
 Every request passes `ScheduleBatch.prepare_for_extend` at each (chunked-)prefill
-pass. Before SGLang allocates (which may evict), the mepic radix cache takes a
-reference on every page the new requests will read, so eviction cannot take them.
+pass. Before SGLang allocates (which may evict), the new requests are admitted to
+the mepic radix cache (they keep the chunk pages they have held since they were
+planned) and the requests that were planned but not admitted let go of theirs.
 After, each KV row is assigned: rows of laid-out requests get their plan's
 positions (and, in private-copy modes, the slots their KV is copied from); every
 other row is marked unplanned (identity positions). The cache's figures are
@@ -24,6 +25,9 @@ def hook(original, batch, *args, **kwargs):
     if tree is not None:
         for req in batch.reqs:
             tree.admit(req)
+        # Requests planned in this round but left waiting let go now: what they hold was
+        # counted as evictable when the admitted ones were checked.
+        tree.end_round()
     result = original(batch, *args, **kwargs)
     if tree is not None:
         tree.sample()
