@@ -114,12 +114,18 @@ def compile_request(seg: Segment, parent: GenerateReqInput, page_size: int, sink
 async def _drain(manager, obj) -> str:
     """Run a compile request; returns where the scheduler found the chunk (device, host, storage
     or absent). A compile that fails or is aborted only means the chunk is computed in context."""
-    found = "absent"
+    found, why = "absent", None
     try:
         async for out in manager.generate_request(obj, None):
-            found = out.get("meta_info", {}).get("mepic_residency", found)
+            meta = out.get("meta_info", {})
+            found = meta.get("mepic_residency", found)
+            reason = meta.get("finish_reason") or {}
+            if reason.get("type") == "abort":
+                why = reason.get("message") or "aborted"
     except Exception as e:  # noqa: BLE001 - the request it serves must go on regardless
-        logger.warning("MEPIC chunk compile did not complete (%s); the chunk is computed in context", e)
+        why = str(e) or type(e).__name__
+    if why is not None:
+        logger.warning("MEPIC chunk compile did not complete (%s); the chunk is computed in context", why)
     return found
 
 

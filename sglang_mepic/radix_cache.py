@@ -124,6 +124,8 @@ class MepicRadixCache(RadixCache):
             where = "device" if pages is not None else self.tiers.where(key)
             if pages is None and where != "absent" and self.canonical_from is not None:
                 pages = self._load(key, (end - start) // self.page_size - self.canonical_from)
+                if pages is None:  # a rejected entry, or no room: computed like an absent chunk
+                    where = "absent"
             if pages is not None and key not in resident:
                 self.refs.acquire(pages)  # before the next load, which may evict
                 resident[key] = pages

@@ -293,7 +293,7 @@ def test_the_file_tier_serves_a_restarted_server_and_rejects_what_does_not_check
     open(path, "wb").write(bytes(data))
     again = make_tree(storage_dir=str(tmp_path))
     req, _ = serve(again, *compiled(lay.chunks[0]))
-    assert req.mepic.report == {"mepic_residency": "storage", "mepic_compiled_tokens": 40}  # rejected: computed
+    assert req.mepic.report == {"mepic_residency": "absent", "mepic_compiled_tokens": 40}  # rejected: computed
     assert again.tiers.files.rejected == 1 and "checksum mismatch" in caplog.text
 
 
