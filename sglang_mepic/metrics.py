@@ -21,6 +21,16 @@ DESCRIPTIONS = {
     "chunks_compiled": "Standalone chunk compiles that produced canonical pages (cumulative)",
     "recomputed_tokens": "Tokens computed in a request's context, prompt and chunk first blocks (cumulative)",
     "reused_tokens": "Tokens whose KV was reused rather than computed (cumulative)",
+    "compiled_tokens": "Tokens computed by standalone chunk compiles (cumulative)",
+    "tier_lookups_device": "Chunk compiles that found the chunk in the device pool (cumulative)",
+    "tier_lookups_host": "Chunk compiles that found the chunk in the host tier (cumulative)",
+    "tier_lookups_storage": "Chunk compiles that found the chunk in the file tier (cumulative)",
+    "tier_lookups_absent": "Chunk compiles that found the chunk in no tier (cumulative)",
+    "tier_hit_rate_device": "Share of chunk compiles served by the device pool",
+    "tier_hit_rate_host": "Share of chunk compiles served by the host tier",
+    "tier_hit_rate_storage": "Share of chunk compiles served by the file tier",
+    "host_pages_used": "Host-tier pages holding chunk KV",
+    "host_chunks": "Chunks in the host tier",
 }
 
 _gauges = None

@@ -14,6 +14,7 @@ import requests
 from sglang_mepic.lang import chunk
 from sglang_mepic.server_process import ServerProcess
 
+pytestmark = pytest.mark.server
 POOL_TOKENS = 4096
 WORDS = open(json.__file__).read().split() + open(threading.__file__).read().split()
 
@@ -132,6 +133,20 @@ def test_corrupt_file_tier_entry_is_a_logged_miss(server, storage):
     assert third["output_ids"] == first["output_ids"]  # the bad entry was computed again, never loaded
     assert "rejected, treated as a miss: checksum mismatch" in server.log()
     assert mepic(server)["storage_rejected"] >= 1
+
+
+@pytest.mark.timeout(120)
+def test_evicted_chunks_come_back_from_the_host_tier_with_the_same_output(server):
+    text = prompt(doc(150), doc(151))
+    first = generate(server, text).json()
+    assert first["meta_info"]["mepic_residency"] == ["absent", "absent"]
+    for i in range(8):  # ~10k tokens of other chunks through a 4096-token pool
+        assert generate(server, prompt(doc(160 + 2 * i, 200), doc(161 + 2 * i, 200))).status_code == 200
+    again = generate(server, text).json()
+    assert again["meta_info"]["mepic_residency"] == ["host", "host"]
+    assert again["output_ids"] == first["output_ids"]  # the KV copied back is the KV computed
+    state = mepic(server)
+    assert state["tier_loads_host"] >= 2 and state["host_chunks"] >= 2
 
 
 @pytest.mark.timeout(120)
