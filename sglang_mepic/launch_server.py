@@ -108,8 +108,20 @@ def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     if known.mepic_host_tier_gb:
         env[config.HOST_TIER_ENV] = known.mepic_host_tier_gb
     if known.mepic_storage_dir:
-        env[config.STORAGE_ENV] = os.path.abspath(known.mepic_storage_dir)
+        env[config.STORAGE_ENV] = check_storage_dir(known.mepic_storage_dir)
     return rest, env
+
+
+def check_storage_dir(path: str) -> str:
+    """The file tier's directory, created if missing; refused if it cannot be written."""
+    path = os.path.abspath(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise LaunchError(f"--mepic-storage-dir {path}: cannot create it ({e.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise LaunchError(f"--mepic-storage-dir {path}: not writable")
+    return path
 
 
 def _without_flag(argv: list[str], flag: str) -> list[str]:

@@ -125,3 +125,24 @@ def test_bad_compile_sink_is_refused_with_the_choices(capsys):
         launch_server.split_mepic_flags(["--model-path", "m", "--mepic-compile-sink", "eos"])
     err = capsys.readouterr().err
     assert "--mepic-compile-sink" in err and "'bos'" in err and "'none'" in err
+
+
+@pytest.mark.parametrize("value", ["-1", "lots", "nan", "inf"])
+def test_bad_host_tier_size_is_refused(capsys, value):
+    with pytest.raises(SystemExit):
+        launch_server.split_mepic_flags(["--mepic-host-tier-gb", value])
+    assert "--mepic-host-tier-gb" in capsys.readouterr().err
+
+
+def test_tier_flags_become_settings(tmp_path):
+    _, env = launch_server.split_mepic_flags(["--mepic-host-tier-gb", "0.5", "--mepic-storage-dir",
+                                              str(tmp_path / "new")])
+    assert env == {"SGLANG_MEPIC_HOST_TIER_GB": "0.5", "SGLANG_MEPIC_STORAGE_DIR": str(tmp_path / "new")}
+    assert (tmp_path / "new").is_dir()
+
+
+def test_unwritable_storage_dir_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit, match="--mepic-storage-dir .*cannot create it"):
+        launch_server.split_mepic_flags(["--mepic-storage-dir", str(blocker / "sub")])
