@@ -32,7 +32,7 @@ class Link:
     tree_len: int = 0                   # slots the tree matched before the injected ones
     tree_took: int = 0                  # injected slots the tree has taken its own reference on
     held: list[int] = field(default_factory=list)  # pages this request holds a reference on
-    found: list[str] | None = None      # where each chunk was when first planned: device, host, storage, absent
+    found: list[str] | None = None      # where each chunk was found when planned: device, host, storage, absent
     admitted: bool = False
     report: dict = field(default_factory=dict)
 

@@ -131,8 +131,10 @@ class MepicRadixCache(RadixCache):
                 resident[key] = pages
                 link.held += pages
             found.append(where)
-        if link.found is None:
-            link.found = found
+        # Where each chunk was found when first planned. A plan that found nothing (or could not
+        # load it for lack of room) yields to a later one, as the request is computed by the last.
+        link.found = found if link.found is None else [new if old == "absent" else old
+                                                      for old, new in zip(link.found, found)]
         if link.held:
             self._unadmitted[id(link)] = link
         link.order = link.sources = None

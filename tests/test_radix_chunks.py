@@ -95,8 +95,16 @@ def planned(tree, ids, hints, namespace=None):
                           extra_key=namespace, cache_salt=None, priority=0,
                           kv=SimpleNamespace(req_pool_idx=next(_rows) % 16, cache_protected_len=0,
                                              cache_inserted_len=0))
+    return replanned(tree, req)
+
+
+def replanned(tree, req):
+    """The request matched again, as in the next scheduling round."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
     req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
-    key = RadixKey(req.full_untruncated_fill_ids, namespace, limit=len(ids) - 1)
+    key = RadixKey(req.full_untruncated_fill_ids, req.extra_key, limit=len(req.origin_input_ids) - 1)
     match = tree.match_prefix(MatchPrefixParams(key=key, req=req))
     req.prefix_len, req.last_node = match.device_prefix_len, match.last_device_node
     return req
@@ -104,11 +112,15 @@ def planned(tree, ids, hints, namespace=None):
 
 def serve(tree, ids, hints, namespace=None, checkpoint_at=None):
     """One request through the scheduler's cache calls; returns (req, its row of pages)."""
-    req = planned(tree, ids, hints, namespace)
+    return finish(tree, planned(tree, ids, hints, namespace), checkpoint_at)
+
+
+def finish(tree, req, checkpoint_at=None):
+    """Admit, allocate, compute (nothing), cache and release a planned request."""
     tree.inc_lock_ref(req.last_node)
     tree.admit(req)
     prefix = tree.prefix_device_indices(req)
-    size = len(ids)
+    size = len(req.origin_input_ids)
     new = tree.token_to_kv_pool_allocator.alloc(-(-(size - req.prefix_len) // B) * B)
     row = torch.cat([prefix.to(torch.int64), new.to(torch.int64)])
     tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(row)] = row.to(torch.int32)
@@ -275,6 +287,19 @@ def test_a_load_makes_room_by_evicting_what_nobody_holds():
     assert req.mepic.found == ["host"] and tree.tiers.loads["host"] == 1
     evict_all(tree)
     assert tree.pages.available() == start
+
+
+def test_a_load_that_finds_no_room_waits_for_the_next_plan():
+    tree = make_tree(host_gb=1e-3, num_pages=12)
+    compile_all(tree, request(C1))
+    evict_all(tree)
+    running = tree.refs.alloc(tree.pages.available())  # running requests hold every page
+    first = planned(tree, *compiled(request(C1).chunks[0]))
+    assert first.mepic.found == ["absent"] and len(tree.store) == 0  # no room to load it into
+    tree.end_round()  # the scheduler could not admit it either
+    tree.refs.release(running)
+    req, _ = finish(tree, replanned(tree, first))  # the next round: room now
+    assert req.mepic.report == {"mepic_residency": "host", "mepic_compiled_tokens": 16}
 
 
 def test_the_file_tier_serves_a_restarted_server_and_rejects_what_does_not_check(tmp_path, caplog):
