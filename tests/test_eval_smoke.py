@@ -36,3 +36,21 @@ def test_eval_harness_produces_table_json_and_plots(tiny_model, tmp_path):
     assert rows["mepic"]["recomputed_tokens"] < rows["full"]["recomputed_tokens"]
     for name in ("peak_kv_vs_qps.png", "peak_kv_vs_chunks.png", "ttft_vs_qps.png"):
         assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_load_harness_runs_both_ways_and_checks_itself(tiny_model, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "eval.load", "--model", tiny_model, "--requests", "60",
+                           "--clients", "8", "--chunk-pool", "16", "--compare", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert [r["label"] for r in runs] == ["no host tier", "host tier 0.25 GB"]
+    for r in runs:
+        assert r["ok"] + r["aborted"] == 60 and r["failed"] == 0
+        assert r["free_pages_after_flush"] == r["free_pages_start"] == r["end"]["kv_pages_total"]
+        assert r["end"]["chunk_evictions"] > 0  # the pool was small enough to evict
+    without, with_host = (r["end"] for r in runs)
+    assert with_host["tier_lookups_host"] > 0 and without["tier_lookups_host"] == 0
+    assert with_host["compiled_tokens"] < without["compiled_tokens"]
+    assert "| compiled tokens |" in (tmp_path / "table.md").read_text()
+    assert (tmp_path / "load.png").stat().st_size > 1000

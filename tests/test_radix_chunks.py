@@ -88,9 +88,6 @@ _rows = iter(range(10 ** 6))
 
 def planned(tree, ids, hints, namespace=None):
     """A request as the scheduler has it right after matching it (planned, not admitted)."""
-    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
-    from sglang.srt.mem_cache.radix_cache import RadixKey
-
     req = SimpleNamespace(rid="r", origin_input_ids=array("q", ids), output_ids=array("q"), kv_hints=hints,
                           extra_key=namespace, cache_salt=None, priority=0,
                           kv=SimpleNamespace(req_pool_idx=next(_rows) % 16, cache_protected_len=0,
