@@ -280,6 +280,7 @@ def plot(runs: list[dict], path: Path) -> None:
         ax.plot(t, [s[1] for s in r["timeline"]], linestyle=":", label=f"{r['label']}: device pages in use")
         if any(s[3] for s in r["timeline"]):
             ax.plot(t, [s[3] for s in r["timeline"]], linestyle="--", label=f"{r['label']}: host pages used")
+    ax.axhline(runs[0]["end"]["kv_pages_total"], color="gray", linewidth=0.8, label="device pool size")
     ax.set_xlabel("seconds")
     ax.set_ylabel("pages")
     ax.legend(fontsize=7)
