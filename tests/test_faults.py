@@ -149,6 +149,17 @@ def test_evicted_chunks_come_back_from_the_host_tier_with_the_same_output(server
     assert state["tier_loads_host"] >= 2 and state["host_chunks"] >= 2
 
 
+@pytest.mark.timeout(180)
+def test_another_instance_reuses_chunks_it_never_computed(server, storage, tiny_model):
+    text = prompt(doc(180), doc(181))
+    first = generate(server, text).json()
+    assert first["meta_info"]["mepic_residency"] == ["absent", "absent"]
+    with ServerProcess(tiny_model, "--dtype", "float32", "--mepic-storage-dir", str(storage)) as other:
+        again = generate(other, text).json()
+    assert again["meta_info"]["mepic_residency"] == ["storage", "storage"]
+    assert again["output_ids"] == first["output_ids"]
+
+
 @pytest.mark.timeout(120)
 def test_exhausted_pool_admits_later_rather_than_failing(server):
     # 24 requests of ~1000-1500 tokens at once: several times what the 4096-token pool holds
