@@ -4,7 +4,9 @@ admit let go of the chunk pages they were holding.
 A request holds the stored chunks it will read from the moment it is planned, so the
 scheduler's memory check, which follows right after, does not count them as evictable.
 Requests left waiting must not keep them past the round, or chunks wanted only by
-waiting requests could fill the pool.
+waiting requests could fill the pool. A round that forms a batch lets go earlier, before
+the batch allocates (patch schedule_batch_prepare_for_extend); this covers the rounds
+that form none.
 """
 
 from sglang.srt.plugins.hook_registry import HookType
