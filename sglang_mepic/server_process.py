@@ -6,7 +6,9 @@ Used by the end-to-end tests and the evaluation scripts:
         requests.post(server.url + "/generate", json=...)
 
 The server runs in its own process group, so stopping it also stops the
-scheduler and detokenizer processes SGLang spawns.
+scheduler and detokenizer processes SGLang spawns. On Linux it is also killed
+when the process that started it dies, however that dies (SGLang's own
+processes die with it), so a killed test run or evaluation leaves no server.
 """
 
 import os
@@ -21,6 +23,15 @@ from pathlib import Path
 import requests
 
 HOST = "127.0.0.1"
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: ask Linux for SIGKILL when the parent dies."""
+    if sys.platform == "linux":
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def free_port(host: str = HOST) -> int:
@@ -54,7 +65,8 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "sglang_mepic.launch_server", "--model-path", self.model_path,
                "--host", HOST, "--port", str(self.port), *self.args]
         self.proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True, cwd=tempfile.gettempdir())
+                                     start_new_session=True, cwd=tempfile.gettempdir(),
+                                     preexec_fn=_die_with_parent)
         os.close(fd)
         try:
             self._wait_ready()
