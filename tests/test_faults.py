@@ -3,6 +3,7 @@ file tier. After each test the server must still answer, and once idle a flush m
 every page to the pool."""
 
 import json
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -164,11 +165,14 @@ def test_another_instance_reuses_chunks_it_never_computed(server, storage, tiny_
 def test_exhausted_pool_admits_later_rather_than_failing(server):
     # 24 requests of ~1000-1500 tokens at once: several times what the 4096-token pool holds
     texts = [prompt(doc(200 + 3 * i, 200), doc(201 + 3 * i, 200), doc(202 + 3 * i, 150)) for i in range(24)]
+    log_start = len(server.log())
     with ThreadPoolExecutor(24) as pool:
         replies = list(pool.map(lambda t: generate(server, t, 24), texts))
     assert [r.status_code for r in replies] == [200] * 24
     assert all(r.json()["meta_info"]["completion_tokens"] == 24 for r in replies)
     assert mepic(server)["chunk_evictions"] > 0  # the pool really was too small for all of them
+    queued = [int(n) for n in re.findall(r"#queue-req: (\d+)", server.log()[log_start:])]
+    assert max(queued) > 0  # requests were refused admission for a while, then served
 
     too_big = generate(server, " ".join(WORDS[:3000]))  # more tokens than the whole pool
     assert too_big.status_code == 400 and "token" in too_big.text.lower()
