@@ -111,7 +111,7 @@ class MepicRadixCache(RadixCache):
             req.mepic = link
         return link
 
-    def _plan(self, req, link: Link) -> None:
+    def _plan(self, req, link: Link, params) -> None:
         """Plan the request against the store; in shared modes, put its ids in planned order.
 
         The request holds every stored chunk it will read from here on; chunks missing
@@ -120,12 +120,11 @@ class MepicRadixCache(RadixCache):
         self._let_go(link)
         resident, found = {}, []
         for (start, end), key in zip(link.chunk_slots, link.keys):
-            pages = self.store.peek(key)
-            where = "device" if pages is not None else self.tiers.where(key)
-            if pages is None and where != "absent" and self.canonical_from is not None:
-                pages = self._load(key, (end - start) // self.page_size - self.canonical_from)
-                if pages is None:  # a rejected entry, or no room: computed like an absent chunk
-                    where = "absent"
+            pages, where = self.store.peek(key), "device"
+            if pages is None and self.canonical_from is None:  # the store keeps nothing
+                where = "absent"
+            elif pages is None:  # "absent" too when the entry was rejected or there is no room
+                pages, where = self._load(key, (end - start) // self.page_size - self.canonical_from)
             if pages is not None and key not in resident:
                 self.refs.acquire(pages)  # before the next load, which may evict
                 resident[key] = pages
@@ -141,7 +140,9 @@ class MepicRadixCache(RadixCache):
         link.plan = None
         if link.compile or self.mode.shares:
             link.plan = make_plan(link.size, self.page_size, link.spans(), resident, self.canonical_from)
-            if link.plan.reused:
+            if link.plan.reused and link.compile and self._holds_compile(link, params):
+                link.plan = None  # in natural order, the tree's earlier compile of it costs nothing
+            if link.plan is not None and link.plan.reused:
                 link.order = link.plan.slot_order()
                 # Same length, new order: fill_ids is rebuilt from it below (it would go stale).
                 req.origin_input_ids[:] = array("q", (link.natural[s] for s in link.order))
@@ -163,17 +164,7 @@ class MepicRadixCache(RadixCache):
             params.key = RadixKey(link.masked(key.token_ids), key.extra_key, is_bigram=key.is_bigram,
                                   limit=key.limit, cache_salt=key.cache_salt)
             return super().match_prefix(params)
-        self._plan(req, link)
-        if link.compile and link.order is not None:
-            # Planned, a compile of a stored chunk computes its first block; in natural order it
-            # costs nothing when the tree still holds the chunk's earlier compile whole.
-            natural = RadixKey(array("q", masked_key(link.natural, link.pads)), key.extra_key, is_bigram=key.is_bigram,
-                               limit=key.limit, cache_salt=key.cache_salt)
-            held = super().match_prefix(dataclasses.replace(params, key=natural)).device_prefix_len
-            if held >= link.chunk_slots[0][1]:
-                link.plan = link.order = None
-                req.origin_input_ids[:] = link.natural
-                req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+        self._plan(req, link, params)
         ids = req.full_untruncated_fill_ids
         params.key = RadixKey(link.masked(ids), key.extra_key, is_bigram=key.is_bigram, limit=key.limit,
                               cache_salt=key.cache_salt)
@@ -190,22 +181,38 @@ class MepicRadixCache(RadixCache):
         link.injected = torch.tensor(slots, dtype=torch.int64, device=self.pages.allocator.device)
         return result._replace(device_prefix_len=end)
 
-    def _load(self, key: str, num_pages: int) -> tuple[int, ...] | None:
-        """Copy a chunk from the host or file tier into fresh device pages and store it."""
+    def _holds_compile(self, link: Link, params) -> bool:
+        """Whether the tree still holds this compile request, in natural order, through its chunk.
+
+        Planned, a compile of a stored chunk computes its first block; when the tree holds the
+        chunk's earlier compile whole, the natural order costs nothing.
+        """
+        key = params.key
+        natural = RadixKey(array("q", masked_key(link.natural, link.pads)), key.extra_key,
+                           is_bigram=key.is_bigram, limit=key.limit, cache_salt=key.cache_salt)
+        held = super().match_prefix(dataclasses.replace(params, key=natural)).device_prefix_len
+        return held >= link.chunk_slots[0][1]
+
+    def _load(self, key: str, num_pages: int) -> tuple[tuple[int, ...] | None, str]:
+        """Copy a chunk from the host or file tier into fresh device pages and store it.
+
+        Returns its pages and the tier it came from, or (None, "absent") when no tier has it
+        sound or the pool has no room for it.
+        """
         fetched = self.tiers.fetch(key, num_pages * self.page_size)
         if fetched is None:
-            return None
+            return None, "absent"
         pages = self.refs.alloc(num_pages)
         if pages is None:
             short = num_pages - self.pages.available()
             self.evict(EvictParams(num_tokens=short * self.page_size))
             pages = self.refs.alloc(num_pages)
             if pages is None:
-                return None
+                return None, "absent"
         self.tiers.place(fetched, self.pages.slots(pages))
         pages = self.store.put(key, tuple(pages))
         self.refs.release(pages)  # the store is now their only holder
-        return pages
+        return pages, fetched[1]
 
     def _let_go(self, link: Link) -> None:
         """Drop the chunks a planned request holds (it is planned again, or was not admitted)."""

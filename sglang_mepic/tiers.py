@@ -163,9 +163,7 @@ class FileTier:
         return self.files.exists(key)
 
     def put(self, key: str, kv: torch.Tensor) -> bool:
-        if key in self:
-            return True
-        return self.files.set(key, envelope(kv.cpu(), self.fingerprint))
+        return self.files.set(key, envelope(kv.cpu(), self.fingerprint))  # skips a key already written
 
     def get(self, key: str, like: torch.Tensor) -> torch.Tensor | None:
         """The KV stored under `key`, shaped as `like`; None if absent, corrupt or another model's."""
@@ -204,21 +202,17 @@ class Tiers:
         self.lookups: Counter = Counter()  # residency of each chunk when a compile looked it up
         self.loads: Counter = Counter()    # chunks copied back into the device pool, by tier
 
-    def where(self, key: str) -> str:
-        if self.host is not None and key in self.host:
-            return "host"
-        if self.files is not None and key in self.files:
-            return "storage"
-        return "absent"
-
     def demote(self, key: str, slots: torch.Tensor) -> None:
-        """The store is evicting this chunk from the device pool: keep a host copy."""
-        if self.host is not None:
+        """The store is evicting this chunk from the device pool: keep a host copy.
+
+        A chunk loaded back from the host is still there; its copy is only refreshed in the LRU.
+        """
+        if self.host is not None and self.host.get(key) is None:
             self.host.put(key, self.device.gather(slots))
 
     def persist(self, key: str, slots: torch.Tensor) -> None:
-        """A chunk was just compiled: write it through to the file tier."""
-        if self.files is not None:
+        """A chunk was just compiled: write it through to the file tier (once)."""
+        if self.files is not None and key not in self.files:
             self.files.put(key, self.device.gather(slots))
 
     def fetch(self, key: str, num_slots: int) -> tuple[torch.Tensor, str] | None:
@@ -239,14 +233,6 @@ class Tiers:
         kv, tier = fetched
         self.device.scatter(slots, kv)
         self.loads[tier] += 1
-
-    def load(self, key: str, slots: torch.Tensor) -> str | None:
-        """Copy the chunk's KV into device `slots`; returns the tier it came from, or None."""
-        fetched = self.fetch(key, len(slots))
-        if fetched is None:
-            return None
-        self.place(fetched, slots)
-        return fetched[1]
 
     def clear_host(self) -> None:
         if self.host is not None:

@@ -27,6 +27,15 @@ def slots(first_page: int, pages: int) -> torch.Tensor:
     return torch.arange(first_page * PAGE, (first_page + pages) * PAGE)
 
 
+def load(tiers, key, device_slots):
+    """Copy a chunk back into the device pool as the cache does; returns the tier it came from."""
+    fetched = tiers.fetch(key, len(device_slots))
+    if fetched is None:
+        return None
+    tiers.place(fetched, device_slots)
+    return fetched[1]
+
+
 def same_kv(pool, a, b) -> bool:
     return all(torch.equal(k[a], k[b]) and torch.equal(v[a], v[b]) for k, v in zip(pool.k_buffer, pool.v_buffer))
 
@@ -37,30 +46,30 @@ def test_host_tier_round_trip_and_lru(kv_pool):
     assert tiers.host.pages_total() == 7
     tiers.demote("a", slots(1, 3))
     tiers.demote("b", slots(4, 3))
-    assert tiers.where("a") == tiers.where("b") == "host" and tiers.where("c") == "absent"
-    assert tiers.load("a", slots(20, 3)) == "host"  # a is now the most recently used
+    assert "a" in tiers.host and "b" in tiers.host and "c" not in tiers.host
+    assert load(tiers, "a", slots(20, 3)) == "host"  # a is now the most recently used
     assert same_kv(kv_pool, slots(1, 3), slots(20, 3))
     tiers.demote("c", slots(7, 3))  # 9 pages > 7: the least recently used (b) goes
-    assert tiers.where("b") == "absent" and tiers.where("a") == tiers.where("c") == "host"
+    assert "b" not in tiers.host and "a" in tiers.host and "c" in tiers.host
     assert tiers.host.evictions == 1 and tiers.host.pages_used() == 6
-    assert tiers.load("b", slots(30, 3)) is None
+    assert load(tiers, "b", slots(30, 3)) is None
     tiers.demote("huge", slots(10, 8))  # bigger than the whole tier: not kept, nothing evicted
-    assert tiers.where("huge") == "absent" and len(tiers.host) == 2
+    assert "huge" not in tiers.host and len(tiers.host) == 2
 
 
 def test_file_tier_is_shared_and_checked(kv_pool, tmp_path, caplog):
     writer = Tiers(kv_pool, PAGE, "model-a", storage_dir=str(tmp_path))
     writer.persist("chunk", slots(1, 2))
     reader = Tiers(kv_pool, PAGE, "model-a", storage_dir=str(tmp_path))  # another instance, same directory
-    assert reader.where("chunk") == "storage"
-    assert reader.load("chunk", slots(40, 2)) == "storage"
+    assert "chunk" in reader.files
+    assert load(reader, "chunk", slots(40, 2)) == "storage"
     assert same_kv(kv_pool, slots(1, 2), slots(40, 2))
 
     other_model = Tiers(kv_pool, PAGE, "model-b", storage_dir=str(tmp_path))
     with caplog.at_level(logging.WARNING):
-        assert other_model.load("chunk", slots(50, 2)) is None
+        assert load(other_model, "chunk", slots(50, 2)) is None
     assert "another model" in caplog.text and other_model.files.rejected == 1
-    assert reader.where("chunk") == "absent"  # a rejected entry is removed
+    assert "chunk" not in reader.files  # a rejected entry is removed
 
     writer.persist("chunk", slots(1, 2))
     path = writer.files.path("chunk")
@@ -70,7 +79,7 @@ def test_file_tier_is_shared_and_checked(kv_pool, tmp_path, caplog):
     before = kv_pool.k_buffer[0][slots(50, 2)].clone()
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        assert reader.load("chunk", slots(50, 2)) is None
+        assert load(reader, "chunk", slots(50, 2)) is None
     assert "checksum mismatch" in caplog.text
     assert torch.equal(kv_pool.k_buffer[0][slots(50, 2)], before)  # never loaded
     assert not os.path.exists(path)
@@ -78,7 +87,7 @@ def test_file_tier_is_shared_and_checked(kv_pool, tmp_path, caplog):
     writer.persist("chunk", slots(1, 2))
     with open(path, "r+b") as f:
         f.truncate(100)
-    assert reader.load("chunk", slots(50, 2)) is None and reader.files.rejected == 2
+    assert load(reader, "chunk", slots(50, 2)) is None and reader.files.rejected == 2
 
 
 def test_envelope_rejects():
