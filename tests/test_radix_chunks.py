@@ -3,49 +3,16 @@ without a server or a model: the scheduler's calls (match, admit, allocate, inse
 release) are replayed by hand, so planning, injection of shared pages, compile
 publishing, tenant isolation and page ownership are checked page by page."""
 
-from array import array
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from sglang_mepic import config
-from sglang_mepic.markup import HINT_TYPE
-from sglang_mepic.request_layout import PAD_FILL_ID
-from sglang_mepic.segments import PAD_ID, Kind, Piece, Placement, layout
-
-B = 16
-NUM_PAGES = 128
+from replay import (B, NUM_PAGES, apply_hooks, compile_all, compiled, evict_all, finish, kv_of, laid_out,
+                    make_tree, planned, replanned, request, serve)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def hooks():
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    from sglang_mepic import plugin
-
-    plugin.register()
-    HookRegistry.apply_hooks()
-
-
-def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num_pages=NUM_PAGES):
-    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-
-    from sglang_mepic.radix_cache import MepicRadixCache
-    from sglang_mepic.tiers import Tiers
-
-    kv = MHATokenToKVPool(num_pages * B, B, torch.float32, 1, 4, 2, "cpu", False, start_layer=0, end_layer=1)
-    for buffer in (*kv.k_buffer, *kv.v_buffer):
-        buffer.normal_()  # stands for computed KV, so that copies between tiers can be checked
-    allocator = PagedTokenToKVPoolAllocator(num_pages * B, B, torch.float32, "cpu", kv, False)
-    pool = SimpleNamespace(req_to_token=torch.zeros((16, num_pages * B), dtype=torch.int32))
-    params = CacheInitParams(disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator,
-                             page_size=B)
-    return MepicRadixCache(params, model_fingerprint="tiny", mode=config.parse_mode(mode),
-                           canonical_from=canonical_from,
-                           tiers=Tiers(kv, B, "tiny", host_gb=host_gb, storage_dir=storage_dir))
+    apply_hooks()
 
 
 @pytest.fixture
@@ -55,88 +22,6 @@ def tree():
 
 C1 = tuple(range(100, 140))  # 40 tokens: 3 pages, 2 of them canonical
 C2 = tuple(range(200, 250))  # 50 tokens: 4 pages, 3 canonical
-
-
-def request(*chunks, prompt=(1, 2, 3), question=(9, 8, 7, 6)):
-    pieces = [Piece(Kind.PROMPT, prompt)] + [Piece(Kind.CHUNK, c) for c in chunks] + [Piece(Kind.PROMPT, question)]
-    return layout(pieces, B, Placement.TRAILING)
-
-
-def envelope(payload):
-    action = SimpleNamespace(action_type=HINT_TYPE, payload=payload)
-    return SimpleNamespace(actions=[action])
-
-
-def laid_out(lay):
-    ids = [PAD_FILL_ID if t == PAD_ID else t for t in lay.slot_tokens()]
-    spans = [[s.start, s.end] for s in lay.chunks]
-    return ids, envelope({"pads": [list(r) for r in lay.pad_runs()], "chunks": spans})
-
-
-def compiled(seg, sink=None):
-    """What the tokenizer side sends to compile one chunk."""
-    from sglang.srt.managers.io_struct import GenerateReqInput
-
-    from sglang_mepic.patches.tokenizer_manager_tokenize_one_request import compile_request
-
-    req = compile_request(seg, GenerateReqInput(input_ids=[1]), B, sink)
-    return req.input_ids, req.kv_hints
-
-
-_rows = iter(range(10 ** 6))
-
-
-def planned(tree, ids, hints, namespace=None):
-    """A request as the scheduler has it right after matching it (planned, not admitted)."""
-    req = SimpleNamespace(rid="r", origin_input_ids=array("q", ids), output_ids=array("q"), kv_hints=hints,
-                          extra_key=namespace, cache_salt=None, priority=0,
-                          kv=SimpleNamespace(req_pool_idx=next(_rows) % 16, cache_protected_len=0,
-                                             cache_inserted_len=0))
-    return replanned(tree, req)
-
-
-def replanned(tree, req):
-    """The request matched again, as in the next scheduling round."""
-    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
-    from sglang.srt.mem_cache.radix_cache import RadixKey
-
-    req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
-    key = RadixKey(req.full_untruncated_fill_ids, req.extra_key, limit=len(req.origin_input_ids) - 1)
-    match = tree.match_prefix(MatchPrefixParams(key=key, req=req))
-    req.prefix_len, req.last_node = match.device_prefix_len, match.last_device_node
-    return req
-
-
-def serve(tree, ids, hints, namespace=None, checkpoint_at=None):
-    """One request through the scheduler's cache calls; returns (req, its row of pages)."""
-    return finish(tree, planned(tree, ids, hints, namespace), checkpoint_at)
-
-
-def finish(tree, req, checkpoint_at=None):
-    """Admit, allocate, compute (nothing), cache and release a planned request."""
-    tree.inc_lock_ref(req.last_node)
-    tree.admit(req)
-    prefix = tree.prefix_device_indices(req)
-    size = len(req.origin_input_ids)
-    new = tree.token_to_kv_pool_allocator.alloc(-(-(size - req.prefix_len) // B) * B)
-    row = torch.cat([prefix.to(torch.int64), new.to(torch.int64)])
-    tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(row)] = row.to(torch.int32)
-    req.kv.cache_protected_len = req.prefix_len
-    if checkpoint_at is not None:  # chunked prefill: the computed part is cached midway
-        key, _, _ = tree._insert_cache(req, req.full_untruncated_fill_ids[:checkpoint_at])
-        req.kv.cache_protected_len = max(req.kv.cache_protected_len, len(key))
-    # finish: the tree keeps the page-aligned part, the rest of the row goes back
-    key, _, _ = tree._insert_cache(req, req.full_untruncated_fill_ids)
-    tree.token_to_kv_pool_allocator.free(row[len(key):])
-    req.kv.cache_protected_len = len(key)
-    tree.dec_lock_ref(req.last_node)
-    tree.on_release(req, checkpointed=True)
-    return req, (row[:size:B] // B).tolist()
-
-
-def compile_all(tree, lay, namespace=None, sink=None):
-    for seg in lay.chunks:
-        serve(tree, *compiled(seg, sink), namespace=namespace)
 
 
 def test_compile_publishes_non_first_pages_and_a_request_reuses_them(tree):
@@ -238,17 +123,6 @@ def test_a_planned_request_holds_its_chunks_until_the_round_ends(tree):
     assert tree.evictable_size() == (start - tree.pages.available()) * B
     tree.evict(EvictParams(num_tokens=NUM_PAGES * B))
     assert tree.pages.available() == start and tree.refs.shared() == 0
-
-
-def kv_of(tree, key):
-    return tree.tiers.device.gather(tree.pages.slots(tree.store.peek(key)))
-
-
-def evict_all(tree):
-    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-
-    tree.evict(EvictParams(num_tokens=NUM_PAGES * B))
-    assert len(tree.store) == 0
 
 
 def test_an_evicted_chunk_comes_back_from_the_host_tier_as_a_copy_plus_its_first_block():

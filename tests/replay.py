@@ -1,0 +1,178 @@
+"""Replays the scheduler's cache calls (match, admit, allocate, insert, release) on
+the mepic radix cache over SGLang's real paged allocator, without a server or a model."""
+
+from array import array
+from types import SimpleNamespace
+
+import torch
+
+from sglang_mepic import config
+from sglang_mepic.markup import HINT_TYPE
+from sglang_mepic.request_layout import PAD_FILL_ID
+from sglang_mepic.segments import PAD_ID, Kind, Piece, Placement, layout
+
+
+def apply_hooks():
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_mepic import plugin
+
+    plugin.register()
+    HookRegistry.apply_hooks()
+
+
+B = 16
+NUM_PAGES = 128
+
+
+class Rows:
+    """SGLang's req_to_token pool, reduced to what the cache touches: rows of KV slots."""
+
+    def __init__(self, num_rows: int, row_len: int):
+        self.req_to_token = torch.zeros((num_rows, row_len), dtype=torch.int32)
+        self.free_rows = list(range(num_rows - 1, -1, -1))
+
+    def write(self, indices, values):
+        self.req_to_token[indices] = values
+
+
+def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num_pages=NUM_PAGES):
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from sglang_mepic.radix_cache import MepicRadixCache
+    from sglang_mepic.tiers import Tiers
+
+    kv = MHATokenToKVPool(num_pages * B, B, torch.float32, 1, 4, 2, "cpu", False, start_layer=0, end_layer=1)
+    for buffer in (*kv.k_buffer, *kv.v_buffer):
+        buffer.normal_()  # stands for computed KV, so that copies between tiers can be checked
+    allocator = PagedTokenToKVPoolAllocator(num_pages * B, B, torch.float32, "cpu", kv, False)
+    params = CacheInitParams(disable=False, req_to_token_pool=Rows(16, num_pages * B),
+                             token_to_kv_pool_allocator=allocator, page_size=B)
+    return MepicRadixCache(params, model_fingerprint="tiny", mode=config.parse_mode(mode),
+                           canonical_from=canonical_from,
+                           tiers=Tiers(kv, B, "tiny", host_gb=host_gb, storage_dir=storage_dir))
+
+
+def request(*chunks, prompt=(1, 2, 3), question=(9, 8, 7, 6)):
+    pieces = [Piece(Kind.PROMPT, prompt)] + [Piece(Kind.CHUNK, c) for c in chunks] + [Piece(Kind.PROMPT, question)]
+    return layout(pieces, B, Placement.TRAILING)
+
+
+def envelope(payload):
+    action = SimpleNamespace(action_type=HINT_TYPE, payload=payload)
+    return SimpleNamespace(actions=[action])
+
+
+def laid_out(lay):
+    ids = [PAD_FILL_ID if t == PAD_ID else t for t in lay.slot_tokens()]
+    spans = [[s.start, s.end] for s in lay.chunks]
+    return ids, envelope({"pads": [list(r) for r in lay.pad_runs()], "chunks": spans})
+
+
+def compiled(seg, sink=None):
+    """What the tokenizer side sends to compile one chunk."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_mepic.patches.tokenizer_manager_tokenize_one_request import compile_request
+
+    req = compile_request(seg, GenerateReqInput(input_ids=[1]), B, sink)
+    return req.input_ids, req.kv_hints
+
+
+def new_request(ids, hints, namespace=None):
+    """A request as the tokenizer sends it, before the scheduler has seen it."""
+    return SimpleNamespace(rid="r", origin_input_ids=array("q", ids), output_ids=array("q"), kv_hints=hints,
+                           extra_key=namespace, cache_salt=None, priority=0, lock=None, last_node=None,
+                           kv=SimpleNamespace(req_pool_idx=None, cache_protected_len=0, cache_inserted_len=0,
+                                              swa_evict_floor=0))
+
+
+def planned(tree, ids, hints, namespace=None):
+    """A request as the scheduler has it right after matching it (planned, not admitted)."""
+    return replanned(tree, new_request(ids, hints, namespace))
+
+
+def replanned(tree, req):
+    """The request matched again, as in the next scheduling round."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+    key = RadixKey(req.full_untruncated_fill_ids, req.extra_key, limit=len(req.origin_input_ids) - 1)
+    match = tree.match_prefix(MatchPrefixParams(key=key, req=req))
+    req.prefix_len, req.last_node = match.device_prefix_len, match.last_device_node
+    return req
+
+
+def pages_to_allocate(req) -> int:
+    return -(-(len(req.origin_input_ids) - req.prefix_len) // B)
+
+
+def allocate(tree, req):
+    """Give an admitted request its KV row (prefix + fresh pages), evicting first when short,
+    as SGLang's allocation does. The scheduler's budget check must have made this possible."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    allocator = tree.token_to_kv_pool_allocator
+    prefix = tree.prefix_device_indices(req)
+    need = pages_to_allocate(req) * B
+    if need > allocator.available_size():
+        tree.evict_for_alloc(EvictParams(num_tokens=need - allocator.available_size()))
+    new = allocator.alloc(need)
+    assert new is not None, f"admitted, yet {need} slots cannot be allocated"
+    row = torch.cat([prefix.to(torch.int64), new.to(torch.int64)])
+    req.kv.req_pool_idx = tree.req_to_token_pool.free_rows.pop()
+    tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(row)] = row.to(torch.int32)
+    req.kv.cache_protected_len = req.prefix_len
+    req.kv.allocated = len(row)
+    tree.sample()
+
+
+def release(tree, req, checkpoint_at=None, cache=True):
+    """A running request ends: an optional chunked-prefill checkpoint midway, then, as
+    SGLang's release_kv_cache, the tree keeps what it can key (unless aborted) and the rest
+    of the row goes back."""
+    if checkpoint_at is not None:
+        tree.checkpoint(req, up_to=checkpoint_at)
+    if cache:
+        tree.checkpoint(req, up_to=len(req.origin_input_ids))
+    row = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+    tree.token_to_kv_pool_allocator.free(row[req.kv.cache_protected_len:req.kv.allocated].to(torch.int64))
+    tree.unlock(req.lock)
+    req.lock = None
+    tree.on_release(req, checkpointed=cache)
+    tree.req_to_token_pool.free_rows.append(req.kv.req_pool_idx)
+
+
+def serve(tree, ids, hints, namespace=None, checkpoint_at=None):
+    """One request through the scheduler's cache calls; returns (req, its row of pages)."""
+    return finish(tree, planned(tree, ids, hints, namespace), checkpoint_at)
+
+
+def finish(tree, req, checkpoint_at=None):
+    """Admit, allocate, compute (nothing), cache and release a planned request."""
+    req.lock = tree.lock(req.last_node)
+    tree.admit(req)
+    allocate(tree, req)
+    size = len(req.origin_input_ids)
+    row = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :size].tolist()
+    release(tree, req, checkpoint_at)
+    return req, [s // B for s in row[::B]]
+
+
+def compile_all(tree, lay, namespace=None, sink=None):
+    for seg in lay.chunks:
+        serve(tree, *compiled(seg, sink), namespace=namespace)
+
+
+def kv_of(tree, key):
+    return tree.tiers.device.gather(tree.pages.slots(tree.store.peek(key)))
+
+
+def evict_all(tree):
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    tree.evict(EvictParams(num_tokens=NUM_PAGES * B))
+    assert len(tree.store) == 0

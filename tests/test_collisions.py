@@ -1,0 +1,204 @@
+"""Property tests of page ownership with colliding chunks, on the real mepic radix cache.
+
+Chunks are drawn from a four-token alphabet in the shapes that make the tree and the
+store reach one physical page by different keys: a chunk that starts with another's
+first pages, one that extends another, a suffix, one that differs only in its last
+token, a chunk that is another request's prompt, the same chunk twice in a request.
+Requests go through SGLang's scheduling as replay.py replays it: planned (matched)
+in a round, admitted against the budget SGLang checks (free + evictable), allocated,
+checkpointed, released or aborted; the cache is evicted and flushed in between.
+After every step the pages' reference counts must equal an independent tally of
+their holders, the free list must hold no page twice and none that is held, and
+`evictable_size()` must equal what evicting everything evictable actually frees.
+"""
+
+import os
+from collections import Counter
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from replay import (B, allocate, apply_hooks, compiled, laid_out, make_tree, new_request, pages_to_allocate,
+                    release, replanned, request)
+
+NUM_PAGES = 40
+TOKENS = st.integers(10, 13)  # a small alphabet: chunks collide by construction and by chance
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hooks():
+    apply_hooks()
+
+
+def derived(data, a: list[int]) -> list[list[int]]:
+    """Chunks that collide with `a` in each of the shapes the tree and the store must survive."""
+    more = data.draw(st.lists(TOKENS, min_size=1, max_size=2 * B), label="more")
+    full = len(a) // B
+    k = data.draw(st.integers(1, max(1, full)), label="shared pages")
+    cut = data.draw(st.integers(1, len(a) - B - 1), label="suffix from")
+    last = data.draw(TOKENS.filter(lambda t: t != a[-1]), label="last token")
+    return [a[:k * B] + more,   # starts with A's first k pages
+            a + more,           # A plus more
+            a[cut:],            # a suffix of A
+            a[:-1] + [last]]    # differs only in the last token
+
+
+class Collisions(RuleBasedStateMachine):
+    @initialize(data=st.data(), host_tier=st.booleans(), mode=st.sampled_from(["mepic", "naive"]))
+    def setup(self, data, host_tier, mode):
+        self.tree = make_tree(mode, canonical_from=1 if mode == "mepic" else 0,
+                              host_gb=1e-3 if host_tier else 0.0, num_pages=NUM_PAGES)
+        self.total = self.tree.pages.available()
+        bases = [data.draw(st.lists(TOKENS, min_size=B + 2, max_size=3 * B), label="chunk") for _ in range(2)]
+        self.chunks = bases + [c for a in bases for c in derived(data, a)]
+        self.waiting = []   # sent, not admitted (compiles and user requests alike)
+        self.running = []   # admitted, holding a KV row
+
+    # ---- what clients send --------------------------------------------------
+
+    @precondition(lambda self: len(self.waiting) < 6)
+    @rule(data=st.data())
+    def send_compile(self, data):
+        chunk = data.draw(st.sampled_from(self.chunks), label="compile")
+        seg = request(chunk).chunks
+        if seg:  # a chunk of one page or less is prompt: nothing to compile
+            self.waiting.append(new_request(*compiled(seg[0])))
+
+    @precondition(lambda self: len(self.waiting) < 6)
+    @rule(data=st.data())
+    def send_request(self, data):
+        picks = data.draw(st.lists(st.sampled_from(self.chunks), min_size=1, max_size=3), label="chunks")
+        if data.draw(st.booleans(), label="same chunk twice"):
+            picks.append(picks[0])
+        if data.draw(st.booleans(), label="prompt is a chunk"):
+            prompt = data.draw(st.sampled_from(self.chunks), label="prompt")
+        else:
+            prompt = data.draw(st.lists(TOKENS, min_size=1, max_size=2 * B), label="prompt")
+        lay = request(*picks, prompt=tuple(prompt), question=(11, 12))
+        if lay.size <= NUM_PAGES * B // 2:
+            self.waiting.append(new_request(*laid_out(lay)))
+
+    # ---- what the scheduler does ----------------------------------------------
+
+    @precondition(lambda self: self.waiting and len(self.running) < 6)
+    @rule(data=st.data())
+    def schedule_round(self, data):
+        """One prefill round: match waiting requests, admit within budget, allocate."""
+        tree = self.tree
+        picked = data.draw(st.lists(st.sampled_from(range(len(self.waiting))), min_size=1, max_size=3,
+                                    unique=True), label="round")
+        admitted, offset = [], 0
+        for i in picked:
+            req = replanned(tree, self.waiting[i])
+            req.lock = tree.lock(req.last_node)
+            need = pages_to_allocate(req) * B
+            if tree.pages.available() * B + tree.evictable_size() - offset >= need:
+                admitted.append(req)
+                offset += need
+            else:
+                tree.unlock(req.lock)
+                req.lock = None
+        for req in admitted:
+            tree.admit(req)
+        tree.end_round()
+        for req in admitted:
+            allocate(tree, req)
+            self.waiting.remove(req)
+            self.running.append(req)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), how=st.sampled_from(["finish", "checkpoint then finish", "abort"]))
+    def end_request(self, data, how):
+        req = self.running.pop(data.draw(st.integers(0, len(self.running) - 1), label="which"))
+        size = len(req.origin_input_ids)
+        checkpoint_at = data.draw(st.integers(1, size), label="at") if how == "checkpoint then finish" else None
+        release(self.tree, req, checkpoint_at, cache=how != "abort")
+
+    @rule(pages=st.integers(1, NUM_PAGES))
+    def evict(self, pages):
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        before, evictable = self.tree.pages.available(), self.tree.evictable_size()
+        self.tree.evict(EvictParams(num_tokens=pages * B))
+        freed = (self.tree.pages.available() - before) * B
+        assert freed >= min(pages * B, evictable), (freed, pages * B, evictable)
+
+    @rule()
+    def flush(self):
+        """Everything evictable goes; with nothing running, every page comes back."""
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        before, evictable = self.tree.pages.available(), self.tree.evictable_size()
+        self.tree.evict(EvictParams(num_tokens=self.total * B))
+        assert (self.tree.pages.available() - before) * B == evictable
+        if not self.running:
+            assert self.tree.pages.available() == self.total
+            assert len(self.tree.store) == 0 and self.tree.refs.shared() == 0
+
+    # ---- what must hold after every step ---------------------------------------
+
+    def nodes(self):
+        stack = list(self.tree.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            yield node
+
+    def holders(self) -> tuple[Counter, Counter]:
+        """Every holder of every page, tallied from the holders themselves: (all, unlocked tree nodes)."""
+        held, loose = Counter(), Counter()
+        for node in self.nodes():
+            pages = (node.value[::B] // B).tolist()
+            held.update(pages)
+            if node.lock_ref == 0:
+                loose.update(pages)
+        for pages in self.tree.store.chunks():
+            held.update(pages)
+        rows = self.tree.req_to_token_pool.req_to_token
+        for req in self.waiting + self.running:
+            held.update(req.mepic.held if getattr(req, "mepic", None) else [])
+        for req in self.running:
+            own = rows[req.kv.req_pool_idx, req.kv.cache_protected_len:req.kv.allocated:B] // B
+            held.update(own.tolist())  # pages the request allocated and the tree has not taken
+        return held, loose
+
+    @invariant()
+    def counts_equal_holders(self):
+        if not hasattr(self, "tree"):
+            return
+        held, _ = self.holders()
+        assert {p: self.tree.refs.count(p) for p in held} == dict(held)
+        allocator = self.tree.token_to_kv_pool_allocator
+        free = allocator.get_all_free_pages().tolist()
+        assert len(free) == len(set(free)), "a page is free twice"
+        assert not set(free) & set(held), "a held page is free"
+        assert len(free) + len(held) == self.total
+
+    @invariant()
+    def evictable_is_what_eviction_frees(self):
+        """The count SGLang budgets with equals an eviction simulated on the holders: every
+        unlocked tree node goes, then every chunk whose pages only chunks still hold."""
+        if not hasattr(self, "tree"):
+            return
+        held, loose = self.holders()
+        left = held - loose
+        chunks = list(self.tree.store.chunks())
+        while True:
+            stored = Counter(p for pages in chunks for p in pages)
+            gone = [pages for pages in chunks if all(left[p] == stored[p] for p in pages)]
+            if not gone:
+                break
+            for pages in gone:
+                chunks.remove(pages)
+                left.subtract(pages)
+        freeable = sum(1 for p in held if left[p] <= 0)
+        assert self.tree.evictable_size() == freeable * B
+        if not self.running:  # SGLang's idle check: available + evictable == total
+            assert self.tree.pages.available() + freeable == self.total
+
+
+TestCollisions = Collisions.TestCase
+TestCollisions.settings = settings(max_examples=int(os.environ.get("COLLISION_EXAMPLES", 150)),
+                                   stateful_step_count=40, deadline=None, report_multiple_bugs=False)
