@@ -2,14 +2,18 @@
 
 The store holds one page reference per canonical page of every chunk it keeps.
 Requests and radix nodes that use those pages hold references of their own
-(see `pages.PageRefs`), so a chunk is evictable exactly when the store is the
-only holder left on all of its pages: evicting it then frees every page.
+(see `pages.PageRefs`). Two stored chunks may share pages: a chunk that starts
+like another (a common header, a longer version of a document) is compiled over
+the other's compile path in the radix tree, so their first pages are one
+physical copy with one reference per chunk. A chunk is evictable exactly when
+only stored chunks still hold its pages: nothing running reads it, and evicting
+it and the chunks it shares pages with frees every page.
 Admission is SGLang's (its scheduler admits a request when free pages plus
 evictable ones suffice); the mepic radix cache counts unheld chunks as
 evictable and evicts them after the tree's leaves.
 """
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Collection
 
@@ -34,6 +38,7 @@ class ChunkStore:
     refs: PageRefs
     _chunks: "OrderedDict[str, Chunk]" = field(default_factory=OrderedDict)  # oldest use first
     stats: Stats = field(default_factory=Stats)
+    _holding: Counter = field(default_factory=Counter)  # page -> stored chunks that hold it
     on_evict: Callable[[str, tuple[int, ...]], None] | None = None  # called while the pages still hold the KV
 
     def __len__(self) -> int:
@@ -74,16 +79,24 @@ class ChunkStore:
             self._chunks.move_to_end(key)
             return self._chunks[key].pages
         self.refs.acquire(pages)
+        self._holding.update(pages)
         self._chunks[key] = Chunk(key, tuple(pages))
         return tuple(pages)
 
+    def holding(self, page: int) -> int:
+        """Stored chunks that hold `page`."""
+        return self._holding[page]
+
     def _evictable(self, keep: Collection[str] = ()) -> list[Chunk]:
-        """Chunks whose only holder is the store, least recently used first."""
+        """Chunks whose pages only stored chunks hold, least recently used first."""
         return [c for c in self._chunks.values()
-                if c.key not in keep and all(self.refs.count(p) == 1 for p in c.pages)]
+                if c.key not in keep and all(self.refs.count(p) == self._holding[p] for p in c.pages)]
 
     def evictable_pages(self, keep: Collection[str] = ()) -> int:
-        return sum(len(c.pages) for c in self._evictable(keep))
+        """Pages that evicting every evictable chunk (but those in `keep`) would free: a page
+        shared with a chunk that stays is not freed."""
+        held = Counter(p for c in self._evictable(keep) for p in c.pages)
+        return sum(1 for p, n in held.items() if n == self._holding[p])
 
     def evict(self, num_pages: int, keep: Collection[str] = ()) -> int:
         """Evict least recently used unheld chunks (not those in `keep`) until `num_pages` pages are freed."""
@@ -92,18 +105,28 @@ class ChunkStore:
             if freed >= num_pages:
                 break
             del self._chunks[chunk.key]
+            self._let_go(chunk.pages)
             if self.on_evict is not None:
                 self.on_evict(chunk.key, chunk.pages)
             freed += len(self.refs.release(chunk.pages))
             self.stats.evictions += 1
         return freed
 
+    def _let_go(self, pages: tuple[int, ...]) -> None:
+        for p in pages:
+            if self._holding[p] == 1:
+                del self._holding[p]
+            else:
+                self._holding[p] -= 1
+
     def forget(self) -> None:
         """Drop every chunk without releasing pages (the pool is being cleared wholesale)."""
         self._chunks.clear()
+        self._holding.clear()
 
     def flush(self) -> int:
-        return self.evict(self.evictable_pages())
+        """Evict every evictable chunk; returns the pages freed."""
+        return self.evict(len(self._holding) + 1)
 
     def canonical_pages(self) -> int:
         return sum(len(c.pages) for c in self._chunks.values())

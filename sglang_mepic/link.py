@@ -57,11 +57,16 @@ class Link:
         return natural[index][:num_slots]
 
     def masked(self, token_ids) -> array:
-        """Token ids (planned order) with pad slots as PAD_ID, the radix-tree key."""
+        """The radix-tree key: token ids (planned order) with pad slots as PAD_ID and each
+        reused canonical page tagged with its chunk (plan.page_tag)."""
         out = array("q", token_ids)
         pos = self.positions(len(out))
         for i in torch.nonzero(pos == NO_POSITION).flatten().tolist():
             out[i] = PAD_ID
+        if self.order is not None:
+            page_size = self.plan.page_size
+            for k, tag in enumerate(self.plan.tags[:-(-len(out) // page_size)]):
+                out[k * page_size] = tag
         return out
 
     def real_slots(self, start: int, end: int) -> int:

@@ -23,6 +23,7 @@ slot into pages of their own; `sources` names, per slot, the canonical slot
 whose KV replaces the computed one (the copy) unless the mode recomputes it.
 """
 
+import hashlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -44,6 +45,7 @@ class Plan:
     reused: tuple[int, ...]       # canonical page of each of the first len(reused) planned pages
     hits: int                     # chunk occurrences found in the store
     misses: int
+    tags: tuple[int, ...] = ()    # tree-key tag of each reused page (`page_tag`)
 
     @property
     def prefix_slots(self) -> int:
@@ -71,6 +73,7 @@ def make_plan(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: 
     hits = misses = 0
     reused_pages: list[int] = []
     reused: list[int] = []
+    tags: list[int] = []
     for c in chunks:
         if c.start % b or c.end % b:
             raise ValueError(f"chunk span [{c.start}, {c.end}) is not page-aligned (page size {b})")
@@ -86,9 +89,22 @@ def make_plan(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: 
             raise ValueError(f"chunk {c.key} has {len(canonical)} canonical pages, expected {max(0, last - first)}")
         reused_pages += range(first, last)
         reused += canonical
+        tags += (page_tag(c.key, i) for i in range(len(canonical)))
     taken = set(reused_pages)
     rest = [p for p in range(-(-size // b)) if p not in taken]
-    return Plan(size, b, tuple(reused_pages + rest), tuple(reused), hits, misses)
+    return Plan(size, b, tuple(reused_pages + rest), tuple(reused), hits, misses, tuple(tags))
+
+
+def page_tag(chunk_key: str, index: int) -> int:
+    """The id that stands for a reused canonical page's first token in the radix-tree key.
+
+    A canonical page's KV was computed after the earlier pages of its own chunk. Keyed by
+    its tokens alone, the tree would serve it to a plain prompt (or another chunk) with the
+    same tokens in another context, and serve their KV to this chunk. The tag is negative,
+    so it is never a token id, and never PAD_ID (-1).
+    """
+    digest = hashlib.blake2b(f"{chunk_key}/{index}".encode(), digest_size=7).digest()
+    return -2 - int.from_bytes(digest, "big")
 
 
 def planned(values: Sequence, plan: Plan) -> list:

@@ -45,6 +45,7 @@ import logging
 import math
 import os
 from array import array
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -321,12 +322,20 @@ class MepicRadixCache(RadixCache):
         return dict(zip(pages.tolist(), counts.tolist()))
 
     def freeable_pages(self) -> set[int]:
-        """Pages that evicting every unlocked tree node and every unheld chunk would free."""
+        """Pages that evicting every unlocked tree node and every unheld chunk would free.
+
+        A page is pinned when something other than an unlocked tree node or a stored chunk
+        holds it (a request, a locked node). A chunk with no pinned page is evicted once the
+        tree's unlocked nodes are gone (`evict`); its pages are freed when every chunk that
+        shares them is evicted too.
+        """
         holders = self._tree_holders()
         free = {p for p, n in holders.items() if self.refs.count(p) == n}
+        loose = Counter()  # page -> evictable chunks holding it
         for pages in self.store.chunks():
-            if all(self.refs.count(p) == holders.get(p, 0) + 1 for p in pages):
-                free.update(pages)
+            if all(self.refs.count(p) == holders.get(p, 0) + self.store.holding(p) for p in pages):
+                loose.update(pages)
+        free.update(p for p, n in loose.items() if n == self.store.holding(p))
         return free
 
     def evictable_size(self):

@@ -113,7 +113,9 @@ class Collisions(RuleBasedStateMachine):
     def end_request(self, data, how):
         req = self.running.pop(data.draw(st.integers(0, len(self.running) - 1), label="which"))
         size = len(req.origin_input_ids)
-        checkpoint_at = data.draw(st.integers(1, size), label="at") if how == "checkpoint then finish" else None
+        # chunked prefill checkpoints what it has computed: past the prefix it was given
+        checkpoint_at = (data.draw(st.integers(req.prefix_len, size), label="at")
+                         if how == "checkpoint then finish" else None)
         release(self.tree, req, checkpoint_at, cache=how != "abort")
 
     @rule(pages=st.integers(1, NUM_PAGES))

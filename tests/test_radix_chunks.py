@@ -207,3 +207,20 @@ def test_epic_requests_copy_into_pages_of_their_own():
     assert len(copied) == (40 - 16) + (50 - 16)
     assert {s // B for s in copied} <= canonical
     assert link.report["mepic_recomputed_tokens"] == 3 + 16 + 16 + 4
+
+
+def test_canonical_pages_are_never_matched_by_their_tokens_alone(tree):
+    """A canonical page's KV was computed after its chunk's first block: a plain prompt with
+    the same tokens must not be served it, nor may a chunk be served a plain prompt's KV."""
+    from replay import new_request
+
+    lay = request(C1, C2)
+    compile_all(tree, lay)
+    serve(tree, *laid_out(lay))
+    plain = list(C1[B:]) + list(C2[B:]) + [1, 2, 3] * 20  # the tokens of the planned prefix
+    req = replanned(tree, new_request(plain, None))
+    assert req.prefix_len == 0
+    serve(tree, plain, None)  # now the tree holds the plain prompt's own KV under those tokens
+    again, row = serve(tree, *laid_out(lay))
+    assert again.mepic.report["mepic_recomputed_tokens"] == 4  # its own earlier path, whole
+    assert row[:5] == [p for key in again.mepic.keys for p in tree.store.peek(key)]
