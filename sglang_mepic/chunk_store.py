@@ -36,10 +36,13 @@ class Stats:
 @dataclass
 class ChunkStore:
     refs: PageRefs
-    _chunks: "OrderedDict[str, Chunk]" = field(default_factory=OrderedDict)  # oldest use first
-    stats: Stats = field(default_factory=Stats)
-    _holding: Counter = field(default_factory=Counter)  # page -> stored chunks that hold it
     on_evict: Callable[[str, tuple[int, ...]], None] | None = None  # called while the pages still hold the KV
+    # told when a chunk joins (True) or leaves (False), after the store has changed
+    on_change: Callable[[str, tuple[int, ...], bool], None] | None = None
+    stats: Stats = field(default_factory=Stats)
+    _chunks: "OrderedDict[str, Chunk]" = field(default_factory=OrderedDict)  # oldest use first
+    _keys: dict = field(default_factory=dict)  # page -> keys of the stored chunks that hold it
+    _pages: int = 0  # canonical pages over all chunks (a shared page once per chunk)
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -78,55 +81,89 @@ class ChunkStore:
         if key in self._chunks:
             self._chunks.move_to_end(key)
             return self._chunks[key].pages
+        pages = tuple(pages)
+        self._chunks[key] = Chunk(key, pages)
+        for p in pages:
+            self._keys.setdefault(p, []).append(key)
+        self._pages += len(pages)
         self.refs.acquire(pages)
-        self._holding.update(pages)
-        self._chunks[key] = Chunk(key, tuple(pages))
-        return tuple(pages)
+        if self.on_change is not None:
+            self.on_change(key, pages, True)
+        return pages
 
     def holding(self, page: int) -> int:
         """Stored chunks that hold `page`."""
-        return self._holding[page]
+        return len(self._keys.get(page, ()))
 
-    def _evictable(self, keep: Collection[str] = ()) -> list[Chunk]:
-        """Chunks whose pages only stored chunks hold, least recently used first."""
-        return [c for c in self._chunks.values()
-                if c.key not in keep and all(self.refs.count(p) == self._holding[p] for p in c.pages)]
+    def keys_of(self, page: int) -> list[str]:
+        """Keys of the stored chunks that hold `page`."""
+        return self._keys.get(page, [])
+
+    def loose(self, chunk: Chunk) -> bool:
+        """Whether only stored chunks hold the chunk's pages (the default test of `evict`)."""
+        return all(self.refs.count(p) == self.holding(p) for p in chunk.pages)
+
+    def _evictable(self, keep: Collection[str] = (), loose: Callable[[Chunk], bool] | None = None):
+        """Chunks that may be evicted, least recently used first."""
+        loose = loose or self.loose
+        return (c for c in self._chunks.values() if c.key not in keep and loose(c))
 
     def evictable_pages(self, keep: Collection[str] = ()) -> int:
         """Pages that evicting every evictable chunk (but those in `keep`) would free: a page
         shared with a chunk that stays is not freed."""
         held = Counter(p for c in self._evictable(keep) for p in c.pages)
-        return sum(1 for p, n in held.items() if n == self._holding[p])
+        return sum(1 for p, n in held.items() if n == self.holding(p))
 
-    def evict(self, num_pages: int, keep: Collection[str] = ()) -> int:
-        """Evict least recently used unheld chunks (not those in `keep`) until `num_pages` pages are freed."""
+    def evict(self, num_pages: int, keep: Collection[str] = (),
+              loose: Callable[[Chunk], bool] | None = None) -> int:
+        """Evict least recently used chunks that `loose` allows (default: those only stored chunks
+        hold), not those in `keep`, until `num_pages` pages are freed; returns the pages freed.
+
+        The walk stops as soon as the chunks it found could free enough, so its work follows
+        what it frees (plus the held chunks it steps over), not the size of the store.
+        """
         freed = 0
-        for chunk in self._evictable(keep):
-            if freed >= num_pages:
+        while freed < num_pages:
+            batch, bound = [], freed
+            for chunk in self._evictable(keep, loose):
+                batch.append(chunk.key)
+                bound += len(chunk.pages)
+                if bound >= num_pages:
+                    break
+            if not batch:
                 break
-            del self._chunks[chunk.key]
-            self._let_go(chunk.pages)
-            if self.on_evict is not None:
-                self.on_evict(chunk.key, chunk.pages)
-            freed += len(self.refs.release(chunk.pages))
-            self.stats.evictions += 1
+            for key in batch:  # a page shared with a chunk that stays frees nothing: walk again
+                if freed >= num_pages:
+                    break
+                freed += self.remove(key)
         return freed
 
-    def _let_go(self, pages: tuple[int, ...]) -> None:
-        for p in pages:
-            if self._holding[p] == 1:
-                del self._holding[p]
-            else:
-                self._holding[p] -= 1
+    def remove(self, key: str) -> int:
+        """Evict one chunk now; returns the pages freed (those no one else held)."""
+        chunk = self._chunks.pop(key)
+        for p in chunk.pages:
+            keys = self._keys[p]
+            keys.remove(key)
+            if not keys:
+                del self._keys[p]
+        self._pages -= len(chunk.pages)
+        if self.on_evict is not None:
+            self.on_evict(chunk.key, chunk.pages)
+        freed = len(self.refs.release(chunk.pages))
+        if self.on_change is not None:
+            self.on_change(chunk.key, chunk.pages, False)
+        self.stats.evictions += 1
+        return freed
 
     def forget(self) -> None:
         """Drop every chunk without releasing pages (the pool is being cleared wholesale)."""
         self._chunks.clear()
-        self._holding.clear()
+        self._keys.clear()
+        self._pages = 0
 
     def flush(self) -> int:
         """Evict every evictable chunk; returns the pages freed."""
-        return self.evict(len(self._holding) + 1)
+        return self.evict(len(self._keys) + 1)
 
     def canonical_pages(self) -> int:
-        return sum(len(c.pages) for c in self._chunks.values())
+        return self._pages

@@ -35,6 +35,7 @@ class Link:
     found: list[str] | None = None      # where each chunk was found when planned: device, host, storage, absent
     admitted: bool = False
     report: dict = field(default_factory=dict)
+    _positions: tuple = (None, -1, None)  # (order, num_slots, positions): match, insert and admit ask alike
 
     @property
     def size(self) -> int:
@@ -50,11 +51,17 @@ class Link:
     def positions(self, num_slots: int) -> torch.Tensor:
         """Positions of the first `num_slots` slots in planned order (a chunked prefill's part, or
         the prompt and its output tokens)."""
+        order, slots, cached = self._positions
+        if order is self.order and slots == num_slots:
+            return cached
         natural = self.natural_positions(max(num_slots, self.size))
         if self.order is None:
-            return natural[:num_slots]
-        index = torch.tensor(self.order + list(range(self.size, num_slots)), dtype=torch.long)
-        return natural[index][:num_slots]
+            out = natural[:num_slots]
+        else:
+            index = torch.tensor(self.order + list(range(self.size, num_slots)), dtype=torch.long)
+            out = natural[index][:num_slots]
+        self._positions = (self.order, num_slots, out)
+        return out
 
     def masked(self, token_ids) -> array:
         """The radix-tree key: token ids (planned order) with pad slots as PAD_ID and each

@@ -6,7 +6,7 @@ tree nodes and running requests, so every page gets a count of its holders and
 goes back to the allocator exactly when the last one lets go.
 """
 
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 
 class PageAllocator(Protocol):
@@ -55,20 +55,30 @@ class PageRefs:
     the page to the allocator.
     """
 
-    def __init__(self, allocator: PageAllocator):
+    def __init__(self, allocator: PageAllocator, on_change: Callable[[list[int]], None] | None = None):
         self.allocator = allocator
         self._extra: dict[int, int] = {}  # page -> holders beyond the first
+        self.on_change = on_change  # told of every page whose holders change
+        self.freed = 0  # pages whose last holder let go, ever: eviction measures its progress by it
 
     def alloc(self, n: int) -> list[int] | None:
         """n fresh pages, each held once, by the caller."""
         return self.allocator.alloc(n)
 
     def acquire(self, pages: Iterable[int]) -> None:
+        pages = list(pages)
         for p in pages:
             self._extra[p] = self._extra.get(p, 0) + 1
+        if self.on_change is not None:
+            self.on_change(pages)
 
     def releasable(self, pages: Iterable[int]) -> list[int]:
-        """Drop one holder per page; returns the pages whose last holder this was."""
+        """Drop one holder per page; returns the pages whose last holder this was.
+
+        The caller returns those to the allocator."""
+        pages = list(pages)
+        if self.on_change is not None:
+            self.on_change(pages)
         last = []
         for p in pages:
             extra = self._extra.get(p, 0)
@@ -78,6 +88,7 @@ class PageRefs:
                 del self._extra[p]
             else:
                 self._extra[p] = extra - 1
+        self.freed += len(last)
         return last
 
     def release(self, pages: Iterable[int]) -> list[int]:

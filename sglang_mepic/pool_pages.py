@@ -18,7 +18,12 @@ class PoolPages:
         return None if slots is None else (slots[:: self.page_size] // self.page_size).tolist()
 
     def free(self, pages: list[int]) -> None:
-        self.allocator.free_page_ids(torch.tensor(pages, dtype=torch.int64, device=self.allocator.device))
+        """Return pages whose last holder has let go (`PageRefs` has counted them already)."""
+        self.allocator.mepic_counted = True
+        try:
+            self.allocator.free_page_ids(torch.tensor(pages, dtype=torch.int64, device=self.allocator.device))
+        finally:
+            self.allocator.mepic_counted = False
 
     def available(self) -> int:
         return self.allocator.available_size() // self.page_size

@@ -20,8 +20,10 @@ sends the chunk alone as a small internal request (`compile`), and when that
 request is released its pages join the store.
 
 Pages are shared between the store, tree nodes and requests, so the cache
-attaches a `PageRefs` to SGLang's allocator: every release there drops one
-holder (patch `paged_allocator_release_page_ids`). Holders:
+attaches a `PageRefs` to SGLang's allocator: every page freed there drops one
+holder (patches `paged_allocator_free_page_ids`, `paged_allocator_free`). The
+`Ledger` keeps, as holders change, what SGLang asks of the cache at every step
+(`evictable_size`); `recount_freeable` is the same answer from scratch. Holders:
 - the store: one per canonical page it keeps;
 - a tree node: one per page of its value (SGLang's own accounting, plus one
   taken here when a node is created over injected pages);
@@ -40,10 +42,12 @@ copy and its first block instead of the whole chunk.
 
 import dataclasses
 import hashlib
+import heapq
 import json
 import logging
 import math
 import os
+import time
 from array import array
 from collections import Counter
 from dataclasses import dataclass
@@ -55,6 +59,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 from sglang_mepic import config, metrics
 from sglang_mepic.chunk_store import ChunkStore
+from sglang_mepic.ledger import Ledger
 from sglang_mepic.link import Link
 from sglang_mepic.pages import PageRefs
 from sglang_mepic.plan import make_plan, sources
@@ -88,6 +93,9 @@ class MepicRadixCache(RadixCache):
         self.refs = PageRefs(self.pages)
         params.token_to_kv_pool_allocator.mepic_refs = self.refs
         self.store = ChunkStore(self.refs, on_evict=self._demote)
+        self.ledger = Ledger(self.refs, self.store)
+        self.refs.on_change = self.ledger.touch
+        self.store.on_change = self.ledger.chunk_changed
         self.tiers = tiers or Tiers(params.token_to_kv_pool_allocator.get_kvcache(), self.page_size,
                                     model_fingerprint, config.host_tier_gb(), config.storage_dir())
         self._unadmitted: dict[int, Link] = {}  # planned, holding their chunks, not admitted yet
@@ -306,8 +314,84 @@ class MepicRadixCache(RadixCache):
 
     # ---- memory -----------------------------------------------------------
 
+    # Tree nodes report the pages they hold to the ledger: unlocked nodes hold them loosely.
+
+    def _node_pages(self, node) -> list[int]:
+        pages = getattr(node, "pages", None)
+        if pages is None:  # kept on the node: lock, unlock and evict read it again
+            pages = node.pages = (node.value[::self.page_size] // self.page_size).tolist()
+        return pages
+
+    def _insert_helper(self, node, key, value, priority=0, inserted_len=0):
+        matched, last = super()._insert_helper(node, key, value, priority, inserted_len)
+        if matched < len(key):  # a new leaf, unlocked, over the rest of the key
+            self.ledger.nodes_hold(self._node_pages(last))
+        return matched, last
+
+    def _update_leaf_status(self, node):
+        # SGLang's evict heapifies every evictable leaf per call; this cache keeps its heap
+        # across calls: a node is pushed when it becomes an evictable leaf (checked when popped).
+        was = node in self.evictable_leaves
+        super()._update_leaf_status(node)
+        if not was and node in self.evictable_leaves:
+            self._leaf_order += 1
+            heapq.heappush(self._leaves, (self.eviction_strategy.get_priority(node), self._leaf_order, node))
+
+    def _next_leaf(self):
+        """The evictable leaf SGLang's heap would pop first, or None.
+
+        Entries go stale: the node was locked, got children or was deleted (skipped), or was
+        used since it was pushed (pushed again at its new priority; priorities only grow:
+        access time, hit count).
+        """
+        leaves = self._leaves
+        if len(leaves) > 2 * len(self.evictable_leaves) + 1024:  # mostly stale: start over
+            leaves[:] = [(self.eviction_strategy.get_priority(n), i, n) for i, n in enumerate(self.evictable_leaves)]
+            heapq.heapify(leaves)
+            self._leaf_order = len(leaves)
+        while leaves:
+            priority, _, node = heapq.heappop(leaves)
+            if node not in self.evictable_leaves:
+                continue
+            now = self.eviction_strategy.get_priority(node)
+            if now != priority:
+                self._leaf_order += 1
+                heapq.heappush(leaves, (now, self._leaf_order, node))
+                continue
+            return node
+        return None
+
+    def _split_node(self, key, child, split_len):
+        pages = self._node_pages(child)
+        parent = super()._split_node(key, child, split_len)
+        cut = split_len // self.page_size
+        parent.pages, child.pages = pages[:cut], pages[cut:]
+        return parent
+
+    def _delete_leaf(self, node):
+        self.ledger.nodes_let_go(self._node_pages(node))
+        super()._delete_leaf(node)
+
+    def inc_lock_ref(self, node):
+        n = node
+        while n is not None and n is not self.root_node:
+            if n.lock_ref == 0:
+                self.ledger.nodes_let_go(self._node_pages(n))
+            n = n.parent
+        return super().inc_lock_ref(node)
+
+    def dec_lock_ref(self, node, params=None):
+        n = node
+        while n is not None and n is not self.root_node:
+            if n.lock_ref == 1:
+                self.ledger.nodes_hold(self._node_pages(n))
+            n = n.parent
+        return super().dec_lock_ref(node, params)
+
+    # ---- memory -----------------------------------------------------------
+
     def _tree_holders(self) -> dict[int, int]:
-        """Page -> number of unlocked tree nodes holding it."""
+        """Page -> number of unlocked tree nodes holding it (a walk of the whole tree)."""
         values = []
         stack = list(self.root_node.children.values())
         while stack:
@@ -321,8 +405,9 @@ class MepicRadixCache(RadixCache):
                                      return_counts=True)
         return dict(zip(pages.tolist(), counts.tolist()))
 
-    def freeable_pages(self) -> set[int]:
-        """Pages that evicting every unlocked tree node and every unheld chunk would free.
+    def recount_freeable(self) -> set[int]:
+        """Pages that evicting every unlocked tree node and every unheld chunk would free,
+        counted from scratch over the whole tree and store: the ledger's oracle in tests.
 
         A page is pinned when something other than an unlocked tree node or a stored chunk
         holds it (a request, a locked node). A chunk with no pinned page is evicted once the
@@ -340,13 +425,13 @@ class MepicRadixCache(RadixCache):
 
     def evictable_size(self):
         # SGLang's tree count would count a page shared by nodes and the store once per holder.
-        return len(self.freeable_pages()) * self.page_size
+        return self.ledger.freeable() * self.page_size
 
     def pages_in_use(self) -> int:
         """Pages running requests hold: allocated pages that evicting every unlocked tree node
         and every unheld chunk would not free (SGLang's "used" = total - available - evictable)."""
         total = self.pages.allocator.size // self.page_size
-        return total - self.pages.available() - len(self.freeable_pages())
+        return total - self.pages.available() - self.ledger.freeable()
 
     def done_with_sources(self, req) -> None:
         """A private-copy request's prefill is over: its copies are made, the sources can go."""
@@ -356,25 +441,43 @@ class MepicRadixCache(RadixCache):
             link.held = []
 
     def evict(self, params: EvictParams) -> EvictResult:
-        """Evict tree leaves (LRU), then unheld chunks (LRU), until `num_tokens` slots are actually free."""
-        allocator = self.token_to_kv_pool_allocator
-        before = allocator.available_size()
-        while (freed := allocator.available_size() - before) < params.num_tokens:
-            short = params.num_tokens - freed
-            evicted = super().evict(EvictParams(num_tokens=short)).num_tokens_evicted
-            short = params.num_tokens - (allocator.available_size() - before)
-            chunks = self.store.evict(-(-short // self.page_size)) if short > 0 else 0
-            if not evicted and not chunks:
-                break
-        return EvictResult(num_tokens_evicted=allocator.available_size() - before)
+        """Evict tree leaves (SGLang's heap, least recently used first), then unheld chunks (LRU),
+        until `num_tokens` slots are freed.
+
+        SGLang's own loop stops when the nodes it dropped add up to the request, but a node's
+        page that the store or another node also holds frees nothing; so this is its loop, stopped
+        by the pages actually freed (`PageRefs.freed` moves at once, inside a free group too),
+        over a heap kept across calls (`_next_leaf`) rather than rebuilt from every leaf.
+        """
+        if self.disable:
+            return EvictResult()
+        start_time, start = time.perf_counter(), self.refs.freed
+        want = -(-params.num_tokens // self.page_size)
+        last = []  # returned to the allocator together, after the walk
+        while self.refs.freed - start < want and (node := self._next_leaf()) is not None:
+            pages = self._node_pages(node)
+            last += self.refs.releasable(pages)
+            self.ledger.nodes_let_go(pages)
+            RadixCache._delete_leaf(self, node)  # its parent, now a leaf, is pushed
+            self.kv_events.record_remove(node)
+        if last:
+            self.pages.free(last)
+        short = want - (self.refs.freed - start)
+        if short > 0:  # the unlocked tree is gone: chunks with no pinned page free what they hold
+            self.store.evict(short, loose=self.ledger.chunk_loose)
+        evicted = (self.refs.freed - start) * self.page_size
+        self.update_eviction_metrics(evicted, start_time)
+        return EvictResult(num_tokens_evicted=evicted)
 
     def reset(self):
         # SGLang clears the allocator right after resetting the tree (flush_cache), so
         # the store and the counts are dropped, not released page by page.
+        self._leaves, self._leaf_order = [], 0  # before SGLang's reset, which makes the root
         super().reset()
         if getattr(self, "store", None) is not None:
             self.store.forget()
             self.refs.forget()
+            self.ledger.clear()
             self.tiers.clear_host()
             for link in self._unadmitted.values():
                 link.held = []

@@ -36,7 +36,8 @@ class Rows:
         self.req_to_token[indices] = values
 
 
-def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num_pages=NUM_PAGES):
+def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num_pages=NUM_PAGES, sglang=False):
+    """The mepic radix cache on a small real KV pool (or, with `sglang`, SGLang's own RadixCache)."""
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
@@ -48,8 +49,12 @@ def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num
     for buffer in (*kv.k_buffer, *kv.v_buffer):
         buffer.normal_()  # stands for computed KV, so that copies between tiers can be checked
     allocator = PagedTokenToKVPoolAllocator(num_pages * B, B, torch.float32, "cpu", kv, False)
-    params = CacheInitParams(disable=False, req_to_token_pool=Rows(16, num_pages * B),
+    params = CacheInitParams(disable=False, req_to_token_pool=Rows(16, min(num_pages * B, 1 << 14)),
                              token_to_kv_pool_allocator=allocator, page_size=B)
+    if sglang:
+        from sglang.srt.mem_cache.radix_cache import RadixCache
+
+        return RadixCache(params)
     return MepicRadixCache(params, model_fingerprint="tiny", mode=config.parse_mode(mode),
                            canonical_from=canonical_from,
                            tiers=Tiers(kv, B, "tiny", host_gb=host_gb, storage_dir=storage_dir))
@@ -127,7 +132,8 @@ def allocate(tree, req):
     tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(row)] = row.to(torch.int32)
     req.kv.cache_protected_len = req.prefix_len
     req.kv.allocated = len(row)
-    tree.sample()
+    if hasattr(tree, "sample"):  # the mepic cache; SGLang's RadixCache has no figures to take
+        tree.sample()
 
 
 def release(tree, req, checkpoint_at=None, cache=True):
@@ -154,7 +160,8 @@ def serve(tree, ids, hints, namespace=None, checkpoint_at=None):
 def finish(tree, req, checkpoint_at=None):
     """Admit, allocate, compute (nothing), cache and release a planned request."""
     req.lock = tree.lock(req.last_node)
-    tree.admit(req)
+    if hasattr(tree, "admit"):
+        tree.admit(req)
     allocate(tree, req)
     size = len(req.origin_input_ids)
     row = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :size].tolist()

@@ -9,7 +9,8 @@ in a round, admitted against the budget SGLang checks (free + evictable), alloca
 checkpointed, released or aborted; the cache is evicted and flushed in between.
 After every step the pages' reference counts must equal an independent tally of
 their holders, the free list must hold no page twice and none that is held, and
-`evictable_size()` must equal what evicting everything evictable actually frees.
+`evictable_size()` (the ledger's running count) must equal both the cache's full
+recount and what evicting everything evictable actually frees.
 """
 
 import os
@@ -55,6 +56,7 @@ class Collisions(RuleBasedStateMachine):
         self.chunks = bases + [c for a in bases for c in derived(data, a)]
         self.waiting = []   # sent, not admitted (compiles and user requests alike)
         self.running = []   # admitted, holding a KV row
+        self.locks = []     # tree locks held by something other than a request (a session)
 
     # ---- what clients send --------------------------------------------------
 
@@ -127,6 +129,34 @@ class Collisions(RuleBasedStateMachine):
         freed = (self.tree.pages.available() - before) * B
         assert freed >= min(pages * B, evictable), (freed, pages * B, evictable)
 
+    @rule(data=st.data(), pages=st.integers(1, NUM_PAGES))
+    def evict_in_a_free_group(self, data, pages):
+        """SGLang frees a batch's rows in a free group; the allocator returns pages only at
+        its end, and eviction must count its progress all the same."""
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        allocator = self.tree.token_to_kv_pool_allocator
+        evictable = self.tree.evictable_size()
+        allocator.free_group_begin()
+        try:
+            evicted = self.tree.evict(EvictParams(num_tokens=pages * B)).num_tokens_evicted
+            assert evicted >= min(pages * B, evictable), (evicted, pages * B, evictable)
+            assert evicted <= evictable
+        finally:
+            allocator.free_group_end()
+
+    @precondition(lambda self: len(self.locks) < 3)
+    @rule(data=st.data())
+    def lock_a_node(self, data):
+        nodes = list(self.nodes())
+        if nodes:
+            self.locks.append(self.tree.lock(data.draw(st.sampled_from(nodes), label="node")))
+
+    @precondition(lambda self: self.locks)
+    @rule(data=st.data())
+    def unlock_a_node(self, data):
+        self.tree.unlock(self.locks.pop(data.draw(st.integers(0, len(self.locks) - 1), label="lock")))
+
     @rule()
     def flush(self):
         """Everything evictable goes; with nothing running, every page comes back."""
@@ -135,7 +165,7 @@ class Collisions(RuleBasedStateMachine):
         before, evictable = self.tree.pages.available(), self.tree.evictable_size()
         self.tree.evict(EvictParams(num_tokens=self.total * B))
         assert (self.tree.pages.available() - before) * B == evictable
-        if not self.running:
+        if not self.running and not self.locks:
             assert self.tree.pages.available() == self.total
             assert len(self.tree.store) == 0 and self.tree.refs.shared() == 0
 
@@ -197,7 +227,8 @@ class Collisions(RuleBasedStateMachine):
                 left.subtract(pages)
         freeable = sum(1 for p in held if left[p] <= 0)
         assert self.tree.evictable_size() == freeable * B
-        if not self.running:  # SGLang's idle check: available + evictable == total
+        assert len(self.tree.recount_freeable()) == freeable
+        if not self.running and not self.locks:  # SGLang's idle check: available + evictable == total
             assert self.tree.pages.available() + freeable == self.total
 
 

@@ -1,0 +1,168 @@
+"""Per-call cost of the cache's bookkeeping against the pool's size.
+
+    .venv/bin/python -m eval.bench_cache [--sizes 1000,10000,100000] [--calls 20]
+
+For each size, a cache on SGLang's real paged allocator (page size 16) is filled
+through the scheduler's calls (tests/replay.py) until it holds that many cached
+pages: half plain requests of 8 pages sharing a 2-page prefix, half requests of
+4 stored chunks (4 pages each) plus prompt. SGLang's `RadixCache` is filled with
+the same requests, chunk markup removed. Then each call is timed (mean of
+`--calls`, in ms):
+
+- evictable_size: what SGLang's scheduler asks several times per step;
+- recount: the same figure counted from scratch (the mepic cache's oracle, and its
+  cost before the ledger);
+- stats: the figures /metrics and /server_info publish;
+- match+plan: matching a new request of 8 stored chunks (planning included);
+- evict 1%: evicting 1% of the cached pages;
+- release: a finished request cached and released, then evictable_size.
+"""
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from tqdm import tqdm  # noqa: E402
+
+from replay import (B, apply_hooks, compiled, finish, laid_out, make_tree, new_request, planned,  # noqa: E402
+                    replanned, request, serve)
+
+CHUNK_PAGES = 4
+
+
+def chunk_tokens(i: int) -> tuple[int, ...]:
+    rng = random.Random(i)
+    return tuple(rng.randrange(10, 4000) for _ in range(CHUNK_PAGES * B - 3))
+
+
+def plain_ids(i: int) -> list[int]:
+    rng = random.Random(10 ** 6 + i)
+    prefix = [1 + i % 50] * (2 * B)  # 2 pages shared with every 50th request
+    return prefix + [rng.randrange(10, 4000) for _ in range(6 * B)]
+
+
+def chunked(i: int, chunks: list[int]):
+    return request(*(chunk_tokens(c) for c in chunks), prompt=(5, 6, 7, 1 + i % 97), question=(9, 8, 7))
+
+
+def strip(lay) -> list[int]:
+    return [t for t in lay.real_tokens()]
+
+
+class Filler:
+    """Sends requests until the cache holds the pages asked for; alternates plain and chunked."""
+
+    def __init__(self, tree, mepic: bool):
+        self.tree, self.mepic, self.i, self.next_chunk = tree, mepic, 0, 0
+
+    def cached_pages(self) -> int:
+        total = self.tree.token_to_kv_pool_allocator.size // B
+        return total - self.tree.token_to_kv_pool_allocator.available_size() // B
+
+    def send(self):
+        tree, i = self.tree, self.i
+        self.i += 1
+        if i % 2 == 0:
+            serve(tree, plain_ids(i), None)
+            return
+        chunks = list(range(self.next_chunk, self.next_chunk + 4))
+        self.next_chunk += 4
+        lay = chunked(i, chunks)
+        if self.mepic:
+            for seg in lay.chunks:
+                serve(tree, *compiled(seg))
+            serve(tree, *laid_out(lay))
+        else:
+            serve(tree, strip(lay), None)
+
+    def fill(self, pages: int, label: str):
+        with tqdm(total=pages, desc=label, unit="page", leave=False) as bar:
+            while (n := self.cached_pages()) < pages:
+                self.send()
+                bar.update(n - bar.n)
+
+
+def timed(fn, calls: int) -> float:
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.mean(times) * 1e3
+
+
+def measure(size: int, mepic: bool, calls: int) -> dict[str, float | None]:
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    tree = make_tree(num_pages=int(size * 1.25) + 64, sglang=not mepic)
+    filler = Filler(tree, mepic)
+    filler.fill(size, f"{'mepic' if mepic else 'sglang'} {size}")
+    out: dict[str, float | None] = {"cached pages": filler.cached_pages()}
+    out["evictable_size"] = timed(tree.evictable_size, calls)
+    out["recount"] = timed(tree.recount_freeable, max(1, calls // 4)) if mepic else None
+    out["stats"] = timed(tree.stats, calls) if mepic else None
+
+    # a request of 8 chunks that are all stored, matched (and planned) as the scheduler does
+    big = chunked(-1, list(range(8)))
+    if mepic:
+        for seg in big.chunks:
+            serve(tree, *compiled(seg))
+        req = new_request(*laid_out(big))
+
+        def match():
+            replanned(tree, req)
+            tree.end_round()
+    else:
+        req = new_request(strip(big), None)
+
+        def match():
+            replanned(tree, req)
+    out["match+plan"] = timed(match, calls)
+
+    one_percent = max(1, size // 100) * B
+    out["evict 1%"] = timed(lambda: tree.evict(EvictParams(num_tokens=one_percent)), 5)
+
+    def release():
+        args = (*laid_out(chunked(filler.i, [0, 1, 2, 3])),) if mepic else (plain_ids(filler.i), None)
+        filler.i += 1
+        req = planned(tree, *args)
+        t = time.perf_counter()
+        finish(tree, req)
+        tree.evictable_size()
+        return time.perf_counter() - t
+
+    out["release"] = statistics.mean(release() for _ in range(calls)) * 1e3
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000,10000,100000", help="cached pages (comma-separated)")
+    ap.add_argument("--calls", type=int, default=20, help="calls timed per figure")
+    args = ap.parse_args()
+    apply_hooks()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rows = {}
+    for size in sizes:
+        rows[size] = (measure(size, True, args.calls), measure(size, False, args.calls))
+    names = ["evictable_size", "recount", "stats", "match+plan", "evict 1%", "release"]
+    print(f"\nms per call, mean of {args.calls} (evict: of 5); page size {B}; mepic / SGLang RadixCache\n")
+    print("| cached pages | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for size, (m, s) in rows.items():
+        cells = []
+        for n in names:
+            a, b = m[n], s[n]
+            cells.append(f"{a:.3f}" if b is None else f"{a:.3f} / {b:.3f}")
+        print(f"| {m['cached pages']:,} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
