@@ -312,9 +312,8 @@ class MepicRadixCache(RadixCache):
         self.tiers.persist(key, self.pages.slots(canonical))
         self.counters.compiled_chunks += 1
 
-    # ---- memory -----------------------------------------------------------
-
-    # Tree nodes report the pages they hold to the ledger: unlocked nodes hold them loosely.
+    # ---- tree nodes, as the ledger sees them ----------------------------------
+    # Unlocked nodes hold their pages loosely (evictable); locking one pins them.
 
     def _node_pages(self, node) -> list[int]:
         pages = getattr(node, "pages", None)

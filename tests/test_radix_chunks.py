@@ -224,3 +224,20 @@ def test_canonical_pages_are_never_matched_by_their_tokens_alone(tree):
     again, row = serve(tree, *laid_out(lay))
     assert again.mepic.report["mepic_recomputed_tokens"] == 4  # its own earlier path, whole
     assert row[:5] == [p for key in again.mepic.keys for p in tree.store.peek(key)]
+
+
+def test_eviction_inside_a_free_group_stops_when_enough_is_freed(tree):
+    """SGLang's allocator returns pages freed in a free group only at its end; eviction there
+    must still count what it frees (it used to watch the free count, empty the tree and say 0)."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    compile_all(tree, request(C1, C2))
+    serve(tree, *laid_out(request(C1, C2)))
+    start, evictable = tree.pages.available(), tree.evictable_size()
+    allocator = tree.token_to_kv_pool_allocator
+    allocator.free_group_begin()
+    evicted = tree.evict(EvictParams(num_tokens=2 * B)).num_tokens_evicted
+    assert 2 * B <= evicted < evictable
+    assert tree.pages.available() == start and tree.evictable_size() == evictable - evicted
+    allocator.free_group_end()
+    assert tree.pages.available() == start + evicted // B
