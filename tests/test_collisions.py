@@ -54,6 +54,8 @@ class Collisions(RuleBasedStateMachine):
         self.total = self.tree.pages.available()
         bases = [data.draw(st.lists(TOKENS, min_size=B + 2, max_size=3 * B), label="chunk") for _ in range(2)]
         self.chunks = bases + [c for a in bases for c in derived(data, a)]
+        # prompts open with one of two pages, so tree nodes split where requests part
+        self.heads = [data.draw(st.lists(TOKENS, min_size=B, max_size=B), label="prompt head") for _ in range(2)]
         self.waiting = []   # sent, not admitted (compiles and user requests alike)
         self.running = []   # admitted, holding a KV row
         self.locks = []     # tree locks held by something other than a request (a session)
@@ -77,20 +79,38 @@ class Collisions(RuleBasedStateMachine):
         if data.draw(st.booleans(), label="prompt is a chunk"):
             prompt = data.draw(st.sampled_from(self.chunks), label="prompt")
         else:
-            prompt = data.draw(st.lists(TOKENS, min_size=1, max_size=2 * B), label="prompt")
+            prompt = (data.draw(st.sampled_from(self.heads), label="prompt head")
+                      + data.draw(st.lists(TOKENS, min_size=1, max_size=B), label="prompt"))
         lay = request(*picks, prompt=tuple(prompt), question=(11, 12))
         if lay.size <= NUM_PAGES * B // 2:
             self.waiting.append(new_request(*laid_out(lay)))
+
+    @precondition(lambda self: len(self.waiting) < 6 and len(self.running) < 6)
+    @rule(data=st.data())
+    def compile_now(self, data):
+        """A compile that runs alone, start to end: the store fills, so evictions demote chunks
+        to the host tier and later plans load them back."""
+        seg = request(data.draw(st.sampled_from(self.chunks), label="compile now")).chunks
+        if not seg:
+            return
+        req = new_request(*compiled(seg[0]))
+        self.waiting.append(req)
+        self.schedule_round_of([len(self.waiting) - 1])
+        if any(r is req for r in self.running):  # admitted: computed (nothing) and released at once
+            self.running = [r for r in self.running if r is not req]
+            release(self.tree, req)
 
     # ---- what the scheduler does ----------------------------------------------
 
     @precondition(lambda self: self.waiting and len(self.running) < 6)
     @rule(data=st.data())
     def schedule_round(self, data):
+        self.schedule_round_of(data.draw(st.lists(st.sampled_from(range(len(self.waiting))), min_size=1,
+                                                  max_size=3, unique=True), label="round"))
+
+    def schedule_round_of(self, picked: list[int]):
         """One prefill round: match waiting requests, admit within budget, allocate."""
         tree = self.tree
-        picked = data.draw(st.lists(st.sampled_from(range(len(self.waiting))), min_size=1, max_size=3,
-                                    unique=True), label="round")
         admitted, offset = [], 0
         for i in picked:
             req = replanned(tree, self.waiting[i])
@@ -107,7 +127,7 @@ class Collisions(RuleBasedStateMachine):
         tree.end_round()
         for req in admitted:
             allocate(tree, req)
-            self.waiting.remove(req)
+            self.waiting = [r for r in self.waiting if r is not req]  # by identity: twins compare equal
             self.running.append(req)
 
     @precondition(lambda self: self.running)
