@@ -53,7 +53,7 @@ def chunked(i: int, chunks: list[int]):
 
 
 def strip(lay) -> list[int]:
-    return [t for t in lay.real_tokens()]
+    return list(lay.real_tokens())
 
 
 class Filler:

@@ -55,10 +55,10 @@ class PageRefs:
     the page to the allocator.
     """
 
-    def __init__(self, allocator: PageAllocator, on_change: Callable[[list[int]], None] | None = None):
+    def __init__(self, allocator: PageAllocator):
         self.allocator = allocator
         self._extra: dict[int, int] = {}  # page -> holders beyond the first
-        self.on_change = on_change  # told of every page whose holders change
+        self.on_change: Callable[[list[int]], None] | None = None  # told of every page whose holders change
         self.freed = 0  # pages whose last holder let go, ever: eviction measures its progress by it
 
     def alloc(self, n: int) -> list[int] | None:

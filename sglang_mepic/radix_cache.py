@@ -367,7 +367,7 @@ class MepicRadixCache(RadixCache):
         parent.pages, child.pages = pages[:cut], pages[cut:]
         return parent
 
-    def _delete_leaf(self, node):
+    def _delete_leaf(self, node):  # only `evict` deletes leaves
         self.ledger.nodes_let_go(self._node_pages(node))
         super()._delete_leaf(node)
 
@@ -454,10 +454,8 @@ class MepicRadixCache(RadixCache):
         want = -(-params.num_tokens // self.page_size)
         last = []  # returned to the allocator together, after the walk
         while self.refs.freed - start < want and (node := self._next_leaf()) is not None:
-            pages = self._node_pages(node)
-            last += self.refs.releasable(pages)
-            self.ledger.nodes_let_go(pages)
-            RadixCache._delete_leaf(self, node)  # its parent, now a leaf, is pushed
+            last += self.refs.releasable(self._node_pages(node))
+            self._delete_leaf(node)  # tells the ledger; its parent, now a leaf, is pushed
             self.kv_events.record_remove(node)
         if last:
             self.pages.free(last)
