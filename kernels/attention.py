@@ -1,10 +1,10 @@
 """Triton kernels for MEPIC attention: paged KV with RoPE fused on K.
 
 Keys in the pool are NoPE. Inside the kernel each key is rotated at its slot's
-position (`req_to_pos`), read from the model's own cos/sin cache; queries come in
-already rotated. A query at position p attends to slot j iff
-`0 <= req_to_pos[row, j] <= p`. Slots are addressed through `req_to_token`, so
-any page size works and the order of pages does not matter.
+position (`req_to_pos`); queries come in already rotated. A query at position
+p attends to slot j iff `0 <= req_to_pos[row, j] <= p`. Slots are addressed
+through `req_to_token`, so any page size works and the order of pages does not
+matter.
 
 Layouts (SGLang's):
   q        [tokens, Hq, D]        k_pool, v_pool [slots, Hkv, D]
@@ -12,8 +12,31 @@ Layouts (SGLang's):
 RoPE: neox pairs (i, i + ROT/2) or gptj pairs (2i, 2i + 1) over the first ROT
 dims; dims past ROT pass through (partial rotary).
 
-Numerics: loads are upcast to fp32, rotation and softmax run in fp32 (the
-interpreter gets bf16 arithmetic wrong, and so would a careless kernel).
+Where the cos/sin come from. With `inv_freq` (and `mscale`) the kernels compute
+cos(pos * inv_freq) * mscale on chip, the same fp32 product and the same
+scaling the model's cache was built from (`Rope.frequencies` checks that it
+reproduces the cache before offering it), so a key tile costs no table reads.
+Without it they gather rows of the fp32 table, which covers every cache a
+model can bring.
+
+Structure, for GPU speed:
+- decode is flash-decoding: grid (request, kv head x head tile, split). Each
+  program rotates its share of the context once for the whole query group
+  (one [BLOCK_H, D] query tile, `tl.dot`) and writes a partial output and its
+  log-sum-exp; `_merge_kernel` combines the splits. The split count per request
+  is a device tensor (`num_kv_splits`), so nothing syncs with the host and the
+  launch can sit in a CUDA graph.
+- extend runs one program per (request, kv head, block of new tokens); its
+  query tile holds the block's tokens for every query head of the group, so
+  each key tile is loaded and rotated once per kv head. Key tiles that no query
+  of the block can see (every real position after the block's last query
+  position, or no real slot at all) are skipped after reading their positions
+  only: a fresh prefill does not pay for its masked half, and reused pages that
+  sit after the queries cost 4 bytes a slot.
+
+Numerics: rotation and softmax run in fp32; the dot products take the model's
+dtype on tensor cores (fp32 models, and the interpreter, whose bf16 arithmetic
+is wrong, take ieee fp32 dots).
 """
 
 import os
@@ -21,6 +44,9 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+MAX_KV_SPLITS = 16  # partial outputs per request at most (the merge's constexpr bound)
+MIN_SPLIT_LEN = 256  # keys per split at least: fewer and the merge costs more than the split saves
 
 
 def _interpreting() -> bool:
@@ -36,196 +62,359 @@ def _pair_index(h, HALF: tl.constexpr, NEOX: tl.constexpr):
 
 
 @triton.jit
-def _rotated_keys(K, ReqToToken, ReqToPos, CosSin, row, tok, seq_len, kvh, stride_rt, stride_rp, stride_ks,
-                  stride_kh, stride_cs, h, i1, i2, HALF: tl.constexpr):
-    """Slots, positions and RoPE'd key halves (fp32) of one block of a request's slots."""
-    in_seq = tok < seq_len
-    slot = tl.load(ReqToToken + row * stride_rt + tok, mask=in_seq, other=0).to(tl.int64)
-    pos = tl.load(ReqToPos + row * stride_rp + tok, mask=in_seq, other=-1)
-    real = in_seq & (pos >= 0)
-    cpos = tl.where(real, pos, 0).to(tl.int64)
-    cos = tl.load(CosSin + cpos[:, None] * stride_cs + h[None, :]).to(tl.float32)
-    sin = tl.load(CosSin + cpos[:, None] * stride_cs + HALF + h[None, :]).to(tl.float32)
-    k_base = K + slot[:, None] * stride_ks + kvh * stride_kh
-    k1 = tl.load(k_base + i1[None, :], mask=real[:, None], other=0.0).to(tl.float32)
-    k2 = tl.load(k_base + i2[None, :], mask=real[:, None], other=0.0).to(tl.float32)
-    return slot, pos, real, k_base, k1 * cos - k2 * sin, k2 * cos + k1 * sin
+def _inv_freq(InvFreq, h, TABLE: tl.constexpr):
+    if TABLE:
+        return h.to(tl.float32)  # unused
+    else:
+        return tl.load(InvFreq + h)
 
 
 @triton.jit
-def _softmax_step(s, m_i):
-    """Online softmax: new running max, rescale factor for the old sums, and this block's weights."""
+def _cos_sin(CosSin, stride_cs, inv_freq, mscale, pos, real, h, HALF: tl.constexpr, TABLE: tl.constexpr):
+    """cos and sin [BLOCK_N, HALF] (fp32) of the tile's positions; pads get position 0."""
+    cpos = tl.where(real, pos, 0)
+    if TABLE:
+        rows = CosSin + cpos.to(tl.int64)[:, None] * stride_cs + h[None, :]
+        return tl.load(rows).to(tl.float32), tl.load(rows + HALF).to(tl.float32)
+    else:
+        angle = cpos.to(tl.float32)[:, None] * inv_freq[None, :]
+        return tl.cos(angle) * mscale, tl.sin(angle) * mscale
+
+
+@triton.jit
+def _tile_slots(ReqToToken, ReqToPos, row, tok, end, stride_rt, stride_rp):
+    """Physical slots, positions and realness (in range, not a pad) of one tile of a request's slots."""
+    in_seq = tok < end
+    slot = tl.load(ReqToToken + row * stride_rt + tok, mask=in_seq, other=0).to(tl.int64)
+    pos = tl.load(ReqToPos + row * stride_rp + tok, mask=in_seq, other=-1)
+    return slot, pos, in_seq & (pos >= 0)
+
+
+@triton.jit
+def _scores(q1, q2, qp, K, slot, real, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq, mscale,
+            h, i1, i2, HALF: tl.constexpr, PASS: tl.constexpr, TABLE: tl.constexpr, DOT_FP32: tl.constexpr):
+    """q . RoPE(k, pos) for a query tile [R, D] (split in halves) and one key tile [BLOCK_N]: [R, BLOCK_N] fp32."""
+    cos, sin = _cos_sin(CosSin, stride_cs, inv_freq, mscale, pos, real, h, HALF, TABLE)
+    k_base = K + slot[:, None] * stride_ks + kvh * stride_kh
+    k1 = tl.load(k_base + i1[None, :], mask=real[:, None], other=0.0).to(tl.float32)
+    k2 = tl.load(k_base + i2[None, :], mask=real[:, None], other=0.0).to(tl.float32)
+    s = _dot(q1, tl.trans(k1 * cos - k2 * sin), DOT_FP32) + _dot(q2, tl.trans(k2 * cos + k1 * sin), DOT_FP32)
+    if PASS > 0:
+        ip = 2 * HALF + tl.arange(0, PASS)
+        kp = tl.load(k_base + ip[None, :], mask=real[:, None], other=0.0)
+        s += _dot(qp, tl.trans(kp), DOT_FP32)
+    return s
+
+
+@triton.jit
+def _dot(a, b, DOT_FP32: tl.constexpr):
+    # a is the query side, already in the dot's operand type; b follows it.
+    if DOT_FP32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b.to(a.dtype))
+
+
+@triton.jit
+def _load_query(Q, tok, head, mask, stride_qt, stride_qh, i1, i2, HALF: tl.constexpr, PASS: tl.constexpr):
+    base = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh
+    q1 = tl.load(base + i1[None, :], mask=mask[:, None], other=0.0)
+    q2 = tl.load(base + i2[None, :], mask=mask[:, None], other=0.0)
+    if PASS > 0:
+        qp = tl.load(base + (2 * HALF + tl.arange(0, PASS))[None, :], mask=mask[:, None], other=0.0)
+    else:
+        qp = q1  # unused
+    return q1, q2, qp
+
+
+@triton.jit
+def _online_softmax(s, m_i, l_i, acc):
+    """Fold one tile's scores s [R, N] into the running max, sum and (rescaled) accumulator; returns p too."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a block with nothing visible
-    return m_new, tl.exp(m_i - m_safe), tl.exp(s - m_safe[:, None])
+    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # nothing visible yet in this row
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None], p
+
+
+@triton.jit
+def _split_range(seq_len, splits, split, BLOCK_N: tl.constexpr):
+    # Splits are whole tiles long, so no tile straddles two of them.
+    per_split = tl.cdiv(tl.cdiv(seq_len, splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    return start, tl.minimum(start + per_split, seq_len)
 
 
 @triton.jit
 def _mepic_decode_kernel(
-    Q, K, V, Out, ReqToToken, ReqToPos, ReqIdx, SeqLens, QPos, CosSin, sm_scale,
-    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
-    stride_rt, stride_rp, stride_cs,
-    GROUP: tl.constexpr, GROUP_P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, ROT: tl.constexpr,
-    NEOX: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q, K, V, PartialOut, PartialLse, ReqToToken, ReqToPos, ReqIdx, SeqLens, QPos, NumSplits, CosSin, InvFreq,
+    mscale, sm_scale,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_pb, stride_ph, stride_ps,
+    stride_lb, stride_lh, stride_rt, stride_rp, stride_cs,
+    GROUP: tl.constexpr, HEAD_TILES: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    ROT: tl.constexpr, NEOX: tl.constexpr, BLOCK_N: tl.constexpr, TABLE: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
-    # One program per (request, kv head); it serves the GROUP query heads of that kv head.
     b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(1) // HEAD_TILES
+    tile = tl.program_id(1) % HEAD_TILES
+    split = tl.program_id(2)
+    splits = tl.load(NumSplits + b)
+    if split >= splits:
+        return
+    seq_len = tl.load(SeqLens + b)
+    start, end = _split_range(seq_len, splits, split, BLOCK_N)
+    if start >= end:
+        return
     HALF: tl.constexpr = ROT // 2
     PASS: tl.constexpr = D - ROT
-    g = tl.arange(0, GROUP_P)
+    g = tile * BLOCK_H + tl.arange(0, BLOCK_H)
     gmask = g < GROUP
+    head = kvh * GROUP + g
     h = tl.arange(0, HALF)
     dv = tl.arange(0, DV)
     n = tl.arange(0, BLOCK_N)
     i1, i2 = _pair_index(h, HALF, NEOX)
+    inv_freq = _inv_freq(InvFreq, h, TABLE)
 
     row = tl.load(ReqIdx + b).to(tl.int64)
-    seq_len = tl.load(SeqLens + b)
     q_pos = tl.load(QPos + b)
-    q_base = Q + b * stride_qt + (kvh * GROUP + g)[:, None] * stride_qh
-    q1 = tl.load(q_base + i1[None, :], mask=gmask[:, None], other=0.0).to(tl.float32) * sm_scale
-    q2 = tl.load(q_base + i2[None, :], mask=gmask[:, None], other=0.0).to(tl.float32) * sm_scale
-    if PASS > 0:
-        ip = ROT + tl.arange(0, PASS)
-        qp = tl.load(q_base + ip[None, :], mask=gmask[:, None], other=0.0).to(tl.float32) * sm_scale
+    q1, q2, qp = _load_query(Q, b + 0 * g, head, gmask, stride_qt, stride_qh, i1, i2, HALF, PASS)
 
-    m_i = tl.full([GROUP_P], -float("inf"), tl.float32)
-    l_i = tl.zeros([GROUP_P], tl.float32)
-    acc = tl.zeros([GROUP_P, DV], tl.float32)
-    for start in range(0, seq_len, BLOCK_N):
-        slot, pos, real, k_base, k1r, k2r = _rotated_keys(
-            K, ReqToToken, ReqToPos, CosSin, row, start + n, seq_len, kvh, stride_rt, stride_rp, stride_ks,
-            stride_kh, stride_cs, h, i1, i2, HALF)
-        valid = real & (pos <= q_pos)
-        s = tl.sum(q1[:, None, :] * k1r[None, :, :], 2) + tl.sum(q2[:, None, :] * k2r[None, :, :], 2)
-        if PASS > 0:
-            kp = tl.load(k_base + ip[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-            s += tl.sum(qp[:, None, :] * kp[None, :, :], 2)
-        s = tl.where(valid[None, :], s, -float("inf"))
-        m_new, alpha, p = _softmax_step(s, m_i)
-        v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :],
-                    mask=valid[:, None], other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], 1)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
-    out = Out + b * stride_ot + (kvh * GROUP + g)[:, None] * stride_oh + dv[None, :]
-    tl.store(out, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=gmask[:, None])
+    m_i = tl.full([BLOCK_H], -float("inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, DV], tl.float32)
+    for first in range(start, end, BLOCK_N):
+        slot, pos, real = _tile_slots(ReqToToken, ReqToPos, row, first + n, end, stride_rt, stride_rp)
+        visible = real & (pos <= q_pos)
+        s = _scores(q1, q2, qp, K, slot, visible, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq,
+                    mscale, h, i1, i2, HALF, PASS, TABLE, DOT_FP32) * sm_scale
+        s = tl.where(visible[None, :], s, -float("inf"))
+        m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc)
+        v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :], mask=visible[:, None], other=0.0)
+        acc += _dot(p.to(q1.dtype), v, DOT_FP32)
+    seen = l_i > 0.0
+    out = PartialOut + b * stride_pb + head[:, None] * stride_ph + split * stride_ps + dv[None, :]
+    tl.store(out, acc / tl.where(seen, l_i, 1.0)[:, None], mask=gmask[:, None])
+    lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), -float("inf"))
+    tl.store(PartialLse + b * stride_lb + head * stride_lh + split, lse, mask=gmask)
 
 
 @triton.jit
-def _dot(a, b, DOT_FP32: tl.constexpr, OP_TYPE: tl.constexpr):
-    # fp32 operands for fp32 models (no tf32) and under the interpreter, whose
-    # bf16 arithmetic is wrong; the input dtype otherwise, for tensor cores.
-    if DOT_FP32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a.to(OP_TYPE), b.to(OP_TYPE))
+def _merge_kernel(PartialOut, PartialLse, Out, SeqLens, NumSplits, stride_pb, stride_ph, stride_ps, stride_lb,
+                  stride_lh, stride_ot, stride_oh, DV: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Out[b, head] from the request's partial outputs, weighted by their log-sum-exp."""
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.load(NumSplits + b)
+    seq_len = tl.load(SeqLens + b)
+    dv = tl.arange(0, DV)
+    m = -float("inf")
+    total = 0.0
+    acc = tl.zeros([DV], tl.float32)
+    for split in range(0, MAX_SPLITS):
+        start, end = _split_range(seq_len, splits, split, BLOCK_N)
+        if (split < splits) & (start < end):
+            lse = tl.load(PartialLse + b * stride_lb + head * stride_lh + split)
+            if lse > -float("inf"):
+                part = tl.load(PartialOut + b * stride_pb + head * stride_ph + split * stride_ps + dv)
+                m_new = tl.maximum(m, lse)
+                scale = tl.exp(m - m_new)
+                w = tl.exp(lse - m_new)
+                acc = acc * scale + w * part
+                total = total * scale + w
+                m = m_new
+    out = acc / tl.where(total > 0.0, total, 1.0)
+    tl.store(Out + b * stride_ot + head * stride_oh + dv, out.to(Out.dtype.element_ty))
 
 
 @triton.jit
 def _mepic_extend_kernel(
-    Q, K, V, Out, ReqToToken, ReqToPos, ReqIdx, SeqLens, QStart, ExtLens, Positions, CosSin, sm_scale,
+    Q, K, V, Out, ReqToToken, ReqToPos, ReqIdx, SeqLens, QStart, ExtLens, Positions, CosSin, InvFreq, mscale,
+    sm_scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
     stride_rt, stride_rp, stride_cs,
-    GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, ROT: tl.constexpr, NEOX: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, ROT: tl.constexpr,
+    NEOX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TABLE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
-    # One program per (request, query head, block of BLOCK_M new tokens).
+    # Query tile: BLOCK_M rows = BLOCK_M // GROUP_P new tokens x GROUP_P heads of kv head `kvh`.
+    TOKENS: tl.constexpr = BLOCK_M // GROUP_P
     b = tl.program_id(0)
-    qh = tl.program_id(1)
+    kvh = tl.program_id(1)
     mblk = tl.program_id(2)
     ext_len = tl.load(ExtLens + b)
-    if mblk * BLOCK_M >= ext_len:
+    if mblk * TOKENS >= ext_len:
         return
-    kvh = qh // GROUP
     HALF: tl.constexpr = ROT // 2
     PASS: tl.constexpr = D - ROT
+    r = tl.arange(0, BLOCK_M)
+    m = mblk * TOKENS + r // GROUP_P
+    g = r % GROUP_P
+    rmask = (m < ext_len) & (g < GROUP)
+    head = kvh * GROUP + g
     h = tl.arange(0, HALF)
     dv = tl.arange(0, DV)
     n = tl.arange(0, BLOCK_N)
     i1, i2 = _pair_index(h, HALF, NEOX)
+    inv_freq = _inv_freq(InvFreq, h, TABLE)
 
     row = tl.load(ReqIdx + b).to(tl.int64)
     seq_len = tl.load(SeqLens + b)
-    q_start = tl.load(QStart + b)
-    m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_valid = m < ext_len
-    q_tok = (q_start + m).to(tl.int64)
-    q_pos = tl.load(Positions + q_tok, mask=m_valid, other=-1)
-    q_base = Q + q_tok[:, None] * stride_qt + qh * stride_qh
-    OP: tl.constexpr = Q.dtype.element_ty
-    q1 = tl.load(q_base + i1[None, :], mask=m_valid[:, None], other=0.0).to(tl.float32) * sm_scale
-    q2 = tl.load(q_base + i2[None, :], mask=m_valid[:, None], other=0.0).to(tl.float32) * sm_scale
-    if PASS > 0:
-        ip = ROT + tl.arange(0, PASS)
-        qp = tl.load(q_base + ip[None, :], mask=m_valid[:, None], other=0.0).to(tl.float32) * sm_scale
+    q_tok = (tl.load(QStart + b) + m).to(tl.int64)
+    q_pos = tl.load(Positions + q_tok, mask=rmask, other=-1)
+    last_pos = tl.max(q_pos, 0)
+    q1, q2, qp = _load_query(Q, q_tok, head, rmask, stride_qt, stride_qh, i1, i2, HALF, PASS)
 
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV], tl.float32)
-    for start in range(0, seq_len, BLOCK_N):
-        slot, pos, real, k_base, k1r, k2r = _rotated_keys(
-            K, ReqToToken, ReqToPos, CosSin, row, start + n, seq_len, kvh, stride_rt, stride_rp, stride_ks,
-            stride_kh, stride_cs, h, i1, i2, HALF)
-        s = _dot(q1, tl.trans(k1r), DOT_FP32, OP) + _dot(q2, tl.trans(k2r), DOT_FP32, OP)
-        if PASS > 0:
-            kp = tl.load(k_base + ip[None, :], mask=real[:, None], other=0.0)
-            s += _dot(qp, tl.trans(kp), DOT_FP32, OP)
-        visible = real[None, :] & (pos[None, :] <= q_pos[:, None])
-        s = tl.where(visible, s, -float("inf"))
-        m_new, alpha, p = _softmax_step(s, m_i)
-        v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :], mask=real[:, None], other=0.0)
-        acc = acc * alpha[:, None] + _dot(p, v, DOT_FP32, OP)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
-    l_i = tl.where(l_i == 0.0, 1.0, l_i)  # padding rows of the block
-    out = Out + q_tok[:, None] * stride_ot + qh * stride_oh + dv[None, :]
-    tl.store(out, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=m_valid[:, None])
+    for first in range(0, seq_len, BLOCK_N):
+        slot, pos, real = _tile_slots(ReqToToken, ReqToPos, row, first + n, seq_len, stride_rt, stride_rp)
+        # Positions first: a tile no query of the block can see costs nothing more.
+        if tl.min(tl.where(real, pos, last_pos + 1), 0) <= last_pos:
+            s = _scores(q1, q2, qp, K, slot, real, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq,
+                        mscale, h, i1, i2, HALF, PASS, TABLE, DOT_FP32) * sm_scale
+            s = tl.where(real[None, :] & (pos[None, :] <= q_pos[:, None]), s, -float("inf"))
+            m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc)
+            v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :], mask=real[:, None], other=0.0)
+            acc += _dot(p.to(q1.dtype), v, DOT_FP32)
+    out = Out + q_tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :]
+    tl.store(out, (acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]).to(Out.dtype.element_ty), mask=rmask[:, None])
 
 
-def _check(q, k_pool, cos_sin, rotary_dim):
-    d = q.shape[-1]
-    if rotary_dim % 2 or rotary_dim > d or cos_sin.shape[-1] != rotary_dim:
-        raise ValueError(f"rotary_dim {rotary_dim} does not fit head dim {d} / cos_sin {tuple(cos_sin.shape)}")
-    half, rest = rotary_dim // 2, d - rotary_dim
-    for size in (half, rest or 1, d):
-        if size & (size - 1):
-            raise ValueError(f"head dim {d} with rotary_dim {rotary_dim}: sizes must be powers of two")
-    if q.shape[1] % k_pool.shape[1]:
-        raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k_pool.shape[1]} kv heads")
+def check_shapes(head_dim: int, rotary_dim: int, q_heads: int, kv_heads: int) -> None:
+    """Refuse what the kernels cannot run, with the reason (the server calls this at start-up)."""
+    half, rest = rotary_dim // 2, head_dim - rotary_dim
+    if rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim {rotary_dim} does not fit head dim {head_dim}")
+    for size in (half, rest or 16, head_dim):
+        if size & (size - 1) or size < 16:
+            raise ValueError(f"head dim {head_dim} with rotary_dim {rotary_dim}: the GPU kernels need the rotary "
+                             f"half, the pass-through part and the head dim to be powers of two of at least 16")
+    if q_heads % kv_heads:
+        raise ValueError(f"{q_heads} query heads are not a multiple of {kv_heads} kv heads")
+
+
+def _check(q, k_pool, cos_sin, rotary_dim, inv_freq):
+    check_shapes(q.shape[-1], rotary_dim, q.shape[1], k_pool.shape[1])
+    if cos_sin.shape[-1] != rotary_dim:
+        raise ValueError(f"cos_sin {tuple(cos_sin.shape)} does not match rotary_dim {rotary_dim}")
+    if inv_freq is not None and inv_freq.shape != (rotary_dim // 2,):
+        raise ValueError(f"inv_freq {tuple(inv_freq.shape)} does not match rotary_dim {rotary_dim}")
+
+
+def _rope_args(cos_sin, inv_freq, mscale):
+    table = inv_freq is None
+    return cos_sin, (cos_sin if table else inv_freq), float(mscale), table
+
+
+def num_kv_splits(seq_lens: torch.Tensor, programs_per_split: int, sm_count: int, out: torch.Tensor | None = None,
+                  max_splits: int = MAX_KV_SPLITS) -> torch.Tensor:
+    """Splits per request [B] (int32), on the device and without a host sync.
+
+    Enough programs for about two waves over the SMs, never a split shorter
+    than MIN_SPLIT_LEN keys, and each request's splits in proportion to its
+    length, so a short request in a long batch is not cut into slivers.
+    """
+    lens = seq_lens.to(torch.int32)
+    wanted = max(1, min(max_splits, -(-2 * sm_count // max(programs_per_split, 1))))
+    longest = lens.max().clamp(min=1)
+    per_split = torch.maximum(torch.div(longest + wanted - 1, wanted, rounding_mode="floor"),
+                              torch.full_like(longest, MIN_SPLIT_LEN))
+    splits = torch.div(lens + per_split - 1, per_split, rounding_mode="floor").clamp(1, max_splits).to(torch.int32)
+    if out is None:
+        return splits
+    out[: splits.numel()].copy_(splits)
+    return out[: splits.numel()]
+
+
+class DecodeWorkspace:
+    """Partial outputs and log-sum-exps of split decode; fixed addresses for CUDA graphs."""
+
+    def __init__(self, batch: int, heads: int, dv: int, device, max_splits: int = MAX_KV_SPLITS):
+        self.partial = torch.empty((batch, heads, max_splits, dv), dtype=torch.float32, device=device)
+        self.lse = torch.empty((batch, heads, max_splits), dtype=torch.float32, device=device)
+        self.max_splits = max_splits
+
+    def fits(self, batch: int, heads: int, dv: int) -> bool:
+        return self.partial.shape[0] >= batch and self.partial.shape[1] == heads and self.partial.shape[3] == dv
+
+
+def sm_count(device) -> int:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # an H100's, so the interpreter exercises the same split counts
 
 
 def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin, rotary_dim, neox,
-           sm_scale, out=None, block_n=64):
-    """One new token per request: q [B, Hq, D] -> out [B, Hq, Dv]."""
-    _check(q, k_pool, cos_sin, rotary_dim)
+           sm_scale, out=None, block_n=32, inv_freq=None, mscale=1.0, splits=None, workspace=None, block_h=16,
+           num_warps=4, num_stages=2):
+    """One new token per request: q [B, Hq, D] -> out [B, Hq, Dv].
+
+    `splits` [B] int32 (default: `num_kv_splits`) says how many programs share
+    each request's context; `workspace` (a DecodeWorkspace) holds their partial
+    results. Both may be fixed buffers, for CUDA graphs.
+    """
+    _check(q, k_pool, cos_sin, rotary_dim, inv_freq)
     batch, hq, d = q.shape
     hkv, dv = k_pool.shape[1], v_pool.shape[-1]
     group = hq // hkv
+    block_h = max(16, min(block_h, triton.next_power_of_2(group)))
+    head_tiles = triton.cdiv(group, block_h)
+    if splits is None:
+        splits = num_kv_splits(seq_lens, batch * hkv * head_tiles, sm_count(q.device))
+    if workspace is None:
+        workspace = DecodeWorkspace(batch, hq, dv, q.device)
+    elif not workspace.fits(batch, hq, dv):
+        raise ValueError(f"decode workspace {tuple(workspace.partial.shape)} does not fit batch {batch}, "
+                         f"{hq} heads, head dim {dv}")
     out = q.new_empty((batch, hq, dv)) if out is None else out
-    _mepic_decode_kernel[(batch, hkv)](
-        q, k_pool, v_pool, out, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin, sm_scale,
+    table, freq, mscale, is_table = _rope_args(cos_sin, inv_freq, mscale)
+    partial, lse = workspace.partial, workspace.lse
+    _mepic_decode_kernel[(batch, hkv * head_tiles, workspace.max_splits)](
+        q, k_pool, v_pool, partial, lse, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, splits,
+        table, freq, mscale, sm_scale,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        out.stride(0), out.stride(1), req_to_token.stride(0), req_to_pos.stride(0), cos_sin.stride(0),
-        GROUP=group, GROUP_P=triton.next_power_of_2(group), D=d, DV=dv, ROT=rotary_dim, NEOX=neox,
-        BLOCK_N=block_n)
+        partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
+        req_to_token.stride(0), req_to_pos.stride(0), table.stride(0),
+        GROUP=group, HEAD_TILES=head_tiles, BLOCK_H=block_h, D=d, DV=dv, ROT=rotary_dim, NEOX=neox,
+        BLOCK_N=block_n, TABLE=is_table, DOT_FP32=q.dtype == torch.float32 or _interpreting(),
+        num_warps=num_warps, num_stages=num_stages)
+    _merge_kernel[(batch, hq)](
+        partial, lse, out, seq_lens, splits, partial.stride(0), partial.stride(1), partial.stride(2),
+        lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), DV=dv, MAX_SPLITS=workspace.max_splits, BLOCK_N=block_n)
     return out
 
 
+def extend_tile(group: int, block_m: int) -> tuple[int, int]:
+    """(GROUP_P, tokens per program) for a query tile of block_m rows (raised to one token's heads)."""
+    group_p = triton.next_power_of_2(group)
+    return group_p, max(1, block_m // group_p)
+
+
 def extend(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_start, ext_lens, positions, cos_sin,
-           rotary_dim, neox, sm_scale, max_ext_len, out=None, block_m=32, block_n=64):
-    """New tokens of several requests, packed: q [N, Hq, D] with positions [N] -> out [N, Hq, Dv]."""
-    _check(q, k_pool, cos_sin, rotary_dim)
+           rotary_dim, neox, sm_scale, max_ext_len, out=None, block_m=64, block_n=32, inv_freq=None, mscale=1.0,
+           num_warps=4, num_stages=2):
+    """New tokens of several requests, packed: q [N, Hq, D] with positions [N] -> out [N, Hq, Dv].
+
+    block_m is the query tile's rows: block_m / next_pow2(group) tokens of every
+    query head in a kv head's group.
+    """
+    _check(q, k_pool, cos_sin, rotary_dim, inv_freq)
     tokens, hq, d = q.shape
     hkv, dv = k_pool.shape[1], v_pool.shape[-1]
+    group = hq // hkv
+    group_p, per_program = extend_tile(group, block_m)
     out = q.new_empty((tokens, hq, dv)) if out is None else out
-    grid = (req_idx.shape[0], hq, triton.cdiv(max_ext_len, block_m))
+    table, freq, mscale, is_table = _rope_args(cos_sin, inv_freq, mscale)
+    grid = (req_idx.shape[0], hkv, triton.cdiv(max_ext_len, per_program))
     _mepic_extend_kernel[grid](
-        q, k_pool, v_pool, out, req_to_token, req_to_pos, req_idx, seq_lens, q_start, ext_lens, positions, cos_sin,
-        sm_scale,
+        q, k_pool, v_pool, out, req_to_token, req_to_pos, req_idx, seq_lens, q_start, ext_lens, positions,
+        table, freq, mscale, sm_scale,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        out.stride(0), out.stride(1), req_to_token.stride(0), req_to_pos.stride(0), cos_sin.stride(0),
-        GROUP=hq // hkv, D=d, DV=dv, ROT=rotary_dim, NEOX=neox, BLOCK_M=block_m, BLOCK_N=block_n,
-        DOT_FP32=q.dtype == torch.float32 or _interpreting())
+        out.stride(0), out.stride(1), req_to_token.stride(0), req_to_pos.stride(0), table.stride(0),
+        GROUP=group, GROUP_P=group_p, D=d, DV=dv, ROT=rotary_dim, NEOX=neox, BLOCK_M=per_program * group_p,
+        BLOCK_N=block_n, TABLE=is_table, DOT_FP32=q.dtype == torch.float32 or _interpreting(),
+        num_warps=num_warps, num_stages=num_stages)
     return out

@@ -76,6 +76,47 @@ class Rope:
             out[..., self.rotary_dim:] = x[..., self.rotary_dim:]
         return out
 
+    def frequencies(self, tolerance: float = 1e-6) -> tuple[torch.Tensor, float] | None:
+        """(inv_freq [rotary_dim/2] fp32, mscale) with cos(p * inv_freq) * mscale == the cache, or None.
+
+        The GPU kernels then compute cos/sin on chip instead of reading the
+        table. Read from the cache itself rather than from the rotary class, so
+        every variant whose cache has that form qualifies (plain, llama3, YaRN),
+        and one that does not (linear scaling divides positions first, which
+        rounds differently) keeps the table. The frequency at position 1 is the
+        angle itself; of it and its fp32 neighbours the one that reproduces the
+        whole cache wins, and only within `tolerance` (about the fp32 rounding
+        of a cos) is it offered.
+        """
+        cache = self.cos_sin_cache.detach().float().cpu()
+        if cache.shape[0] < 2:
+            return None
+        half = self.rotary_dim // 2
+        cos, sin = cache[:, :half], cache[:, half:]
+        mscale = float(cos[0, 0])
+        if mscale <= 0 or not torch.all(cos[0] == cos[0, 0]) or not torch.all(sin[0] == 0):
+            return None
+        angle = torch.atan2(sin[1].double(), cos[1].double()).float()
+        candidates = [angle]
+        for _ in range(2):
+            candidates = [candidates[0].nextafter(torch.zeros_like(angle))] + candidates + \
+                         [candidates[-1].nextafter(torch.full_like(angle, 10.0))]
+        def error(inv_freq, rows):
+            freqs = rows.float()[:, None] * inv_freq[None, :]
+            return torch.maximum((freqs.cos() * mscale - cos[rows]).abs(),
+                                 (freqs.sin() * mscale - sin[rows]).abs()).amax(0)
+
+        n = cache.shape[0]
+        probe = torch.unique(torch.cat([torch.arange(min(n, 2048)), torch.arange(max(0, n - 2048), n)]))
+        best, best_err = candidates[0], error(candidates[0], probe)
+        for inv_freq in candidates[1:]:
+            err = error(inv_freq, probe)
+            better = err < best_err
+            best, best_err = torch.where(better, inv_freq, best), torch.where(better, err, best_err)
+        if float(error(best, torch.arange(n)).max()) > tolerance * max(mscale, 1.0):
+            return None
+        return best.to(self.cos_sin_cache.device), mscale
+
 def cos_sin_cache(rotary_dim: int, max_positions: int, base: float = 10000.0) -> torch.Tensor:
     """A plain RoPE cache, for tests and kernels' references."""
     inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))

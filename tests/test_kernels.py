@@ -63,11 +63,21 @@ CASES = [  # (head dim, query heads, kv heads, page size, neox, rotary dim)
 ]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}
+# Where the kernels get cos/sin: the model's table, or computed on chip from its frequencies.
+SOURCES = ["table", "chip"]
 
 
+def rope_kwargs(rope: Rope, source: str) -> dict:
+    if source == "table":
+        return {}
+    inv_freq, mscale = rope.frequencies()
+    return dict(inv_freq=inv_freq, mscale=mscale)
+
+
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("d, hq, hkv, page_size, neox, rot", CASES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_decode_kernel(d, hq, hkv, page_size, neox, rot, dtype):
+def test_decode_kernel(d, hq, hkv, page_size, neox, rot, dtype, source):
     seq_lens = [37, 70, 5]
     ext = [1, 1, 1]
     k_pool, v_pool, r2t, r2p, req_idx = make_batch(seq_lens, ext, hq, hkv, d, page_size, dtype, seed=d + hq + rot)
@@ -77,15 +87,16 @@ def test_decode_kernel(d, hq, hkv, page_size, neox, rot, dtype):
     q = rope.rotate(torch.randn(len(seq_lens), hq, d), q_pos.long()).to(dtype)
     scale = d ** -0.5
     out = kernels.decode(q, k_pool, v_pool, r2t, r2p, req_idx, torch.tensor(seq_lens, dtype=torch.int32), q_pos,
-                         cache, rot, neox, scale, block_n=32)
+                         cache, rot, neox, scale, block_n=32, **rope_kwargs(rope, source))
     ref = reference(q, q_pos, k_pool, v_pool, r2t, r2p, req_idx, seq_lens, ext, rope, scale)
     assert out.dtype == dtype
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("d, hq, hkv, page_size, neox, rot", CASES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_extend_kernel(d, hq, hkv, page_size, neox, rot, dtype):
+def test_extend_kernel(d, hq, hkv, page_size, neox, rot, dtype, source):
     seq_lens = [40, 21, 70]
     ext = [40, 5, 17]  # a fresh prompt, a short extend after a prefix, a longer one
     k_pool, v_pool, r2t, r2p, req_idx = make_batch(seq_lens, ext, hq, hkv, d, page_size, dtype, seed=7 * d + rot)
@@ -97,9 +108,110 @@ def test_extend_kernel(d, hq, hkv, page_size, neox, rot, dtype):
     scale = d ** -0.5
     out = kernels.extend(q, k_pool, v_pool, r2t, r2p, req_idx, torch.tensor(seq_lens, dtype=torch.int32), q_start,
                          torch.tensor(ext, dtype=torch.int32), positions, cache, rot, neox, scale, max(ext),
-                         block_m=32, block_n=32)
+                         block_m=32, block_n=32, **rope_kwargs(rope, source))
     ref = reference(q, positions, k_pool, v_pool, r2t, r2p, req_idx, seq_lens, ext, rope, scale)
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("splits", [None, [1, 1, 1, 1, 1], [1, 2, 3, 16, 7], [16, 16, 16, 16, 16]],
+                         ids=["heuristic", "one", "mixed", "many"])
+def test_decode_split_counts(splits):
+    """Split decode merges to the same attention whatever the split count, tails and empty splits included.
+
+    GQA group 7 (14 query heads on 2), contexts that are not whole tiles, and
+    more splits than a short context has tiles.
+    """
+    d, hq, hkv, rot = 64, 14, 2, 64
+    seq_lens = [1, 31, 33, 517, 300]
+    ext = [1] * len(seq_lens)
+    k_pool, v_pool, r2t, r2p, req_idx = make_batch(seq_lens, ext, hq, hkv, d, 16, torch.float32, seed=5)
+    cache = cos_sin_cache(rot, MAX_POS)
+    rope = Rope(cache, rot, d, True)
+    q_pos = torch.stack([r2p[row, n - 1] for row, n in zip(req_idx.tolist(), seq_lens)]).to(torch.int32)
+    q = rope.rotate(torch.randn(len(seq_lens), hq, d), q_pos.long())
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    chosen = None if splits is None else torch.tensor(splits, dtype=torch.int32)
+    out = kernels.decode(q, k_pool, v_pool, r2t, r2p, req_idx, lens, q_pos, cache, rot, True, d ** -0.5,
+                         block_n=16, splits=chosen, **rope_kwargs(rope, "chip"))
+    ref = reference(q, q_pos, k_pool, v_pool, r2t, r2p, req_idx, seq_lens, ext, rope, d ** -0.5)
+    torch.testing.assert_close(out, ref, atol=2e-4, rtol=2e-4)
+
+
+def test_num_kv_splits():
+    lens = torch.tensor([10, 256, 4096, 32768, 40000])
+    one_request = kernels.num_kv_splits(lens[3:4], programs_per_split=8, sm_count=132)
+    assert one_request.tolist() == [kernels.MAX_KV_SPLITS]  # one long request: split as far as allowed
+    mixed = kernels.num_kv_splits(lens, programs_per_split=5 * 8, sm_count=132).tolist()
+    assert mixed == sorted(mixed) and mixed[0] == mixed[1] == 1 and 1 < mixed[-1] <= kernels.MAX_KV_SPLITS
+    # Never a split shorter than MIN_SPLIT_LEN keys, and a full machine gets no splits at all.
+    assert kernels.num_kv_splits(torch.tensor([600]), 1, 132).tolist() == [3]
+    assert kernels.num_kv_splits(torch.full((128,), 8192), 128 * 8, 132).tolist() == [1] * 128
+    buf = torch.zeros(8, dtype=torch.int32)
+    written = kernels.num_kv_splits(lens, 8, 132, out=buf)
+    assert written.data_ptr() == buf.data_ptr() and buf[5:].tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_extend_prefix_on_both_sides_of_the_queries(dtype, source):
+    """Reused slots whose positions lie before, among and after the new tokens' positions.
+
+    Whole tiles after the block's last query position are skipped by the
+    kernel; tiles that straddle it are masked slot by slot. GQA group 7, tiles of
+    16 slots against a 50-slot prefix, several query blocks per request.
+    """
+    d, hq, hkv, rot = 64, 14, 2, 32
+    ext = [37, 9]
+    prefix = [50, 70]
+    seq_lens = [p + e for p, e in zip(prefix, ext)]
+    k_pool, v_pool, r2t, r2p, req_idx = make_batch(seq_lens, ext, hq, hkv, d, 16, dtype, seed=3, pads=False)
+    g = torch.Generator().manual_seed(9)
+    for row, p, e in zip(req_idx.tolist(), prefix, ext):
+        new = torch.arange(100, 100 + 3 * e, 3)  # the new tokens: ascending, with gaps between them
+        # Prefix positions from 0 to far past the last new token, some equal to new tokens' positions;
+        # sorted halves so that whole tiles lie after the queries, then a few pads.
+        before = torch.randint(0, 110, (p // 2,), generator=g).sort().values
+        after = torch.randint(95, 400, (p - p // 2,), generator=g).sort().values
+        pos = torch.cat([before, after])
+        pos[torch.rand(p, generator=g) < 0.1] = -1
+        r2p[row, :p] = pos.to(torch.int32)
+        r2p[row, p:p + e] = new.to(torch.int32)
+    cache = cos_sin_cache(rot, MAX_POS)
+    rope = Rope(cache, rot, d, False)
+    positions = torch.cat([r2p[row, n - e:n] for row, n, e in zip(req_idx.tolist(), seq_lens, ext)])
+    q = rope.rotate(torch.randn(sum(ext), hq, d), positions.long()).to(dtype)
+    q_start = torch.tensor([0, ext[0]], dtype=torch.int32)
+    out = kernels.extend(q, k_pool, v_pool, r2t, r2p, req_idx, torch.tensor(seq_lens, dtype=torch.int32), q_start,
+                         torch.tensor(ext, dtype=torch.int32), positions, cache, rot, False, d ** -0.5, max(ext),
+                         block_m=32, block_n=16, **rope_kwargs(rope, source))
+    ref = reference(q, positions, k_pool, v_pool, r2t, r2p, req_idx, seq_lens, ext, rope, d ** -0.5)
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_gpu_kernels_refuse_what_they_cannot_run():
+    with pytest.raises(ValueError, match="powers of two of at least 16"):
+        kernels.check_shapes(head_dim=32, rotary_dim=16, q_heads=4, kv_heads=2)  # half of 8
+    with pytest.raises(ValueError, match="powers of two"):
+        kernels.check_shapes(head_dim=96, rotary_dim=96, q_heads=4, kv_heads=2)
+    with pytest.raises(ValueError, match="not a multiple"):
+        kernels.check_shapes(head_dim=64, rotary_dim=64, q_heads=6, kv_heads=4)
+    kernels.check_shapes(head_dim=128, rotary_dim=64, q_heads=28, kv_heads=4)  # Qwen-like group 7, partial rotary
+
+
+def test_rope_frequencies_reproduce_the_cache_or_are_refused():
+    rope = Rope(cos_sin_cache(64, 4096, base=500000.0), 64, 64, True)
+    inv_freq, mscale = rope.frequencies()
+    angles = torch.arange(4096, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    assert mscale == 1.0
+    torch.testing.assert_close(torch.cat([angles.cos(), angles.sin()], -1), rope.cos_sin_cache, atol=1e-6, rtol=0)
+    scaled = Rope(cos_sin_cache(64, 4096) * 1.25, 64, 64, True)  # YaRN-like attention scaling
+    assert scaled.frequencies()[1] == 1.25
+    # Linear scaling by 3 divides positions before the product: not of the form cos(p * w), so the table stays.
+    t = torch.arange(4096, dtype=torch.float32) / 3.0
+    inv = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
+    freqs = torch.outer(t, inv)
+    linear = Rope(torch.cat([freqs.cos(), freqs.sin()], -1), 64, 64, True)
+    assert linear.frequencies() is None
 
 
 @pytest.mark.slow
