@@ -1,20 +1,39 @@
-"""Attention cost of the mepic backend against SGLang's torch_native, and kernel accuracy.
+"""Attention cost of the mepic backend: on CPU against SGLang's torch_native, on a GPU against SGLang's Triton.
 
-    .venv/bin/python eval/bench_attention.py [--repeat 5]
+    .venv/bin/python eval/bench_attention.py [--repeat 5]            # CPU
+    python eval/bench_attention.py --device cuda [--quick] [--graph] [--rope chip|table]
 
-Part 1 times the backends' own code paths on CPU (SmolLM2-135M shapes: 9 query
+CPU. Part 1 times the backends' own code paths (SmolLM2-135M shapes: 9 query
 heads, 3 kv heads, head dim 64; fp32) for prefill and decode at 1k and 4k context
 and prints mepic / torch_native. Part 2 runs each Triton kernel under
 TRITON_INTERPRET=1 and prints its max error against the torch path.
+
+GPU (`--device cuda`). Our kernels against SGLang's `--attention-backend
+triton` kernels (`decode_attention_fwd` with its own split heuristic,
+`extend_attention_fwd`, imported from the installed sglang) and FlashAttention
+(torch SDPA flash on contiguous, pre-rotated K/V), on the shape grid of the
+shared gpu-bench: Llama-3-8B heads (32/8/128), bf16, pages of 16 slots in random
+order. SGLang reads keys already rotated, ours rotate NoPE keys in the kernel;
+each system is checked against fp32 SDPA of its own semantics before it is
+timed, and a system that fails its check is reported, not timed. One table,
+plus JSON under $OUT (or .) as bench_attention_gpu.json.
+`--device cpu --peers --tiny` runs that GPU comparison under the interpreter,
+to check the script without a GPU.
 """
 
 import argparse
+import json
+import math
 import os
 import statistics
+import sys
 import time
 from types import SimpleNamespace
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+if "--device" in sys.argv and "cuda" in sys.argv:
+    pass  # compiled kernels
+else:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 import torch  # noqa: E402
@@ -155,14 +174,251 @@ def bench_kernels():
         print(f"| extend | {dtype} | {(out.float() - ref_for(q, qp)).abs().max().item():.1e} |")
 
 
+# ---- GPU: ours vs SGLang's Triton kernels vs FlashAttention -------------------------------------------
+
+TOL = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}
+
+
+def paged_pool(seq_lens, hkv, d, dtype, device, page_size=16, seed=0):
+    """K/V pools with each request's pages in random order; slot j of a request at position j."""
+    g = torch.Generator().manual_seed(seed)
+    pages_per_row = math.ceil(max(seq_lens) / page_size)
+    num_pages = len(seq_lens) * pages_per_row + 3
+    order = torch.randperm(num_pages, generator=g)
+    k = torch.randn(num_pages * page_size, hkv, d, generator=g).to(dtype).to(device)
+    v = torch.randn(num_pages * page_size, hkv, d, generator=g).to(dtype).to(device)
+    rows = len(seq_lens) + 1
+    r2t = torch.zeros(rows, max(seq_lens) + 8, dtype=torch.int32)
+    r2p = torch.full_like(r2t, -1)
+    for i, n in enumerate(seq_lens):
+        pages = order[i * pages_per_row:(i + 1) * pages_per_row]
+        r2t[i, :n] = (pages[:, None] * page_size + torch.arange(page_size)).flatten()[:n].to(torch.int32)
+        r2p[i, :n] = torch.arange(n, dtype=torch.int32)
+    req_idx = torch.arange(len(seq_lens), dtype=torch.int32)
+    return k, v, r2t.to(device), r2p.to(device), req_idx.to(device)
+
+
+class Peers:
+    """The comparison, for one device and shape set."""
+
+    def __init__(self, args):
+        from torch.nn.attention import SDPBackend
+
+        from sglang_mepic.kernels import attention as kernels
+
+        self.args, self.dev, self.kernels, self.SDPBackend = args, args.device, kernels, SDPBackend
+        self.dtype = getattr(torch, args.dtype or ("bfloat16" if self.dev == "cuda" else "float16"))
+        self.hq, self.hkv, self.d = (4, 2, 64) if args.tiny else (32, 8, 128)
+        self.max_pos = 65536
+        cache = cos_sin_cache(self.d, self.max_pos)
+        self.rope = Rope(cache.to(self.dev), self.d, self.d, True)
+        freqs = Rope(cache, self.d, self.d, True).frequencies() if args.rope == "chip" else None
+        self.rope_args = {} if freqs is None else dict(inv_freq=freqs[0].to(self.dev), mscale=freqs[1])
+        self.sms = kernels.sm_count(self.dev)
+
+    def timed(self, fn, rep):
+        if self.dev != "cuda":
+            t = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t) * 1e3
+        from triton.testing import do_bench, do_bench_cudagraph
+
+        return do_bench_cudagraph(fn, rep=rep) if self.args.graph else do_bench(fn, warmup=10, rep=rep)
+
+    def reference(self, q, k, v, qpos):
+        """fp32 attention of q [n, Hq, D] at positions qpos over k, v [L, Hkv, D] at positions 0..L-1."""
+        from torch.nn.attention import sdpa_kernel
+
+        mask = torch.arange(k.shape[0], device=q.device) <= qpos.view(-1, 1)
+        with sdpa_kernel([self.SDPBackend.MATH]):
+            out = torch.nn.functional.scaled_dot_product_attention(
+                *(t.float().transpose(0, 1) for t in (q, k, v)), attn_mask=mask, scale=self.d ** -0.5,
+                enable_gqa=True)
+        return out.transpose(0, 1)
+
+    def measure(self, row, name, fn, pick, ref, rep):
+        try:
+            out = pick(fn())
+            err = (out.float() - ref).abs().max().item()
+            ok = err <= TOL[self.dtype] * (1 + ref.abs().max().item())
+            row["check"][name] = dict(max_err=round(err, 5), ok=ok)
+            row["ms"][name] = round(self.timed(fn, rep), 4) if ok else float("nan")
+        except Exception as e:  # report it, go on with the others
+            row["check"][name] = dict(ok=False, error=f"{type(e).__name__}: {str(e)[-300:]}")
+            row["ms"][name] = float("nan")
+
+    def sdpa(self, q, k, v, backends, is_causal=False, mask=None):
+        from torch.nn.attention import sdpa_kernel
+
+        with sdpa_kernel(backends if self.dev == "cuda" else [self.SDPBackend.MATH]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                                                    enable_gqa=True)
+
+    def decode(self, batch, ctx):
+        from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+
+        hq, hkv, d, dev = self.hq, self.hkv, self.d, self.dev
+        kp, vp, r2t, r2p, ri = paged_pool([ctx] * batch, hkv, d, self.dtype, dev, seed=1)
+        seq = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+        qpos = torch.full((batch,), ctx - 1, dtype=torch.int32, device=dev)
+        q = torch.randn(batch, hq, d, device=dev, dtype=self.dtype)
+        slots = r2t[ri.long(), :ctx].long()
+        n = min(batch, 4)
+        ref_pre = torch.cat([self.reference(q[i:i + 1], kp[slots[i]], vp[slots[i]], qpos[i:i + 1]) for i in range(n)])
+        ref_rot = torch.cat([self.reference(q[i:i + 1], self.rope.rotate(kp[slots[i]].float()), vp[slots[i]],
+                                            qpos[i:i + 1]) for i in range(n)])
+        row = dict(kind="decode", batch=batch, ctx=ctx, ms={}, check={})
+        ws = self.kernels.DecodeWorkspace(batch, hq, d, dev)
+        splits = self.kernels.num_kv_splits(seq, batch * hkv, self.sms)
+        row["our_splits"] = int(splits[0])
+        self.measure(row, "ours", lambda: self.kernels.decode(q, kp, vp, r2t, r2p, ri, seq, qpos, self.rope.cos_sin_cache,
+                                                             d, True, d ** -0.5, splits=splits, workspace=ws,
+                                                             **self.rope_args), lambda o: o[:n], ref_rot, 50)
+        # SGLang's default: at most 8 splits, per request from its own heuristic (get_num_kv_splits_triton).
+        max_splits = 8
+        auto = torch.full((batch,), max_splits, dtype=torch.int32, device=dev)
+        try:
+            from sglang.kernels.ops.attention.metadata import get_num_kv_splits_triton
+
+            get_num_kv_splits_triton[(1,)](auto, seq, batch, 1, hq, hkv, max_splits, self.sms,
+                                           MAX_NUM_SEQ=max(256, 1 << (batch - 1).bit_length()))
+        except Exception as e:  # the interpreter cannot run it under numpy 2: SGLang's max splits then
+            row["sglang_splits_note"] = f"{type(e).__name__}: heuristic not run, {max_splits} splits"
+        row["sglang_splits"] = int(auto[0])
+        o = torch.empty_like(q)
+        logits = torch.empty(batch, hq, max_splits, d, dtype=torch.float32, device=dev)
+        lse = torch.empty(batch, hq, max_splits, dtype=torch.float32, device=dev)
+        kv_indptr = torch.arange(batch + 1, dtype=torch.int32, device=dev) * ctx
+        kv_indices = slots.flatten()
+
+        # As SGLang's triton backend launches it: PDL on sm90+ (fallback without, if this triton cannot).
+        pdl = [dev == "cuda" and torch.cuda.get_device_capability()[0] >= 9]
+
+        def sglang():
+            try:
+                decode_attention_fwd(q, kp, vp, o, kv_indptr, kv_indices, logits, lse, auto, max_splits, d ** -0.5,
+                                     1.0, 1.0, use_pdl=pdl[0])
+            except Exception:
+                if not pdl[0]:
+                    raise
+                pdl[0] = False
+                row["sglang_pdl"] = False
+                return sglang()
+            return o
+        self.measure(row, "sglang", sglang, lambda o: o[:n], ref_pre, 50)
+        kc, vc = (p[slots].transpose(1, 2).contiguous() for p in (kp, vp))
+        self.measure(row, "flash", lambda: self.sdpa(q.view(batch, hq, 1, d), kc, vc, [self.SDPBackend.FLASH_ATTENTION]),
+                     lambda o: o[:n, :, 0], ref_pre, 50)
+        return row
+
+    def extend(self, ctx, new):
+        from torch.nn.attention.bias import causal_lower_right
+
+        from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+        hq, hkv, d, dev = self.hq, self.hkv, self.d, self.dev
+        prefix = ctx - new
+        kp, vp, r2t, r2p, ri = paged_pool([ctx], hkv, d, self.dtype, dev, seed=2)
+        slots = r2t[0, :ctx].long()
+        seq = torch.tensor([ctx], dtype=torch.int32, device=dev)
+        pos = torch.arange(prefix, ctx, dtype=torch.int32, device=dev)
+        q = torch.randn(new, hq, d, device=dev, dtype=self.dtype)
+        rows = torch.unique(torch.cat([torch.arange(min(new, 64)), torch.arange(max(0, new - 64), new)])).to(dev)
+        ref_pre = self.reference(q[rows], kp[slots], vp[slots], prefix + rows)
+        ref_rot = self.reference(q[rows], self.rope.rotate(kp[slots].float()), vp[slots], prefix + rows)
+        row = dict(kind="extend", ctx=ctx, new=new, ms={}, check={})
+        zero = torch.zeros(1, dtype=torch.int32, device=dev)
+        lens = torch.tensor([new], dtype=torch.int32, device=dev)
+        self.measure(row, "ours", lambda: self.kernels.extend(q, kp, vp, r2t, r2p, ri, seq, zero, lens, pos,
+                                                             self.rope.cos_sin_cache, d, True, d ** -0.5, new,
+                                                             **self.rope_args), lambda o: o[rows], ref_rot, 30)
+        # SGLang's forward_extend: the prefix through kv_indices into the pool, the new tokens' K/V contiguous.
+        ke, ve = kp[slots[prefix:]].contiguous(), vp[slots[prefix:]].contiguous()
+        kv_indices = slots[:prefix] if prefix else torch.zeros(1, dtype=torch.int64, device=dev)
+        kv_indptr = torch.tensor([0, prefix], dtype=torch.int32, device=dev)
+        qo_indptr = torch.tensor([0, new], dtype=torch.int64, device=dev)
+        o = torch.empty_like(q)
+
+        def sglang():
+            extend_attention_fwd(q, ke, ve, o, kp, vp, qo_indptr, kv_indptr, kv_indices, None, True, None, new, 1.0,
+                                 1.0, d ** -0.5, extend_seq_lens_cpu=[new])
+            return o
+        self.measure(row, "sglang", sglang, lambda o: o[rows], ref_pre, 30)
+        kc, vc = (p[slots].transpose(0, 1).unsqueeze(0).contiguous() for p in (kp, vp))
+        mask = None if new == ctx else causal_lower_right(new, ctx)
+        self.measure(row, "flash", lambda: self.sdpa(q.transpose(0, 1).unsqueeze(0), kc, vc,
+                                                     [self.SDPBackend.FLASH_ATTENTION,
+                                                      self.SDPBackend.EFFICIENT_ATTENTION],
+                                                     is_causal=new == ctx, mask=mask),
+                     lambda o: o[0].transpose(0, 1)[rows], ref_pre, 30)
+        return row
+
+
+def bench_peers(args):
+    peers = Peers(args)
+    if args.tiny:
+        decode_grid, extend_grid = [(2, 64), (1, 200)], [(64, 64), (96, 32)]
+    elif args.quick:
+        decode_grid = [(1, 4096), (8, 4096), (32, 4096), (1, 32768), (8, 32768), (64, 8192)]
+        extend_grid = [(4096, 4096), (8192, 512), (16384, 1024)]
+    else:  # ../shared/gpu-bench's grid
+        decode_grid = [(1, 1024), (1, 4096), (1, 32768), (8, 1024), (8, 4096), (8, 32768), (32, 4096), (32, 16384),
+                       (128, 2048), (128, 8192)]
+        extend_grid = [(1024, 1024), (4096, 4096), (16384, 16384), (8192, 512), (16384, 1024), (32768, 2048)]
+    device = torch.cuda.get_device_name() if peers.dev == "cuda" else "cpu (TRITON_INTERPRET=1, timings meaningless)"
+    info = dict(device=device, torch=torch.__version__, dtype=str(peers.dtype), heads=[peers.hq, peers.hkv, peers.d],
+                rope=args.rope, timer="do_bench_cudagraph" if args.graph else "do_bench")
+    print(json.dumps(info), flush=True)
+    rows = []
+    for batch, ctx in decode_grid:
+        rows.append(peers.decode(batch, ctx))
+        print(json.dumps(rows[-1]), flush=True)
+        if peers.dev == "cuda":
+            torch.cuda.empty_cache()
+    for ctx, new in extend_grid:
+        rows.append(peers.extend(ctx, new))
+        print(json.dumps(rows[-1]), flush=True)
+        if peers.dev == "cuda":
+            torch.cuda.empty_cache()
+    print(f"\n## {device}: ms, and ours / peer ({peers.dtype}, heads {peers.hq}/{peers.hkv}/{peers.d}, "
+          f"our RoPE from {args.rope})\n")
+    print("| case | ours | SGLang triton | flash | ours / SGLang | ours / flash | checks |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        case = (f"decode, batch {r['batch']}, context {r['ctx']}" if r["kind"] == "decode"
+                else f"{r['new']} new tokens on {r['ctx']} context" if r["new"] != r["ctx"]
+                else f"prefill {r['ctx']} (fresh)")
+        ms = r["ms"]
+        checks = "ok" if all(c["ok"] for c in r["check"].values()) else \
+            "FAILED: " + ", ".join(k for k, c in r["check"].items() if not c["ok"])
+        print(f"| {case} | {ms['ours']:.3f} | {ms['sglang']:.3f} | {ms['flash']:.3f} | "
+              f"{ms['ours'] / ms['sglang']:.2f} | {ms['ours'] / ms['flash']:.2f} | {checks} |")
+    path = os.path.join(os.environ.get("OUT", "."), "bench_attention_gpu.json")
+    with open(path, "w") as f:
+        json.dump(dict(info=info, rows=rows), f, indent=1)
+    print("\nwrote", path)
+    return 0 if all(c["ok"] for r in rows for c in r["check"].values()) else 1
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--peers", action="store_true", help="on cpu: the GPU comparison, under the interpreter")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes (4 q heads, 2 kv heads, head dim 64)")
+    parser.add_argument("--quick", action="store_true", help="a smaller GPU grid")
+    parser.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no launch overhead)")
+    parser.add_argument("--rope", choices=("chip", "table"), default="chip", help="where our kernels get cos/sin")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
+                        help="GPU default bfloat16; float16 under the interpreter, whose bf16 dots are wrong")
     args = parser.parse_args()
+    if args.device == "cuda" or args.peers:
+        return bench_peers(args)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
     bench_cpu(args.repeat)
     bench_kernels()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -91,28 +91,32 @@ def _tile_slots(ReqToToken, ReqToPos, row, tok, end, stride_rt, stride_rp):
 
 
 @triton.jit
-def _scores(q1, q2, qp, K, slot, real, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq, mscale,
+def _scores(s0, q1, q2, qp, K, slot, real, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq, mscale,
             h, i1, i2, HALF: tl.constexpr, PASS: tl.constexpr, TABLE: tl.constexpr, DOT_FP32: tl.constexpr):
-    """q . RoPE(k, pos) for a query tile [R, D] (split in halves) and one key tile [BLOCK_N]: [R, BLOCK_N] fp32."""
+    """q . RoPE(k, pos) for a query tile [R, D] (split in halves) and one key tile [BLOCK_N]: [R, BLOCK_N] fp32.
+
+    s0 is a zero [R, BLOCK_N] fp32 tile, the dots' accumulator."""
     cos, sin = _cos_sin(CosSin, stride_cs, inv_freq, mscale, pos, real, h, HALF, TABLE)
     k_base = K + slot[:, None] * stride_ks + kvh * stride_kh
     k1 = tl.load(k_base + i1[None, :], mask=real[:, None], other=0.0).to(tl.float32)
     k2 = tl.load(k_base + i2[None, :], mask=real[:, None], other=0.0).to(tl.float32)
-    s = _dot(q1, tl.trans(k1 * cos - k2 * sin), DOT_FP32) + _dot(q2, tl.trans(k2 * cos + k1 * sin), DOT_FP32)
+    s = _dot(q1, tl.trans(k1 * cos - k2 * sin), s0, DOT_FP32)
+    s = _dot(q2, tl.trans(k2 * cos + k1 * sin), s, DOT_FP32)
     if PASS > 0:
         ip = 2 * HALF + tl.arange(0, PASS)
         kp = tl.load(k_base + ip[None, :], mask=real[:, None], other=0.0)
-        s += _dot(qp, tl.trans(kp), DOT_FP32)
+        s = _dot(qp, tl.trans(kp), s, DOT_FP32)
     return s
 
 
 @triton.jit
-def _dot(a, b, DOT_FP32: tl.constexpr):
-    # a is the query side, already in the dot's operand type; b follows it.
+def _dot(a, b, acc, DOT_FP32: tl.constexpr):
+    # a is the query side, already in the dot's operand type; b follows it. Accumulating into
+    # acc (rather than adding two dots) keeps one score tile live, not two.
     if DOT_FP32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
-        return tl.dot(a, b.to(a.dtype))
+        return tl.dot(a, b.to(a.dtype), acc)
 
 
 @triton.jit
@@ -186,12 +190,12 @@ def _mepic_decode_kernel(
     for first in range(start, end, BLOCK_N):
         slot, pos, real = _tile_slots(ReqToToken, ReqToPos, row, first + n, end, stride_rt, stride_rp)
         visible = real & (pos <= q_pos)
-        s = _scores(q1, q2, qp, K, slot, visible, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq,
+        s = _scores(tl.zeros([BLOCK_H, BLOCK_N], tl.float32), q1, q2, qp, K, slot, visible, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq,
                     mscale, h, i1, i2, HALF, PASS, TABLE, DOT_FP32) * sm_scale
         s = tl.where(visible[None, :], s, -float("inf"))
         m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc)
         v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :], mask=visible[:, None], other=0.0)
-        acc += _dot(p.to(q1.dtype), v, DOT_FP32)
+        acc = _dot(p.to(q1.dtype), v, acc, DOT_FP32)
     seen = l_i > 0.0
     out = PartialOut + b * stride_pb + head[:, None] * stride_ph + split * stride_ps + dv[None, :]
     tl.store(out, acc / tl.where(seen, l_i, 1.0)[:, None], mask=gmask[:, None])
@@ -272,12 +276,12 @@ def _mepic_extend_kernel(
         slot, pos, real = _tile_slots(ReqToToken, ReqToPos, row, first + n, seq_len, stride_rt, stride_rp)
         # Positions first: a tile no query of the block can see costs nothing more.
         if tl.min(tl.where(real, pos, last_pos + 1), 0) <= last_pos:
-            s = _scores(q1, q2, qp, K, slot, real, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq,
+            s = _scores(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), q1, q2, qp, K, slot, real, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq,
                         mscale, h, i1, i2, HALF, PASS, TABLE, DOT_FP32) * sm_scale
             s = tl.where(real[None, :] & (pos[None, :] <= q_pos[:, None]), s, -float("inf"))
             m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc)
             v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :], mask=real[:, None], other=0.0)
-            acc += _dot(p.to(q1.dtype), v, DOT_FP32)
+            acc = _dot(p.to(q1.dtype), v, acc, DOT_FP32)
     out = Out + q_tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :]
     tl.store(out, (acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]).to(Out.dtype.element_ty), mask=rmask[:, None])
 
@@ -347,9 +351,42 @@ def sm_count(device) -> int:
     return 132  # an H100's, so the interpreter exercises the same split counts
 
 
+def launch_config(kind: str, head_dim: int, dtype: torch.dtype, arch: int = 90) -> dict:
+    """Tile sizes, warps and pipeline stages of a launch on Hopper (arch 90) or Ampere (80).
+
+    Chosen with `python -m sglang_mepic.kernels.aot`, which compiles each one
+    for the head shapes of the models we serve and fails on any register spill.
+    The extend tile is what fits beside the [rows, D] fp32 accumulator and the
+    query tile: on sm_90, 64 rows of 32 keys with 8 warps (128 rows or 64 keys
+    spill, 40 to 1,500 bytes); on sm_80, 32 rows. fp32 models take ieee fp32
+    dots, off the tensor cores, in small tiles. Speed is measured on a GPU
+    (`eval/bench_attention.py --device cuda`), not here.
+    """
+    if kind == "decode":  # on sm_80, 4 warps spill 88 bytes (partial rotary, table)
+        return dict(block_n=32, block_h=16, num_warps=4 if arch >= 90 else 8, num_stages=2)
+    if dtype == torch.float32:
+        return dict(block_m=32, block_n=16, num_warps=4, num_stages=1)
+    if arch >= 90:
+        return dict(block_m=64, block_n=32, num_warps=8, num_stages=2)
+    return dict(block_m=32, block_n=32, num_warps=8, num_stages=1)
+
+
+def device_arch(device) -> int:
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 90
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+def decode_block_h(group: int, block_h: int) -> int:
+    # tl.dot needs 16 rows at least; more than the group would be idle rows.
+    return max(16, min(block_h, triton.next_power_of_2(group)))
+
+
 def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin, rotary_dim, neox,
-           sm_scale, out=None, block_n=32, inv_freq=None, mscale=1.0, splits=None, workspace=None, block_h=16,
-           num_warps=4, num_stages=2):
+           sm_scale, out=None, block_n=None, inv_freq=None, mscale=1.0, splits=None, workspace=None, block_h=None,
+           num_warps=None, num_stages=None):
     """One new token per request: q [B, Hq, D] -> out [B, Hq, Dv].
 
     `splits` [B] int32 (default: `num_kv_splits`) says how many programs share
@@ -360,7 +397,10 @@ def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos
     batch, hq, d = q.shape
     hkv, dv = k_pool.shape[1], v_pool.shape[-1]
     group = hq // hkv
-    block_h = max(16, min(block_h, triton.next_power_of_2(group)))
+    cfg = launch_config("decode", d, q.dtype, device_arch(q.device))
+    block_n, num_warps, num_stages = block_n or cfg["block_n"], num_warps or cfg["num_warps"], \
+        num_stages or cfg["num_stages"]
+    block_h = decode_block_h(group, block_h or cfg["block_h"])
     head_tiles = triton.cdiv(group, block_h)
     if splits is None:
         splits = num_kv_splits(seq_lens, batch * hkv * head_tiles, sm_count(q.device))
@@ -394,8 +434,8 @@ def extend_tile(group: int, block_m: int) -> tuple[int, int]:
 
 
 def extend(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_start, ext_lens, positions, cos_sin,
-           rotary_dim, neox, sm_scale, max_ext_len, out=None, block_m=64, block_n=32, inv_freq=None, mscale=1.0,
-           num_warps=4, num_stages=2):
+           rotary_dim, neox, sm_scale, max_ext_len, out=None, block_m=None, block_n=None, inv_freq=None, mscale=1.0,
+           num_warps=None, num_stages=None):
     """New tokens of several requests, packed: q [N, Hq, D] with positions [N] -> out [N, Hq, Dv].
 
     block_m is the query tile's rows: block_m / next_pow2(group) tokens of every
@@ -405,7 +445,10 @@ def extend(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_sta
     tokens, hq, d = q.shape
     hkv, dv = k_pool.shape[1], v_pool.shape[-1]
     group = hq // hkv
-    group_p, per_program = extend_tile(group, block_m)
+    cfg = launch_config("extend", d, q.dtype, device_arch(q.device))
+    block_n, num_warps, num_stages = block_n or cfg["block_n"], num_warps or cfg["num_warps"], \
+        num_stages or cfg["num_stages"]
+    group_p, per_program = extend_tile(group, block_m or cfg["block_m"])
     out = q.new_empty((tokens, hq, dv)) if out is None else out
     table, freq, mscale, is_table = _rope_args(cos_sin, inv_freq, mscale)
     grid = (req_idx.shape[0], hkv, triton.cdiv(max_ext_len, per_program))

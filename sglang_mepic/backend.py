@@ -12,6 +12,7 @@ the GPU path of the same semantics.
 
 import logging
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -30,6 +31,15 @@ BACKEND_NAME = "mepic"
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
+@dataclass
+class GraphBuffers:
+    """What captured decode launches read beside the runner's own buffers; fixed addresses."""
+
+    splits: torch.Tensor  # [max_bs] int32: kv splits per request
+    workspace: object = None  # kernels.DecodeWorkspace for max_bs rows, made at the first captured decode
+    active: bool = False  # the current decode forward is a graph capture or replay
+
+
 def _rotary_modules(model) -> list:
     return [m for name, m in model.named_modules() if name.endswith("rotary_emb")]
 
@@ -37,12 +47,17 @@ def _rotary_modules(model) -> list:
 class MepicAttnBackend(AttentionBackend):
     def __init__(self, model_runner):
         super().__init__()
+        from sglang.srt.runtime_context import get_parallel
+
+        tp = get_parallel().attn_tp_size
+        config = model_runner.model_config
+        self._graph_heads = (config.num_attention_heads // tp, config.get_num_kv_heads(tp))
         self._attach(model_runner.device, model_runner.req_to_token_pool, model_runner.token_to_kv_pool,
                      self._take_over_rotary(model_runner))
         positions_module.ACTIVE = self.positions
 
     @classmethod
-    def over_pools(cls, req_to_token, k_pool, v_pool, rope: Rope) -> "MepicAttnBackend":
+    def over_pools(cls, req_to_token, k_pool, v_pool, rope: Rope, q_heads: int | None = None) -> "MepicAttnBackend":
         """A backend around bare tensors, without a model runner (tests, benchmarks)."""
 
         class Pool:
@@ -54,6 +69,7 @@ class MepicAttnBackend(AttentionBackend):
 
         backend = cls.__new__(cls)
         AttentionBackend.__init__(backend)
+        backend._graph_heads = (q_heads or k_pool.shape[1], k_pool.shape[1])
         backend._attach(k_pool.device, type("ReqToTokenPool", (), {"req_to_token": req_to_token})(), Pool(), rope)
         return backend
 
@@ -68,11 +84,23 @@ class MepicAttnBackend(AttentionBackend):
         mode = config.mode()
         self.blend = mode if mode.kind is config.Kind.CACHEBLEND else None
         self.use_triton = torch.device(device).type == "cuda"
+        self.graph: GraphBuffers | None = None
+        self._workspace = None  # split decode's partial results, reused by every layer (eager forwards)
         if self.use_triton:
             from sglang_mepic.kernels import attention as kernels
 
-            self.kernels = kernels
-            self.cos_sin = rope.cos_sin_cache.float().contiguous()
+            self._use_kernels(kernels)
+
+    def _use_kernels(self, kernels) -> None:
+        kernels.check_shapes(self.rope.head_size, self.rope.rotary_dim, 1, 1)
+        self.use_triton = True
+        self.kernels = kernels
+        self.cos_sin = self.rope.cos_sin_cache.float().contiguous()
+        freqs = self.rope.frequencies()
+        # cos/sin on chip when the model's cache is cos(p * inv_freq) * mscale; its table otherwise.
+        self.rope_args = {} if freqs is None else dict(inv_freq=freqs[0].float().contiguous(), mscale=freqs[1])
+        self.sm_count = kernels.sm_count(self.device)
+        logger.info("mepic attention: Triton kernels, RoPE cos/sin %s", "on chip" if freqs else "from the table")
 
     @staticmethod
     def _take_over_rotary(model_runner) -> Rope:
@@ -101,6 +129,8 @@ class MepicAttnBackend(AttentionBackend):
         return first
 
     def init_forward_metadata(self, forward_batch):
+        if self.graph is not None:
+            self.graph.active = False
         # Host-side per-request values, read by every layer of this forward.
         self.rows = rows = forward_batch.req_pool_indices.tolist()
         self.seq_lens = forward_batch.seq_lens.tolist()
@@ -193,12 +223,57 @@ class MepicAttnBackend(AttentionBackend):
                 forward_batch.seq_lens)
         rope = (self.cos_sin, self.rope.rotary_dim, self.rope.is_neox_style, layer.scaling)
         if decode:
-            out = self.kernels.decode(q, *args, forward_batch.positions, *rope)
+            splits, workspace = self._decode_buffers(q, args[0].shape[1], layer.v_head_dim, forward_batch.seq_lens)
+            out = self.kernels.decode(q, *args, forward_batch.positions, *rope, splits=splits, workspace=workspace,
+                                      **self.rope_args)
         else:
             lens = forward_batch.extend_seq_lens
             out = self.kernels.extend(q, *args, torch.cumsum(lens, 0) - lens, lens, forward_batch.positions, *rope,
-                                      max_ext_len=max(forward_batch.extend_seq_lens_cpu))
+                                      max_ext_len=max(forward_batch.extend_seq_lens_cpu), **self.rope_args)
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def _decode_buffers(self, q, kv_heads: int, dv: int, seq_lens):
+        """Split counts and workspace of a decode: the graph's fixed ones, or per forward (eager)."""
+        batch, heads = q.shape[0], q.shape[1]
+        graph = self.graph
+        if graph is not None and graph.active:
+            if graph.workspace is None:
+                graph.workspace = self.kernels.DecodeWorkspace(graph.splits.shape[0], heads, dv, q.device)
+            return graph.splits[:batch], graph.workspace
+        if self._workspace is None or not self._workspace.fits(batch, heads, dv):
+            self._workspace = self.kernels.DecodeWorkspace(batch, heads, dv, q.device)
+        return self.kernels.num_kv_splits(seq_lens, self._programs_per_split(batch, heads, kv_heads),
+                                          self.sm_count), self._workspace
+
+    def _programs_per_split(self, batch: int, heads: int, kv_heads: int) -> int:
+        group = heads // kv_heads
+        block_h = self.kernels.decode_block_h(group, self.kernels.launch_config("decode", 0, None)["block_h"])
+        return batch * kv_heads * -(-group // block_h)
+
+    # CUDA graphs, decode only (SGLang's graph runner calls these).
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        self.graph = GraphBuffers(splits=torch.ones(max_bs, dtype=torch.int32, device=self.device))
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        if not forward_batch.forward_mode.is_decode():
+            raise NotImplementedError("the mepic backend captures CUDA graphs for decode only")
+        self.graph.active = True
+        # Planned rows decode at their plan's next position; padding rows (capture: all) are left alone.
+        real = forward_batch.batch_size - (getattr(forward_batch, "num_padding", 0) or 0)
+        if real and not in_capture:
+            positions = forward_batch.positions[:real]
+            positions.copy_(self.positions.on_decode(forward_batch.req_pool_indices[:real],
+                                                     forward_batch.seq_lens[:real], positions))
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        """Captured: the split counts of this batch, into the fixed buffer (device ops only)."""
+        batch = forward_batch.seq_lens.shape[0]
+        self.kernels.num_kv_splits(forward_batch.seq_lens, self._programs_per_split(batch, *self._graph_heads),
+                                   self.sm_count, out=self.graph.splits)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         self._save(layer, forward_batch, k, v, save_kv_cache)

@@ -158,8 +158,9 @@ def with_defaults(argv: list[str], cuda: bool) -> tuple[list[str], dict[str, str
         argv += ["--attention-backend", ATTENTION_BACKEND]
     if not known.enable_metrics:
         argv += ["--enable-metrics"]  # /metrics, with the chunk cache's figures
-    if (known.attention_backend or ATTENTION_BACKEND) == "mepic" and known.cuda_graph_backend_decode is None:
-        # The mepic backend has no CUDA-graph capture path yet.
+    if not cuda and (known.attention_backend or ATTENTION_BACKEND) == "mepic" \
+            and known.cuda_graph_backend_decode is None:
+        # No CUDA here: nothing to capture. On CUDA the mepic backend captures decode graphs.
         argv += ["--cuda-graph-backend-decode", "disabled"]
     if not cuda:
         env["SGLANG_USE_CPU_ENGINE"] = "1"

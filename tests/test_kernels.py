@@ -216,7 +216,7 @@ def test_rope_frequencies_reproduce_the_cache_or_are_refused():
 
 @pytest.mark.slow
 def test_compiles_for_sm90_and_sm80():
-    """Real GPU compilation (PTX + cubin) with no GPU present, in a process without the interpreter."""
+    """Real GPU compilation (PTX + cubin) with no GPU present, in a process without the interpreter: no spills."""
     import subprocess
     import sys
 
@@ -225,8 +225,10 @@ def test_compiles_for_sm90_and_sm80():
                          text=True, timeout=900)
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr
-    for arch in ("cuda:90", "cuda:80"):
-        assert f"{arch} decode" in out.stdout and f"{arch} extend" in out.stdout
+    for arch in ("sm_90", "sm_80"):
+        for kernel in ("decode", "extend", "merge"):
+            assert f"| {arch} | {kernel} |" in out.stdout
+    assert "no spills, all compiled" in out.stdout
 
 
 @pytest.mark.parametrize("decode", [False, True], ids=["extend", "decode"])
@@ -255,6 +257,66 @@ def test_backend_triton_path_equals_torch_path(decode):
     layer = SimpleNamespace(tp_q_head_num=hq, qk_head_dim=d, v_head_dim=d, layer_id=0, scaling=d ** -0.5,
                             is_cross_attention=False, sliding_window_size=-1)
     torch_out = backend._run(q, layer, fb, ext, decode=decode)
-    backend.kernels, backend.cos_sin = kernels, rope.cos_sin_cache
+    backend._use_kernels(kernels)
     triton_out = backend._run_triton(q, layer, fb, decode=decode)
     torch.testing.assert_close(triton_out, torch_out, atol=2e-4, rtol=2e-4)
+
+
+def test_backend_decode_graph_hooks_use_fixed_buffers():
+    """The CUDA-graph hooks, on CPU under the interpreter: capture, then a replay of another batch.
+
+    Replay writes the planned row's decode position into the runner's positions
+    buffer in place, recomputes the split counts into the fixed buffer, and the
+    captured launch (same tensors) gives the attention of the new batch.
+    """
+    from types import SimpleNamespace
+
+    from sglang_mepic.backend import MepicAttnBackend
+
+    d, hq, hkv = 64, 6, 2
+    seq_lens = [30, 300]
+    k_pool, v_pool, r2t, r2p, req_idx = make_batch(seq_lens, [1, 1], hq, hkv, d, 16, torch.float32, seed=13)
+    rope = Rope(cos_sin_cache(d, MAX_POS), d, d, True)
+    backend = MepicAttnBackend.over_pools(r2t, k_pool, v_pool, rope, q_heads=hq)
+    backend._use_kernels(kernels)  # the GPU path, which a CPU backend does not take by itself
+    planned, plain = req_idx.tolist()
+    # Row 0 has a plan (gaps, pads); its new token comes after its last real position. Row 1 is plain.
+    backend.positions.assign(planned, r2p[planned, :seq_lens[0]])
+    backend.positions.req_to_pos[plain, :seq_lens[1] - 1] = torch.arange(seq_lens[1] - 1, dtype=torch.int32)
+    expected_pos = int(r2p[planned, :seq_lens[0] - 1].max()) + 1
+
+    max_bs = 4
+    backend.init_cuda_graph_state(max_bs, max_bs)
+    buffers = SimpleNamespace(req_pool_indices=torch.zeros(max_bs, dtype=torch.int64),
+                              seq_lens=torch.full((max_bs,), backend.get_cuda_graph_seq_len_fill_value()),
+                              positions=torch.zeros(max_bs, dtype=torch.int64))
+    decode = SimpleNamespace(is_decode=lambda: True, is_extend=lambda: False)
+    layer = SimpleNamespace(tp_q_head_num=hq, qk_head_dim=d, v_head_dim=d, layer_id=0, scaling=d ** -0.5,
+                            is_cross_attention=False, sliding_window_size=-1)
+    captured = SimpleNamespace(batch_size=max_bs, forward_mode=decode, **vars(buffers))
+    q = torch.randn(max_bs, hq * d)
+    backend.init_forward_metadata_out_graph(captured, in_capture=True)
+    backend.init_forward_metadata_in_graph(captured)
+    backend.forward_decode(q, None, None, layer, captured, save_kv_cache=False)
+    splits_at, workspace_at = backend.graph.splits.data_ptr(), backend.graph.workspace.partial.data_ptr()
+
+    # Replay: the runner copies the batch into its buffers (positions: SGLang's seq_len - 1), pads the rest.
+    buffers.req_pool_indices[:2] = req_idx.long()
+    buffers.seq_lens[:2] = torch.tensor(seq_lens)
+    buffers.positions[:2] = torch.tensor(seq_lens) - 1
+    view = SimpleNamespace(batch_size=max_bs, num_padding=2, forward_mode=decode, **vars(buffers))
+    backend.init_forward_metadata_out_graph(view)
+    assert buffers.positions[:2].tolist() == [expected_pos, seq_lens[1] - 1]
+    backend.init_forward_metadata_in_graph(view)
+    out = backend.forward_decode(q, None, None, layer, view, save_kv_cache=False).view(max_bs, hq, d)
+    assert (backend.graph.splits.data_ptr(), backend.graph.workspace.partial.data_ptr()) == (splits_at, workspace_at)
+    assert backend.graph.splits[:2].tolist() == kernels.num_kv_splits(
+        torch.tensor(seq_lens), 4 * hkv, backend.sm_count).tolist()
+    ref = reference(q.view(max_bs, hq, d)[:2], buffers.positions[:2], k_pool, v_pool, r2t,
+                    backend.positions.req_to_pos, req_idx, seq_lens, [1, 1], rope, d ** -0.5)
+    torch.testing.assert_close(out[:2], ref, atol=2e-4, rtol=2e-4)
+    # An eager forward afterwards does not use the graph's buffers.
+    backend.init_forward_metadata(SimpleNamespace(
+        req_pool_indices=req_idx.long(), seq_lens=torch.tensor(seq_lens), positions=buffers.positions[:2].clone(),
+        forward_mode=decode, batch_size=2))
+    assert not backend.graph.active

@@ -45,6 +45,12 @@ def test_cuda_machine_gets_no_cpu_defaults():
     assert "SGLANG_USE_CPU_ENGINE" not in env
 
 
+def test_cuda_keeps_decode_graphs_for_the_mepic_backend():
+    argv, _ = with_defaults(["--model-path", "m"], cuda=True)
+    assert flag_value(argv, "--attention-backend") == "mepic"
+    assert "--cuda-graph-backend-decode" not in argv
+
+
 def test_default_model_when_no_model_path():
     argv, _ = with_defaults([], cuda=False)
     assert flag_value(argv, "--model-path") == str(models.model_dir(models.DEFAULT_MODEL))
