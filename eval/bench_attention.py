@@ -271,8 +271,9 @@ class Peers:
         ws = self.kernels.DecodeWorkspace(batch, hq, d, dev)
         splits = self.kernels.num_kv_splits(seq, batch * hkv, self.sms)
         row["our_splits"] = int(splits[0])
-        self.measure(row, "ours", lambda: self.kernels.decode(q, kp, vp, r2t, r2p, ri, seq, qpos, self.rope.cos_sin_cache,
-                                                             d, True, d ** -0.5, splits=splits, workspace=ws,
+        cache = self.rope.cos_sin_cache
+        self.measure(row, "ours", lambda: self.kernels.decode(q, kp, vp, r2t, r2p, ri, seq, qpos, cache, d, True,
+                                                             d ** -0.5, splits=splits, workspace=ws,
                                                              **self.rope_args), lambda o: o[:n], ref_rot, 50)
         # SGLang's default: at most 8 splits, per request from its own heuristic (get_num_kv_splits_triton).
         max_splits = 8
@@ -307,7 +308,8 @@ class Peers:
             return o
         self.measure(row, "sglang", sglang, lambda o: o[:n], ref_pre, 50)
         kc, vc = (p[slots].transpose(1, 2).contiguous() for p in (kp, vp))
-        self.measure(row, "flash", lambda: self.sdpa(q.view(batch, hq, 1, d), kc, vc, [self.SDPBackend.FLASH_ATTENTION]),
+        flash = [self.SDPBackend.FLASH_ATTENTION]
+        self.measure(row, "flash", lambda: self.sdpa(q.view(batch, hq, 1, d), kc, vc, flash),
                      lambda o: o[:n, :, 0], ref_pre, 50)
         return row
 

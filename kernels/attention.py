@@ -82,12 +82,15 @@ def _cos_sin(CosSin, stride_cs, inv_freq, mscale, pos, real, h, HALF: tl.constex
 
 
 @triton.jit
-def _tile_slots(ReqToToken, ReqToPos, row, tok, end, stride_rt, stride_rp):
-    """Physical slots, positions and realness (in range, not a pad) of one tile of a request's slots."""
-    in_seq = tok < end
-    slot = tl.load(ReqToToken + row * stride_rt + tok, mask=in_seq, other=0).to(tl.int64)
-    pos = tl.load(ReqToPos + row * stride_rp + tok, mask=in_seq, other=-1)
-    return slot, pos, in_seq & (pos >= 0)
+def _tile_positions(ReqToPos, row, tok, end, stride_rp):
+    """Positions and realness (in range, not a pad) of one tile of a request's slots."""
+    pos = tl.load(ReqToPos + row * stride_rp + tok, mask=tok < end, other=-1)
+    return pos, pos >= 0
+
+
+@triton.jit
+def _tile_slots(ReqToToken, row, tok, real, stride_rt):
+    return tl.load(ReqToToken + row * stride_rt + tok, mask=real, other=0).to(tl.int64)
 
 
 @triton.jit
@@ -188,10 +191,11 @@ def _mepic_decode_kernel(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, DV], tl.float32)
     for first in range(start, end, BLOCK_N):
-        slot, pos, real = _tile_slots(ReqToToken, ReqToPos, row, first + n, end, stride_rt, stride_rp)
+        pos, real = _tile_positions(ReqToPos, row, first + n, end, stride_rp)
+        slot = _tile_slots(ReqToToken, row, first + n, first + n < end, stride_rt)
         visible = real & (pos <= q_pos)
-        s = _scores(tl.zeros([BLOCK_H, BLOCK_N], tl.float32), q1, q2, qp, K, slot, visible, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq,
-                    mscale, h, i1, i2, HALF, PASS, TABLE, DOT_FP32) * sm_scale
+        s = _scores(tl.zeros([BLOCK_H, BLOCK_N], tl.float32), q1, q2, qp, K, slot, visible, pos, kvh, stride_ks,
+                    stride_kh, CosSin, stride_cs, inv_freq, mscale, h, i1, i2, HALF, PASS, TABLE, DOT_FP32) * sm_scale
         s = tl.where(visible[None, :], s, -float("inf"))
         m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc)
         v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :], mask=visible[:, None], other=0.0)
@@ -273,11 +277,13 @@ def _mepic_extend_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV], tl.float32)
     for first in range(0, seq_len, BLOCK_N):
-        slot, pos, real = _tile_slots(ReqToToken, ReqToPos, row, first + n, seq_len, stride_rt, stride_rp)
+        pos, real = _tile_positions(ReqToPos, row, first + n, seq_len, stride_rp)
         # Positions first: a tile no query of the block can see costs nothing more.
         if tl.min(tl.where(real, pos, last_pos + 1), 0) <= last_pos:
-            s = _scores(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), q1, q2, qp, K, slot, real, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq,
-                        mscale, h, i1, i2, HALF, PASS, TABLE, DOT_FP32) * sm_scale
+            slot = _tile_slots(ReqToToken, row, first + n, real, stride_rt)
+            s = _scores(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), q1, q2, qp, K, slot, real, pos, kvh, stride_ks,
+                        stride_kh, CosSin, stride_cs, inv_freq, mscale, h, i1, i2, HALF, PASS, TABLE,
+                        DOT_FP32) * sm_scale
             s = tl.where(real[None, :] & (pos[None, :] <= q_pos[:, None]), s, -float("inf"))
             m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc)
             v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :], mask=real[:, None], other=0.0)
@@ -365,7 +371,7 @@ def launch_config(kind: str, head_dim: int, dtype: torch.dtype, arch: int = 90) 
     if kind == "decode":  # on sm_80, 4 warps spill 88 bytes (partial rotary, table)
         return dict(block_n=32, block_h=16, num_warps=4 if arch >= 90 else 8, num_stages=2)
     if dtype == torch.float32:
-        return dict(block_m=32, block_n=16, num_warps=4, num_stages=1)
+        return dict(block_m=32, block_n=16, num_warps=8, num_stages=1)
     if arch >= 90:
         return dict(block_m=64, block_n=32, num_warps=8, num_stages=2)
     return dict(block_m=32, block_n=32, num_warps=8, num_stages=1)
@@ -423,7 +429,8 @@ def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos
         num_warps=num_warps, num_stages=num_stages)
     _merge_kernel[(batch, hq)](
         partial, lse, out, seq_lens, splits, partial.stride(0), partial.stride(1), partial.stride(2),
-        lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), DV=dv, MAX_SPLITS=workspace.max_splits, BLOCK_N=block_n)
+        lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), DV=dv, MAX_SPLITS=workspace.max_splits,
+        BLOCK_N=block_n)
     return out
 
 

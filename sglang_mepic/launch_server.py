@@ -51,6 +51,7 @@ def _known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--radix-cache-backend")
     p.add_argument("--page-size")
     p.add_argument("--cuda-graph-backend-decode")
+    p.add_argument("--cuda-graph-backend-prefill")
     p.add_argument("--sleep-on-idle", action="store_true")
     p.add_argument("--enable-metrics", action="store_true")
     known, _ = p.parse_known_args(argv)
@@ -158,10 +159,14 @@ def with_defaults(argv: list[str], cuda: bool) -> tuple[list[str], dict[str, str
         argv += ["--attention-backend", ATTENTION_BACKEND]
     if not known.enable_metrics:
         argv += ["--enable-metrics"]  # /metrics, with the chunk cache's figures
-    if not cuda and (known.attention_backend or ATTENTION_BACKEND) == "mepic" \
-            and known.cuda_graph_backend_decode is None:
-        # No CUDA here: nothing to capture. On CUDA the mepic backend captures decode graphs.
-        argv += ["--cuda-graph-backend-decode", "disabled"]
+    if (known.attention_backend or ATTENTION_BACKEND) == "mepic":
+        if not cuda and known.cuda_graph_backend_decode is None:
+            # No CUDA here: nothing to capture. On CUDA the mepic backend captures decode graphs.
+            argv += ["--cuda-graph-backend-decode", "disabled"]
+        if cuda and known.cuda_graph_backend_prefill is None:
+            # SGLang's default breakable prefill graphs would replay the model with the positions of
+            # capture time, not a chunked request's planned positions: prefill runs eagerly.
+            argv += ["--cuda-graph-backend-prefill", "disabled"]
     if not cuda:
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         if known.device is None:

@@ -49,6 +49,9 @@ def test_cuda_keeps_decode_graphs_for_the_mepic_backend():
     argv, _ = with_defaults(["--model-path", "m"], cuda=True)
     assert flag_value(argv, "--attention-backend") == "mepic"
     assert "--cuda-graph-backend-decode" not in argv
+    assert flag_value(argv, "--cuda-graph-backend-prefill") == "disabled"
+    argv, _ = with_defaults(["--model-path", "m", "--cuda-graph-backend-prefill", "breakable"], cuda=True)
+    assert flag_value(argv, "--cuda-graph-backend-prefill") == "breakable"
 
 
 def test_default_model_when_no_model_path():
