@@ -11,7 +11,8 @@ Every flag is passed on to SGLang. What this wrapper adds:
 - the `--mepic-*` flags (mode, recompute blocks, pad placement), which become
   environment settings read by every SGLang process;
 - on a machine without CUDA, the CPU defaults (`SGLANG_USE_CPU_ENGINE=1`,
-  `--device cpu`, a bounded `--max-total-tokens`, `--sleep-on-idle`);
+  `--device cpu`, a bounded `--max-total-tokens`, `--sleep-on-idle`, and
+  `--dtype float32` where the CPU has no native bf16);
 - each default only where the flag is not given;
 - clear errors, before anything heavy loads, for a missing model folder or a
   port that is taken.
@@ -34,6 +35,24 @@ MEPIC_PAGE_SIZE = 16  # one MEPIC block = one SGLang page
 SGLANG_CACHE = "sglang"  # `--radix-cache-backend sglang`: SGLang's built-in tree, no chunk reuse
 
 
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether the CPU computes bf16 natively (AVX512-BF16 or AMX); None where it cannot be told.
+
+    Without it, torch emulates bf16 matmuls: a 1,784-token prompt on SmolLM2-135M
+    took 21.6 s in bf16 against 3.8 s in float32 on an AVX2-only machine.
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags")
+             for flag in line.split(":", 1)[1].split()}
+    if not flags:
+        return None
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 class LaunchError(SystemExit):
     def __init__(self, message: str):
         super().__init__(f"sglang_mepic.launch_server: error: {message}")
@@ -46,6 +65,7 @@ def _known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host", default=DEFAULT_HOST)
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--device")
+    p.add_argument("--dtype")
     p.add_argument("--attention-backend")
     p.add_argument("--max-total-tokens")
     p.add_argument("--radix-cache-backend")
@@ -141,8 +161,11 @@ def wants_help(argv: list[str]) -> bool:
     return any(a in ("-h", "--help") for a in argv)
 
 
-def with_defaults(argv: list[str], cuda: bool) -> tuple[list[str], dict[str, str]]:
-    """Return (argv, env) with the defaults filled in where the user gave none."""
+def with_defaults(argv: list[str], cuda: bool, native_bf16: bool | None = None) -> tuple[list[str], dict[str, str]]:
+    """Return (argv, env) with the defaults filled in where the user gave none.
+
+    native_bf16: whether the CPU has native bf16 (default: read from /proc/cpuinfo).
+    """
     known = _known_flags(argv)
     argv = list(argv)
     env = {"HF_HUB_OFFLINE": "1"}  # nothing may download from a model hub
@@ -173,6 +196,8 @@ def with_defaults(argv: list[str], cuda: bool) -> tuple[list[str], dict[str, str
             argv += ["--device", "cpu"]
         if known.max_total_tokens is None:
             argv += ["--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
+        if known.dtype is None and (native_bf16 if native_bf16 is not None else cpu_has_native_bf16()) is False:
+            argv += ["--dtype", "float32"]  # emulated bf16 is several times slower than float32
         if not known.sleep_on_idle:
             # An idle scheduler otherwise spins a whole core of a small CPU machine.
             argv += ["--sleep-on-idle"]

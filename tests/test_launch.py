@@ -31,12 +31,31 @@ def test_cpu_defaults_fill_missing_flags():
 @pytest.mark.parametrize("given", [["--max-total-tokens", "4096"], ["--max-total-tokens=4096"]])
 def test_user_flags_win_over_defaults(given):
     user = ["--model-path", "m", "--attention-backend", "triton", *given]
-    argv, _ = with_defaults(user, cuda=False)
+    argv, _ = with_defaults(user, cuda=False, native_bf16=True)
     added = argv[len(user):]
     assert argv[:len(user)] == user
     assert "--attention-backend" not in added and "--max-total-tokens" not in added
     # triton attention: no mepic cache, no CUDA-graph override
     assert added == ["--enable-metrics", "--device", "cpu", "--sleep-on-idle"]
+
+
+def test_float32_by_default_on_a_cpu_without_native_bf16(monkeypatch):
+    avx2_only = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    sapphire_rapids = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    assert launch_server.cpu_has_native_bf16(avx2_only) is False
+    assert launch_server.cpu_has_native_bf16(sapphire_rapids) is True
+    assert launch_server.cpu_has_native_bf16("") is None  # nothing known: SGLang's own default stays
+    argv, _ = with_defaults(["--model-path", "m"], cuda=False, native_bf16=False)
+    assert flag_value(argv, "--dtype") == "float32"
+    argv, _ = with_defaults(["--model-path", "m"], cuda=False, native_bf16=True)
+    assert "--dtype" not in argv
+    monkeypatch.setattr(launch_server, "cpu_has_native_bf16", lambda: None)  # e.g. no /proc/cpuinfo
+    argv, _ = with_defaults(["--model-path", "m"], cuda=False)
+    assert "--dtype" not in argv
+    argv, _ = with_defaults(["--model-path", "m", "--dtype", "bfloat16"], cuda=False, native_bf16=False)
+    assert flag_value(argv, "--dtype") == "bfloat16" and argv.count("--dtype") == 1
+    argv, _ = with_defaults(["--model-path", "m"], cuda=True, native_bf16=False)
+    assert "--dtype" not in argv  # a GPU has its own bf16
 
 
 def test_cuda_machine_gets_no_cpu_defaults():
