@@ -23,6 +23,7 @@ MODULES = (
     "tokenizer_manager_stream_one_response",
     "schedule_batch_prepare_for_decode",
     "scheduler_get_internal_state",
+    "scheduler_on_idle",
     "scheduler_get_new_batch_prefill",
 )
 

@@ -101,7 +101,7 @@ class MepicRadixCache(RadixCache):
         self._unadmitted: dict[int, Link] = {}  # planned, holding their chunks, not admitted yet
         self.counters = Counters()
         self.peak_pages_in_use = 0
-        self._sampled_free = -1
+        self._sampled_free = None  # (free, freeable) at the last sample
 
     # ---- the request side -------------------------------------------------
 
@@ -480,22 +480,22 @@ class MepicRadixCache(RadixCache):
                 link.held = []
             self._unadmitted.clear()
             self.peak_pages_in_use = 0
-            self._sampled_free = -1
+            self._sampled_free = None
             # The allocator is cleared right after this; say so without waiting for the next sample.
             metrics.publish({"kv_pages_in_use": 0, "kv_pages_in_use_peak": 0, "canonical_chunk_pages": 0,
                              "shared_pages": 0, "chunks_resident": 0,
                              "kv_pages_free": self.pages.allocator.size // self.page_size})
 
     def sample(self) -> None:
-        """Take the figures after an allocation: tracks the peak and feeds /metrics.
+        """Take the figures after an allocation, and when idle: tracks the peak and feeds /metrics.
 
-        Pages in use change with allocations and frees (admission moves tree pages into
-        use only together with an allocation), so an unchanged free count is skipped:
-        most decode steps allocate nothing.
+        Skipped while the free and freeable counts are what they were at the last sample
+        (both O(1)): most decode steps allocate nothing, and an idle poll changes nothing.
+        A finished request changes the freeable count alone (its pages go to the tree).
         """
-        free = self.pages.available()
-        if free != self._sampled_free:
-            self._sampled_free = free
+        counts = (self.pages.available(), self.ledger.freeable())
+        if counts != self._sampled_free:
+            self._sampled_free = counts
             metrics.publish(self.stats())
 
     def stats(self) -> dict:

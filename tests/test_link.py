@@ -6,6 +6,8 @@ same tokens (text markup tokenizes each piece on its own)."""
 
 import math
 import random
+import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -191,6 +193,20 @@ def test_meta_info_reports_reuse_and_recompute(servers):
     for name in ("kv_pages_in_use", "canonical_chunk_pages", "shared_pages", "chunk_hits", "chunk_misses",
                  "chunk_evictions", "recomputed_tokens"):
         assert f"sglang_mepic:{name} " in metrics, name
+
+
+def test_metrics_equal_server_info_once_idle(servers):
+    """The gauges follow the frees of the last requests, not just the allocations before them."""
+    server = servers("mepic")
+    run(server, [p for *_, p in workload()[:6]])
+    time.sleep(5)  # idle
+    metrics = requests.get(server.url + "/metrics", timeout=30).text
+    info = mepic_stats(server)
+    for name in ("kv_pages_in_use", "kv_pages_free", "canonical_chunk_pages", "chunks_resident"):
+        value = re.search(rf"^sglang_mepic:{name}(?:{{[^}}]*}})? (\S+)$", metrics, re.M)
+        assert value is not None, name
+        assert float(value.group(1)) == info[name], (name, value.group(1), info[name])
+    assert info["kv_pages_in_use"] == 0  # nothing runs: the pages left are the tree's and the store's
 
 
 @pytest.mark.parametrize("mode", ["naive", "cacheblend-0.15"])

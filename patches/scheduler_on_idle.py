@@ -1,0 +1,24 @@
+"""`/metrics` is brought up to date when the scheduler goes idle.
+
+The MEPIC gauges are sampled after allocations (`prepare_for_extend`,
+`prepare_for_decode`); the frees of the last requests come after the last
+allocation, so without this the gauges kept their busy values (pages in use,
+pages free) while `/server_info` showed the pool empty. `sample` publishes only
+when the free count changed, so repeated idle polls cost one comparison.
+"""
+
+from sglang.srt.plugins.hook_registry import HookType
+
+from sglang_mepic.radix_cache import MepicRadixCache
+
+WRITTEN_FOR = "0.5.23"
+TARGET = "sglang.srt.managers.scheduler.Scheduler.on_idle"
+HOOK_TYPE = HookType.AROUND
+
+
+def hook(original, scheduler, *args, **kwargs):
+    result = original(scheduler, *args, **kwargs)
+    tree = getattr(scheduler, "tree_cache", None)
+    if isinstance(tree, MepicRadixCache):
+        tree.sample()
+    return result
