@@ -27,14 +27,11 @@ def scalars(meta_info: dict) -> None:
 
 
 async def hook(original, manager, obj, *args, **kwargs):
-    rid = getattr(obj, "rid", None)
+    found = getattr(obj, compile_patch.RESIDENCY, None)
     async for out in original(manager, obj, *args, **kwargs):
         if isinstance(out, dict) and isinstance(out.get("meta_info"), dict):
             meta = out["meta_info"]
             scalars(meta)
-            found = compile_patch.residency.get(rid) if isinstance(rid, str) else None
             if found is not None:
                 meta["mepic_residency"] = found
-                if meta.get("finish_reason") is not None:
-                    compile_patch.residency.pop(rid, None)
         yield out

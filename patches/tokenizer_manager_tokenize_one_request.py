@@ -13,7 +13,6 @@ The request itself follows once its chunks are compiled.
 
 import asyncio
 import logging
-from collections import OrderedDict
 
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
@@ -159,10 +158,10 @@ async def compile_chunks(manager, lay: Layout, parent: GenerateReqInput) -> list
     return [where[seg.tokens] for seg in lay.chunks]
 
 
-# rid -> residency of each chunk segment, until the response is streamed (patch
-# tokenizer_manager_stream_one_response). Bounded: a request that never streams leaves its entry.
-residency: "OrderedDict[str, list[str]]" = OrderedDict()
-RESIDENCY_KEPT = 10_000
+# Where each chunk segment was found, kept on the request object itself: the tokenizer
+# side streams every copy of an n > 1 request through a shallow copy of the object it
+# tokenized (with a new rid), so the attribute reaches every copy's response.
+RESIDENCY = "_mepic_residency"
 
 
 async def hook(original, manager, obj, *args, **kwargs):
@@ -170,8 +169,6 @@ async def hook(original, manager, obj, *args, **kwargs):
         lay = strip_markup(manager, obj)
         if lay is not None and lay.chunks and config.mode().reuses:
             found = await compile_chunks(manager, lay, obj)
-            if found is not None and isinstance(obj.rid, str):
-                residency[obj.rid] = found
-                while len(residency) > RESIDENCY_KEPT:
-                    residency.popitem(last=False)
+            if found is not None:
+                setattr(obj, RESIDENCY, found)
     return await original(manager, obj, *args, **kwargs)

@@ -252,3 +252,29 @@ def test_streamed_responses_report_the_same_figures(servers):
     for key in ("mepic_chunk_hits", "mepic_chunk_misses"):
         assert last[key] == plain[key], key
     assert isinstance(last["mepic_recomputed_tokens"], int)
+
+
+MEPIC_FIELDS = ("mepic_recomputed_tokens", "mepic_chunk_hits", "mepic_chunk_misses", "mepic_residency")
+
+
+def test_every_copy_of_an_n2_request_and_every_stream_carries_the_mepic_fields(servers):
+    import json
+
+    server = servers("mepic")
+    _, _, prompt = workload()[5]
+    sampling = {"max_new_tokens": MAX_NEW, "temperature": 0.8, "n": 2}
+    copies = requests.post(server.url + "/generate", timeout=300,
+                           json={"input_ids": prompt, "sampling_params": sampling}).json()
+    assert isinstance(copies, list) and len(copies) == 2
+    with requests.post(server.url + "/generate", stream=True, timeout=300,
+                       json={"input_ids": prompt, "stream": True, "sampling_params": sampling}) as r:
+        streamed = [json.loads(line[5:]) for line in r.iter_lines()
+                    if line.startswith(b"data:") and line[5:].strip() != b"[DONE]"]
+    finals = [c["meta_info"] for c in streamed if c["meta_info"].get("finish_reason")]
+    assert len(finals) == 2
+    chunks = len(workload()[5][0])
+    for meta in [c["meta_info"] for c in copies] + finals:
+        for key in MEPIC_FIELDS:
+            assert key in meta, (key, meta)
+        assert len(meta["mepic_residency"]) == chunks
+        assert meta["mepic_chunk_hits"] + meta["mepic_chunk_misses"] == chunks
