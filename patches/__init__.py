@@ -14,6 +14,8 @@ MODULES = (
     "tokenizer_manager_tokenize_one_request",
     "tokenizer_manager_should_use_batch_tokenization",
     "serving_chat_process_messages",
+    "serving_chat_build_chat_response",
+    "serving_completions_build_completion_response",
     "rotary_embedding_forward",
     "paged_allocator_free",
     "paged_allocator_free_page_ids",

@@ -7,7 +7,8 @@ Every flag is passed on to SGLang. What this wrapper adds:
 - `--attention-backend mepic` (NoPE keys, RoPE applied inside attention) with
   `--radix-cache-backend mepic` (chunk reuse) and `--page-size 16`
   (`--radix-cache-backend sglang` keeps SGLang's built-in cache instead);
-- `--enable-metrics` (Prometheus `/metrics`, MEPIC figures included);
+- `--enable-metrics` (Prometheus `/metrics`, MEPIC figures included) and
+  `--enable-cache-report` (cached prompt tokens in OpenAI `usage`);
 - the `--mepic-*` flags (mode, recompute blocks, pad placement), which become
   environment settings read by every SGLang process;
 - on a machine without CUDA, the CPU defaults (`SGLANG_USE_CPU_ENGINE=1`,
@@ -74,6 +75,7 @@ def _known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cuda-graph-backend-prefill")
     p.add_argument("--sleep-on-idle", action="store_true")
     p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--enable-cache-report", action="store_true")
     known, _ = p.parse_known_args(argv)
     return known
 
@@ -182,6 +184,8 @@ def with_defaults(argv: list[str], cuda: bool, native_bf16: bool | None = None) 
         argv += ["--attention-backend", ATTENTION_BACKEND]
     if not known.enable_metrics:
         argv += ["--enable-metrics"]  # /metrics, with the chunk cache's figures
+    if not known.enable_cache_report:
+        argv += ["--enable-cache-report"]  # OpenAI usage reports cached prompt tokens
     if (known.attention_backend or ATTENTION_BACKEND) == "mepic":
         if not cuda and known.cuda_graph_backend_decode is None:
             # No CUDA here: nothing to capture. On CUDA the mepic backend captures decode graphs.

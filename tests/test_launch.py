@@ -20,7 +20,7 @@ def test_cpu_defaults_fill_missing_flags():
     assert flag_value(argv, "--attention-backend") == "mepic"
     assert flag_value(argv, "--radix-cache-backend") == "mepic"
     assert flag_value(argv, "--page-size") == "16"
-    assert "--enable-metrics" in argv
+    assert "--enable-metrics" in argv and "--enable-cache-report" in argv
     assert flag_value(argv, "--cuda-graph-backend-decode") == "disabled"
     assert int(flag_value(argv, "--max-total-tokens")) == launch_server.CPU_MAX_TOTAL_TOKENS
     assert "--sleep-on-idle" in argv
@@ -36,7 +36,7 @@ def test_user_flags_win_over_defaults(given):
     assert argv[:len(user)] == user
     assert "--attention-backend" not in added and "--max-total-tokens" not in added
     # triton attention: no mepic cache, no CUDA-graph override
-    assert added == ["--enable-metrics", "--device", "cpu", "--sleep-on-idle"]
+    assert added == ["--enable-metrics", "--enable-cache-report", "--device", "cpu", "--sleep-on-idle"]
 
 
 def test_float32_by_default_on_a_cpu_without_native_bf16(monkeypatch):
@@ -60,7 +60,7 @@ def test_float32_by_default_on_a_cpu_without_native_bf16(monkeypatch):
 
 def test_cuda_machine_gets_no_cpu_defaults():
     argv, env = with_defaults(["--model-path", "m", "--attention-backend", "triton"], cuda=True)
-    assert argv == ["--model-path", "m", "--attention-backend", "triton", "--enable-metrics"]
+    assert argv == ["--model-path", "m", "--attention-backend", "triton", "--enable-metrics", "--enable-cache-report"]
     assert "SGLANG_USE_CPU_ENGINE" not in env
 
 

@@ -50,6 +50,36 @@ def test_chat_completions(tiny_server):
     assert body["usage"]["completion_tokens"] > 0
 
 
+DOC = " ".join(f"fact{i} is {i * 7 % 13}." for i in range(60))  # about 400 tokens
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_openai_responses_carry_cached_tokens_and_mepic_figures_by_default(tiny_server, api):
+    """No --enable-cache-report given: the launcher adds it. The MEPIC figures ride in metadata.mepic."""
+    from sglang_mepic.lang import chunk
+
+    text = "Use the document. " + chunk(DOC) + " Question: what is fact3?"
+    if api == "chat":
+        path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}
+    else:
+        path, body = "/v1/completions", {"prompt": text}
+    body.update(model=served_model(tiny_server), max_tokens=4, temperature=0)
+    first, again = (requests.post(tiny_server.url + path, timeout=120, json=body) for _ in range(2))
+    for r in (first, again):
+        assert r.status_code == 200, r.text
+    figures = [r.json()["metadata"]["mepic"] for r in (first, again)]
+    usage = again.json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] > 300  # the chunk, reused
+    for f in figures:
+        assert f["chunk_hits"] + f["chunk_misses"] == 1 and len(f["residency"]) == 1
+        assert f["recomputed_tokens"] > 0
+    assert figures[1]["chunk_hits"] == 1 and figures[1]["residency"] == ["device"]
+    plain = requests.post(tiny_server.url + path, timeout=120, json={**body, **(
+        {"messages": [{"role": "user", "content": "Say hi."}]} if api == "chat" else {"prompt": "Say hi."})})
+    assert plain.json()["metadata"]["mepic"] == {"recomputed_tokens": 0, "compiled_tokens": 0, "chunk_hits": 0,
+                                                 "chunk_misses": 0, "residency": []}
+
+
 def test_repeated_prompt_hits_the_prefix_cache(tiny_server):
     # Text no other test sends, so the first request finds nothing cached.
     text = " ".join(open(os.__file__).read().split()[2000:2200])

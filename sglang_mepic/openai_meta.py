@@ -1,0 +1,33 @@
+"""MEPIC figures in OpenAI-compatible responses (`/v1/chat/completions`, `/v1/completions`).
+
+They go under the response's `metadata` (a free-form object SGLang already
+returns; OpenAI clients keep unknown fields aside), as `metadata["mepic"]`:
+
+    {"recomputed_tokens": int, "compiled_tokens": int, "chunk_hits": int, "chunk_misses": int,
+     "residency": [str, ...]}
+
+summed over the request's prompts (each prompt once, however many choices `n`
+asks for). A request without chunks, or a server in `full` mode, reports zeros
+and an empty residency list rather than leaving the figures out.
+"""
+
+COUNTS = ("recomputed_tokens", "compiled_tokens", "chunk_hits", "chunk_misses")
+
+
+def figures(responses: list[dict], n_choices: int = 1) -> dict:
+    out = {name: 0 for name in COUNTS}
+    out["residency"] = []
+    for response in responses[::max(n_choices, 1)]:
+        meta = response.get("meta_info") or {}
+        for name in COUNTS:
+            value = meta.get(f"mepic_{name}", 0)
+            out[name] += int(value) if isinstance(value, (int, float)) else 0
+        out["residency"] += list(meta.get("mepic_residency") or [])
+    return out
+
+
+def attach(response, responses: list[dict], n_choices: int = 1):
+    """Add the figures to a built response model; anything else (an error response) passes as it is."""
+    if hasattr(response, "metadata") and hasattr(response, "usage"):
+        response.metadata = {**(response.metadata or {}), "mepic": figures(responses, n_choices)}
+    return response
