@@ -4,8 +4,10 @@
 request laid out with pad slots those include pads, which are not tokens the
 client sent. The accumulator's newest entry is corrected after it is appended:
 `cached_tokens` becomes the real tokens whose KV was reused (prefix hits and
-chunk tokens from the store), and the request's `mepic_*` figures ride along as
-request-level customized info, which the tokenizer side puts in `meta_info`.
+chunk tokens from the store, less those of chunks this request's own compiles
+computed: `mepic_compiled_tokens`), `cached_tokens_details` agrees with it, and
+the request's `mepic_*` figures ride along as request-level customized info,
+which the tokenizer side puts in `meta_info`.
 """
 
 from sglang.srt.plugins.hook_registry import HookType
@@ -27,5 +29,11 @@ def hook(original, accumulator, *args, req, **kwargs):
     if link is not None and len(accumulator.rids) > before:
         accumulator.prompt_tokens[-1] -= sum(count for _, count in link.pads)
         if CACHED in link.report:
-            accumulator.cached_tokens[-1] = link.report[CACHED]
+            cached = accumulator.cached_tokens[-1] = link.report[CACHED]
+            details = accumulator.cached_tokens_details
+            if len(details) == len(accumulator.rids) and isinstance(details[-1], dict):
+                # SGLang's breakdown counts slots, pads included: the device share is what is left
+                # of the real tokens once the other tiers' shares are taken.
+                others = sum(v for k, v in details[-1].items() if k != "device" and isinstance(v, int))
+                details[-1] = {**details[-1], "device": max(0, cached - others)}
     return result

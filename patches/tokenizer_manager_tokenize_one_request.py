@@ -171,4 +171,8 @@ async def hook(original, manager, obj, *args, **kwargs):
             found = await compile_chunks(manager, lay, obj)
             if found is not None:
                 setattr(obj, RESIDENCY, found)
+                # The chunks this request's compiles computed: their reuse is not a cache hit.
+                for action in obj.kv_hints.actions:
+                    if action.action_type == HINT_TYPE:
+                        action.payload["compiled"] = [i for i, where in enumerate(found) if where == "absent"]
     return await original(manager, obj, *args, **kwargs)

@@ -24,6 +24,7 @@ class Link:
     pads: list[tuple[int, int]]         # (first slot, count) in natural order
     chunk_slots: list[tuple[int, int]]  # [start, end) of each chunk segment
     compile: bool                       # a standalone compile of one chunk (issued by the tokenizer side)
+    compiled: tuple[int, ...] = ()      # chunk segments the compiles sent for this request computed
     keys: list[str] = field(default_factory=list)
     plan: Plan | None = None
     order: list[int] | None = None      # natural slot of each planned prompt slot (None: natural order)
@@ -75,6 +76,25 @@ class Link:
             for k, tag in enumerate(self.plan.tags[:-(-len(out) // page_size)]):
                 out[k * page_size] = tag
         return out
+
+    def compiled_reuse(self, canonical_from: int, page_size: int) -> int:
+        """Real tokens this request reuses from chunks that its own compiles computed.
+
+        They are in the store, so the plan reuses them, but they were computed for
+        this request: neither a cache hit nor a recompute in context.
+        """
+        if self.plan is None or not self.compiled:
+            return 0
+        natural = self.natural_positions(self.size)
+        reused = set(self.plan.order[:len(self.plan.reused)])
+        total = 0
+        for i in set(self.compiled):
+            if i < len(self.chunk_slots):
+                start, end = self.chunk_slots[i]
+                for page in range(start // page_size + canonical_from, end // page_size):
+                    if page in reused:
+                        total += int((natural[page * page_size:(page + 1) * page_size] != NO_POSITION).sum())
+        return total
 
     def real_slots(self, start: int, end: int) -> int:
         """Non-pad slots among planned prompt slots [start, end)."""

@@ -111,7 +111,7 @@ class MepicRadixCache(RadixCache):
             h = hints(getattr(req, "kv_hints", None))
             if h is None:
                 return None
-            link = Link(array("q", req.origin_input_ids), h.pads, h.chunks, h.compile)
+            link = Link(array("q", req.origin_input_ids), h.pads, h.chunks, h.compile, h.compiled)
             # Everything that keeps SGLang's tree entries apart keeps chunks apart too.
             namespace = "\x1f".join(str(getattr(req, a, None)) for a in ("extra_key", "cache_salt", "lora_id"))
             masked = masked_key(link.natural, link.pads)
@@ -267,12 +267,14 @@ class MepicRadixCache(RadixCache):
                 substituted -= math.ceil(self.mode.ratio * substituted)
         for key in link.keys:  # counts hits and misses, refreshes LRU order
             self.store.lookup(key)
-        cached = link.real_slots(0, prefix) + substituted
+        compiled = link.compiled_reuse(self.canonical_from or 0, self.page_size)
+        cached = link.real_slots(0, prefix) + substituted - compiled
         recomputed = link.real_slots(prefix, link.size) - substituted
         plan_hits = link.plan.hits if link.plan is not None else sum(1 for s in link.spans()
                                                                      if self.store.peek(s.key) is not None)
         link.report = {"mepic_recomputed_tokens": recomputed, "mepic_chunk_hits": plan_hits,
-                       "mepic_chunk_misses": len(link.keys) - plan_hits, "mepic_cached_tokens": cached}
+                       "mepic_chunk_misses": len(link.keys) - plan_hits, "mepic_cached_tokens": cached,
+                       "mepic_compiled_tokens": compiled}
         self.counters.recomputed_tokens += recomputed
         self.counters.reused_tokens += link.real_slots(0, prefix) if link.plan is not None else substituted
 

@@ -80,6 +80,26 @@ def test_openai_responses_carry_cached_tokens_and_mepic_figures_by_default(tiny_
                                                  "chunk_misses": 0, "residency": []}
 
 
+def test_cached_tokens_exclude_chunks_compiled_for_the_request(tiny_server):
+    """A cold request's chunk is computed by its own compile: compiled, not cached. Warm, it is cached."""
+    from sglang_mepic.lang import chunk
+
+    doc = " ".join(f"item{i} costs {i * 11 % 17}." for i in range(60))
+    body = {"text": "Prices. " + chunk(doc) + " Question: item5?",
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    cold, warm = (requests.post(tiny_server.url + "/generate", timeout=120, json=body).json()["meta_info"]
+                  for _ in range(2))
+    assert cold["mepic_residency"] == ["absent"] and warm["mepic_residency"] == ["device"]
+    assert cold["mepic_compiled_tokens"] > 300 and warm["mepic_compiled_tokens"] == 0
+    assert cold["cached_tokens"] < 32  # at most a shared opening: the chunk was not a hit
+    assert warm["cached_tokens"] >= cold["cached_tokens"] + cold["mepic_compiled_tokens"]
+    assert warm.get("cached_tokens_details")  # SGLang's breakdown, which counted pad slots before
+    for meta in (cold, warm):
+        details = meta.get("cached_tokens_details")
+        if details:
+            assert details["device"] + details.get("host", 0) + details.get("storage", 0) == meta["cached_tokens"]
+
+
 def test_repeated_prompt_hits_the_prefix_cache(tiny_server):
     # Text no other test sends, so the first request finds nothing cached.
     text = " ".join(open(os.__file__).read().split()[2000:2200])
