@@ -70,10 +70,11 @@ def envelope(payload):
     return SimpleNamespace(actions=[action])
 
 
-def laid_out(lay):
+def laid_out(lay, compiled=()):
+    """What the tokenizer side sends for a laid-out request; `compiled`: chunks its own compiles computed."""
     ids = [PAD_FILL_ID if t == PAD_ID else t for t in lay.slot_tokens()]
     spans = [[s.start, s.end] for s in lay.chunks]
-    return ids, envelope({"pads": [list(r) for r in lay.pad_runs()], "chunks": spans})
+    return ids, envelope({"pads": [list(r) for r in lay.pad_runs()], "chunks": spans, "compiled": list(compiled)})
 
 
 def compiled(seg, sink=None):

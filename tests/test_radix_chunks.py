@@ -35,9 +35,18 @@ def test_compile_publishes_non_first_pages_and_a_request_reuses_them(tree):
     canonical = [p for key in link.keys for p in tree.store.peek(key)]
     assert row[:5] == canonical
     assert link.report == {"mepic_recomputed_tokens": 3 + 16 + 16 + 4, "mepic_chunk_hits": 2,
-                           "mepic_chunk_misses": 0, "mepic_cached_tokens": 24 + 34}
+                           "mepic_chunk_misses": 0, "mepic_cached_tokens": 24 + 34, "mepic_compiled_tokens": 0}
     # the request's ids were reordered to match
     assert list(req.origin_input_ids[:B]) == list(C1[B:2 * B])
+
+
+def test_reuse_of_chunks_compiled_for_the_request_is_not_counted_as_cached(tree):
+    lay = request(C1, C2)
+    compile_all(tree, lay)
+    req, _ = serve(tree, *laid_out(lay, compiled=[1]))  # C2's compile was sent for this request
+    report = req.mepic.report
+    assert report["mepic_compiled_tokens"] == 34 and report["mepic_cached_tokens"] == 24
+    assert report["mepic_recomputed_tokens"] == 3 + 16 + 16 + 4  # what was computed in context is unchanged
 
 
 def test_compiled_after_a_sink_the_chunk_keeps_its_identity(tree):
