@@ -4,11 +4,16 @@ SGLang renders the chat template and tokenizes it in one step, which would turn
 the markers into text tokens. When the rendered prompt holds markup, re-split it:
 each piece is tokenized on its own and the markers become marker ids, which the
 tokenize hook then strips like any marked-up input_ids.
+
+Each message's markup is checked on its own first, so an error names the message
+and a character position within it, not within the templated prompt. With
+`--mepic-text-markup off` the markers are left as text.
 """
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.markup import CHUNK_BEGIN_ID, CHUNK_END_ID, has_text_markup, tokenize_text
+from sglang_mepic import config
+from sglang_mepic.markup import CHUNK_BEGIN_ID, CHUNK_END_ID, MarkupError, has_text_markup, split_text, tokenize_text
 from sglang_mepic.segments import Kind
 
 WRITTEN_FOR = "0.5.23"
@@ -17,18 +22,27 @@ HOOK_TYPE = HookType.AFTER
 
 
 def _marked(request) -> bool:
-    for message in request.messages:
+    """Whether any message holds markup; malformed markup raises, located in its message."""
+    marked = False
+    for i, message in enumerate(request.messages):
         content = message.content
         parts = content if isinstance(content, list) else [content]
-        for part in parts:
+        for j, part in enumerate(parts):
             text = part if isinstance(part, str) else getattr(part, "text", None)
             if isinstance(text, str) and has_text_markup(text):
-                return True
-    return False
+                where = f"messages[{i}].content" + (f"[{j}]" if isinstance(content, list) else "")
+                try:
+                    split_text(text)
+                except MarkupError as e:
+                    raise MarkupError(f"{where}: {e} (character positions count from the start of that "
+                                      f"content; to send the markers as text, start the server with "
+                                      f"--mepic-text-markup off)") from None
+                marked = True
+    return marked
 
 
 def hook(result, serving, request, *args, **kwargs):
-    if not _marked(request):
+    if not config.text_markup() or not _marked(request):
         return result
     tok = serving.tokenizer_manager.tokenizer
     rendered = result.prompt_ids

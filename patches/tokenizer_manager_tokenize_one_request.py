@@ -61,7 +61,7 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
     if obj.input_ids is not None and (has_id_markup(obj.input_ids) or max(obj.input_ids, default=0) >= vocab):
         # Also catches plain out-of-vocabulary ids, which would otherwise crash the scheduler.
         pieces = split_ids(obj.input_ids, vocab)
-    elif isinstance(obj.text, str) and has_text_markup(obj.text):
+    elif isinstance(obj.text, str) and config.text_markup() and has_text_markup(obj.text):
         tok = manager.tokenizer
         pieces = tokenize_text(obj.text, lambda s, special: tok.encode(s, add_special_tokens=special))
     else:

@@ -15,10 +15,13 @@ PLACEMENT_ENV = "SGLANG_MEPIC_PLACEMENT"
 MODE_ENV = "SGLANG_MEPIC_MODE"
 RECOMPUTE_ENV = "SGLANG_MEPIC_RECOMPUTE_BLOCKS"
 SINK_ENV = "SGLANG_MEPIC_COMPILE_SINK"
+TEXT_MARKUP_ENV = "SGLANG_MEPIC_TEXT_MARKUP"
 HOST_TIER_ENV = "SGLANG_MEPIC_HOST_TIER_GB"
 STORAGE_ENV = "SGLANG_MEPIC_STORAGE_DIR"
 SINKS = ("bos", "none")
 DEFAULT_SINK = "none"
+DEFAULT_TEXT_MARKUP = "on"
+TEXT_MARKUP = ("on", "off")
 DEFAULT_PLACEMENT = Placement.TRAILING
 DEFAULT_MODE = "mepic"
 DEFAULT_RECOMPUTE_BLOCKS = 1
@@ -104,6 +107,15 @@ def mode() -> Mode:
 
 def recompute_blocks() -> int | None:
     return parse_recompute_blocks(os.environ.get(RECOMPUTE_ENV, str(DEFAULT_RECOMPUTE_BLOCKS)))
+
+
+def text_markup() -> bool:
+    """Whether `<|chunk|>` ... `<|/chunk|>` in text marks chunks; off, it is text like any other
+    (chunks are then marked only by input_ids markers, kv_hints or the frontend's `chunk()`)."""
+    value = os.environ.get(TEXT_MARKUP_ENV, DEFAULT_TEXT_MARKUP)
+    if value not in TEXT_MARKUP:
+        raise ValueError(f"{TEXT_MARKUP_ENV}={value!r}: choose from {list(TEXT_MARKUP)}")
+    return value == "on"
 
 
 def compile_sink() -> str:

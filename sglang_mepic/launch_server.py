@@ -95,6 +95,10 @@ def mepic_parser() -> argparse.ArgumentParser:
     g.add_argument("--mepic-compile-sink", choices=config.SINKS, default=None,
                    help="what a chunk is compiled after: 'bos' (the model's BOS token, as an attention sink) "
                         f"or 'none' (the chunk alone). Default: {config.DEFAULT_SINK}.")
+    g.add_argument("--mepic-text-markup", choices=config.TEXT_MARKUP, default=None,
+                   help="'off': <|chunk|> ... <|/chunk|> in prompt text and chat messages is plain text (for "
+                        "users who type it); chunks are then marked by input_ids markers (-100/-101) or the "
+                        f"frontend's chunk(). Default: {config.DEFAULT_TEXT_MARKUP}.")
     g.add_argument("--mepic-host-tier-gb", type=_checked(config.parse_gigabytes), default=None, metavar="GB",
                    help="host memory for chunk KV evicted from the device pool; a later use copies it back "
                         "instead of compiling the chunk again. Default: 0 (no host tier).")
@@ -128,6 +132,8 @@ def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
         env[config.RECOMPUTE_ENV] = known.mepic_recompute_blocks
     if known.mepic_compile_sink:
         env[config.SINK_ENV] = known.mepic_compile_sink
+    if known.mepic_text_markup:
+        env[config.TEXT_MARKUP_ENV] = known.mepic_text_markup
     if known.mepic_host_tier_gb:
         env[config.HOST_TIER_ENV] = known.mepic_host_tier_gb
     if known.mepic_storage_dir:

@@ -174,3 +174,28 @@ def test_client_sent_layout_hints_are_refused(exact_server):
     assert r.status_code == 400 and "out of range" in r.text
     ok = post(exact_server, "/generate", {"text": "still alive?", "sampling_params": GREEDY})
     assert len(ok["output_ids"]) == GREEDY["max_new_tokens"]
+
+
+def test_chat_markup_errors_point_into_the_message(exact_server):
+    content = "What does the tag <|chunk|> mean?"
+    r = requests.post(exact_server.url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "max_tokens": 2,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}]})
+    assert 400 <= r.status_code < 500, r.text
+    assert "messages[1].content" in r.text
+    assert f"at character {content.index('<|chunk|>')} is never closed" in r.text  # within the message
+    assert "--mepic-text-markup off" in r.text
+
+
+def test_text_markup_off_passes_typed_markers_through_as_text(tiny_model, tok):
+    typed = "Explain <|chunk|> and <|/chunk|> tags."
+    with ServerProcess(tiny_model, "--dtype", "float32", "--mepic-text-markup", "off") as server:
+        r = post(server, "/generate", {"text": typed, "sampling_params": GREEDY})
+        assert r["meta_info"]["prompt_tokens"] == len(tok.encode(typed))  # the markers are tokens of text
+        assert "mepic_chunk_hits" not in r["meta_info"]
+        lone = post(server, "/v1/chat/completions", {"model": "tiny", "max_tokens": 2, "messages": [
+            {"role": "user", "content": "What does <|chunk|> mean?"}]})  # malformed markup if it were on
+        assert lone["choices"][0]["message"]["role"] == "assistant"
+        ids = post(server, "/generate", {"input_ids": [1, BEG, *tok.encode(DOC_A, add_special_tokens=False), END, 5],
+                                         "sampling_params": GREEDY})
+        assert ids["meta_info"]["mepic_chunk_hits"] + ids["meta_info"]["mepic_chunk_misses"] == 1  # ids still mark

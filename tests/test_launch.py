@@ -133,10 +133,11 @@ def test_sglang_cache_opts_out_of_chunk_reuse():
 
 def test_mepic_flags_are_consumed_here():
     argv, env = launch_server.split_mepic_flags(["--model-path", "m", "--mepic-placement", "leading",
-                                                 "--mepic-mode", "epic-16", "--mepic-recompute-blocks", "all"])
+                                                 "--mepic-mode", "epic-16", "--mepic-recompute-blocks", "all",
+                                                 "--mepic-text-markup", "off"])
     assert argv == ["--model-path", "m"]
     assert env == {"SGLANG_MEPIC_PLACEMENT": "leading", "SGLANG_MEPIC_MODE": "epic-16",
-                   "SGLANG_MEPIC_RECOMPUTE_BLOCKS": "all"}
+                   "SGLANG_MEPIC_RECOMPUTE_BLOCKS": "all", "SGLANG_MEPIC_TEXT_MARKUP": "off"}
 
 
 @pytest.mark.parametrize("flag", [["--mepic-mode", "epic"], ["--mepic-mode", "cacheblend-2"],
