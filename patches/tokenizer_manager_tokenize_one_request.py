@@ -13,6 +13,8 @@ The request itself follows once its chunks are compiled.
 
 import asyncio
 import logging
+import time
+from collections import Counter
 
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
@@ -168,8 +170,14 @@ async def hook(original, manager, obj, *args, **kwargs):
     if isinstance(obj, GenerateReqInput):
         lay = strip_markup(manager, obj)
         if lay is not None and lay.chunks and config.mode().reuses:
+            start = time.perf_counter()
             found = await compile_chunks(manager, lay, obj)
             if found is not None:
+                # SGLang logs the compiles as ordinary prefill batches; say what they were.
+                where = ", ".join(f"{n} {tier}" for tier, n in Counter(found).items())
+                logger.info("MEPIC request %s: %d chunk(s) (%d tokens) found %s; compiles done in %.2f s", obj.rid,
+                            len(found), sum(len(seg.tokens) for seg in lay.chunks), where,
+                            time.perf_counter() - start)
                 setattr(obj, RESIDENCY, found)
                 # The chunks this request's compiles computed: their reuse is not a cache hit.
                 for action in obj.kv_hints.actions:

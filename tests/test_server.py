@@ -94,6 +94,8 @@ def test_cached_tokens_exclude_chunks_compiled_for_the_request(tiny_server):
     assert cold["cached_tokens"] < 32  # at most a shared opening: the chunk was not a hit
     assert warm["cached_tokens"] >= cold["cached_tokens"] + cold["mepic_compiled_tokens"]
     assert warm.get("cached_tokens_details")  # SGLang's breakdown, which counted pad slots before
+    log = tiny_server.log()
+    assert "1 chunk(s) (" in log and "found 1 absent" in log and "found 1 device" in log  # compiles, logged
     for meta in (cold, warm):
         details = meta.get("cached_tokens_details")
         if details:
