@@ -101,7 +101,7 @@ class MepicRadixCache(RadixCache):
         self._unadmitted: dict[int, Link] = {}  # planned, holding their chunks, not admitted yet
         self.counters = Counters()
         self.peak_pages_in_use = 0
-        self._sampled_free = None  # (free, freeable) at the last sample
+        self._sampled = None  # the counts `sample` compares, at the last sample
 
     # ---- the request side -------------------------------------------------
 
@@ -482,7 +482,7 @@ class MepicRadixCache(RadixCache):
                 link.held = []
             self._unadmitted.clear()
             self.peak_pages_in_use = 0
-            self._sampled_free = None
+            self._sampled = None
             # The allocator is cleared right after this; say so without waiting for the next sample.
             metrics.publish({"kv_pages_in_use": 0, "kv_pages_in_use_peak": 0, "canonical_chunk_pages": 0,
                              "shared_pages": 0, "chunks_resident": 0,
@@ -491,13 +491,17 @@ class MepicRadixCache(RadixCache):
     def sample(self) -> None:
         """Take the figures after an allocation, and when idle: tracks the peak and feeds /metrics.
 
-        Skipped while the free and freeable counts are what they were at the last sample
-        (both O(1)): most decode steps allocate nothing, and an idle poll changes nothing.
-        A finished request changes the freeable count alone (its pages go to the tree).
+        Skipped while the counts below are what they were at the last sample (all O(1)):
+        most decode steps allocate nothing, and an idle poll changes nothing. A finished
+        request may change the freeable count alone (its pages go to the tree), a published
+        compile the store's counts alone.
         """
-        counts = (self.pages.available(), self.ledger.freeable())
-        if counts != self._sampled_free:
-            self._sampled_free = counts
+        store = self.store
+        counts = (self.pages.available(), self.ledger.freeable(), len(store), store.canonical_pages(),
+                  self.refs.shared(), store.stats.hits, store.stats.misses, store.stats.evictions,
+                  self.counters.compiled_chunks)
+        if counts != self._sampled:
+            self._sampled = counts
             metrics.publish(self.stats())
 
     def stats(self) -> dict:

@@ -182,9 +182,12 @@ def test_meta_info_reports_reuse_and_recompute(servers):
     again = generate(server, prompt)["meta_info"]
     real = len(stripped(prompt))
     assert first["prompt_tokens"] == real
-    # every chunk was compiled just before the request, and reused by it
+    # every chunk was compiled just before the request, for it, and reused by it: compiled, not cached
     assert first["mepic_chunk_hits"] == len(order) and first["mepic_chunk_misses"] == 0
-    assert first["cached_tokens"] + first["mepic_recomputed_tokens"] == real
+    assert first["mepic_compiled_tokens"] == sum(len(CHUNKS[j]) - B for j in order)
+    assert first["cached_tokens"] + first["mepic_compiled_tokens"] + first["mepic_recomputed_tokens"] == real
+    assert again["mepic_compiled_tokens"] == 0
+    assert again["cached_tokens"] + again["mepic_recomputed_tokens"] == real
     # computed: instruction, question and the first block (16 real tokens) of each chunk
     assert first["mepic_recomputed_tokens"] == real - sum(len(CHUNKS[j]) - B for j in order)
     # the identical request matches the tree through its first blocks: only the last page is computed
