@@ -72,10 +72,10 @@ def configs(arch: int):
             dec = k.launch_config("decode", d, torch_dtype, arch)
             ext = k.launch_config("extend", d, torch_dtype, arch)
             group_p, tokens = k.extend_tile(hq // hkv, ext["block_m"])
-            block_h = k.decode_block_h(hq // hkv, dec["block_h"])
+            block_h, head_tiles = k.decode_tiles(hq // hkv, dec["block_h"])
             yield dict(kernel="decode", model=model, dtype=dtype, rope=rope, fn=k._mepic_decode_kernel,
                        warps=dec["num_warps"], stages=dec["num_stages"],
-                       constexprs=dict(GROUP=hq // hkv, HEAD_TILES=triton.cdiv(hq // hkv, block_h), BLOCK_H=block_h,
+                       constexprs=dict(GROUP=hq // hkv, HEAD_TILES=head_tiles, BLOCK_H=block_h,
                                        BLOCK_N=dec["block_n"], **common))
             yield dict(kernel="extend", model=model, dtype=dtype, rope=rope, fn=k._mepic_extend_kernel,
                        warps=ext["num_warps"], stages=ext["num_stages"],
@@ -89,7 +89,8 @@ def ptxas_report(ptx: str, arch: int) -> tuple[int, int]:
     """(registers, spill bytes stored + loaded) from Triton's own ptxas."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    ptxas = get_ptxas(arch).path if hasattr(get_ptxas(arch), "path") else get_ptxas(arch)
+    tool = get_ptxas(arch)
+    ptxas = getattr(tool, "path", tool)
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as f:

@@ -39,6 +39,7 @@ dtype on tensor cores (fp32 models, and the interpreter, whose bf16 arithmetic
 is wrong, take ieee fp32 dots).
 """
 
+import functools
 import os
 
 import torch
@@ -379,15 +380,25 @@ def launch_config(kind: str, head_dim: int, dtype: torch.dtype, arch: int = 90) 
 
 def device_arch(device) -> int:
     device = torch.device(device)
-    if device.type != "cuda":
-        return 90
-    major, minor = torch.cuda.get_device_capability(device)
+    return _cuda_arch(device.index) if device.type == "cuda" else 90
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_arch(index) -> int:  # asked at every launch; a device's capability never changes
+    major, minor = torch.cuda.get_device_capability(index)
     return 10 * major + minor
 
 
-def decode_block_h(group: int, block_h: int) -> int:
+def decode_tiles(group: int, block_h: int | None = None) -> tuple[int, int]:
+    """(rows of the query tile, tiles per kv head) for a GQA group of `group` query heads."""
     # tl.dot needs 16 rows at least; more than the group would be idle rows.
-    return max(16, min(block_h, triton.next_power_of_2(group)))
+    block_h = max(16, min(block_h or launch_config("decode", 0, None)["block_h"], triton.next_power_of_2(group)))
+    return block_h, triton.cdiv(group, block_h)
+
+
+def decode_programs_per_split(batch: int, q_heads: int, kv_heads: int) -> int:
+    """Programs one split of every request takes: what `num_kv_splits` divides the SMs by."""
+    return batch * kv_heads * decode_tiles(q_heads // kv_heads)[1]
 
 
 def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin, rotary_dim, neox,
@@ -406,8 +417,7 @@ def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos
     cfg = launch_config("decode", d, q.dtype, device_arch(q.device))
     block_n, num_warps, num_stages = block_n or cfg["block_n"], num_warps or cfg["num_warps"], \
         num_stages or cfg["num_stages"]
-    block_h = decode_block_h(group, block_h or cfg["block_h"])
-    head_tiles = triton.cdiv(group, block_h)
+    block_h, head_tiles = decode_tiles(group, block_h or cfg["block_h"])
     if splits is None:
         splits = num_kv_splits(seq_lens, batch * hkv * head_tiles, sm_count(q.device))
     if workspace is None:

@@ -242,13 +242,8 @@ class MepicAttnBackend(AttentionBackend):
             return graph.splits[:batch], graph.workspace
         if self._workspace is None or not self._workspace.fits(batch, heads, dv):
             self._workspace = self.kernels.DecodeWorkspace(batch, heads, dv, q.device)
-        return self.kernels.num_kv_splits(seq_lens, self._programs_per_split(batch, heads, kv_heads),
+        return self.kernels.num_kv_splits(seq_lens, self.kernels.decode_programs_per_split(batch, heads, kv_heads),
                                           self.sm_count), self._workspace
-
-    def _programs_per_split(self, batch: int, heads: int, kv_heads: int) -> int:
-        group = heads // kv_heads
-        block_h = self.kernels.decode_block_h(group, self.kernels.launch_config("decode", 0, None)["block_h"])
-        return batch * kv_heads * -(-group // block_h)
 
     # CUDA graphs, decode only (SGLang's graph runner calls these).
 
@@ -272,7 +267,8 @@ class MepicAttnBackend(AttentionBackend):
     def init_forward_metadata_in_graph(self, forward_batch):
         """Captured: the split counts of this batch, into the fixed buffer (device ops only)."""
         batch = forward_batch.seq_lens.shape[0]
-        self.kernels.num_kv_splits(forward_batch.seq_lens, self._programs_per_split(batch, *self._graph_heads),
+        self.kernels.num_kv_splits(forward_batch.seq_lens,
+                                   self.kernels.decode_programs_per_split(batch, *self._graph_heads),
                                    self.sm_count, out=self.graph.splits)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
