@@ -2,13 +2,14 @@
 
     .venv/bin/python -m eval.fidelity [--questions 48] [--chunks 4] [--new-tokens 16]
                                       [--modes full,naive,epic-16,mepic,mepic:leading]
-                                      [--json results.json]
+                                      [--prompt chat|raw] [--json results.json]
 
 Each prompt asks one SQuAD question over `--chunks` paragraphs of its article:
 the one holding the answer and others from the same article, in a seeded
 shuffled order, so paragraphs recur across prompts at different positions.
 Each chunk is marked up (`<|chunk|>...<|/chunk|>`) inside the user message of
-the model's chat template. One server per mode (float32, greedy), 4 requests in
+the model's chat template (`--prompt raw`: plain text ending in "Answer:",
+as a `/generate` user would send it). One server per mode (float32, greedy), 4 requests in
 flight. Options follow a mode after colons: `leading` / `trailing` (pad placement),
 `sink` / `nosink` (compile after the model's BOS or alone), `blocks=N` (recomputed
 blocks), e.g. `mepic:leading:sink`.
@@ -17,6 +18,7 @@ Figures per mode, against `full` (no reuse):
 - top-1: the first generated token equals full's;
 - prefix: tokens of full's first 16 matched before the first difference, over 16
   (over full's length when it stopped earlier);
+- EOS first: the share of outputs whose first token is the end of text (an empty answer);
 - F1: SQuAD token F1 of the answer against the gold answers (max over them);
 - recomputed: mean tokens computed per request in context (meta_info), and the
   server's peak KV pages in use.
@@ -104,6 +106,8 @@ def main(argv=None) -> None:
     ap.add_argument("--modes", default="full,naive,epic-16,mepic,mepic:leading")
     ap.add_argument("--in-flight", type=int, default=4)
     ap.add_argument("--model", default=None, help="HF model folder (default: the embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--prompt", choices=("chat", "raw"), default="chat",
+                    help="chat template (default) or raw text ending in 'Answer:'")
     ap.add_argument("--json", type=Path, default=None, help="also write per-mode figures here")
     args = ap.parse_args(argv)
 
@@ -112,11 +116,13 @@ def main(argv=None) -> None:
     model = args.model or str(models.build(models.DEFAULT_MODEL))
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompts = load_prompts(args.questions, args.chunks)
-    texts = [render(tokenizer, p) for p in prompts]
+    texts = [render(tokenizer, p, chat=args.prompt == "chat") for p in prompts]
+    eos = {tokenizer.eos_token_id, *(getattr(tokenizer, "additional_eos_ids", None) or [])}
     modes = args.modes.split(",")
     if modes[0] != "full":
         modes = ["full"] + [m for m in modes if m != "full"]
-    print(f"{len(prompts)} SQuAD questions x {args.chunks} chunks, {args.new_tokens} new tokens, greedy, float32")
+    print(f"{len(prompts)} SQuAD questions x {args.chunks} chunks, {args.prompt} prompts, {args.new_tokens} new tokens, "
+          "greedy, float32")
 
     results, reference = {}, None
     for mode in modes:
@@ -129,6 +135,7 @@ def main(argv=None) -> None:
         results[mode] = {
             "top1": sum(a[:1] == b[:1] for a, b in zip(ids, reference)) / n,
             "prefix": sum(prefix_agreement(a, b, args.new_tokens) for a, b in zip(ids, reference)) / n,
+            "eos_first": sum(not o["output_ids"] or o["output_ids"][0] in eos for o in outs) / n,
             "f1": sum(f1(o["text"], p.answers) for o, p in zip(outs, prompts)) / n,
             "recomputed": sum(o["meta_info"].get("mepic_recomputed_tokens",
                                                  o["meta_info"]["prompt_tokens"] - o["meta_info"]["cached_tokens"])
@@ -138,17 +145,19 @@ def main(argv=None) -> None:
             "seconds": round(time.time() - t0, 1),
         }
         r = results[mode]
-        print(f"  {mode:<16} top-1 {r['top1']:.3f}  prefix {r['prefix']:.3f}  F1 {r['f1']:.3f}  "
+        print(f"  {mode:<16} top-1 {r['top1']:.3f}  prefix {r['prefix']:.3f}  EOS first {r['eos_first']:.3f}  "
+              f"F1 {r['f1']:.3f}  "
               f"recomputed {r['recomputed']:.0f}/{r['prompt_tokens']:.0f} tokens  ({r['seconds']} s)", flush=True)
 
-    print("\n| mode | top-1 agreement | prefix agreement (16) | F1 | tokens recomputed / prompt | peak KV pages |")
-    print("|---|---|---|---|---|---|")
+    print("\n| mode | top-1 agreement | prefix agreement (16) | EOS first | F1 | tokens recomputed / prompt "
+          "| peak KV pages |")
+    print("|---|---|---|---|---|---|---|")
     for mode, r in results.items():
-        print(f"| {mode} | {r['top1']:.3f} | {r['prefix']:.3f} | {r['f1']:.3f} | "
+        print(f"| {mode} | {r['top1']:.3f} | {r['prefix']:.3f} | {r['eos_first']:.3f} | {r['f1']:.3f} | "
               f"{r['recomputed']:.0f} / {r['prompt_tokens']:.0f} | {r['peak_pages']} |")
     if args.json:
         args.json.write_text(json.dumps({"questions": len(prompts), "chunks": args.chunks,
-                                         "new_tokens": args.new_tokens, "results": results}, indent=2))
+                                         "new_tokens": args.new_tokens, "prompt": args.prompt, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -123,11 +123,12 @@ def reuse_ratio(requests: list[Request], tokenize=None) -> float:
     return repeated / total if total else 0.0
 
 
-def render(tokenizer, request: Request) -> str:
-    """The request as chat text, each document marked up as a chunk."""
+def render(tokenizer, request: Request, chat: bool = True) -> str:
+    """The request as chat text (raw text ending in "Answer:" when `chat` is off or the model
+    has no chat template), each document marked up as a chunk."""
     docs = "".join(chunk(f"Document: {d}\n\n") for d in request.docs)
     user = f"{INSTRUCTION}\n\n{docs}Question: {request.question}"
-    if getattr(tokenizer, "chat_template", None):
+    if chat and getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
                                              add_generation_prompt=True)
     return user + "\nAnswer:"

@@ -7,12 +7,17 @@ planned) and the requests that were planned but not admitted let go of theirs.
 After, each KV row is assigned: rows of laid-out requests get their plan's
 positions (and, in private-copy modes, the slots their KV is copied from); every
 other row is marked unplanned (identity positions). The cache's figures are
-sampled right after the allocation (peak pages in use, /metrics).
+sampled right after the allocation (peak pages in use, /metrics). In a batch that
+returns input logprobs, each laid-out slot scores the next real token, not the
+next slot, which may be a pad (logprobs.py).
 """
 
 from sglang.srt.plugins.hook_registry import HookType
 
+import torch
+
 from sglang_mepic import positions
+from sglang_mepic.logprobs import next_real_ids
 from sglang_mepic.radix_cache import MepicRadixCache
 
 WRITTEN_FOR = "0.5.23"
@@ -31,6 +36,8 @@ def hook(original, batch, *args, **kwargs):
     result = original(batch, *args, **kwargs)
     if tree is not None:
         tree.sample()
+        if batch.return_logprob and batch.extend_input_logprob_token_ids is not None:
+            _score_real_tokens(batch)
     position_map = positions.ACTIVE
     if position_map is None:  # another attention backend: nothing to write
         return result
@@ -47,3 +54,20 @@ def hook(original, batch, *args, **kwargs):
         else:
             position_map.release(row)
     return result
+
+
+def _score_real_tokens(batch) -> None:
+    """Per request, SGLang lists the id each slot from its logprob start scores: the next slot's.
+    For laid-out requests that becomes the next real token in natural order."""
+    targets, at = batch.extend_input_logprob_token_ids, 0
+    for req, skipped in zip(batch.reqs, batch.extend_logprob_start_lens):
+        count = req.extend_len - skipped
+        link = getattr(req, "mepic", None)
+        first = req.prefix_len + skipped
+        end = min(first + count, link.size) if link is not None else first
+        if end > first:
+            nxt = next_real_ids(link.natural, link.pad_slots())
+            natural = link.order if link.order is not None else range(link.size)
+            targets[at:at + end - first] = torch.tensor([nxt[natural[k]] for k in range(first, end)],
+                                                        dtype=targets.dtype)
+        at += count

@@ -2,7 +2,8 @@
 
 Marked-up text or input_ids become plain input_ids plus a `kv_hints` action with
 the chunk spans; malformed markup raises a ValueError, which the HTTP layer
-returns as a 400 before the request reaches the scheduler.
+returns as a 400 before the request reaches the scheduler. A laid-out request's
+`logprob_start_len` becomes the slot of that token (logprobs.py).
 
 When chunks are reused (every mode but `full`), each chunk of the request is
 first sent alone as an internal `compile` request: the chunk computed
@@ -23,6 +24,7 @@ from sglang.srt.plugins.hook_registry import HookType
 from sglang_mepic import config
 from sglang_mepic.markup import (HINT_TYPE, Marked, check_client_hints, has_id_markup, has_text_markup,
                                  split_ids, tokenize_text)
+from sglang_mepic.logprobs import start_slot
 from sglang_mepic.request_layout import PAD_FILL_ID
 from sglang_mepic.segments import PAD_ID, Layout, Segment, layout
 
@@ -78,7 +80,10 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
     laid_out = _lays_out_slots(manager) and bool(lay.chunks or lay.pad_runs())
     if laid_out:
         # Laid out in slots: pads have no position and are masked by the mepic backend.
-        obj.input_ids = [PAD_FILL_ID if t == PAD_ID else t for t in lay.slot_tokens()]
+        slots = lay.slot_tokens()
+        obj.input_ids = [PAD_FILL_ID if t == PAD_ID else t for t in slots]
+        if obj.return_logprob and isinstance(obj.logprob_start_len, int) and obj.logprob_start_len >= 0:
+            obj.logprob_start_len = start_slot(slots, obj.logprob_start_len)  # a token index -> its slot
         action["payload"]["pads"] = [list(run) for run in lay.pad_runs()]
         action["payload"]["chunks"] = [[seg.start, seg.end] for seg in lay.chunks]
     else:

@@ -96,6 +96,10 @@ class Link:
                         total += int((natural[page * page_size:(page + 1) * page_size] != NO_POSITION).sum())
         return total
 
+    def pad_slots(self) -> list[bool]:
+        """Whether each natural prompt slot is a pad."""
+        return (self.natural_positions(self.size) == NO_POSITION).tolist()
+
     def real_slots(self, start: int, end: int) -> int:
         """Non-pad slots among planned prompt slots [start, end)."""
         pos = self.positions(self.size)[start:end]

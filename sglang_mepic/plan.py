@@ -63,11 +63,13 @@ class Plan:
 
 
 def make_plan(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: dict[str, tuple[int, ...]],
-              canonical_from: int | None) -> Plan:
+              canonical_from: int | None, reuse_before: int | None = None) -> Plan:
     """Order the pages of a request of `size` slots.
 
     resident: chunk hash -> its canonical pages (the chunk's pages from `canonical_from` on).
     canonical_from: leading pages of each chunk computed in context; None = all (nothing reused).
+    reuse_before: only chunks that end at or before this slot are reused; the rest are computed
+    in context (input logprobs from there on: logprobs.py). Pages from there on keep their places.
     """
     b = page_size
     hits = misses = 0
@@ -82,7 +84,7 @@ def make_plan(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: 
             misses += 1
             continue
         hits += 1
-        if canonical_from is None:
+        if canonical_from is None or (reuse_before is not None and c.end > reuse_before):
             continue
         first, last = c.start // b + canonical_from, c.end // b
         if len(canonical) != max(0, last - first):
@@ -114,11 +116,12 @@ def planned(values: Sequence, plan: Plan) -> list:
 
 
 def sources(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: dict[str, tuple[int, ...]],
-            positions: Sequence[int], keep_tokens: int) -> tuple[list[int], int, int]:
+            positions: Sequence[int], keep_tokens: int, reuse_before: int | None = None) -> tuple[list[int], int, int]:
     """Private-copy modes: per natural slot, the canonical KV slot that replaces it, or -1.
 
     Of each resident chunk, the first `keep_tokens` real tokens are left to compute (EPIC's
-    recompute); the chunk store holds the whole chunk (canonical_from = 0).
+    recompute); the chunk store holds the whole chunk (canonical_from = 0). Chunks that end
+    after `reuse_before` are computed whole, as in `make_plan`.
     Returns (sources, hits, misses).
     """
     b = page_size
@@ -130,6 +133,8 @@ def sources(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: di
             misses += 1
             continue
         hits += 1
+        if reuse_before is not None and c.end > reuse_before:
+            continue
         real = 0
         for s in range(c.start, c.end):
             if positions[s] == NO_POSITION:

@@ -147,8 +147,10 @@ class MepicRadixCache(RadixCache):
             self._unadmitted[id(link)] = link
         link.order = link.sources = None
         link.plan = None
+        # Input logprobs from a slot on: as SGLang limits its prefix there, chunks past it are computed.
+        start = req.logprob_start_len if req.return_logprob and req.logprob_start_len >= 0 else None
         if link.compile or self.mode.shares:
-            link.plan = make_plan(link.size, self.page_size, link.spans(), resident, self.canonical_from)
+            link.plan = make_plan(link.size, self.page_size, link.spans(), resident, self.canonical_from, start)
             if link.plan.reused and link.compile and self._holds_compile(link, params):
                 link.plan = None  # in natural order, the tree's earlier compile of it costs nothing
             if link.plan is not None and link.plan.reused:
@@ -160,7 +162,7 @@ class MepicRadixCache(RadixCache):
         elif self.mode.private:
             natural_pos = link.natural_positions(link.size).tolist()
             keep = self.mode.tokens if self.mode.kind is config.Kind.EPIC else 0
-            link.sources, _, _ = sources(link.size, self.page_size, link.spans(), resident, natural_pos, keep)
+            link.sources, _, _ = sources(link.size, self.page_size, link.spans(), resident, natural_pos, keep, start)
         req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
 
     def match_prefix(self, params):

@@ -90,3 +90,15 @@ def test_modes_parse_and_say_what_they_keep():
     for bad in ("epic-0", "epic", "cacheblend-1.5", "fast"):
         with pytest.raises(ValueError, match="choose one of"):
             config.parse_mode(bad)
+
+
+def test_chunks_past_the_logprob_start_are_computed_and_later_pages_keep_their_places():
+    lay = request()
+    d = lay.chunks[1]
+    plan = make_plan(lay.size, B, spans(lay), {"c": (70, 71), "d": (80,)}, canonical_from=1, reuse_before=d.start + 1)
+    assert plan.order == (2, 3, 0, 1, 4, 5, 6, 7) and plan.reused == (70, 71)  # d is a hit, computed
+    assert (plan.hits, plan.misses) == (2, 0)
+    assert plan.slot_order()[d.start:] == list(range(d.start, lay.size))
+    src, hits, _ = sources(lay.size, B, spans(lay), {"c": (70, 71, 72), "d": (80, 81)}, lay.slot_positions(),
+                           keep_tokens=0, reuse_before=d.start)
+    assert all(s == -1 for s in src[d.start:]) and src[lay.chunks[0].start] == 70 * B and hits == 2

@@ -154,3 +154,49 @@ def test_greedy_tokens_equal_hf_transformers(tiny_server, tiny_model):
                        sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
         assert out["output_ids"] == hf, f"prompt of {ids.shape[1]} tokens diverges from HF"
     assert max(lengths) > 500
+
+
+def test_input_logprobs_with_chunks_are_the_users_tokens_in_order(tiny_server, exact_server, tiny_model):
+    """Input logprobs of a chunked request: natural order, no pads, as many as without chunks;
+    from token 0 every token is computed, so the values are those of full recompute."""
+    from transformers import AutoTokenizer
+
+    from sglang_mepic.lang import chunk
+    from sglang_mepic.markup import split_text
+
+    words = open(os.__file__).read().split()
+    text = ("Read these. " + chunk(" ".join(words[3000:3050])) + " and " + chunk(" ".join(words[3100:3170]))
+            + " Question: which one?")
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    pieces = [tok.encode(part, add_special_tokens=i == 0) for i, (_, part) in enumerate(split_text(text))]
+    ids = [t for piece in pieces for t in piece]
+
+    def logprobs(server, start, **prompt):
+        meta = generate(server, **prompt, return_logprob=True, logprob_start_len=start, top_logprobs_num=2,
+                        sampling_params={"max_new_tokens": 1, "temperature": 0})["meta_info"]
+        assert len(meta["input_top_logprobs"]) == len(meta["input_token_logprobs"])
+        return [(v, t) for v, t, _ in meta["input_token_logprobs"]], meta
+
+    generate(tiny_server, text=text, sampling_params={"max_new_tokens": 1})  # the chunks are stored now
+    plain, _ = logprobs(exact_server, 0, input_ids=ids)
+    exact, _ = logprobs(exact_server, 0, text=text)
+    reused, meta = logprobs(tiny_server, 0, text=text)
+    assert [t for _, t in plain] == [t for _, t in exact] == [t for _, t in reused] == ids
+    assert plain[0][0] is None and reused[0][0] is None
+    for (a, _), (b, _), (c, _) in zip(plain[1:], exact[1:], reused[1:]):
+        assert abs(a - b) < 1e-4 and abs(b - c) < 1e-4
+    assert meta["mepic_chunk_hits"] == 2 and meta["cached_tokens"] == 0  # from token 0, all computed
+
+    question = len(ids) - 5
+    tail, both = logprobs(tiny_server, question, text=text)
+    assert [t for _, t in tail] == ids[question:] and tail[0][0] is None
+    inside = sum(map(len, pieces[:3])) + 3  # in the second chunk
+    mid, first = logprobs(tiny_server, inside, text=text)
+    assert [t for _, t in mid] == ids[inside:]
+    # Chunks that end before the logprob start are reused: both, then the first one only.
+    assert both["mepic_chunk_hits"] == first["mepic_chunk_hits"] == 2
+    assert 0 < first["cached_tokens"] < both["cached_tokens"]
+
+    r = requests.post(tiny_server.url + "/generate", timeout=60, json={
+        "text": text, "return_logprob": True, "logprob_start_len": len(ids) + 1, "sampling_params": {}})
+    assert r.status_code == 400 and "higher than the number of input tokens" in r.text

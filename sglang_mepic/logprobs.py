@@ -1,0 +1,59 @@
+"""Input logprobs of a laid-out request, in the user's tokens rather than its slots.
+
+SGLang computes input logprobs over the request's slots from `logprob_start_len`
+on: the logits of each slot score the id in the next slot. A laid-out request
+has pad slots, and in shared modes its pages are reordered. Three things keep
+the user's view exact:
+
+- The tokenizer side turns the user's `logprob_start_len` (a token index) into
+  the slot that token sits in (`start_slot`).
+- The plan reuses only chunks that end before that slot (`make_plan`'s
+  `reuse_before`): like SGLang, which limits the prefix match to
+  `logprob_start_len`, every token from there on is computed. Pages before the
+  slot are the only ones reordered, so from the slot on, planned order is the
+  natural order.
+- Each computed slot scores the next *real* token rather than the next slot
+  (`next_real_ids`), and the entries are then taken per real token
+  (`per_token`): pads drop out, and each token gets the logits of the real
+  token before it. As in SGLang, the first requested token has no entry (None).
+"""
+
+from typing import Sequence
+
+from sglang_mepic.segments import PAD_ID
+
+
+def start_slot(slot_tokens: Sequence[int], start: int) -> int:
+    """The slot of real token `start` (the slot count for `start` == the number of real tokens)."""
+    real = [i for i, t in enumerate(slot_tokens) if t != PAD_ID]
+    if start > len(real):
+        raise ValueError(f"logprob_start_len={start} is higher than the number of input tokens ({len(real)}); "
+                         "use a smaller logprob_start_len")
+    return real[start] if start < len(real) else len(slot_tokens)
+
+
+def next_real_ids(natural: Sequence[int], is_pad: Sequence[bool]) -> list[int]:
+    """Per slot, the id of the first real slot after it (0 past the last: the sampled token's place)."""
+    out = [0] * len(natural)
+    nxt = 0
+    for i in range(len(natural) - 1, -1, -1):
+        out[i] = nxt
+        if not is_pad[i]:
+            nxt = natural[i]
+    return out
+
+
+def per_token(entries: list, start: int, is_pad: Sequence[bool]) -> list:
+    """SGLang's entries for slots [start, size), as entries for the real tokens among them.
+
+    entries[0] is None and entries[e] comes from the logits of slot start + e - 1, which
+    scored the real token after it; a real slot's entry is therefore at its previous real
+    slot + 1. The first real slot keeps SGLang's None.
+    """
+    out, prev = [], None
+    for slot in range(start, start + len(entries)):
+        if is_pad[slot]:
+            continue
+        out.append(entries[0] if prev is None else entries[prev - start + 1])
+        prev = slot
+    return out
