@@ -7,6 +7,11 @@ Requests left waiting must not keep them past the round, or chunks wanted only b
 waiting requests could fill the pool. A round that forms a batch lets go earlier, before
 the batch allocates (patch schedule_batch_prepare_for_extend); this covers the rounds
 that form none.
+
+The batch's prefill stats (the log's `#new-token` and `#cached-token`, and the
+cache-hit metrics) count slots; for laid-out requests they are brought to real
+tokens, and reuse of chunks compiled for the request itself is not a hit, as in
+its response's `cached_tokens`.
 """
 
 from sglang.srt.plugins.hook_registry import HookType
@@ -20,7 +25,23 @@ HOOK_TYPE = HookType.AROUND
 
 def hook(original, scheduler, *args, **kwargs):
     try:
-        return original(scheduler, *args, **kwargs)
+        batch = original(scheduler, *args, **kwargs)
     finally:
         if isinstance(scheduler.tree_cache, MepicRadixCache):
             scheduler.tree_cache.end_round()
+    stats = getattr(batch, "prefill_stats", None)
+    if stats is not None and isinstance(scheduler.tree_cache, MepicRadixCache):
+        _count_real_tokens(stats, batch.reqs[:stats.num_new_seqs], scheduler.tree_cache)
+    return batch
+
+
+def _count_real_tokens(stats, new_reqs, tree) -> None:
+    for req in new_reqs:
+        link = getattr(req, "mepic", None)
+        if link is None:
+            continue
+        prefix, end = min(req.prefix_len, link.size), min(req.prefix_len + req.extend_input_len, link.size)
+        not_hit = (prefix - link.real_slots(0, prefix)) + link.compiled_reuse(tree.canonical_from or 0, tree.page_size)
+        stats.log_hit_tokens = max(0, stats.log_hit_tokens - not_hit)
+        stats.log_device_hit_tokens = max(0, stats.log_device_hit_tokens - not_hit)
+        stats.log_input_tokens -= max(0, end - prefix) - link.real_slots(prefix, end)

@@ -16,16 +16,20 @@ Every flag is passed on to SGLang. What this wrapper adds:
   `--dtype float32` where the CPU has no native bf16);
 - each default only where the flag is not given;
 - clear errors, before anything heavy loads, for a missing model folder or a
-  port that is taken.
+  port that is taken;
+- a quiet start-up: SGLang's ~20 KB `server_args=` line becomes the command
+  line, and on CPU its CUDA-only notices are replaced by one line saying so
+  (`--log-level debug` keeps everything; quiet.py).
 """
 
 import argparse
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
-from sglang_mepic import config, models
+from sglang_mepic import config, models, quiet
 from sglang_mepic.segments import Placement
 
 CPU_MAX_TOTAL_TOKENS = 65536  # SGLang would otherwise size the pool from free RAM (~14 GB)
@@ -266,13 +270,19 @@ def main(argv: list[str] | None = None) -> None:
         mepic_parser().print_help()
         print()
     else:
-        argv, env = with_defaults(argv, cuda=_has_cuda())
+        cuda = _has_cuda()
+        argv, env = with_defaults(argv, cuda=cuda)
         for key, value in env.items():
             os.environ.setdefault(key, value)
         known = _known_flags(argv)
         _ensure_default_model(known.model_path)
         check_model_path(known.model_path)
         check_port_free(known.host, known.port)
+        if quiet.wanted(argv):  # before SGLang's imports, which warn
+            quiet.install(cpu=not cuda, argv=" ".join(argv))
+            quiet.for_children(cpu=not cuda)
+            if not cuda:
+                print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] sglang-mepic: {quiet.SUMMARY}", file=sys.stderr)
 
     # Imported late: SGLang reads SGLANG_USE_CPU_ENGINE at import time.
     from sglang.launch_server import run_server

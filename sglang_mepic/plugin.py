@@ -29,6 +29,9 @@ def register() -> None:
     if _registered:
         return
     version = check_sglang_version()
+    from sglang_mepic import quiet
+
+    quiet.install_from_env()  # the launcher's log filters, in this process too
 
     from sglang.srt.arg_groups.choices import add_attention_backend_choices
     from sglang.srt.layers.attention.attention_registry import register_attention_backend

@@ -175,3 +175,43 @@ def test_unwritable_storage_dir_is_a_clear_error(tmp_path):
     blocker.write_text("")
     with pytest.raises(SystemExit, match="--mepic-storage-dir .*cannot create it"):
         launch_server.split_mepic_flags(["--mepic-storage-dir", str(blocker / "sub")])
+
+
+def test_quiet_start_up_hides_cpu_notices_and_shortens_server_args(monkeypatch):
+    import logging
+    import warnings
+
+    from sglang_mepic import quiet
+
+    monkeypatch.setattr(warnings, "filters", list(warnings.filters))
+    loggers = [logging.getLogger(name) for name in ("sglang.srt.models.registry", quiet.SERVER_ARGS_LOGGER,
+                                                   "sglang.srt.entrypoints.http_server")]
+    for logger in loggers:
+        monkeypatch.setattr(logger, "filters", [])
+    quiet.install(cpu=True, argv="--model-path m --port 1")
+    quiet.install(cpu=True, argv="--model-path m --port 1")  # once per logger
+    registry, engine, http = loggers
+    assert len(registry.filters) == len(engine.filters) == 1
+
+    def passes(logger, msg):
+        record = logger.makeRecord(logger.name, logging.WARNING, __file__, 1, msg, (), None)
+        return all(f.filter(record) for f in logger.filters), record.getMessage()
+
+    assert not passes(registry, "Ignore import error when loading sglang.srt.models.grok: no module")[0]
+    assert passes(registry, "Something real went wrong")[0]  # other warnings stay
+    assert not passes(http, "OpenAI Responses API (/v1/responses) disabled: no openai_harmony")[0]
+    kept, text = passes(engine, "server_args={'model_path': 'm', " + "'x': 1, " * 2000 + "}")
+    assert kept and text.startswith("server_args: --model-path m --port 1") and len(text) < 200
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        quiet.install(cpu=True)
+        warnings.warn("Only CUDA, HIP and XPU support AWQ currently.", UserWarning)
+        warnings.warn("a real warning", UserWarning)
+    assert [str(w.message) for w in seen] == ["a real warning"]
+
+
+def test_debug_log_level_keeps_every_line():
+    from sglang_mepic import quiet
+
+    assert quiet.wanted(["--model-path", "m"]) and quiet.wanted(["--log-level", "info"])
+    assert not quiet.wanted(["--log-level", "debug"]) and not quiet.wanted(["--log-level=DEBUG"])
