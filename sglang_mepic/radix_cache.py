@@ -148,7 +148,7 @@ class MepicRadixCache(RadixCache):
         link.order = link.sources = None
         link.plan = None
         # Input logprobs from a slot on: as SGLang limits its prefix there, chunks past it are computed.
-        start = req.logprob_start_len if req.return_logprob and req.logprob_start_len >= 0 else None
+        start = req.logprob_start_len if getattr(req, "return_logprob", False) and req.logprob_start_len >= 0 else None
         if link.compile or self.mode.shares:
             link.plan = make_plan(link.size, self.page_size, link.spans(), resident, self.canonical_from, start)
             if link.plan.reused and link.compile and self._holds_compile(link, params):
