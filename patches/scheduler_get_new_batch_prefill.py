@@ -25,14 +25,15 @@ HOOK_TYPE = HookType.AROUND
 
 def hook(original, scheduler, *args, **kwargs):
     try:
-        batch = original(scheduler, *args, **kwargs)
+        plan = original(scheduler, *args, **kwargs)  # a NextBatchPlan
     finally:
         if isinstance(scheduler.tree_cache, MepicRadixCache):
             scheduler.tree_cache.end_round()
+    batch = plan.batch_to_run
     stats = getattr(batch, "prefill_stats", None)
     if stats is not None and isinstance(scheduler.tree_cache, MepicRadixCache):
         _count_real_tokens(stats, batch.reqs[:stats.num_new_seqs], scheduler.tree_cache)
-    return batch
+    return plan
 
 
 def _count_real_tokens(stats, new_reqs, tree) -> None:
@@ -40,7 +41,7 @@ def _count_real_tokens(stats, new_reqs, tree) -> None:
         link = getattr(req, "mepic", None)
         if link is None:
             continue
-        prefix, end = min(req.prefix_len, link.size), min(req.prefix_len + req.extend_input_len, link.size)
+        prefix, end = min(req.prefix_len, link.size), min(req.prefix_len + req.extend_len, link.size)
         not_hit = (prefix - link.real_slots(0, prefix)) + link.compiled_reuse(tree.canonical_from or 0, tree.page_size)
         stats.log_hit_tokens = max(0, stats.log_hit_tokens - not_hit)
         stats.log_device_hit_tokens = max(0, stats.log_device_hit_tokens - not_hit)

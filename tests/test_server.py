@@ -96,6 +96,8 @@ def test_cached_tokens_exclude_chunks_compiled_for_the_request(tiny_server):
     assert warm.get("cached_tokens_details")  # SGLang's breakdown, which counted pad slots before
     log = tiny_server.log()
     assert "1 chunk(s) (" in log and "found 1 absent" in log and "found 1 device" in log  # compiles, logged
+    for meta in (cold, warm):  # the prefill log counts real tokens, as the response does
+        assert f"#new-token: {meta['mepic_recomputed_tokens']}, #cached-token: {meta['cached_tokens']}," in log
     for meta in (cold, warm):
         details = meta.get("cached_tokens_details")
         if details:
