@@ -16,7 +16,7 @@ blocks), e.g. `mepic:leading:sink`.
 
 Figures per mode, against `full` (no reuse):
 - top-1: the first generated token equals full's;
-- prefix: tokens of full's first 16 matched before the first difference, over 16
+- prefix: tokens of full's first `--new-tokens` matched before the first difference, over that
   (over full's length when it stopped earlier);
 - EOS first: the share of outputs whose first token is the end of text (an empty answer);
 - F1: SQuAD token F1 of the answer against the gold answers (max over them);
@@ -149,7 +149,7 @@ def main(argv=None) -> None:
               f"F1 {r['f1']:.3f}  "
               f"recomputed {r['recomputed']:.0f}/{r['prompt_tokens']:.0f} tokens  ({r['seconds']} s)", flush=True)
 
-    print("\n| mode | top-1 agreement | prefix agreement (16) | EOS first | F1 | tokens recomputed / prompt "
+    print(f"\n| mode | top-1 agreement | prefix agreement ({args.new_tokens}) | EOS first | F1 | tokens recomputed / prompt "
           "| peak KV pages |")
     print("|---|---|---|---|---|---|---|")
     for mode, r in results.items():
