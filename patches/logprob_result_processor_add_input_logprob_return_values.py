@@ -28,8 +28,10 @@ def hook(original, processor, i, req, *args, last_prefill_chunk: bool, **kwargs)
         result = original(processor, i, req, *args, last_prefill_chunk=last_prefill_chunk, **kwargs)
     finally:
         req.return_flat_raw_top_logprobs = flat
-    pads = link.pad_slots()
     start = req.logprob_start_len
+    if start < 0:
+        return result
+    pads = link.pad_slots()
     for name in FIELDS:
         entries = getattr(req.logprob, name)
         if entries:

@@ -12,9 +12,8 @@ returns input logprobs, each laid-out slot scores the next real token, not the
 next slot, which may be a pad (logprobs.py).
 """
 
-from sglang.srt.plugins.hook_registry import HookType
-
 import torch
+from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic import positions
 from sglang_mepic.logprobs import next_real_ids
