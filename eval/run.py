@@ -3,6 +3,7 @@
     .venv/bin/python -m eval.run --quick            # every system, 2 QPS x 2 context lengths, < 15 min
     .venv/bin/python -m eval.run                    # the full sweep (more QPS values and lengths)
     .venv/bin/python -m eval.run --dataset hotpotqa --qps 0.5,1 --chunks 4,8 --requests 24
+    .venv/bin/python -m eval.run --reuse 0.85 --chunks 6 --requests 300   # a set share of chunks repeating
 
 Each system gets a fresh server (SmolLM2-135M-Instruct, float32, greedy); between
 sweep points its cache is flushed. Requests arrive open-loop (Poisson at the
@@ -34,7 +35,7 @@ import requests
 from tqdm import tqdm
 
 from eval.scoring import exact_match, f1, prefix_agreement, top1_agreement
-from eval.workloads import DATASETS, render, reuse_ratio
+from eval.workloads import DATASETS, render, reuse_ratio, with_reuse
 from sglang_mepic import models
 from sglang_mepic.server_process import ServerProcess
 
@@ -237,6 +238,9 @@ def main(argv=None) -> None:
     ap.add_argument("--chunks", default=None, help="comma-separated chunks per request (2-16)")
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--reuse", type=float, default=None,
+                    help="share of chunks that repeat an earlier one, 0-0.95 (eval.workloads.with_reuse); "
+                         "default: the dataset's own draw")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None, help="HF model folder (default: the embedded SmolLM2-135M-Instruct)")
     ap.add_argument("--out", type=Path, default=None)
@@ -258,12 +262,18 @@ def main(argv=None) -> None:
 
     model = args.model or str(models.build(models.DEFAULT_MODEL))
     tokenizer = AutoTokenizer.from_pretrained(model)
-    workload = {c: DATASETS[args.dataset](n, c, seed=args.seed) for c in chunk_counts}
+    try:
+        workload = {c: (with_reuse(args.dataset, n, c, args.reuse, seed=args.seed) if args.reuse is not None
+                        else DATASETS[args.dataset](n, c, seed=args.seed)) for c in chunk_counts}
+    except ValueError as e:
+        sys.exit(f"bad arguments: {e}")
     texts = {c: [render(tokenizer, r) for r in reqs] for c, reqs in workload.items()}
+    ratios = {}
     for c, reqs in workload.items():
-        ratio = reuse_ratio(reqs, lambda d: tokenizer.encode(d, add_special_tokens=False))
-        print(f"[workload] {args.dataset}: {n} requests x {c} chunks, reuse ratio {ratio:.3f} "
-              f"(chunk tokens that repeat an earlier chunk)")
+        ratios[c] = reuse_ratio(reqs, lambda d: tokenizer.encode(d, add_special_tokens=False))
+        length = statistics.fmean(len(tokenizer.encode(t, add_special_tokens=False)) for t in texts[c])
+        print(f"[workload] {args.dataset}: {n} requests x {c} chunks, reuse ratio {ratios[c]:.3f} "
+              f"(chunk tokens that repeat an earlier chunk), mean prompt {length:.0f} tokens")
 
     page_size = 16
     page_bytes = kv_bytes_per_token(model) * page_size
@@ -283,10 +293,14 @@ def main(argv=None) -> None:
                         points.append(Point(system, q, c, outputs, pages, exact, seconds))
 
     rows = summarize(points, workload, args.new_tokens, page_bytes)
+    for row in rows:
+        row["reuse_ratio"] = round(ratios[row["chunks"]], 4)
     md = table(rows)
     command = "python -m eval.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     header = (f"{args.dataset}, {n} requests per point, {args.new_tokens} new tokens, greedy, float32, "
-              f"model {Path(model).name}; fidelity against `{REFERENCE}`.\n\nCommand: `{command}`\n\n")
+              f"model {Path(model).name}; fidelity against `{REFERENCE}`. Realised reuse ratio (chunk tokens "
+              f"that repeat an earlier chunk): " + ", ".join(f"{ratios[c]:.3f} at {c} chunks" for c in chunk_counts)
+              + f".\n\nCommand: `{command}`\n\n")
     (out / "table.md").write_text(header + md + "\n")
     (out / "results.json").write_text(json.dumps({"command": command, "model": Path(model).name,
                                                   "dataset": args.dataset, "rows": rows}, indent=2))

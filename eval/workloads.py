@@ -7,6 +7,10 @@
   popular paragraphs recur at different positions, as retrieved documents do.
 - HotpotQA: each question's paragraphs are its chunks (the supporting ones and
   distractors, up to k); questions are picked so that they share paragraphs.
+- Either, with a set reuse ratio (`with_reuse`, `eval.run --reuse`): each chunk
+  repeats an earlier one with that probability, popular ones more often, so the
+  share of chunk tokens that repeat can be swept (the MEPIC paper's Table 1 has
+  61-98%).
 """
 
 import importlib.util
@@ -107,6 +111,102 @@ def hotpotqa(n: int, chunks: int, seed: int = 0) -> list[Request]:
 
 
 DATASETS = {"squad": squad, "hotpotqa": hotpotqa}
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One question with the document that answers it and documents near it (distractors)."""
+    gold: str
+    question: str
+    answers: tuple[str, ...]
+    near: tuple[str, ...]
+
+
+def units(dataset: str) -> list[Unit]:
+    if dataset == "squad":
+        out = []
+        for article in load_json("squad.json")["data"]:
+            texts = [p["context"] for p in article["paragraphs"]]
+            for i, p in enumerate(article["paragraphs"]):
+                for qa in p["qas"]:
+                    if not qa.get("is_impossible") and qa["answers"]:
+                        out.append(Unit(texts[i], qa["question"], tuple(sorted({a["text"] for a in qa["answers"]})),
+                                        tuple(t for j, t in enumerate(texts) if j != i)))
+        return out
+    if dataset == "hotpotqa":
+        out = []
+        for q in load_json("hotpotqa.json"):
+            supporting = {t for t, _ in q["supporting_facts"]}
+            docs = [(t in supporting, f"{t}: {''.join(s)}") for t, s in q["context"]]
+            gold = [d for sup, d in docs if sup]
+            if gold:
+                out.append(Unit(gold[0], q["question"], (q["answer"],), tuple(d for d in (gold[1:] + [
+                    d for sup, d in docs if not sup]))))
+        return out
+    raise ValueError(f"unknown dataset {dataset!r}: choose from {', '.join(DATASETS)}")
+
+
+def with_reuse(dataset: str, n: int, chunks: int, reuse: float, seed: int = 0) -> list[Request]:
+    """n requests of `chunks` documents in which about `reuse` of the chunks repeat an earlier one.
+
+    Each chunk slot repeats a document already sent with probability `reuse`, drawn in
+    proportion to how often it was sent (popular documents recur, as retrieved ones do),
+    and otherwise is a document not sent before: the question's near ones, then any. The
+    question's own document repeats with the same probability, with a question on it not
+    asked before where the dataset has one. The realised ratio, by tokens, is `reuse_ratio`.
+    """
+    if not 0.0 <= reuse < 1.0:
+        raise ValueError(f"reuse must be in [0, 1), got {reuse}")
+    if chunks < 1:
+        raise ValueError(f"chunks must be >= 1, got {chunks}")
+    rng = random.Random(f"{dataset}/{seed}")
+    pool = units(dataset)
+    rng.shuffle(pool)
+    by_gold: dict[str, list[Unit]] = {}
+    for u in pool:
+        by_gold.setdefault(u.gold, []).append(u)
+    fresh = iter(pool)
+    spare = list(dict.fromkeys(d for u in pool for d in u.near))  # for slots a unit's near ones cannot fill
+    rng.shuffle(spare)
+    sent: dict[str, int] = {}  # document -> times sent
+    gold_sent: dict[str, int] = {}  # the same, for documents that answer some question
+    asked: set[str] = set()
+
+    def popular(counts: dict[str, int]) -> str:
+        return rng.choices(list(counts), list(counts.values()))[0]
+
+    out = []
+    while len(out) < n:
+        if gold_sent and rng.random() < reuse:
+            options = by_gold[popular(gold_sent)]
+            unit = next((u for u in options if u.question not in asked), None) or rng.choice(options)
+        else:
+            unit = next((u for u in fresh if u.gold not in sent), None)
+            if unit is None:
+                raise ValueError(f"{dataset} runs out of new documents after {len(out)} requests of {chunks} chunks "
+                                 f"at reuse {reuse:g}: ask for fewer requests, fewer chunks or more reuse")
+        asked.add(unit.question)
+        docs = [unit.gold]
+        near = [d for d in unit.near if d not in sent]
+        while len(docs) < chunks:
+            if len(sent) > len(docs) and rng.random() < reuse:
+                d = popular(sent)
+            else:
+                while spare and spare[-1] in sent:  # sent since it was set aside
+                    spare.pop()
+                if not near and not spare:
+                    raise ValueError(f"{dataset} runs out of new documents after {len(out)} requests of {chunks} "
+                                     f"chunks at reuse {reuse:g}: ask for fewer requests, fewer chunks or more reuse")
+                d = near.pop(0) if near else spare.pop()
+            if d not in docs:
+                docs.append(d)
+        rng.shuffle(docs)
+        for d in docs:
+            sent[d] = sent.get(d, 0) + 1
+            if d in by_gold:
+                gold_sent[d] = sent[d]
+        out.append(Request(tuple(docs), unit.question, unit.answers))
+    return out
 
 
 def reuse_ratio(requests: list[Request], tokenize=None) -> float:

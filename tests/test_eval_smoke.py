@@ -18,10 +18,10 @@ COLUMNS = ["system", "QPS", "chunks", "peak KV pages", "mean KV pages", "peak KV
 def test_eval_harness_produces_table_json_and_plots(tiny_model, tmp_path):
     # As a user runs it: from the repository root, as a module.
     done = subprocess.run([sys.executable, "-m", "eval.run", "--model", tiny_model, "--systems", "full,mepic",
-                           "--requests", "6", "--qps", "4", "--chunks", "3", "--new-tokens", "4",
+                           "--requests", "6", "--qps", "4", "--chunks", "3", "--new-tokens", "4", "--reuse", "0.8",
                            "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "reuse ratio" in done.stdout
+    assert "reuse ratio" in done.stdout and "mean prompt" in done.stdout
     lines = (tmp_path / "table.md").read_text().splitlines()
     header = next(line for line in lines if line.startswith("| system"))
     assert [c.strip() for c in header.strip("|").split("|")] == COLUMNS
@@ -29,7 +29,7 @@ def test_eval_harness_produces_table_json_and_plots(tiny_model, tmp_path):
     assert [line.split("|")[1].strip() for line in body] == ["full", "mepic"]
     rows = {r["system"]: r for r in json.loads((tmp_path / "results.json").read_text())["rows"]}
     for system, r in rows.items():
-        assert r["requests"] == 6
+        assert r["requests"] == 6 and 0 < r["reuse_ratio"] < 1
         for key in ("peak_kv_pages", "ttft_p50", "e2e_p50", "throughput_rps", "recomputed_tokens", "prompt_tokens"):
             assert r[key] > 0, (system, key)
     assert rows["full"]["agreement"] == 1.0 and rows["full"]["top1"] == 1.0
