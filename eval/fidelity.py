@@ -117,7 +117,6 @@ def main(argv=None) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompts = load_prompts(args.questions, args.chunks)
     texts = [render(tokenizer, p, chat=args.prompt == "chat") for p in prompts]
-    eos = {tokenizer.eos_token_id, *(getattr(tokenizer, "additional_eos_ids", None) or [])}
     modes = args.modes.split(",")
     if modes[0] != "full":
         modes = ["full"] + [m for m in modes if m != "full"]
@@ -135,7 +134,7 @@ def main(argv=None) -> None:
         results[mode] = {
             "top1": sum(a[:1] == b[:1] for a, b in zip(ids, reference)) / n,
             "prefix": sum(prefix_agreement(a, b, args.new_tokens) for a, b in zip(ids, reference)) / n,
-            "eos_first": sum(not o["output_ids"] or o["output_ids"][0] in eos for o in outs) / n,
+            "eos_first": sum(not o["output_ids"] or o["output_ids"][0] == tokenizer.eos_token_id for o in outs) / n,
             "f1": sum(f1(o["text"], p.answers) for o, p in zip(outs, prompts)) / n,
             "recomputed": sum(o["meta_info"].get("mepic_recomputed_tokens",
                                                  o["meta_info"]["prompt_tokens"] - o["meta_info"]["cached_tokens"])

@@ -140,8 +140,8 @@ def units(dataset: str) -> list[Unit]:
             docs = [(t in supporting, f"{t}: {''.join(s)}") for t, s in q["context"]]
             gold = [d for sup, d in docs if sup]
             if gold:
-                out.append(Unit(gold[0], q["question"], (q["answer"],), tuple(d for d in (gold[1:] + [
-                    d for sup, d in docs if not sup]))))
+                out.append(Unit(gold[0], q["question"], (q["answer"],),
+                                tuple(gold[1:] + [d for sup, d in docs if not sup])))
         return out
     raise ValueError(f"unknown dataset {dataset!r}: choose from {', '.join(DATASETS)}")
 

@@ -15,8 +15,9 @@ TARGET = ("sglang.srt.managers.scheduler_components.logprob_result_processor."
           "SchedulerLogprobResultProcessor.add_input_logprob_return_values")
 HOOK_TYPE = HookType.AROUND
 
-FIELDS = ("input_token_logprobs_val", "input_token_logprobs_idx", "input_top_logprobs_val",
-          "input_top_logprobs_idx", "input_token_ids_logprobs_val", "input_token_ids_logprobs_idx")
+# Per-slot lists taken per real token; input_token_logprobs_idx is rebuilt from the tokens.
+FIELDS = ("input_token_logprobs_val", "input_top_logprobs_val", "input_top_logprobs_idx",
+          "input_token_ids_logprobs_val", "input_token_ids_logprobs_idx")
 
 
 def hook(original, processor, i, req, *args, last_prefill_chunk: bool, **kwargs):

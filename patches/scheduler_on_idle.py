@@ -4,7 +4,7 @@ The MEPIC gauges are sampled after allocations (`prepare_for_extend`,
 `prepare_for_decode`); the frees of the last requests come after the last
 allocation, so without this the gauges kept their busy values (pages in use,
 pages free) while `/server_info` showed the pool empty. `sample` publishes only
-when the free or freeable page count changed, so repeated idle polls cost one
+when one of the O(1) counts it compares changed, so repeated idle polls cost one
 comparison.
 """
 

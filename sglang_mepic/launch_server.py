@@ -80,8 +80,14 @@ def _known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sleep-on-idle", action="store_true")
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--enable-cache-report", action="store_true")
+    p.add_argument("--log-level")
     known, _ = p.parse_known_args(argv)
     return known
+
+
+def quiet_start(argv: list[str]) -> bool:
+    """Quiet unless the user asked for debug logs."""
+    return (_known_flags(argv).log_level or "").lower() != "debug"
 
 
 def mepic_parser() -> argparse.ArgumentParser:
@@ -278,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
         _ensure_default_model(known.model_path)
         check_model_path(known.model_path)
         check_port_free(known.host, known.port)
-        if quiet.wanted(argv):  # before SGLang's imports, which warn
+        if quiet_start(argv):  # before SGLang's imports, which warn
             quiet.install(cpu=not cuda, argv=" ".join(argv))
             quiet.for_children(cpu=not cuda)
             if not cuda:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang_mepic.plan import ChunkSpan, Plan
-from sglang_mepic.request_layout import slot_positions
+from sglang_mepic.request_layout import pad_mask, slot_positions
 from sglang_mepic.segments import NO_POSITION, PAD_ID
 
 
@@ -98,7 +98,7 @@ class Link:
 
     def pad_slots(self) -> list[bool]:
         """Whether each natural prompt slot is a pad."""
-        return (self.natural_positions(self.size) == NO_POSITION).tolist()
+        return pad_mask(self.size, self.pads).tolist()
 
     def real_slots(self, start: int, end: int) -> int:
         """Non-pad slots among planned prompt slots [start, end)."""

@@ -54,16 +54,6 @@ class _ShortServerArgs(logging.Filter):
         return True
 
 
-def wanted(argv: list[str]) -> bool:
-    """Quiet unless the user asked for debug logs."""
-    for i, a in enumerate(argv):
-        level = a.split("=", 1)[1] if a.startswith("--log-level=") else (
-            argv[i + 1] if a == "--log-level" and i + 1 < len(argv) else None)
-        if level is not None and level.lower() == "debug":
-            return False
-    return True
-
-
 def install(cpu: bool, argv: str | None = None) -> None:
     """Filters for this process (idempotent per logger)."""
     if argv is not None:

@@ -211,7 +211,6 @@ def test_quiet_start_up_hides_cpu_notices_and_shortens_server_args(monkeypatch):
 
 
 def test_debug_log_level_keeps_every_line():
-    from sglang_mepic import quiet
-
-    assert quiet.wanted(["--model-path", "m"]) and quiet.wanted(["--log-level", "info"])
-    assert not quiet.wanted(["--log-level", "debug"]) and not quiet.wanted(["--log-level=DEBUG"])
+    quiet_start = launch_server.quiet_start
+    assert quiet_start(["--model-path", "m"]) and quiet_start(["--log-level", "info"])
+    assert not quiet_start(["--log-level", "debug"]) and not quiet_start(["--log-level=DEBUG"])
