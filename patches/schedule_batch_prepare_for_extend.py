@@ -3,7 +3,8 @@
 Every request passes `ScheduleBatch.prepare_for_extend` at each (chunked-)prefill
 pass. Before SGLang allocates (which may evict), the new requests are admitted to
 the mepic radix cache (they keep the chunk pages they have held since they were
-planned) and the requests that were planned but not admitted let go of theirs.
+planned; EPIC's get their private copies) and the requests that were planned but
+not admitted let go of theirs.
 After, each KV row is assigned: rows of laid-out requests get their plan's
 positions (and, in private-copy modes, the slots their KV is copied from); every
 other row is marked unplanned (identity positions). The cache's figures are
@@ -27,8 +28,11 @@ HOOK_TYPE = HookType.AROUND
 def hook(original, batch, *args, **kwargs):
     tree = batch.tree_cache if isinstance(batch.tree_cache, MepicRadixCache) else None
     if tree is not None:
+        # What the batch's extends will allocate (a page more each for alignment): EPIC's
+        # private copies, made at admission, must leave it free.
+        reserve = sum(-(-req.extend_len // tree.page_size) + 1 for req in batch.reqs)
         for req in batch.reqs:
-            tree.admit(req)
+            tree.admit(req, reserve)
         # Requests planned in this round but left waiting let go now: what they hold was
         # counted as evictable when the admitted ones were checked.
         tree.end_round()

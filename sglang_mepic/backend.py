@@ -10,6 +10,7 @@ torch (`attention.attend`); the Triton kernels in `sglang_mepic.kernels` are
 the GPU path of the same semantics.
 """
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -82,7 +83,10 @@ class MepicAttnBackend(AttentionBackend):
         self.rotated_keys = RotatedKeys(rope)
         self.copies = None
         mode = config.mode()
-        self.blend = mode if mode.kind is config.Kind.CACHEBLEND else None
+        self.blend = None
+        if mode.kind is config.Kind.CACHEBLEND:  # a one-layer model checks its only layer
+            layers = getattr(token_to_kv_pool, "layer_num", mode.check_layer + 1)
+            self.blend = dataclasses.replace(mode, check_layer=min(mode.check_layer, layers - 1))
         self.use_triton = torch.device(device).type == "cuda"
         self.graph: GraphBuffers | None = None
         self._workspace = None  # split decode's partial results, reused by every layer (eager forwards)
@@ -159,10 +163,13 @@ class MepicAttnBackend(AttentionBackend):
                 self._copy(layer.layer_id)
 
     def _copy(self, layer_id: int) -> None:
-        """Private-copy modes: tokens not recomputed get the chunk store's KV, in the request's own pages.
+        """CacheBlend: tokens not recomputed get the chunk store's KV, in the request's own pages.
 
-        The model still runs those tokens (their outputs are discarded with the overwritten KV):
-        the baselines are faithful in what attention sees and in memory, not in compute time.
+        Every layer runs every token: SGLang's model runner cannot narrow the token set between
+        layers without forking model code. From the check layer on, the outputs of tokens that
+        are not selected are discarded with their overwritten KV; CacheBlend would not compute
+        them. So this baseline is faithful in what attention sees and in memory, and its compute
+        time is an upper bound on CacheBlend's. (EPIC copies before the forward: radix_cache.py.)
         """
         keys = self.token_to_kv_pool.get_key_buffer(layer_id)
         values = self.token_to_kv_pool.get_value_buffer(layer_id)

@@ -30,7 +30,7 @@ DEFAULT_RECOMPUTE_BLOCKS = 1
 class Kind(enum.Enum):
     FULL = "full"              # no chunk reuse; SGLang's prefix cache only
     NAIVE = "naive"            # shared chunk KV, nothing recomputed
-    EPIC = "epic"              # first k tokens recomputed, private copy per request
+    EPIC = "epic"              # first k tokens (whole pages) recomputed, private copy per request
     CACHEBLEND = "cacheblend"  # fraction r with the largest KV deviation recomputed, private copy
     MEPIC = "mepic"            # first block(s) recomputed, canonical pages shared
 
@@ -40,7 +40,9 @@ class Mode:
     kind: Kind
     tokens: int = 0            # epic-k: leading tokens of each chunk recomputed
     ratio: float = 0.0         # cacheblend-r: fraction of chunk tokens recomputed
-    check_layer: int = 0       # cacheblend: the layer whose KV deviation selects tokens (the first)
+    # cacheblend: the layer whose KV deviation selects tokens. Layer 1, as LMCache's CacheBlend
+    # (LMCACHE_BLEND_CHECK_LAYERS=1): layer 0's NoPE KV depends on the token alone, so its deviation is 0.
+    check_layer: int = 1
 
     @property
     def name(self) -> str:

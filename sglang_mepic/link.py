@@ -35,6 +35,7 @@ class Link:
     held: list[int] = field(default_factory=list)  # pages this request holds a reference on
     found: list[str] | None = None      # where each chunk was found when planned: device, host, storage, absent
     admitted: bool = False
+    owner: int = 0                      # EPIC: whose private copies its planned prefix is (plan.private)
     report: dict = field(default_factory=dict)
     _positions: tuple = (None, -1, None)  # (order, num_slots, positions): match, insert and admit ask alike
 

@@ -18,11 +18,15 @@ Computed pages keep their request order, so every computed token's context is
 either in the prefix or earlier in the extend, as chunked prefill requires. A
 chunk missing from the store is computed whole, in context (a miss).
 
-Private-copy modes (EPIC, CacheBlend) keep the natural order and compute every
-slot into pages of their own; `sources` names, per slot, the canonical slot
-whose KV replaces the computed one (the copy) unless the mode recomputes it.
+EPIC is planned the same way, from each chunk's first K tokens (whole pages) on,
+but its prefix is a private copy of the reused pages (`private` keeps the tree
+from matching them for anyone else). CacheBlend keeps the natural order and
+computes every slot into pages of its own; `sources` names, per slot, the
+canonical slot whose KV replaces the computed one (the copy) unless the mode
+recomputes it.
 """
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Sequence
@@ -107,6 +111,13 @@ def page_tag(chunk_key: str, index: int) -> int:
     """
     digest = hashlib.blake2b(f"{chunk_key}/{index}".encode(), digest_size=7).digest()
     return -2 - int.from_bytes(digest, "big")
+
+
+def private(plan: Plan, owner: str) -> Plan:
+    """The plan with tree tags of one owner's own: its reused pages are private copies
+    (EPIC), so no other request may match them in the tree."""
+    return dataclasses.replace(plan, tags=tuple(page_tag(f"{owner}\x1f{key}", i)
+                                                for i, key in enumerate(plan.tags)))
 
 
 def planned(values: Sequence, plan: Plan) -> list:

@@ -43,6 +43,7 @@ copy and its first block instead of the whole chunk.
 import dataclasses
 import hashlib
 import heapq
+import itertools
 import json
 import logging
 import math
@@ -55,6 +56,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
+from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 from sglang_mepic import config, metrics
@@ -62,7 +64,7 @@ from sglang_mepic.chunk_store import ChunkStore
 from sglang_mepic.ledger import Ledger
 from sglang_mepic.link import Link
 from sglang_mepic.pages import PageRefs
-from sglang_mepic.plan import make_plan, sources
+from sglang_mepic.plan import make_plan, private, sources
 from sglang_mepic.pool_pages import PoolPages
 from sglang_mepic.request_layout import hints, masked_key
 from sglang_mepic.segments import span_hash
@@ -79,6 +81,7 @@ class Counters:
     reused_tokens: int = 0       # chunk tokens served from the store (shared or copied)
     compiled_chunks: int = 0     # standalone compiles that produced new canonical pages
     compiled_tokens: int = 0     # real tokens computed by standalone compiles
+    private_copy_fallbacks: int = 0  # epic requests that read stored pages in place for lack of room
 
 
 class MepicRadixCache(RadixCache):
@@ -96,8 +99,10 @@ class MepicRadixCache(RadixCache):
         self.ledger = Ledger(self.refs, self.store)
         self.refs.on_change = self.ledger.touch
         self.store.on_change = self.ledger.chunk_changed
-        self.tiers = tiers or Tiers(params.token_to_kv_pool_allocator.get_kvcache(), self.page_size,
+        self.kv_pool = params.token_to_kv_pool_allocator.get_kvcache()
+        self.tiers = tiers or Tiers(self.kv_pool, self.page_size,
                                     model_fingerprint, config.host_tier_gb(), config.storage_dir())
+        self._owners = itertools.count(1)
         self._unadmitted: dict[int, Link] = {}  # planned, holding their chunks, not admitted yet
         self.counters = Counters()
         self.peak_pages_in_use = 0
@@ -117,6 +122,7 @@ class MepicRadixCache(RadixCache):
             masked = masked_key(link.natural, link.pads)
             link.keys = [span_hash(masked[s:e], self.placement, self.page_size, self.model_fingerprint, namespace)
                          for s, e in link.chunk_slots]
+            link.owner = next(self._owners)
             req.mepic = link
         return link
 
@@ -151,18 +157,24 @@ class MepicRadixCache(RadixCache):
         start = req.logprob_start_len if getattr(req, "return_logprob", False) and req.logprob_start_len >= 0 else None
         if link.compile or self.mode.shares:
             link.plan = make_plan(link.size, self.page_size, link.spans(), resident, self.canonical_from, start)
-            if link.plan.reused and link.compile and self._holds_compile(link, params):
-                link.plan = None  # in natural order, the tree's earlier compile of it costs nothing
-            if link.plan is not None and link.plan.reused:
-                link.order = link.plan.slot_order()
-                # Same length, new order: fill_ids is rebuilt from it below (it would go stale).
-                req.origin_input_ids[:] = array("q", (link.natural[s] for s in link.order))
-            else:
-                req.origin_input_ids[:] = link.natural
-        elif self.mode.private:
+        elif self.mode.kind is config.Kind.EPIC:
+            # Planned like mepic: each chunk's leading pages are computed, its other pages
+            # form the prefix, copied into pages of the request's own at admission (`_copy_private`).
+            lead = -(-self.mode.tokens // self.page_size)
+            tail = {key: pages[lead:] for key, pages in resident.items()}
+            link.plan = private(make_plan(link.size, self.page_size, link.spans(), tail, lead, start),
+                                str(link.owner))
+        elif self.mode.kind is config.Kind.CACHEBLEND:
             natural_pos = link.natural_positions(link.size).tolist()
-            keep = self.mode.tokens if self.mode.kind is config.Kind.EPIC else 0
-            link.sources, _, _ = sources(link.size, self.page_size, link.spans(), resident, natural_pos, keep, start)
+            link.sources, _, _ = sources(link.size, self.page_size, link.spans(), resident, natural_pos, 0, start)
+        if link.plan is not None and link.plan.reused and link.compile and self._holds_compile(link, params):
+            link.plan = None  # in natural order, the tree's earlier compile of it costs nothing
+        if link.plan is not None and link.plan.reused:
+            link.order = link.plan.slot_order()
+            # Same length, new order: fill_ids is rebuilt from it below (it would go stale).
+            req.origin_input_ids[:] = array("q", (link.natural[s] for s in link.order))
+        else:
+            req.origin_input_ids[:] = link.natural
         req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
 
     def match_prefix(self, params):
@@ -248,13 +260,18 @@ class MepicRadixCache(RadixCache):
         assert len(path) >= req.prefix_len, (req.rid, len(path), req.prefix_len)
         return path[:req.prefix_len]
 
-    def admit(self, req) -> None:
-        """The request is about to get its KV row: hold the pages it reads, fix its plan, count it."""
+    def admit(self, req, reserve: int = 0) -> None:
+        """The request is about to get its KV row: hold the pages it reads, fix its plan, count it.
+
+        reserve: pages the batch's own extends will take right after (EPIC's copies leave them free).
+        """
         link = getattr(req, "mepic", None)
         if link is None or link.admitted:
             return
         self._unadmitted.pop(id(link), None)  # it keeps what it holds until its release
         link.admitted = True
+        if self.mode.kind is config.Kind.EPIC and link.injected is not None and not link.compile:
+            self._copy_private(link, reserve)
         prefix = min(req.prefix_len, link.size)
         if link.compile:
             computed = link.real_slots(prefix, link.size)
@@ -279,6 +296,31 @@ class MepicRadixCache(RadixCache):
                        "mepic_compiled_tokens": compiled}
         self.counters.recomputed_tokens += recomputed
         self.counters.reused_tokens += link.real_slots(0, prefix) if link.plan is not None else substituted
+
+    def _copy_private(self, link: Link, reserve: int) -> None:
+        """EPIC: the stored pages the request reads become a copy in pages of its own, before
+        its forward (as EPIC loads, then computes the rest); the store's pages are let go.
+
+        SGLang's budget did not count these pages. When they do not fit beside `reserve`
+        (evicting the tree and unheld chunks for them), the request reads the store's
+        pages in place instead: same KV, shared for once (`private_copy_fallbacks`).
+        """
+        src = link.injected
+        n = len(src) // self.page_size
+        short = n + reserve - self.pages.available()
+        if short > 0:
+            self.evict(EvictParams(num_tokens=short * self.page_size))
+        pages = self.refs.alloc(n) if self.pages.available() >= n + reserve else None
+        if pages is None:
+            self.counters.private_copy_fallbacks += 1
+            logger.warning("epic: no room for a private copy of %d pages; this request reads the store's "
+                           "pages in place", n)
+            return
+        dst = self.pages.slots(pages)
+        move_kv_cache_native(self.kv_pool.k_buffer, self.kv_pool.v_buffer, dst, src.to(dst.device))
+        self.refs.release(link.held)
+        link.held = list(pages)
+        link.injected = dst
 
     def _insert_cache(self, req, token_ids, **kwargs):
         link = getattr(req, "mepic", None)
@@ -526,6 +568,7 @@ class MepicRadixCache(RadixCache):
             "compiled_tokens": self.counters.compiled_tokens,
             "recomputed_tokens": self.counters.recomputed_tokens,
             "reused_tokens": self.counters.reused_tokens,
+            "private_copy_fallbacks": self.counters.private_copy_fallbacks,
             **self.tiers.stats(),
         }
 

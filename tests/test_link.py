@@ -4,11 +4,13 @@ memory against its bound and against EPIC, concurrency, flush, and exactness.
 Prompts are token ids with the id markup, so every server sees exactly the
 same tokens (text markup tokenizes each piece on its own)."""
 
+import json
 import math
 import random
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
@@ -155,6 +157,27 @@ def test_mepic_memory_bound_and_half_of_epic(servers, capsys):
     assert mepic["kv_pages_in_use_peak"] <= 1.10 * bound
     assert mepic["kv_pages_in_use_peak"] <= 0.5 * epic["kv_pages_in_use_peak"]
     assert mepic["chunk_hits"] > 0 and mepic["chunks_compiled"] >= 8
+
+
+def test_epic_computes_only_what_it_recomputes_and_answers_as_before(servers):
+    """EPIC copies a reused chunk's KV into its own pages before the forward, so the model runs
+    only on the prompt and each chunk's first 16 tokens. Its outputs are those recorded before
+    that change, when it ran every token and overwrote the copied ones (tests/data)."""
+    server = servers("epic-16")
+    flush(server)
+    recorded = json.loads((Path(__file__).parent / "data" / "epic16_outputs.json").read_text())["output_ids"]
+    work = workload()[:len(recorded)]
+    outputs = [generate(server, p) for *_, p in work]
+    assert [o["output_ids"] for o in outputs] == recorded
+    log = server.log()
+    for (order, question, prompt), o in zip(work, outputs):
+        m = o["meta_info"]
+        computed = len(INSTRUCTION) + len(question) + B * len(order)  # every chunk is longer than a page
+        assert m["mepic_recomputed_tokens"] == computed
+        assert m["cached_tokens"] + m["mepic_compiled_tokens"] + computed == len(stripped(prompt))
+        # SGLang's own prefill log: the tokens the forward ran, and the prefix it did not
+        assert f"#new-token: {computed}, #cached-token: {m['cached_tokens']}," in log
+    assert mepic_stats(server)["private_copy_fallbacks"] == 0
 
 
 def test_same_chunk_at_different_positions_concurrently_equals_one_at_a_time(servers):

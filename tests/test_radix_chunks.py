@@ -6,8 +6,8 @@ publishing, tenant isolation and page ownership are checked page by page."""
 import pytest
 import torch
 
-from replay import (B, NUM_PAGES, apply_hooks, compile_all, compiled, evict_all, finish, kv_of, laid_out,
-                    make_tree, planned, replanned, request, serve)
+from replay import (B, NUM_PAGES, allocate, apply_hooks, compile_all, compiled, evict_all, finish, kv_of, laid_out,
+                    make_tree, planned, release, replanned, request, serve)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -203,19 +203,31 @@ def test_the_file_tier_serves_a_restarted_server_and_rejects_what_does_not_check
 
 
 def test_epic_requests_copy_into_pages_of_their_own():
+    """EPIC is planned like mepic from each chunk's second page on, but that prefix is a copy,
+    made before the forward, in pages of the request's own: only the rest is computed."""
     tree = make_tree("epic-16", canonical_from=0)
     lay = request(C1, C2)
     compile_all(tree, lay)
     assert tree.store.canonical_pages() == 3 + 4  # the whole chunk is kept
-    req, row = serve(tree, *laid_out(lay))
-    link = req.mepic
-    assert link.order is None and link.plan is None
-    canonical = {p for key in link.keys for p in tree.store.peek(key)}
-    assert not canonical & set(row)  # a private copy
-    copied = [s for s in link.sources if s >= 0]
-    assert len(copied) == (40 - 16) + (50 - 16)
-    assert {s // B for s in copied} <= canonical
-    assert link.report["mepic_recomputed_tokens"] == 3 + 16 + 16 + 4
+    canonical = [p for pages in tree.store.chunks() for p in pages[1:]]  # C1's, then C2's
+    held = {p: tree.refs.count(p) for pages in tree.store.chunks() for p in pages}
+    rows = []
+    for _ in range(2):
+        req = planned(tree, *laid_out(lay))
+        req.lock = tree.lock(req.last_node)
+        tree.admit(req)
+        allocate(tree, req)
+        row = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(req.origin_input_ids)]
+        prefix = row[:req.prefix_len].to(torch.int64)
+        assert req.prefix_len == (2 + 3) * B  # C1's pages 1-2, C2's pages 1-3
+        assert not {s // B for s in prefix.tolist()} & set(canonical)  # a private copy ...
+        assert torch.equal(tree.tiers.device.gather(prefix), tree.tiers.device.gather(tree.pages.slots(canonical)))
+        assert req.mepic.report["mepic_recomputed_tokens"] == 3 + 16 + 16 + 4  # ... the rest is computed
+        # the store's pages are let go at once: the copy is made
+        assert {p: tree.refs.count(p) for p in held} == held
+        rows.append(set(s // B for s in prefix.tolist()))
+        release(tree, req)
+    assert not rows[0] & rows[1]  # the second request does not read the first one's copy from the tree
 
 
 def test_canonical_pages_are_never_matched_by_their_tokens_alone(tree):
