@@ -4,6 +4,15 @@
     .venv/bin/python -m eval.run                    # the full sweep (more QPS values and lengths)
     .venv/bin/python -m eval.run --dataset hotpotqa --qps 0.5,1 --chunks 4,8 --requests 24
     .venv/bin/python -m eval.run --reuse 0.85 --chunks 6 --requests 300   # a set share of chunks repeating
+    .venv/bin/python -m eval.run --paper [--dataset hotpotqa] [--sweeps qps,chunks,reuse]
+
+`--paper` runs the MEPIC paper's sweeps at its scale: 300 requests per point, the
+SQuAD shape of its Table 1 (about 85% of chunk tokens reused, about 2.2k prompt
+tokens: 7 chunks) as the base point, and one variable swept at a time: QPS (light
+load to past this machine's saturation), chunks per request (2-16) and reuse
+(0.3-0.95). It serves the tiny random Llama: pages, reuse and scheduling do not
+depend on model quality, and it is fast enough on 2 cores for 300-request points.
+Fidelity is measured apart, on SmolLM2 (eval.fidelity).
 
 Each system gets a fresh server (SmolLM2-135M-Instruct, float32, greedy); between
 sweep points its cache is flushed. Requests arrive open-loop (Poisson at the
@@ -12,9 +21,9 @@ sampled from the server's Prometheus `/metrics` (SGLang's used-token gauge,
 which for the mepic cache counts what eviction cannot free) ten times a second,
 and for the mepic cache its exact peak is read from `/server_info` too.
 
-Output (under --out, default eval/results/<dataset>-quick or -full): table.md,
+Output (under --out, default eval/results/<dataset>-quick, -full or -paper): table.md,
 results.json (every figure, the command and the model) and PNG plots: peak KV
-pages vs QPS, peak KV pages vs chunks per request, TTFT p50 vs QPS.
+pages and TTFT p50 (with --paper also p99) against each swept variable.
 """
 
 import argparse
@@ -50,19 +59,27 @@ SYSTEMS = {
 REFERENCE = "full"  # fidelity is measured against it
 QUICK = {"qps": [0.5, 2.0], "chunks": [2, 6], "requests": 8}
 FULL = {"qps": [0.25, 0.5, 1.0, 2.0, 4.0], "chunks": [2, 4, 8, 16], "requests": 24}
+# The paper's sweeps around its SQuAD row (Table 1: 84.9% reused, 2,224 prompt tokens).
+PAPER = {"base": {"qps": 2.0, "chunks": 7, "reuse": 0.85}, "requests": 300,
+         "qps": [0.5, 1.0, 2.0, 4.0, 8.0], "chunks": [2, 4, 8, 16], "reuse": [0.3, 0.5, 0.7, 0.85, 0.95]}
+SWEEPS = ("qps", "chunks", "reuse")
 USED_TOKENS = re.compile(r"^sglang:num_used_tokens\{[^}]*\} ([0-9.e+]+)$", re.M)
+# The tokenizer side's line per chunked request (patches/tokenizer_manager_tokenize_one_request.py).
+COMPILES = re.compile(r"MEPIC request \S+: \d+ chunk\(s\) \(\d+ tokens\) found ([^;]+); compiles done in ([0-9.]+) s")
 
 
 @dataclass
 class Point:
-    """One system at one (QPS, chunks) point."""
+    """One system at one (QPS, chunks, reuse) point."""
     system: str
     qps: float
     chunks: int
+    reuse: float | None = None  # the requested share of repeating chunks (None: the dataset's own draw)
     outputs: list = field(default_factory=list)  # (output_ids, text, meta_info, ttft, e2e) per request
     used_pages: list = field(default_factory=list)  # sampled KV pages in use
     exact_peak: int | None = None
     seconds: float = 0.0
+    compile_waits: list = field(default_factory=list)  # (every chunk already on the device, seconds) per request
 
 
 class Sampler(threading.Thread):
@@ -134,6 +151,12 @@ def run_point(server, page_size: int, texts: list[str], qps: float, new_tokens: 
     return outputs, sampler.pages, exact, seconds
 
 
+def compile_waits(log: str) -> list[tuple[bool, float]]:
+    """How long each chunked request waited for its chunk compiles before it was sent."""
+    return [(all(part.split()[1] == "device" for part in found.split(", ")), float(sec))
+            for found, sec in COMPILES.findall(log)]
+
+
 def pct(values, q):
     values = sorted(values)
     return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))] if values else float("nan")
@@ -146,14 +169,15 @@ def kv_bytes_per_token(model_path: str) -> int:
     return 2 * cfg["num_hidden_layers"] * heads * head_dim * 4  # K and V, float32
 
 
-def summarize(points: list[Point], requests_by_chunks: dict, new_tokens: int, page_bytes: int) -> list[dict]:
-    ref = {(p.qps, p.chunks): p for p in points if p.system == REFERENCE}
+def summarize(points: list[Point], workloads: dict, new_tokens: int, page_bytes: int) -> list[dict]:
+    """One row per point; `workloads` maps (chunks, reuse) to the requests sent."""
+    ref = {(p.qps, p.chunks, p.reuse): p for p in points if p.system == REFERENCE}
     rows = []
     for p in points:
         ids = [o[0] for o in p.outputs]
         metas = [o[2] for o in p.outputs]
-        golds = [r.answers for r in requests_by_chunks[p.chunks]]
-        base = ref.get((p.qps, p.chunks))
+        golds = [r.answers for r in workloads[(p.chunks, p.reuse)]]
+        base = ref.get((p.qps, p.chunks, p.reuse))
         ref_ids = [o[0] for o in base.outputs] if base else ids
         peak = max(p.used_pages, default=0)
         if p.exact_peak is not None:
@@ -162,12 +186,15 @@ def summarize(points: list[Point], requests_by_chunks: dict, new_tokens: int, pa
         ttft = [o[3] for o in p.outputs]
         e2e = [o[4] for o in p.outputs]
         rows.append({
-            "system": p.system, "qps": p.qps, "chunks": p.chunks, "requests": len(ids),
+            "system": p.system, "qps": p.qps, "chunks": p.chunks, "reuse": p.reuse, "requests": len(ids),
             "peak_kv_pages": round(peak, 1),
             "mean_kv_pages": round(statistics.fmean(p.used_pages), 1) if p.used_pages else 0.0,
             "peak_kv_mib": round(peak * page_bytes / 2 ** 20, 2),
             "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99),
             "e2e_p50": pct(e2e, 0.5), "e2e_p99": pct(e2e, 0.99),
+            "compile_wait_p50": pct([w for _, w in p.compile_waits], 0.5) if p.compile_waits else 0.0,
+            "compile_wait_resident_p50": pct([w for resident, w in p.compile_waits if resident], 0.5)
+            if any(resident for resident, _ in p.compile_waits) else 0.0,
             "throughput_rps": len(ids) / p.seconds if p.seconds else 0.0,
             "output_tok_s": sum(len(i) for i in ids) / p.seconds if p.seconds else 0.0,
             "prompt_tokens": statistics.fmean(m["prompt_tokens"] for m in metas),
@@ -181,9 +208,10 @@ def summarize(points: list[Point], requests_by_chunks: dict, new_tokens: int, pa
 
 
 COLUMNS = [("system", "system", "{}"), ("qps", "QPS", "{:g}"), ("chunks", "chunks", "{}"),
+           ("reuse_ratio", "reuse", "{:.2f}"),
            ("peak_kv_pages", "peak KV pages", "{:.0f}"), ("mean_kv_pages", "mean KV pages", "{:.0f}"),
            ("peak_kv_mib", "peak KV MiB", "{:.1f}"), ("ttft_p50", "TTFT p50 s", "{:.2f}"),
-           ("ttft_p99", "TTFT p99 s", "{:.2f}"), ("e2e_p50", "e2e p50 s", "{:.2f}"), ("e2e_p99", "e2e p99 s", "{:.2f}"),
+           ("ttft_p99", "TTFT p99 s", "{:.2f}"), ("compile_wait_p50", "compile wait p50 s", "{:.2f}"), ("e2e_p50", "e2e p50 s", "{:.2f}"), ("e2e_p99", "e2e p99 s", "{:.2f}"),
            ("throughput_rps", "req/s", "{:.2f}"), ("recomputed_tokens", "recomputed tok/req", "{:.0f}"),
            ("prompt_tokens", "prompt tok/req", "{:.0f}"), ("f1", "F1", "{:.3f}"), ("em", "EM", "{:.3f}"),
            ("agreement", "agreement vs full", "{:.3f}"), ("top1", "top-1 vs full", "{:.3f}")]
@@ -191,12 +219,18 @@ COLUMNS = [("system", "system", "{}"), ("qps", "QPS", "{:g}"), ("chunks", "chunk
 
 def table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for r in sorted(rows, key=lambda r: (r["chunks"], r["qps"], list(SYSTEMS).index(r["system"]))):
+    for r in sorted(rows, key=lambda r: (r["reuse"] if r["reuse"] is not None else -1, r["chunks"], r["qps"],
+                                         list(SYSTEMS).index(r["system"]))):
         lines.append("| " + " | ".join(fmt.format(r[k]) for k, _, fmt in COLUMNS) + " |")
     return "\n".join(lines)
 
 
-def plots(rows: list[dict], out: Path) -> list[Path]:
+LABELS = {"qps": "QPS", "chunks": "chunks per request", "reuse": "reuse (requested share of repeating chunks)",
+          "peak_kv_pages": "peak KV pages", "ttft_p50": "TTFT p50 (s)", "ttft_p99": "TTFT p99 (s)"}
+
+
+def plots(rows: list[dict], out: Path, charts: list[tuple[str, dict]], metrics: list[str]) -> list[Path]:
+    """One PNG per (swept variable, metric): a line per system, the other variables held at `fixed`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -204,34 +238,67 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
 
     made = []
     systems = [s for s in SYSTEMS if any(r["system"] == s for r in rows)]
-    chunks = sorted({r["chunks"] for r in rows})
-    qps = sorted({r["qps"] for r in rows})
-    for name, x, fixed, y, label in [("peak_kv_vs_qps.png", "qps", ("chunks", chunks[-1]), "peak_kv_pages",
-                                      "peak KV pages"),
-                                     ("peak_kv_vs_chunks.png", "chunks", ("qps", qps[0]), "peak_kv_pages",
-                                      "peak KV pages"),
-                                     ("ttft_vs_qps.png", "qps", ("chunks", chunks[-1]), "ttft_p50", "TTFT p50 (s)")]:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for s in systems:
-            pts = sorted((r[x], r[y]) for r in rows if r["system"] == s and r[fixed[0]] == fixed[1])
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=s)
-        ax.set_xlabel("QPS" if x == "qps" else "chunks per request")
-        ax.set_ylabel(label)
-        ax.set_title(f"{label} ({fixed[0]} = {fixed[1]:g})")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        made.append(out / name)
+    for x, fixed in charts:
+        for y in metrics:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for s in systems:
+                pts = sorted((r[x], r[y]) for r in rows
+                             if r["system"] == s and all(r[k] == v for k, v in fixed.items()))
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=s)
+            ax.set_xlabel(LABELS[x])
+            ax.set_ylabel(LABELS[y])
+            held = ", ".join(f"{k} = {v:g}" for k, v in fixed.items() if v is not None)
+            ax.set_title(f"{LABELS[y]} vs {x} ({held})", fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            name = out / f"{y.replace('_pages', '')}_vs_{x}.png"
+            fig.savefig(name, dpi=110)
+            plt.close(fig)
+            made.append(name)
     return made
+
+
+def grid(args, preset: dict) -> list[tuple[float, int, float | None]]:
+    """The (qps, chunks, reuse) points to run, in order."""
+    if not args.paper:
+        qps = [float(x) for x in args.qps.split(",")] if args.qps else preset["qps"]
+        chunks = [int(x) for x in args.chunks.split(",")] if args.chunks else preset["chunks"]
+        return [(q, c, args.reuse) for c in chunks for q in qps]
+    base = PAPER["base"]
+    points = [(base["qps"], base["chunks"], base["reuse"])]
+    for sweep in args.sweeps.split(","):
+        for v in PAPER.get(sweep, []):  # "base": the base point alone
+            point = {**base, sweep: v}
+            key = (point["qps"], point["chunks"], point["reuse"])
+            if key not in points:
+                points.append(key)
+    return points
+
+
+def context_args(model: str, texts: dict, tokenizer, new_tokens: int) -> tuple[list[str], dict]:
+    """Server flags (and environment) for a context long enough for the longest padded prompt."""
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    longest = max(len(tokenizer.encode(t, add_special_tokens=False)) + 16 * c + new_tokens
+                  for (c, _), ts in texts.items() for t in ts)
+    if longest <= cfg.get("max_position_embeddings", 0):
+        return [], {}
+    length = 1 << math.ceil(math.log2(longest))
+    print(f"[server] the longest prompt needs {longest} slots: --context-length {length} "
+          f"(the model says {cfg.get('max_position_embeddings')})")
+    return ["--context-length", str(length)], {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help=f"{QUICK['requests']} requests at QPS {QUICK['qps']} "
                                                           f"and {QUICK['chunks']} chunks per request")
+    ap.add_argument("--paper", action="store_true",
+                    help=f"the paper's sweeps: {PAPER['requests']} requests per point around {PAPER['base']}, "
+                         f"QPS {PAPER['qps']}, chunks {PAPER['chunks']}, reuse {PAPER['reuse']}; tiny model")
+    ap.add_argument("--sweeps", default=",".join(SWEEPS),
+                    help="with --paper: which of qps,chunks,reuse to sweep ('base': the base point alone)")
     ap.add_argument("--dataset", choices=sorted(DATASETS), default="squad")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, from " + ", ".join(SYSTEMS))
     ap.add_argument("--qps", default=None, help="comma-separated arrival rates (requests/s)")
@@ -242,71 +309,99 @@ def main(argv=None) -> None:
                     help="share of chunks that repeat an earlier one, 0-0.95 (eval.workloads.with_reuse); "
                          "default: the dataset's own draw")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--model", default=None, help="HF model folder (default: the embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--model", default=None, help="HF model folder (default: the embedded SmolLM2-135M-Instruct; "
+                                                  "with --paper the tiny random Llama)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
 
-    preset = QUICK if args.quick else FULL
-    qps = [float(x) for x in args.qps.split(",")] if args.qps else preset["qps"]
-    chunk_counts = [int(x) for x in args.chunks.split(",")] if args.chunks else preset["chunks"]
+    if args.paper and (args.quick or args.qps or args.chunks or args.reuse is not None):
+        sys.exit("bad arguments: --paper sets QPS, chunks and reuse itself (choose sweeps with --sweeps)")
+    if args.paper and not set(args.sweeps.split(",")) <= {*SWEEPS, "base"}:
+        sys.exit(f"bad arguments: --sweeps {args.sweeps} (from {', '.join(SWEEPS)}, or base)")
+    preset = PAPER if args.paper else QUICK if args.quick else FULL
+    points = grid(args, preset)
     n = args.requests or preset["requests"]
     systems = args.systems.split(",")
     unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown or not all(2 <= c <= 16 for c in chunk_counts) or not all(q > 0 for q in qps):
-        sys.exit(f"bad arguments: systems {unknown or 'ok'}, chunks {chunk_counts} (2-16), qps {qps} (> 0)")
-    out = args.out or Path("eval/results") / f"{args.dataset}-{'quick' if args.quick else 'full'}"
+    if unknown or not all(2 <= c <= 16 for _, c, _ in points) or not all(q > 0 for q, _, _ in points):
+        sys.exit(f"bad arguments: systems {unknown or 'ok'}, chunks {sorted({c for _, c, _ in points})} (2-16), "
+                 f"qps {sorted({q for q, _, _ in points})} (> 0)")
+    kind = "paper" if args.paper else "quick" if args.quick else "full"
+    out = args.out or Path("eval/results") / f"{args.dataset}-{kind}"
     out.mkdir(parents=True, exist_ok=True)
 
     from transformers import AutoTokenizer
 
-    model = args.model or str(models.build(models.DEFAULT_MODEL))
+    model = args.model or str(models.build(models.TEST_MODEL if args.paper else models.DEFAULT_MODEL))
     tokenizer = AutoTokenizer.from_pretrained(model)
-    try:
-        workload = {c: (with_reuse(args.dataset, n, c, args.reuse, seed=args.seed) if args.reuse is not None
-                        else DATASETS[args.dataset](n, c, seed=args.seed)) for c in chunk_counts}
-    except ValueError as e:
-        sys.exit(f"bad arguments: {e}")
-    texts = {c: [render(tokenizer, r) for r in reqs] for c, reqs in workload.items()}
-    ratios = {}
-    for c, reqs in workload.items():
-        ratios[c] = reuse_ratio(reqs, lambda d: tokenizer.encode(d, add_special_tokens=False))
-        length = statistics.fmean(len(tokenizer.encode(t, add_special_tokens=False)) for t in texts[c])
-        print(f"[workload] {args.dataset}: {n} requests x {c} chunks, reuse ratio {ratios[c]:.3f} "
-              f"(chunk tokens that repeat an earlier chunk), mean prompt {length:.0f} tokens")
+    workload = {}
+    for c, r in dict.fromkeys((c, r) for _, c, r in points):
+        try:
+            workload[(c, r)] = (with_reuse(args.dataset, n, c, r, seed=args.seed) if r is not None
+                                else DATASETS[args.dataset](n, c, seed=args.seed))
+        except ValueError as e:
+            if not args.paper:
+                sys.exit(f"bad arguments: {e}")
+            print(f"[workload] skipped: {e}")  # a sweep point the dataset cannot supply
+    points = [p for p in points if (p[1], p[2]) in workload]
+    shapes = list(workload)
+    texts = {shape: [render(tokenizer, r) for r in reqs] for shape, reqs in workload.items()}
+    ratios, lengths = {}, {}
+    for (c, r), reqs in workload.items():
+        ratios[(c, r)] = reuse_ratio(reqs, lambda d: tokenizer.encode(d, add_special_tokens=False))
+        lengths[(c, r)] = statistics.fmean(len(tokenizer.encode(t, add_special_tokens=False)) for t in texts[(c, r)])
+        print(f"[workload] {args.dataset}: {n} requests x {c} chunks, reuse ratio {ratios[(c, r)]:.3f} "
+              f"(chunk tokens that repeat an earlier chunk), mean prompt {lengths[(c, r)]:.0f} tokens")
+    extra, env = context_args(model, texts, tokenizer, args.new_tokens)
 
     page_size = 16
     page_bytes = kv_bytes_per_token(model) * page_size
-    points: list[Point] = []
-    total = len(systems) * len(qps) * len(chunk_counts) * n
-    with tqdm(total=total, desc="requests", unit="req") as bar:
+    results: list[Point] = []
+    started = time.perf_counter()
+    with tqdm(total=len(systems) * len(points) * n, desc="requests", unit="req") as bar:
         for system in systems:
             bar.set_postfix_str(f"{system}: starting server")
             # A short decode log interval keeps SGLang's used-token gauge fresh for the sampler.
-            with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *SYSTEMS[system],
-                               startup_timeout=600) as server:
-                for c in chunk_counts:
-                    for q in qps:
-                        bar.set_postfix_str(f"{system} qps={q:g} chunks={c}")
-                        outputs, pages, exact, seconds = run_point(server, page_size, texts[c], q,
-                                                                   args.new_tokens, args.seed, bar)
-                        points.append(Point(system, q, c, outputs, pages, exact, seconds))
+            with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *SYSTEMS[system],
+                               startup_timeout=600, env=env) as server:
+                for q, c, r in points:
+                    bar.set_postfix_str(f"{system} qps={q:g} chunks={c}" + (f" reuse={r:g}" if r is not None else ""))
+                    mark = len(server.log())
+                    outputs, pages, exact, seconds = run_point(server, page_size, texts[(c, r)], q,
+                                                               args.new_tokens, args.seed, bar)
+                    results.append(Point(system, q, c, r, outputs, pages, exact, seconds,
+                                         compile_waits(server.log()[mark:])))
+    minutes = (time.perf_counter() - started) / 60
 
-    rows = summarize(points, workload, args.new_tokens, page_bytes)
+    rows = summarize(results, workload, args.new_tokens, page_bytes)
     for row in rows:
-        row["reuse_ratio"] = round(ratios[row["chunks"]], 4)
+        row["reuse_ratio"] = round(ratios[(row["chunks"], row["reuse"])], 4)
+        row["mean_prompt_tokens"] = round(lengths[(row["chunks"], row["reuse"])], 1)
     md = table(rows)
     command = "python -m eval.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    shape = ", ".join(f"{ratios[s]:.3f} reused over {lengths[s]:.0f} prompt tokens at {s[0]} chunks"
+                      + (f" (reuse {s[1]:g} asked)" if s[1] is not None else "") for s in shapes)
     header = (f"{args.dataset}, {n} requests per point, {args.new_tokens} new tokens, greedy, float32, "
               f"model {Path(model).name}; fidelity against `{REFERENCE}`. Realised reuse ratio (chunk tokens "
-              f"that repeat an earlier chunk): " + ", ".join(f"{ratios[c]:.3f} at {c} chunks" for c in chunk_counts)
-              + f".\n\nCommand: `{command}`\n\n")
+              f"that repeat an earlier chunk): {shape}. {len(systems) * len(points) * n} requests in "
+              f"{minutes:.0f} min on this machine.\n\nCommand: `{command}`\n\n")
     (out / "table.md").write_text(header + md + "\n")
     (out / "results.json").write_text(json.dumps({"command": command, "model": Path(model).name,
-                                                  "dataset": args.dataset, "rows": rows}, indent=2))
+                                                  "dataset": args.dataset, "minutes": round(minutes, 1),
+                                                  "rows": rows}, indent=2))
     print(md)
+    print(f"[time] {len(systems) * len(points) * n} requests in {minutes:.1f} min")
     if not args.no_plots:
-        for p in plots(rows, out):
+        if args.paper:
+            base = PAPER["base"]
+            charts = [(x, {k: v for k, v in base.items() if k != x}) for x in args.sweeps.split(",") if x in SWEEPS]
+            metrics = ["peak_kv_pages", "ttft_p50", "ttft_p99"]
+        else:
+            qs, cs = sorted({q for q, _, _ in points}), sorted({c for _, c, _ in points})
+            charts = [("qps", {"chunks": cs[-1]}), ("chunks", {"qps": qs[0]})]
+            metrics = ["peak_kv_pages", "ttft_p50"]
+        for p in plots(rows, out, charts, metrics):
             print(f"[plot] {p}")
     print(f"[results] {out}/table.md, {out}/results.json")
 

@@ -10,8 +10,8 @@ import pytest
 pytestmark = pytest.mark.server
 
 ROOT = Path(__file__).resolve().parent.parent
-COLUMNS = ["system", "QPS", "chunks", "peak KV pages", "mean KV pages", "peak KV MiB", "TTFT p50 s", "TTFT p99 s",
-           "e2e p50 s", "e2e p99 s", "req/s", "recomputed tok/req", "prompt tok/req", "F1", "EM",
+COLUMNS = ["system", "QPS", "chunks", "reuse", "peak KV pages", "mean KV pages", "peak KV MiB", "TTFT p50 s",
+           "TTFT p99 s", "compile wait p50 s", "e2e p50 s", "e2e p99 s", "req/s", "recomputed tok/req", "prompt tok/req", "F1", "EM",
            "agreement vs full", "top-1 vs full"]
 
 
@@ -34,7 +34,8 @@ def test_eval_harness_produces_table_json_and_plots(tiny_model, tmp_path):
             assert r[key] > 0, (system, key)
     assert rows["full"]["agreement"] == 1.0 and rows["full"]["top1"] == 1.0
     assert rows["mepic"]["recomputed_tokens"] < rows["full"]["recomputed_tokens"]
-    for name in ("peak_kv_vs_qps.png", "peak_kv_vs_chunks.png", "ttft_vs_qps.png"):
+    assert rows["mepic"]["compile_wait_p50"] > 0 and rows["full"]["compile_wait_p50"] == 0  # full compiles nothing
+    for name in ("peak_kv_vs_qps.png", "peak_kv_vs_chunks.png", "ttft_p50_vs_qps.png"):
         assert (tmp_path / name).stat().st_size > 1000
 
 
