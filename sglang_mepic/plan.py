@@ -128,10 +128,10 @@ def planned(values: Sequence, plan: Plan) -> list:
 
 def sources(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: dict[str, tuple[int, ...]],
             positions: Sequence[int], keep_tokens: int, reuse_before: int | None = None) -> tuple[list[int], int, int]:
-    """Private-copy modes: per natural slot, the canonical KV slot that replaces it, or -1.
+    """CacheBlend: per natural slot, the canonical KV slot that replaces it, or -1.
 
-    Of each resident chunk, the first `keep_tokens` real tokens are left to compute (EPIC's
-    recompute); the chunk store holds the whole chunk (canonical_from = 0). Chunks that end
+    Of each resident chunk, the first `keep_tokens` real tokens are left to compute (none for
+    CacheBlend, which selects per layer); the chunk store holds the whole chunk (canonical_from = 0). Chunks that end
     after `reuse_before` are computed whole, as in `make_plan`.
     Returns (sources, hits, misses).
     """
