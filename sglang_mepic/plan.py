@@ -131,8 +131,8 @@ def sources(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: di
     """CacheBlend: per natural slot, the canonical KV slot that replaces it, or -1.
 
     Of each resident chunk, the first `keep_tokens` real tokens are left to compute (none for
-    CacheBlend, which selects per layer); the chunk store holds the whole chunk (canonical_from = 0). Chunks that end
-    after `reuse_before` are computed whole, as in `make_plan`.
+    CacheBlend, which selects per layer); the chunk store holds the whole chunk (canonical_from = 0).
+    Chunks that end after `reuse_before` are computed whole, as in `make_plan`.
     Returns (sources, hits, misses).
     """
     b = page_size
