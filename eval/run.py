@@ -278,11 +278,13 @@ def grid(args, preset: dict) -> list[tuple[float, int, float | None]]:
     return points
 
 
-def context_args(model: str, texts: dict, tokenizer, new_tokens: int) -> tuple[list[str], dict]:
-    """Server flags (and environment) for a context long enough for the longest padded prompt."""
+def context_args(model: str, prompt_tokens: dict, page_size: int, new_tokens: int) -> tuple[list[str], dict]:
+    """Server flags (and environment) for a context long enough for the longest padded prompt.
+
+    prompt_tokens: (chunks, reuse) -> token count of each prompt; each chunk pads to at most a page more.
+    """
     cfg = json.loads((Path(model) / "config.json").read_text())
-    longest = max(len(tokenizer.encode(t, add_special_tokens=False)) + 16 * c + new_tokens
-                  for (c, _), ts in texts.items() for t in ts)
+    longest = max(max(counts) + page_size * c + new_tokens for (c, _), counts in prompt_tokens.items())
     if longest <= cfg.get("max_position_embeddings", 0):
         return [], {}
     length = 1 << math.ceil(math.log2(longest))
@@ -348,15 +350,16 @@ def main(argv=None) -> None:
     points = [p for p in points if (p[1], p[2]) in workload]
     shapes = list(workload)
     texts = {shape: [render(tokenizer, r) for r in reqs] for shape, reqs in workload.items()}
+    prompt_tokens = {shape: [len(tokenizer.encode(t, add_special_tokens=False)) for t in ts]
+                     for shape, ts in texts.items()}
     ratios, lengths = {}, {}
     for (c, r), reqs in workload.items():
         ratios[(c, r)] = reuse_ratio(reqs, lambda d: tokenizer.encode(d, add_special_tokens=False))
-        lengths[(c, r)] = statistics.fmean(len(tokenizer.encode(t, add_special_tokens=False)) for t in texts[(c, r)])
+        lengths[(c, r)] = statistics.fmean(prompt_tokens[(c, r)])
         print(f"[workload] {args.dataset}: {n} requests x {c} chunks, reuse ratio {ratios[(c, r)]:.3f} "
               f"(chunk tokens that repeat an earlier chunk), mean prompt {lengths[(c, r)]:.0f} tokens")
-    extra, env = context_args(model, texts, tokenizer, args.new_tokens)
-
     page_size = 16
+    extra, env = context_args(model, prompt_tokens, page_size, args.new_tokens)
     page_bytes = kv_bytes_per_token(model) * page_size
     results: list[Point] = []
     started = time.perf_counter()

@@ -280,10 +280,9 @@ class MepicRadixCache(RadixCache):
             link.report = {"mepic_residency": link.found[0], "mepic_compiled_tokens": computed}
             return
         substituted = 0
-        if link.sources is not None:
+        if link.sources is not None:  # CacheBlend: its selected fraction is computed after all
             substituted = sum(1 for s in link.sources[req.prefix_len:] if s >= 0)
-            if self.mode.kind is config.Kind.CACHEBLEND:
-                substituted -= math.ceil(self.mode.ratio * substituted)
+            substituted -= math.ceil(self.mode.ratio * substituted)
         for key in link.keys:  # counts hits and misses, refreshes LRU order
             self.store.lookup(key)
         compiled = link.compiled_reuse(self.canonical_from or 0, self.page_size)
