@@ -178,7 +178,7 @@ def summarize(points: list[Point], workloads: dict, new_tokens: int, page_bytes:
         metas = [o[2] for o in p.outputs]
         golds = [r.answers for r in workloads[(p.chunks, p.reuse)]]
         base = ref.get((p.qps, p.chunks, p.reuse))
-        ref_ids = [o[0] for o in base.outputs] if base else ids
+        ref_ids = [o[0] for o in base.outputs] if base else None  # no reference ran: no fidelity figures
         peak = max(p.used_pages, default=0)
         if p.exact_peak is not None:
             peak = max(peak, p.exact_peak)
@@ -201,8 +201,9 @@ def summarize(points: list[Point], workloads: dict, new_tokens: int, page_bytes:
             "recomputed_tokens": statistics.fmean(recomputed),
             "f1": statistics.fmean(f1(o[1], g) for o, g in zip(p.outputs, golds)),
             "em": statistics.fmean(exact_match(o[1], g) for o, g in zip(p.outputs, golds)),
-            "agreement": statistics.fmean(prefix_agreement(a, b, new_tokens) for a, b in zip(ids, ref_ids)),
-            "top1": statistics.fmean(top1_agreement(a, b) for a, b in zip(ids, ref_ids)),
+            "agreement": statistics.fmean(prefix_agreement(a, b, new_tokens) for a, b in zip(ids, ref_ids))
+            if ref_ids else None,
+            "top1": statistics.fmean(top1_agreement(a, b) for a, b in zip(ids, ref_ids)) if ref_ids else None,
         })
     return rows
 
@@ -222,7 +223,7 @@ def table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in sorted(rows, key=lambda r: (r["reuse"] if r["reuse"] is not None else -1, r["chunks"], r["qps"],
                                          list(SYSTEMS).index(r["system"]))):
-        lines.append("| " + " | ".join(fmt.format(r[k]) for k, _, fmt in COLUMNS) + " |")
+        lines.append("| " + " | ".join("—" if r[k] is None else fmt.format(r[k]) for k, _, fmt in COLUMNS) + " |")
     return "\n".join(lines)
 
 
