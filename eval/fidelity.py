@@ -153,8 +153,8 @@ def main(argv=None) -> None:
           "| tokens recomputed / prompt | peak KV pages |")
     print("|---|---|---|---|---|---|---|---|")
     for mode, r in results.items():
-        print(f"| {mode} | {r['top1']:.3f} | {r['prefix']:.3f} | {r['eos_first']:.3f} | {r['f1']:.3f} | {r['em']:.3f} | "
-              f"{r['recomputed']:.0f} / {r['prompt_tokens']:.0f} | {r['peak_pages']} |")
+        print(f"| {mode} | {r['top1']:.3f} | {r['prefix']:.3f} | {r['eos_first']:.3f} | {r['f1']:.3f} | "
+              f"{r['em']:.3f} | {r['recomputed']:.0f} / {r['prompt_tokens']:.0f} | {r['peak_pages']} |")
     if args.json:
         args.json.write_text(json.dumps({"questions": len(prompts), "chunks": args.chunks,
                                          "new_tokens": args.new_tokens, "prompt": args.prompt, "results": results}, indent=2))

@@ -64,8 +64,8 @@ PAPER = {"base": {"qps": 2.0, "chunks": 7, "reuse": 0.85}, "requests": 300,
          "qps": [0.5, 1.0, 2.0, 4.0, 8.0], "chunks": [2, 4, 8, 16], "reuse": [0.3, 0.5, 0.7, 0.85, 0.95]}
 SWEEPS = ("qps", "chunks", "reuse")
 USED_TOKENS = re.compile(r"^sglang:num_used_tokens\{[^}]*\} ([0-9.e+]+)$", re.M)
-# The tokenizer side's line per chunked request (patches/tokenizer_manager_tokenize_one_request.py).
-COMPILES = re.compile(r"MEPIC request \S+: \d+ chunk\(s\) \(\d+ tokens\) found ([^;]+); compiles done in ([0-9.]+) s")
+# The scheduler's line per chunked request it admits (radix_cache.MepicRadixCache.admit).
+COMPILES = re.compile(r"MEPIC request \S+: \d+ chunk\(s\) found ([^;]+); waited ([0-9.]+) s for compiles")
 
 
 @dataclass
@@ -152,7 +152,7 @@ def run_point(server, page_size: int, texts: list[str], qps: float, new_tokens: 
 
 
 def compile_waits(log: str) -> list[tuple[bool, float]]:
-    """How long each chunked request waited for its chunk compiles before it was sent."""
+    """How long each chunked request was held back for its chunk compiles, and whether all were resident."""
     return [(all(part.split()[1] == "device" for part in found.split(", ")), float(sec))
             for found, sec in COMPILES.findall(log)]
 
@@ -192,9 +192,11 @@ def summarize(points: list[Point], workloads: dict, new_tokens: int, page_bytes:
             "peak_kv_mib": round(peak * page_bytes / 2 ** 20, 2),
             "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99),
             "e2e_p50": pct(e2e, 0.5), "e2e_p99": pct(e2e, 0.99),
-            "compile_wait_p50": pct([w for _, w in p.compile_waits], 0.5) if p.compile_waits else 0.0,
+            # None where the server logged no compiles (a system that compiles nothing)
+            "compile_wait_p50": pct([w for _, w in p.compile_waits], 0.5) if p.compile_waits else None,
             "compile_wait_resident_p50": pct([w for resident, w in p.compile_waits if resident], 0.5)
-            if any(resident for resident, _ in p.compile_waits) else 0.0,
+            if any(resident for resident, _ in p.compile_waits) else None,
+            "compile_held": statistics.fmean(w > 0 for _, w in p.compile_waits) if p.compile_waits else None,
             "throughput_rps": len(ids) / p.seconds if p.seconds else 0.0,
             "output_tok_s": sum(len(i) for i in ids) / p.seconds if p.seconds else 0.0,
             "prompt_tokens": statistics.fmean(m["prompt_tokens"] for m in metas),
@@ -213,6 +215,7 @@ COLUMNS = [("system", "system", "{}"), ("qps", "QPS", "{:g}"), ("chunks", "chunk
            ("peak_kv_pages", "peak KV pages", "{:.0f}"), ("mean_kv_pages", "mean KV pages", "{:.0f}"),
            ("peak_kv_mib", "peak KV MiB", "{:.1f}"), ("ttft_p50", "TTFT p50 s", "{:.2f}"),
            ("ttft_p99", "TTFT p99 s", "{:.2f}"), ("compile_wait_p50", "compile wait p50 s", "{:.2f}"),
+           ("compile_held", "held for compiles", "{:.0%}"),
            ("e2e_p50", "e2e p50 s", "{:.2f}"), ("e2e_p99", "e2e p99 s", "{:.2f}"),
            ("throughput_rps", "req/s", "{:.2f}"), ("recomputed_tokens", "recomputed tok/req", "{:.0f}"),
            ("prompt_tokens", "prompt tok/req", "{:.0f}"), ("f1", "F1", "{:.3f}"), ("em", "EM", "{:.3f}"),

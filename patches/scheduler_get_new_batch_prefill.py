@@ -1,5 +1,10 @@
-"""End of a scheduling round: requests the mepic cache planned but the scheduler did not
-admit let go of the chunk pages they were holding.
+"""A scheduling round of the mepic cache: requests wait for their chunks' compiles, and
+requests planned but not admitted let go of their chunk pages at its end.
+
+A request whose chunk is neither stored nor done compiling is held out of the
+waiting queue for the round (compiles.py), so that SGLang neither plans nor
+admits it before the compile's pages are in the store; it is put back at the
+head of the queue when the round ends.
 
 A request holds the stored chunks it will read from the moment it is planned, so the
 scheduler's memory check, which follows right after, does not count them as evictable.
@@ -24,10 +29,17 @@ HOOK_TYPE = HookType.AROUND
 
 
 def hook(original, scheduler, *args, **kwargs):
+    mepic = isinstance(scheduler.tree_cache, MepicRadixCache)
+    held = scheduler.tree_cache.hold_back(scheduler.waiting_queue) if mepic else []
+    if held:
+        ids = {id(req) for req in held}
+        scheduler.waiting_queue = [req for req in scheduler.waiting_queue if id(req) not in ids]
     try:
         plan = original(scheduler, *args, **kwargs)  # a NextBatchPlan
     finally:
-        if isinstance(scheduler.tree_cache, MepicRadixCache):
+        if held:
+            scheduler.waiting_queue = held + scheduler.waiting_queue
+        if mepic:
             scheduler.tree_cache.end_round()
     batch = plan.batch_to_run
     stats = getattr(batch, "prefill_stats", None)

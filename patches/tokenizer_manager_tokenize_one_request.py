@@ -9,13 +9,15 @@ When chunks are reused (every mode but `full`), each chunk of the request is
 first sent alone as an internal `compile` request: the chunk computed
 standalone, positions from 0, whose pages then join the chunk store. A chunk
 the cache already holds costs one token there (the radix tree matches the rest).
-The request itself follows once its chunks are compiled.
+The request itself is sent right behind its compiles, naming them; the
+scheduler holds it back only while a compile of a chunk it lacks is still to
+run (compiles.py), so chunks already resident cost no extra round trip.
 """
 
 import asyncio
 import logging
-import time
-from collections import Counter
+import uuid
+from dataclasses import dataclass
 
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
@@ -108,6 +110,7 @@ def compile_request(seg: Segment, parent: GenerateReqInput, page_size: int, sink
     action = {"action_id": "mepic-compile", "action_type": HINT_TYPE, "action_version": "1",
               "payload": {"pads": pads, "chunks": [[at, at + size]], "compile": True}}
     req = GenerateReqInput(
+        rid=f"mepic-compile-{uuid.uuid4().hex}",
         input_ids=head + [PAD_FILL_ID if t == PAD_ID else t for t in seg.padded_tokens()] + [PAD_FILL_ID],
         sampling_params={"max_new_tokens": 0},
         extra_key=parent.extra_key, cache_salt=parent.cache_salt, lora_path=parent.lora_path,
@@ -135,57 +138,77 @@ async def _drain(manager, obj) -> str:
     return found
 
 
+@dataclass
+class Compile:
+    rid: str
+    task: asyncio.Task  # its run; the result is where the scheduler found the chunk
+
+    async def sent(self, manager) -> None:
+        """Returns once the compile has been dispatched to the scheduler (or ended without it).
+
+        The request it serves is sent after this on the same socket, so the scheduler
+        receives the compile first and knows to hold the request back for it."""
+        spins = 0
+        while not self.task.done():
+            state = manager.rid_to_state.get(self.rid)
+            if state is not None and state.dispatched:
+                return
+            spins += 1
+            await asyncio.sleep(0 if spins < 100 else 0.001)
+
+
 # Compiles in flight, so that requests arriving together share one compile of a chunk
 # instead of each computing (and briefly holding) a copy of it.
-_inflight: dict[tuple, asyncio.Future] = {}
+_inflight: dict[tuple, Compile] = {}
 
 
 def _sink(manager) -> int | None:
     return manager.tokenizer.bos_token_id if config.compile_sink() == "bos" and manager.tokenizer else None
 
 
-async def _compile_once(manager, seg: Segment, parent: GenerateReqInput) -> str:
+def _compile_once(manager, seg: Segment, parent: GenerateReqInput) -> Compile:
     key = (seg.tokens, seg.lead_pad, seg.tail_pad, str(parent.extra_key), str(parent.cache_salt),
            str(parent.lora_path))
     running = _inflight.get(key)
     if running is None:
         request = compile_request(seg, parent, _page_size(manager), _sink(manager))
-        running = _inflight[key] = asyncio.ensure_future(_drain(manager, request))
-        running.add_done_callback(lambda _: _inflight.pop(key, None))
-    return await asyncio.shield(running)
+        running = _inflight[key] = Compile(request.rid, asyncio.ensure_future(_drain(manager, request)))
+        running.task.add_done_callback(lambda _: _inflight.pop(key, None))
+    return running
 
 
-async def compile_chunks(manager, lay: Layout, parent: GenerateReqInput) -> list[str] | None:
-    """Compile the request's chunks; returns where each chunk segment was found, in order."""
+async def send_compiles(manager, lay: Layout, parent: GenerateReqInput) -> list[Compile] | None:
+    """Send the request's chunk compiles; returns the compile serving each chunk segment, in order."""
     if config.canonical_from() is None:
         return None
-    unique = {seg.tokens: seg for seg in lay.chunks}
-    found = await asyncio.gather(*(_compile_once(manager, seg, parent) for seg in unique.values()))
-    where = dict(zip(unique, found))
-    return [where[seg.tokens] for seg in lay.chunks]
+    compiles = [_compile_once(manager, seg, parent) for seg in lay.chunks]
+    for c in {c.rid: c for c in compiles}.values():
+        await c.sent(manager)
+    return compiles
 
 
-# Where each chunk segment was found, kept on the request object itself: the tokenizer
+# The compiles serving each chunk segment, kept on the request object itself: the tokenizer
 # side streams every copy of an n > 1 request through a shallow copy of the object it
 # tokenized (with a new rid), so the attribute reaches every copy's response.
-RESIDENCY = "_mepic_residency"
+COMPILES = "_mepic_compiles"
+
+
+async def residency(obj) -> list[str] | None:
+    """Where each chunk segment of a request was when its compile looked it up."""
+    compiles = getattr(obj, COMPILES, None)
+    if compiles is None:
+        return None
+    return list(await asyncio.gather(*(asyncio.shield(c.task) for c in compiles)))
 
 
 async def hook(original, manager, obj, *args, **kwargs):
     if isinstance(obj, GenerateReqInput):
         lay = strip_markup(manager, obj)
         if lay is not None and lay.chunks and config.mode().reuses:
-            start = time.perf_counter()
-            found = await compile_chunks(manager, lay, obj)
-            if found is not None:
-                # SGLang logs the compiles as ordinary prefill batches; say what they were.
-                where = ", ".join(f"{n} {tier}" for tier, n in Counter(found).items())
-                logger.info("MEPIC request %s: %d chunk(s) (%d tokens) found %s; compiles done in %.2f s", obj.rid,
-                            len(found), sum(len(seg.tokens) for seg in lay.chunks), where,
-                            time.perf_counter() - start)
-                setattr(obj, RESIDENCY, found)
-                # The chunks this request's compiles computed: their reuse is not a cache hit.
+            compiles = await send_compiles(manager, lay, obj)
+            if compiles is not None:
+                setattr(obj, COMPILES, compiles)
                 for action in obj.kv_hints.actions:
                     if action.action_type == HINT_TYPE:
-                        action.payload["compiled"] = [i for i, where in enumerate(found) if where == "absent"]
+                        action.payload["compiles"] = [c.rid for c in compiles]
     return await original(manager, obj, *args, **kwargs)

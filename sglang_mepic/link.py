@@ -24,7 +24,10 @@ class Link:
     pads: list[tuple[int, int]]         # (first slot, count) in natural order
     chunk_slots: list[tuple[int, int]]  # [start, end) of each chunk segment
     compile: bool                       # a standalone compile of one chunk (issued by the tokenizer side)
-    compiled: tuple[int, ...] = ()      # chunk segments the compiles sent for this request computed
+    compiles: tuple = ()                # rid of the compile sent for each chunk segment (None: none sent)
+    compiled: tuple[int, ...] = ()      # chunk segments those compiles computed (known at admission)
+    held_at: float | None = None        # held back for a compile since (time.monotonic; compiles.py)
+    waited: float = 0.0                 # seconds it was held back for compiles
     keys: list[str] = field(default_factory=list)
     plan: Plan | None = None
     order: list[int] | None = None      # natural slot of each planned prompt slot (None: natural order)

@@ -61,6 +61,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 from sglang_mepic import config, metrics
 from sglang_mepic.chunk_store import ChunkStore
+from sglang_mepic.compiles import Compiles
 from sglang_mepic.ledger import Ledger
 from sglang_mepic.link import Link
 from sglang_mepic.pages import PageRefs
@@ -104,6 +105,7 @@ class MepicRadixCache(RadixCache):
                                     model_fingerprint, config.host_tier_gb(), config.storage_dir())
         self._owners = itertools.count(1)
         self._unadmitted: dict[int, Link] = {}  # planned, holding their chunks, not admitted yet
+        self.compiles = Compiles()
         self.counters = Counters()
         self.peak_pages_in_use = 0
         self._sampled = None  # the counts `sample` compares, at the last sample
@@ -116,7 +118,7 @@ class MepicRadixCache(RadixCache):
             h = hints(getattr(req, "kv_hints", None))
             if h is None:
                 return None
-            link = Link(array("q", req.origin_input_ids), h.pads, h.chunks, h.compile, h.compiled)
+            link = Link(array("q", req.origin_input_ids), h.pads, h.chunks, h.compile, h.compiles)
             # Everything that keeps SGLang's tree entries apart keeps chunks apart too.
             namespace = "\x1f".join(str(getattr(req, a, None)) for a in ("extra_key", "cache_salt", "lora_id"))
             masked = masked_key(link.natural, link.pads)
@@ -125,6 +127,11 @@ class MepicRadixCache(RadixCache):
             link.owner = next(self._owners)
             req.mepic = link
         return link
+
+    def hold_back(self, reqs) -> list:
+        """The requests, of the waiting `reqs`, that must wait for a chunk's compile (compiles.py)."""
+        linked = [(req, link) for req in reqs if (link := self.link(req)) is not None]
+        return [req for req, _ in self.compiles.waiting(linked, lambda key: key in self.store)]
 
     def _plan(self, req, link: Link, params) -> None:
         """Plan the request against the store; in shared modes, put its ids in planned order.
@@ -277,8 +284,15 @@ class MepicRadixCache(RadixCache):
             computed = link.real_slots(prefix, link.size)
             self.counters.compiled_tokens += computed
             self.tiers.lookups[link.found[0]] += 1
+            self.compiles.admitted(req.rid, link.found[0])
             link.report = {"mepic_residency": link.found[0], "mepic_compiled_tokens": computed}
             return
+        if link.compiles:
+            link.compiled = self.compiles.compiled(link)
+            found = self.compiles.residency(link)
+            # SGLang logs the compiles as ordinary prefill batches; say what they were.
+            logger.info("MEPIC request %s: %d chunk(s) found %s; waited %.2f s for compiles", req.rid, len(found),
+                        ", ".join(f"{n} {tier}" for tier, n in Counter(found).items()), link.waited)
         substituted = 0
         if link.sources is not None:  # CacheBlend: its selected fraction is computed after all
             substituted = sum(1 for s in link.sources[req.prefix_len:] if s >= 0)
@@ -341,6 +355,8 @@ class MepicRadixCache(RadixCache):
         if link is not None:
             if link.compile and checkpointed:
                 self._publish(req, link)
+            if link.compile:
+                self.compiles.released(req.rid)
             self._let_go(link)
             link.admitted, link.injected, link.tree_took = False, None, 0
         super().on_release(req, checkpointed=checkpointed)

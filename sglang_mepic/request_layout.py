@@ -23,7 +23,7 @@ class Hints:
     pads: list[tuple[int, int]]    # (first slot, count) of each pad run
     chunks: list[tuple[int, int]]  # [start, end) slots of each chunk segment, page-aligned
     compile: bool                  # the request is the standalone compile of its one chunk
-    compiled: tuple[int, ...] = ()  # chunk segments whose compile, sent for this request, computed them
+    compiles: tuple = ()           # rid of the compile sent for each chunk segment (None: none sent)
 
 
 def hints(kv_hints) -> Hints | None:
@@ -32,7 +32,7 @@ def hints(kv_hints) -> Hints | None:
         if action.action_type == HINT_TYPE and "pads" in action.payload:
             p = action.payload
             return Hints([(int(a), int(b)) for a, b in p["pads"]], [(int(a), int(b)) for a, b in p.get("chunks", [])],
-                         bool(p.get("compile", False)), tuple(int(i) for i in p.get("compiled", ())))
+                         bool(p.get("compile", False)), tuple(str(r) if r else None for r in p.get("compiles", ())))
     return None
 
 

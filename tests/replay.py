@@ -70,11 +70,12 @@ def envelope(payload):
     return SimpleNamespace(actions=[action])
 
 
-def laid_out(lay, compiled=()):
-    """What the tokenizer side sends for a laid-out request; `compiled`: chunks its own compiles computed."""
+def laid_out(lay, compiles=()):
+    """What the tokenizer side sends for a laid-out request; `compiles`: the rid of the compile
+    sent for each chunk segment."""
     ids = [PAD_FILL_ID if t == PAD_ID else t for t in lay.slot_tokens()]
     spans = [[s.start, s.end] for s in lay.chunks]
-    return ids, envelope({"pads": [list(r) for r in lay.pad_runs()], "chunks": spans, "compiled": list(compiled)})
+    return ids, envelope({"pads": [list(r) for r in lay.pad_runs()], "chunks": spans, "compiles": list(compiles)})
 
 
 def compiled(seg, sink=None):
@@ -87,17 +88,17 @@ def compiled(seg, sink=None):
     return req.input_ids, req.kv_hints
 
 
-def new_request(ids, hints, namespace=None):
+def new_request(ids, hints, namespace=None, rid="r"):
     """A request as the tokenizer sends it, before the scheduler has seen it."""
-    return SimpleNamespace(rid="r", origin_input_ids=array("q", ids), output_ids=array("q"), kv_hints=hints,
+    return SimpleNamespace(rid=rid, origin_input_ids=array("q", ids), output_ids=array("q"), kv_hints=hints,
                            extra_key=namespace, cache_salt=None, priority=0, lock=None, last_node=None,
                            kv=SimpleNamespace(req_pool_idx=None, cache_protected_len=0, cache_inserted_len=0,
                                               swa_evict_floor=0))
 
 
-def planned(tree, ids, hints, namespace=None):
+def planned(tree, ids, hints, namespace=None, rid="r"):
     """A request as the scheduler has it right after matching it (planned, not admitted)."""
-    return replanned(tree, new_request(ids, hints, namespace))
+    return replanned(tree, new_request(ids, hints, namespace, rid))
 
 
 def replanned(tree, req):
@@ -153,9 +154,9 @@ def release(tree, req, checkpoint_at=None, cache=True):
     tree.req_to_token_pool.free_rows.append(req.kv.req_pool_idx)
 
 
-def serve(tree, ids, hints, namespace=None, checkpoint_at=None):
+def serve(tree, ids, hints, namespace=None, checkpoint_at=None, rid="r"):
     """One request through the scheduler's cache calls; returns (req, its row of pages)."""
-    return finish(tree, planned(tree, ids, hints, namespace), checkpoint_at)
+    return finish(tree, planned(tree, ids, hints, namespace, rid), checkpoint_at)
 
 
 def finish(tree, req, checkpoint_at=None):

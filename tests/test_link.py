@@ -18,6 +18,7 @@ import requests
 from sglang_mepic.markup import CHUNK_BEGIN_ID, CHUNK_END_ID
 from sglang_mepic.segments import Kind, Piece, layout
 from sglang_mepic.server_process import ServerProcess
+from server_log import prefill_logged
 
 pytestmark = pytest.mark.server
 
@@ -176,7 +177,7 @@ def test_epic_computes_only_what_it_recomputes_and_answers_as_before(servers):
         assert m["mepic_recomputed_tokens"] == computed
         assert m["cached_tokens"] + m["mepic_compiled_tokens"] + computed == len(stripped(prompt))
         # SGLang's own prefill log: the tokens the forward ran, and the prefix it did not
-        assert f"#new-token: {computed}, #cached-token: {m['cached_tokens']}," in log
+        assert prefill_logged(log, computed, m["cached_tokens"])
     assert mepic_stats(server)["private_copy_fallbacks"] == 0
 
 

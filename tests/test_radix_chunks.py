@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from replay import (B, NUM_PAGES, allocate, apply_hooks, compile_all, compiled, evict_all, finish, kv_of, laid_out,
-                    make_tree, planned, release, replanned, request, serve)
+                    make_tree, new_request, planned, release, replanned, request, serve)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,11 +42,41 @@ def test_compile_publishes_non_first_pages_and_a_request_reuses_them(tree):
 
 def test_reuse_of_chunks_compiled_for_the_request_is_not_counted_as_cached(tree):
     lay = request(C1, C2)
-    compile_all(tree, lay)
-    req, _ = serve(tree, *laid_out(lay, compiled=[1]))  # C2's compile was sent for this request
+    serve(tree, *compiled(lay.chunks[0]), rid="c1-earlier")
+    serve(tree, *compiled(lay.chunks[0]), rid="c1")  # found on the device: costs one token
+    serve(tree, *compiled(lay.chunks[1]), rid="c2")  # C2's compile computed it for this request
+    req, _ = serve(tree, *laid_out(lay, compiles=["c1", "c2"]))
+    assert req.mepic.compiled == (1,)
     report = req.mepic.report
     assert report["mepic_compiled_tokens"] == 34 and report["mepic_cached_tokens"] == 24
     assert report["mepic_recomputed_tokens"] == 3 + 16 + 16 + 4  # what was computed in context is unchanged
+
+
+def test_a_request_waits_for_a_compile_only_while_it_lacks_that_chunk(tree):
+    lay = request(C1, C2)
+    c1, c2 = (new_request(*compiled(seg), rid=rid) for seg, rid in zip(lay.chunks, ("c1", "c2")))
+    parent = new_request(*laid_out(lay, compiles=["c1", "c2"]), rid="p")
+    assert tree.hold_back([c1, c2, parent]) == [parent]  # both compiles queued, neither chunk stored
+    finish(tree, replanned(tree, c1))
+    assert tree.hold_back([c2, parent]) == [parent]  # C1 stored, C2's compile still queued
+    planned_c2 = replanned(tree, c2)
+    planned_c2.lock = tree.lock(planned_c2.last_node)
+    tree.admit(planned_c2)
+    assert tree.hold_back([parent]) == [parent]  # C2's compile running, not released yet
+    allocate(tree, planned_c2)
+    release(tree, planned_c2)
+    assert tree.hold_back([parent]) == [] and parent.mepic.held_at is None and parent.mepic.waited > 0
+    req, _ = finish(tree, replanned(tree, parent))
+    assert req.mepic.compiled == (0, 1) and req.mepic.report["mepic_chunk_hits"] == 2
+    assert req.mepic.report["mepic_compiled_tokens"] == 24 + 34  # both computed for it: no cache hit
+
+    # Every chunk stored: the request goes with its compiles (one token each), in the same round.
+    again = [new_request(*compiled(seg), rid=rid) for seg, rid in zip(lay.chunks, ("c3", "c4"))]
+    resident = new_request(*laid_out(lay, compiles=["c3", "c4"]), rid="q")
+    assert tree.hold_back([*again, resident]) == [] and resident.mepic.waited == 0
+    # A compile that never reached the scheduler (or was aborted) holds nothing back.
+    lone = new_request(*laid_out(request(C1, tuple(range(300, 340))), compiles=["c1", "gone"]), rid="s")
+    assert tree.hold_back([lone]) == []
 
 
 def test_compiled_after_a_sink_the_chunk_keeps_its_identity(tree):
