@@ -19,7 +19,10 @@ sweep points its cache is flushed. Requests arrive open-loop (Poisson at the
 given QPS) and stream, so TTFT is measured at the first token. KV memory is
 sampled from the server's Prometheus `/metrics` (SGLang's used-token gauge,
 which for the mepic cache counts what eviction cannot free) ten times a second,
-and for the mepic cache its exact peak is read from `/server_info` too.
+and for the mepic cache its exact peak is read from `/server_info` too. From
+the server log: how long the scheduler held each chunked request back for its
+chunks' compiles (`compile wait`, p50; a request whose chunks are all resident
+is never held) and the share of requests it held (`held for compiles`).
 
 Output (under --out, default eval/results/<dataset>-quick, -full or -paper): table.md,
 results.json (every figure, the command and the model) and PNG plots: peak KV
