@@ -27,12 +27,14 @@ def scalars(meta_info: dict) -> None:
 
 
 async def hook(original, manager, obj, *args, **kwargs):
+    found = None
     async for out in original(manager, obj, *args, **kwargs):
         if isinstance(out, dict) and isinstance(out.get("meta_info"), dict):
             meta = out["meta_info"]
             scalars(meta)
             # The compiles ran before the request was admitted; their answers may trail its first output.
-            found = await compile_patch.residency(obj)
+            if found is None:
+                found = await compile_patch.residency(obj)
             if found is not None:
                 meta["mepic_residency"] = found
         yield out

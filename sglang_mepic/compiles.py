@@ -65,5 +65,4 @@ class Compiles:
     def residency(self, link) -> list[str]:
         """Where each chunk segment was: as its compile found it, else as the request's plan did."""
         planned = link.found or ["absent"] * len(link.keys)
-        return [self.found.get(rid or "", where) for rid, where in zip(link.compiles or [None] * len(planned),
-                                                                        planned)]
+        return [self.found.get(rid or "", where) for rid, where in zip(link.compiles, planned)]
