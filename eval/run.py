@@ -64,7 +64,7 @@ QUICK = {"qps": [0.5, 2.0], "chunks": [2, 6], "requests": 8}
 FULL = {"qps": [0.25, 0.5, 1.0, 2.0, 4.0], "chunks": [2, 4, 8, 16], "requests": 24}
 # The paper's sweeps around its SQuAD row (Table 1: 84.9% reused, 2,224 prompt tokens).
 PAPER = {"base": {"qps": 2.0, "chunks": 7, "reuse": 0.85}, "requests": 300,
-         "qps": [0.5, 1.0, 2.0, 4.0, 8.0], "chunks": [2, 4, 8, 16], "reuse": [0.3, 0.5, 0.7, 0.85, 0.95]}
+         "qps": [1.0, 2.0, 4.0, 8.0, 16.0], "chunks": [2, 4, 8, 16], "reuse": [0.3, 0.5, 0.7, 0.85, 0.95]}
 SWEEPS = ("qps", "chunks", "reuse")
 USED_TOKENS = re.compile(r"^sglang:num_used_tokens\{[^}]*\} ([0-9.e+]+)$", re.M)
 # The scheduler's line per chunked request it admits (radix_cache.MepicRadixCache.admit).

@@ -5,6 +5,7 @@ scheduler and tokenizer processes SGLang spawns read the same values.
 """
 
 import enum
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -18,6 +19,11 @@ SINK_ENV = "SGLANG_MEPIC_COMPILE_SINK"
 TEXT_MARKUP_ENV = "SGLANG_MEPIC_TEXT_MARKUP"
 HOST_TIER_ENV = "SGLANG_MEPIC_HOST_TIER_GB"
 STORAGE_ENV = "SGLANG_MEPIC_STORAGE_DIR"
+STORAGE_BACKEND_ENV = "SGLANG_MEPIC_STORAGE_BACKEND"
+STORAGE_CONFIG_ENV = "SGLANG_MEPIC_STORAGE_CONFIG"
+STORAGE_TIMEOUT_ENV = "SGLANG_MEPIC_STORAGE_TIMEOUT"
+STORAGE_BACKENDS = ("file", "mooncake")
+DEFAULT_STORAGE_TIMEOUT = 0.5
 SINKS = ("bos", "none")
 DEFAULT_SINK = "none"
 DEFAULT_TEXT_MARKUP = "on"
@@ -144,8 +150,48 @@ def host_tier_gb() -> float:
 
 
 def storage_dir() -> str | None:
-    """Directory of the file tier, shared by server instances (None: no file tier)."""
+    """Directory of the `file` storage backend, shared by server instances."""
     return os.environ.get(STORAGE_ENV) or None
+
+
+def storage_backend() -> str | None:
+    """The HiCache storage backend of the shared chunk tier (None: no shared tier)."""
+    name = os.environ.get(STORAGE_BACKEND_ENV) or ("file" if storage_dir() else None)
+    if name is not None and name not in STORAGE_BACKENDS:
+        raise ValueError(f"--mepic-storage-backend {name!r}: choose one of {', '.join(STORAGE_BACKENDS)}")
+    if name == "file" and not storage_dir():
+        raise ValueError("--mepic-storage-backend file needs --mepic-storage-dir")
+    return name
+
+
+def parse_storage_config(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--mepic-storage-config is not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError("--mepic-storage-config must be a JSON object")
+    return value
+
+
+def storage_config() -> dict:
+    """The backend's extra_config (SGLang's --hicache-storage-backend-extra-config)."""
+    return parse_storage_config(os.environ.get(STORAGE_CONFIG_ENV) or "{}")
+
+
+def parse_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ValueError(f"--mepic-storage-timeout {text!r}: give seconds > 0")
+    return value
+
+
+def storage_timeout() -> float:
+    """How long a read from shared storage may take before it counts as a miss."""
+    return parse_seconds(os.environ.get(STORAGE_TIMEOUT_ENV) or str(DEFAULT_STORAGE_TIMEOUT))
 
 
 def canonical_from() -> int | None:

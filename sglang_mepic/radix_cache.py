@@ -34,7 +34,7 @@ holder (patches `paged_allocator_free_page_ids`, `paged_allocator_free`). The
   an admitted one when it releases its row.
 
 A chunk the store evicts is copied to the host tier first, and every compiled
-chunk is written through to the file tier (tiers.py). Planning a request loads
+chunk is written through to shared storage (tiers.py, storage.py). Planning a request loads
 a chunk it needs back from those tiers into fresh pages (evicting tree leaves
 and unheld chunks for room), so a compile of a chunk that was evicted costs a
 copy and its first block instead of the whole chunk.
@@ -59,7 +59,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
-from sglang_mepic import config, metrics
+from sglang_mepic import config, metrics, storage
 from sglang_mepic.chunk_store import ChunkStore
 from sglang_mepic.compiles import Compiles
 from sglang_mepic.ledger import Ledger
@@ -101,8 +101,8 @@ class MepicRadixCache(RadixCache):
         self.refs.on_change = self.ledger.touch
         self.store.on_change = self.ledger.chunk_changed
         self.kv_pool = params.token_to_kv_pool_allocator.get_kvcache()
-        self.tiers = tiers or Tiers(self.kv_pool, self.page_size,
-                                    model_fingerprint, config.host_tier_gb(), config.storage_dir())
+        self.tiers = tiers or Tiers(self.kv_pool, self.page_size, config.host_tier_gb(),
+                                    storage.from_settings(model_fingerprint))
         self._owners = itertools.count(1)
         self._unadmitted: dict[int, Link] = {}  # planned, holding their chunks, not admitted yet
         self.compiles = Compiles()
@@ -610,14 +610,16 @@ def build(ctx) -> MepicRadixCache:
     config.placement()  # fail at start-up on a bad setting
     config.compile_sink()
     config.host_tier_gb()
-    storage = config.storage_dir()
-    if storage is not None:
+    config.storage_config()
+    config.storage_timeout()
+    directory = config.storage_dir() if config.storage_backend() == "file" else None
+    if directory is not None:
         try:
-            os.makedirs(storage, exist_ok=True)
+            os.makedirs(directory, exist_ok=True)
         except OSError as e:
-            raise ValueError(f"--mepic-storage-dir {storage}: cannot create it ({e.strerror})") from None
-        if not os.access(storage, os.W_OK):
-            raise ValueError(f"--mepic-storage-dir {storage}: not writable")
+            raise ValueError(f"--mepic-storage-dir {directory}: cannot create it ({e.strerror})") from None
+        if not os.access(directory, os.W_OK):
+            raise ValueError(f"--mepic-storage-dir {directory}: not writable")
     mode = config.mode()
     config.canonical_from()
     if ctx.disable_radix_cache and mode.reuses:

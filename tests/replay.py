@@ -43,6 +43,7 @@ def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
     from sglang_mepic.radix_cache import MepicRadixCache
+    from sglang_mepic.storage import Storage
     from sglang_mepic.tiers import Tiers
 
     kv = MHATokenToKVPool(num_pages * B, B, torch.float32, 1, 4, 2, "cpu", False, start_layer=0, end_layer=1)
@@ -55,9 +56,13 @@ def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num
         from sglang.srt.mem_cache.radix_cache import RadixCache
 
         return RadixCache(params)
+    shared = None
+    if storage_dir is not None:
+        shared = Storage("file", {"file_storage_path": storage_dir}, "tiny", timeout=10)
+        assert shared.connected()
     return MepicRadixCache(params, model_fingerprint="tiny", mode=config.parse_mode(mode),
                            canonical_from=canonical_from,
-                           tiers=Tiers(kv, B, "tiny", host_gb=host_gb, storage_dir=storage_dir))
+                           tiers=Tiers(kv, B, host_gb=host_gb, storage=shared))
 
 
 def request(*chunks, prompt=(1, 2, 3), question=(9, 8, 7, 6)):

@@ -216,20 +216,21 @@ def test_the_file_tier_serves_a_restarted_server_and_rejects_what_does_not_check
     lay = request(C1)
     first = make_tree(storage_dir=str(tmp_path))
     compile_all(first, lay)
+    assert first.tiers.storage.drain()  # written in the background
     kv = kv_of(first, next(iter(first.store._chunks)))
     restarted = make_tree(storage_dir=str(tmp_path))
     req, _ = serve(restarted, *compiled(lay.chunks[0]))
     assert req.mepic.report == {"mepic_residency": "storage", "mepic_compiled_tokens": 16}
     assert torch.equal(kv_of(restarted, req.mepic.keys[0]), kv)
 
-    path = restarted.tiers.files.path(req.mepic.keys[0])
+    path = restarted.tiers.storage._io.path(req.mepic.keys[0])
     data = bytearray(open(path, "rb").read())
     data[200] ^= 0x01
     open(path, "wb").write(bytes(data))
     again = make_tree(storage_dir=str(tmp_path))
     req, _ = serve(again, *compiled(lay.chunks[0]))
     assert req.mepic.report == {"mepic_residency": "absent", "mepic_compiled_tokens": 40}  # rejected: computed
-    assert again.tiers.files.rejected == 1 and "checksum mismatch" in caplog.text
+    assert again.tiers.storage.rejected == 1 and "checksum mismatch" in caplog.text
 
 
 def test_epic_requests_copy_into_pages_of_their_own():

@@ -1,4 +1,4 @@
-"""The host and file tiers on a real (CPU) SGLang KV pool, without a server."""
+"""The host tier and shared storage on a real (CPU) SGLang KV pool, without a server."""
 
 import logging
 import os
@@ -6,7 +6,8 @@ import os
 import pytest
 import torch
 
-from sglang_mepic.tiers import CorruptEntry, FileTier, Tiers, envelope, open_envelope
+from sglang_mepic.storage import Storage
+from sglang_mepic.tiers import Tiers
 
 PAGE = 16
 
@@ -42,7 +43,7 @@ def same_kv(pool, a, b) -> bool:
 
 def test_host_tier_round_trip_and_lru(kv_pool):
     bytes_per_page = 2 * 3 * PAGE * 2 * 8 * 4
-    tiers = Tiers(kv_pool, PAGE, "fp", host_gb=7.5 * bytes_per_page / 1e9)  # 7 pages (+1 padding page)
+    tiers = Tiers(kv_pool, PAGE, host_gb=7.5 * bytes_per_page / 1e9)  # 7 pages (+1 padding page)
     assert tiers.host.pages_total() == 7
     tiers.demote("a", slots(1, 3))
     tiers.demote("b", slots(4, 3))
@@ -57,55 +58,17 @@ def test_host_tier_round_trip_and_lru(kv_pool):
     assert "huge" not in tiers.host and len(tiers.host) == 2
 
 
-def test_file_tier_is_shared_and_checked(kv_pool, tmp_path, caplog):
-    writer = Tiers(kv_pool, PAGE, "model-a", storage_dir=str(tmp_path))
+def test_a_chunk_persisted_by_one_instance_is_loaded_by_another(kv_pool, tmp_path):
+    def tiers():
+        shared = Storage("file", {"file_storage_path": str(tmp_path)}, "model-a")
+        assert shared.connected()
+        return Tiers(kv_pool, PAGE, host_gb=0.01, storage=shared)
+
+    writer, reader = tiers(), tiers()
     writer.persist("chunk", slots(1, 2))
-    reader = Tiers(kv_pool, PAGE, "model-a", storage_dir=str(tmp_path))  # another instance, same directory
-    assert "chunk" in reader.files
+    assert writer.storage.drain()
     assert load(reader, "chunk", slots(40, 2)) == "storage"
     assert same_kv(kv_pool, slots(1, 2), slots(40, 2))
-
-    other_model = Tiers(kv_pool, PAGE, "model-b", storage_dir=str(tmp_path))
-    with caplog.at_level(logging.WARNING):
-        assert load(other_model, "chunk", slots(50, 2)) is None
-    assert "another model" in caplog.text and other_model.files.rejected == 1
-    assert "chunk" not in reader.files  # a rejected entry is removed
-
-    writer.persist("chunk", slots(1, 2))
-    path = writer.files.path("chunk")
-    data = bytearray(open(path, "rb").read())
-    data[-5] ^= 0xFF
-    open(path, "wb").write(bytes(data))
-    before = kv_pool.k_buffer[0][slots(50, 2)].clone()
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
-        assert load(reader, "chunk", slots(50, 2)) is None
-    assert "checksum mismatch" in caplog.text
-    assert torch.equal(kv_pool.k_buffer[0][slots(50, 2)], before)  # never loaded
-    assert not os.path.exists(path)
-
-    writer.persist("chunk", slots(1, 2))
-    with open(path, "r+b") as f:
-        f.truncate(100)
-    assert load(reader, "chunk", slots(50, 2)) is None and reader.files.rejected == 2
-
-
-def test_envelope_rejects():
-    kv = torch.randn(2, 3, 16, 2, 8)
-    data = envelope(kv, "fp")
-    assert torch.equal(open_envelope(data, "fp", torch.empty_like(kv)), kv)
-    with pytest.raises(CorruptEntry, match="another model"):
-        open_envelope(data, "other", torch.empty_like(kv))
-    with pytest.raises(CorruptEntry, match="expected"):
-        open_envelope(data, "fp", torch.empty(2, 3, 32, 2, 8))
-    bad = data.clone()
-    bad[:8] = 0
-    with pytest.raises(CorruptEntry, match="not a MEPIC"):
-        open_envelope(bad, "fp", torch.empty_like(kv))
-
-
-def test_file_tier_put_is_idempotent(tmp_path):
-    tier = FileTier(str(tmp_path), "fp")
-    kv = torch.randn(2, 1, 16, 1, 4)
-    assert tier.put("k", kv) and tier.put("k", kv)
-    assert torch.equal(tier.get("k", torch.empty_like(kv)), kv)
+    assert "chunk" in reader.host  # kept on the host for the next time
+    assert load(reader, "chunk", slots(50, 2)) == "host"
+    assert reader.stats()["tier_loads_storage"] == 1 and reader.stats()["storage_state"] == "up"

@@ -1,0 +1,349 @@
+"""The shared chunk tier: chunk KV by key in one of SGLang HiCache's storage backends.
+
+Every compiled chunk is written here, so other server instances, or this one
+after a restart, reuse chunks they never computed. Chunk keys hash the padded
+tokens, the model fingerprint and the namespace, never a position, so one entry
+serves every instance of the model wherever the chunk appears.
+
+Backends (`--mepic-storage-backend`), made by SGLang's `StorageBackendFactory`
+from a `HiCacheStorageConfig` whose `extra_config` is `--mepic-storage-config`
+(the JSON of `--hicache-storage-backend-extra-config`):
+- `file`: `HiCacheFile`, one file per key written atomically by rename, in
+  `--mepic-storage-dir` (its LRU size limit comes from the same JSON);
+- `mooncake`: `MooncakeStore`, set up by SGLang from the JSON, or else from
+  Mooncake's own `MOONCAKE_*` environment or `SGLANG_HICACHE_MOONCAKE_CONFIG_PATH`.
+  Reads and writes use the client it set up, zero-copy from a registered staging
+  buffer; its HiCache methods answer only True/False, and a miss must be told
+  from an outage.
+
+An entry is an envelope of ours: magic, model fingerprint, payload length and
+SHA-256, then the KV. A corrupt or foreign entry is logged, removed and a miss.
+
+A backend that is down or slow is a miss too, never a stalled server: writes go
+through one background thread (a bounded queue; what does not fit is dropped),
+a read waits at most `--mepic-storage-timeout` seconds, and after a failure the
+backend is left alone for RETRY_S before it is asked again. Each change between
+answering and not is one log line.
+"""
+
+import hashlib
+import logging
+import os
+import struct
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as ReadTimeout
+
+import torch
+
+from sglang_mepic import config
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"MEPICKV1"
+_HEADER = struct.Struct("<8s32s32sQ")  # magic, model fingerprint, sha256 of payload, payload bytes
+RETRY_S = 2.0      # how long a backend that failed is left alone
+MAX_QUEUED = 64    # writes waiting for the backend; more are dropped (the chunk is compiled again later)
+
+
+class CorruptEntry(ValueError):
+    """A stored entry that must not be loaded."""
+
+
+class Unavailable(RuntimeError):
+    """The backend did not answer."""
+
+
+def envelope(kv: torch.Tensor, fingerprint: str) -> torch.Tensor:
+    payload = kv.contiguous().view(torch.uint8).reshape(-1)
+    digest = hashlib.sha256(payload.numpy().tobytes()).digest()
+    header = _HEADER.pack(MAGIC, fingerprint.encode()[:32].ljust(32, b"\0"), digest, payload.numel())
+    return torch.cat([torch.frombuffer(bytearray(header), dtype=torch.uint8), payload])
+
+
+def envelope_bytes(like: torch.Tensor) -> int:
+    return _HEADER.size + like.numel() * like.element_size()
+
+
+def open_envelope(data: torch.Tensor, fingerprint: str, like: torch.Tensor) -> torch.Tensor:
+    """The KV in `data`, shaped as `like`; raises CorruptEntry when it must not be loaded."""
+    if data.numel() < _HEADER.size:
+        raise CorruptEntry("shorter than its header")
+    magic, fp, digest, size = _HEADER.unpack(data[:_HEADER.size].numpy().tobytes())
+    if magic != MAGIC:
+        raise CorruptEntry("not a MEPIC chunk entry")
+    written_for = fp.rstrip(b"\0")
+    if written_for != fingerprint.encode()[:32]:
+        raise CorruptEntry(f"written for another model (fingerprint {written_for.decode(errors='replace')})")
+    payload = data[_HEADER.size:]
+    if size != payload.numel() or size != like.numel() * like.element_size():
+        raise CorruptEntry(f"payload of {size} bytes, expected {like.numel() * like.element_size()}")
+    if hashlib.sha256(payload.numpy().tobytes()).digest() != digest:
+        raise CorruptEntry("checksum mismatch")
+    return payload.view(like.dtype).reshape(like.shape)
+
+
+class FileIO:
+    """Entries as files through HiCacheFile."""
+
+    def __init__(self, backend):
+        self.files = backend
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.files.file_path, f"{key}{self.files.config_suffix}.bin")
+
+    def exists(self, key: str) -> bool:
+        return self.files.exists(key)
+
+    def read(self, key: str, nbytes: int) -> torch.Tensor | None:
+        try:
+            size = os.path.getsize(self.path(key))
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise Unavailable(e.strerror) from None
+        if size != nbytes:
+            raise CorruptEntry(f"file of {size} bytes, expected {nbytes}")
+        data = torch.empty(nbytes, dtype=torch.uint8)
+        try:
+            return data if self.files.get(key, data) is not None else None
+        except OSError as e:  # a short read: the file changed under us
+            raise CorruptEntry(str(e)) from None
+
+    def write(self, key: str, data: torch.Tensor) -> None:
+        if not self.files.set(key, data):
+            raise Unavailable(f"cannot write {self.path(key)}")
+
+    def remove(self, key: str) -> None:
+        try:
+            os.remove(self.path(key))
+        except OSError:
+            pass
+
+
+class MooncakeIO:
+    """Entries as Mooncake objects, through the client SGLang's MooncakeStore set up."""
+
+    EXISTS, ABSENT = 1, 0
+    NOT_FOUND = -704    # Mooncake's OBJECT_NOT_FOUND
+    TOO_SMALL = -600    # INVALID_PARAMS: the stored object is larger than the buffer given
+    ALREADY_THERE = -706
+
+    def __init__(self, backend):
+        self.client = backend.store
+        self._buffers: dict[str, torch.Tensor] = {}  # "read"/"write" -> registered staging buffer
+
+    def _staging(self, role: str, nbytes: int) -> torch.Tensor:
+        buf = self._buffers.get(role)
+        if buf is None or buf.numel() < nbytes:
+            new = torch.empty(max(nbytes, 2 * (buf.numel() if buf is not None else 0), 1 << 20), dtype=torch.uint8)
+            if self.client.register_buffer(new.data_ptr(), new.numel()) != 0:
+                raise Unavailable("cannot register a staging buffer")
+            if buf is not None:
+                self.client.unregister_buffer(buf.data_ptr())
+            self._buffers[role] = buf = new
+        return buf
+
+    def exists(self, key: str) -> bool:
+        code = self.client.batch_is_exist([key])[0]
+        if code < 0:
+            raise Unavailable(f"error {code}")
+        return code == self.EXISTS
+
+    def read(self, key: str, nbytes: int) -> torch.Tensor | None:
+        buf = self._staging("read", nbytes)
+        code = self.client.batch_get_into([key], [buf.data_ptr()], [nbytes])[0]
+        if code == self.NOT_FOUND:
+            return None
+        if code == self.TOO_SMALL:
+            raise CorruptEntry(f"larger than the {nbytes} bytes expected")
+        if code < 0:
+            raise Unavailable(f"error {code}")
+        if code != nbytes:
+            raise CorruptEntry(f"{code} bytes, expected {nbytes}")
+        return buf[:nbytes].clone()
+
+    def write(self, key: str, data: torch.Tensor) -> None:
+        buf = self._staging("write", data.numel())
+        buf[:data.numel()].copy_(data)
+        code = self.client.batch_put_from([key], [buf.data_ptr()], [data.numel()])[0]
+        if code < 0 and code != self.ALREADY_THERE:
+            raise Unavailable(f"error {code}")
+
+    def remove(self, key: str) -> None:
+        try:
+            self.client.remove(key, force=True)  # under a read lease still: it is garbage either way
+        except Exception:  # removal is best effort: the entry is rejected on every read anyway
+            pass
+
+
+IO = {"file": FileIO, "mooncake": MooncakeIO}
+
+
+def connect(backend: str, extra_config: dict):
+    """One of SGLang's HiCache storage backends, made by its factory, wrapped for chunk entries."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    config = HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
+        enable_storage_metrics=False, is_page_first_layout=False, model_name="mepic", extra_config=extra_config)
+    return IO[backend](StorageBackendFactory.create_backend(backend, config, None))
+
+
+class Storage:
+    """A HiCache storage backend as the chunk tier, where failing or slow means a miss."""
+
+    def __init__(self, backend: str, extra_config: dict, fingerprint: str, timeout: float = 0.5,
+                 io=None):
+        self.backend = backend
+        self.fingerprint = fingerprint
+        self.timeout = timeout
+        self._extra_config = extra_config
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="mepic-storage-read")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="mepic-storage-write")
+        self._lock = threading.Lock()
+        self._reading = None         # the last read's future: one read at a time, even one that timed out
+        self._queued = 0
+        self._down_until = 0.0
+        self._down: str | None = None  # why it stopped answering; None while it answers
+        self.rejected = self.outages = self.unavailable = self.written = self.dropped = 0
+        self._io = io
+        self._connecting = None if io is not None else self._writer.submit(self._connect)
+
+    # ---- the backend's state -------------------------------------------------
+
+    def _connect(self) -> None:
+        started = time.perf_counter()
+        try:
+            self._io = connect(self.backend, self._extra_config)
+        except Exception as e:
+            self._failed(f"cannot connect ({type(e).__name__}: {e})")
+            return
+        logger.info("MEPIC storage (%s): connected in %.1f s", self.backend, time.perf_counter() - started)
+        self._answered()
+
+    def _ready(self) -> bool:
+        if self._io is None:
+            if self._connecting.done() and time.monotonic() >= self._down_until:
+                self._connecting = self._writer.submit(self._connect)
+            return False
+        return time.monotonic() >= self._down_until
+
+    def _failed(self, reason: str) -> None:
+        with self._lock:
+            self._down_until = time.monotonic() + RETRY_S
+            if self._down is None:
+                self._down = reason
+                self.outages += 1
+                logger.warning("MEPIC storage (%s) unavailable: %s; chunks are computed until it answers "
+                               "(asked again every %.0f s)", self.backend, reason, RETRY_S)
+
+    def _answered(self) -> None:
+        if self._down is not None:
+            with self._lock:
+                if self._down is not None:
+                    self._down = None
+                    logger.warning("MEPIC storage (%s) answers again", self.backend)
+
+    def connected(self, timeout: float = 60.0) -> bool:
+        """Wait for the first connection attempt; True when it succeeded."""
+        if self._connecting is not None:
+            try:
+                self._connecting.result(timeout)
+            except ReadTimeout:
+                return False
+        return self._io is not None
+
+    def state(self) -> str:
+        if self._io is None:
+            return "connecting" if self._down is None else "down"
+        return "down" if self._down is not None else "up"
+
+    # ---- entries --------------------------------------------------------------
+
+    def get(self, key: str, like: torch.Tensor) -> torch.Tensor | None:
+        """The KV stored under `key`, shaped as `like`; None if absent, unsound, or the backend did not answer."""
+        if not self._ready() or (self._reading is not None and not self._reading.done()):
+            self.unavailable += 1
+            return None
+        self._reading = self._reader.submit(self._io.read, key, envelope_bytes(like))
+        try:
+            data = self._reading.result(timeout=self.timeout)
+            if data is None:
+                self._answered()
+                return None
+            kv = open_envelope(data, self.fingerprint, like)
+        except ReadTimeout:
+            self.unavailable += 1
+            self._failed(f"no answer within {self.timeout:g} s")
+            return None
+        except Unavailable as e:
+            self.unavailable += 1
+            self._failed(str(e))
+            return None
+        except CorruptEntry as e:
+            self._answered()
+            self.rejected += 1
+            logger.warning("MEPIC storage (%s): entry %s rejected, treated as a miss: %s", self.backend, key, e)
+            self._background(self._io.remove, key)  # a fresh compile writes it again
+            return None
+        self._answered()
+        return kv
+
+    def put(self, key: str, kv: torch.Tensor) -> bool:
+        """Queue `kv` ([2, layers, tokens, heads, dim]) to be written under `key` unless it is there."""
+        with self._lock:
+            if not self._ready() or self._queued >= MAX_QUEUED:
+                self.dropped += 1
+                return False
+        self._background(self._write, key, envelope(kv.cpu(), self.fingerprint))
+        return True
+
+    def _write(self, key: str, data: torch.Tensor) -> None:
+        if not self._io.exists(key):
+            self._io.write(key, data)
+            self.written += 1
+
+    def _background(self, work, *args) -> None:
+        with self._lock:
+            self._queued += 1
+
+        def run():
+            try:
+                work(*args)
+                self._answered()
+            except Unavailable as e:
+                self._failed(str(e))
+            finally:
+                with self._lock:
+                    self._queued -= 1
+        self._writer.submit(run)
+
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait for queued writes (tests, shutdown); True when none is left."""
+        deadline = time.monotonic() + timeout
+        while self._queued and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not self._queued
+
+    def stats(self) -> dict:
+        return {"storage_backend": self.backend, "storage_state": self.state(), "storage_rejected": self.rejected,
+                "storage_outages": self.outages, "storage_unavailable_misses": self.unavailable,
+                "storage_written": self.written, "storage_dropped_writes": self.dropped}
+
+    def close(self) -> None:
+        self._reader.shutdown(wait=False, cancel_futures=True)
+        self._writer.shutdown(wait=False, cancel_futures=True)
+
+
+def from_settings(fingerprint: str) -> Storage | None:
+    """The shared tier that the --mepic-storage-* settings ask for; None when they ask for none."""
+    backend = config.storage_backend()
+    if backend is None:
+        return None
+    extra = config.storage_config()
+    if backend == "file":
+        extra = {"file_storage_path": config.storage_dir(), **extra}
+    return Storage(backend, extra, fingerprint, config.storage_timeout())
