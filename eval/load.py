@@ -3,6 +3,7 @@
     .venv/bin/python -m eval.load                  # 500 requests from 16 clients, host tier on
     .venv/bin/python -m eval.load --compare        # the same workload without, then with, the host tier
     .venv/bin/python -m eval.load --model smollm2 --requests 200
+    .venv/bin/python -m eval.load --cluster 2      # through sglang-router: each policy, shared tier on
 
 A fresh server (loopback, free port) serves each run. Three requests in four carry
 2-4 chunks drawn Zipf-like from a pool of chunks whose KV is several times the
@@ -12,11 +13,24 @@ the first chunk (deliberate aborts). Every response is checked; the run ends wit
 the device and host pools as they stand, the hit rate of each tier, the tokens
 spent compiling chunks, and a flush that must return the free pages to their start.
 
-Output (under --out, default eval/results/load): results.json, table.md and
-load.png (device and host pages over time; compiled tokens per run).
+With --cluster N the same workload goes through N instances behind sglang-router
+(sglang_mepic.launch_cluster), once per routing policy with Mooncake Store as the
+shared chunk tier, and once as N independent servers (no shared tier, round
+robin) for comparison. `manual` is sglang-router's sticky policy steered by the
+request's first chunk: the client sends that chunk's hash as `x-smg-routing-key`.
+Chunked prompts open with one shared instruction (as RAG prompts do) rather than
+their request number, so prefix-aware routing (`cache_aware`) sees their chunks.
+Each run reports the cluster's compiled tokens, each tier's hit rate summed over
+the instances, TTFT of the streamed requests, failures, and each instance's free
+pages after a flush.
+
+Output (under --out, default eval/results/load or eval/results/cluster):
+results.json, table.md and a PNG (device and host pages over time and compiled
+tokens per run; with --cluster, compiled tokens and TTFT per run).
 """
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -35,6 +49,7 @@ from tqdm import tqdm
 from eval.workloads import zipf_weights
 from sglang_mepic import models
 from sglang_mepic.lang import chunk
+from sglang_mepic.launch_cluster import Cluster
 from sglang_mepic.server_process import ServerProcess
 
 TIERS = ("device", "host", "storage", "absent")
@@ -47,6 +62,7 @@ class Job:
     stream: bool
     disconnect: bool
     new_tokens: int
+    route: str = ""  # the first chunk's hash: a routing key that follows the chunks
 
 
 def corpus_words() -> list[str]:
@@ -57,7 +73,10 @@ def corpus_words() -> list[str]:
     return words
 
 
-def workload(n: int, pool: int, seed: int, chunked_share: float = 0.75, disconnect_rate: float = 0.03) -> list[Job]:
+def workload(n: int, pool: int, seed: int, chunked_share: float = 0.75, disconnect_rate: float = 0.03,
+             numbered: bool = True) -> list[Job]:
+    """numbered: each prompt opens with its request number, so no two share a prefix; without it
+    chunked prompts open with the same instruction, as RAG prompts do (what prefix-aware routing sees)."""
     rng = random.Random(seed)
     words = corpus_words()
     docs = []
@@ -74,13 +93,15 @@ def workload(n: int, pool: int, seed: int, chunked_share: float = 0.75, disconne
                 doc = rng.choices(range(pool), weights)[0]
                 if doc not in picked:
                     picked.append(doc)
-            text = (f"Request {i}. Answer from the documents.\n" + "".join(chunk(docs[d]) for d in picked)
+            text = ((f"Request {i}. " if numbered else "") + "Answer from the documents.\n"
+                    + "".join(chunk(docs[d]) for d in picked)
                     + f"\nQuestion {rng.randrange(1000)}: what is it about?")
         else:
             start = rng.randrange(len(words) - 300)
             text, picked = " ".join(words[start:start + rng.randint(40, 300)]), []
+        route = hashlib.sha1(docs[picked[0]].encode()).hexdigest()[:16] if picked else ""
         jobs.append(Job(text, len(picked), stream, stream and rng.random() < disconnect_rate,
-                        rng.randint(4, 16)))
+                        rng.randint(4, 16), route))
     return jobs
 
 
@@ -89,13 +110,16 @@ class Outcome:
     status: str  # ok | aborted (deliberately) | failed
     detail: str = ""
     residency: list = field(default_factory=list)
+    ttft: float | None = None  # streamed requests: seconds to the first token
 
 
-def send(url: str, job: Job) -> Outcome:
+def send(url: str, job: Job, route: bool = False) -> Outcome:
     body = {"text": job.text, "stream": job.stream,
             "sampling_params": {"max_new_tokens": job.new_tokens, "temperature": 0, "ignore_eos": True}}
+    headers = {"x-smg-routing-key": job.route} if route and job.route else {}
+    started, ttft = time.perf_counter(), None
     try:
-        with requests.post(url + "/generate", json=body, stream=job.stream, timeout=600) as r:
+        with requests.post(url + "/generate", json=body, stream=job.stream, timeout=600, headers=headers) as r:
             if r.status_code != 200:
                 return Outcome("failed", f"HTTP {r.status_code}: {r.text[:200]}")
             if not job.stream:
@@ -106,6 +130,8 @@ def send(url: str, job: Job) -> Outcome:
                     if not line.startswith(b"data:") or line == b"data: [DONE]":
                         continue
                     out = json.loads(line[5:])
+                    if ttft is None:
+                        ttft = time.perf_counter() - started
                     if "error" in out:
                         return Outcome("failed", str(out["error"])[:200])
                     if job.disconnect:
@@ -120,7 +146,7 @@ def send(url: str, job: Job) -> Outcome:
             residency = meta.get("mepic_residency", [])
             if job.chunks and len(residency) != job.chunks:
                 return Outcome("failed", f"residency {residency} for {job.chunks} chunks")
-            return Outcome("ok", residency=residency)
+            return Outcome("ok", residency=residency, ttft=ttft)
     except requests.RequestException as e:
         return Outcome("failed", f"{type(e).__name__}: {e}"[:200])
 
@@ -200,6 +226,127 @@ def run(label: str, model: str, server_args: list[str], jobs: list[Job], clients
     }
 
 
+COUNTERS = ("compiled_tokens", "recomputed_tokens", "chunks_compiled", "tier_loads_host", "tier_loads_storage",
+            "storage_written", "storage_rejected", *(f"tier_lookups_{t}" for t in TIERS))
+
+
+def run_cluster(label: str, model: str, server_args: list[str], jobs: list[Job], clients: int, time_limit: float,
+                instances: int, storage: str, policy: str) -> dict:
+    with Cluster(model, instances, storage, policy, server_args=tuple(server_args)) as cluster:
+        urls = [s.url for s in cluster.servers]
+        for url in urls:
+            flush(url)
+            deadline = time.time() + 60
+            while storage != "none" and mepic_state(url)["storage_state"] != "up":
+                if time.time() > deadline:
+                    raise RuntimeError(f"{url}: the shared tier never came up ({mepic_state(url)})")
+                time.sleep(0.5)
+        start = [mepic_state(url) for url in urls]
+        outcomes: list[Outcome | None] = [None] * len(jobs)
+        began, deadline = time.time(), time.time() + time_limit
+        with tqdm(total=len(jobs), desc=label, unit="req") as bar, ThreadPoolExecutor(clients) as pool:
+            def client(i):
+                if time.time() < deadline:
+                    outcomes[i] = send(cluster.url, jobs[i], route=policy == "manual")
+                bar.update(1)
+            list(pool.map(client, range(len(jobs))))
+        seconds = time.time() - began
+        ends = [settled(url) for url in urls]
+        for url in urls:
+            flush(url)
+        after_flush = [mepic_state(url) for url in urls]
+        alive = requests.post(cluster.url + "/generate", timeout=60, json={
+            "text": "still there?", "sampling_params": {"max_new_tokens": 2}}).status_code == 200
+    per_instance = [{k: e.get(k, 0) - s.get(k, 0) for k in COUNTERS} for s, e in zip(start, ends)]
+    total = {k: sum(i[k] for i in per_instance) for k in COUNTERS}
+    lookups = sum(total[f"tier_lookups_{t}"] for t in TIERS)
+    statuses = Counter(o.status if o else "not sent" for o in outcomes)
+    ttfts = sorted(o.ttft for o in outcomes if o and o.ttft is not None)
+    return {
+        "label": label, "policy": policy, "storage": storage, "instances": instances, "seconds": round(seconds, 1),
+        "requests": len(jobs), "ok": statuses["ok"], "aborted": statuses["aborted"], "failed": statuses["failed"],
+        "not_sent": statuses["not sent"], "failures": [o.detail for o in outcomes if o and o.status == "failed"][:20],
+        "segments_by_residency": dict(Counter(r for o in outcomes if o for r in o.residency)),
+        "cluster": total, "hit_rate": {t: round(total[f"tier_lookups_{t}"] / lookups, 4) if lookups else 0.0
+                                       for t in TIERS},
+        "lookups_per_instance": [i["tier_lookups_device"] + i["tier_lookups_host"] + i["tier_lookups_storage"]
+                                  + i["tier_lookups_absent"] for i in per_instance],
+        "ttft_p50": round(ttfts[len(ttfts) // 2], 3) if ttfts else None,
+        "ttft_p99": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 3) if ttfts else None,
+        "free_pages_start": [s["kv_pages_free"] for s in start],
+        "free_pages_after_flush": [a["kv_pages_free"] for a in after_flush],
+        "server_answers_after": alive, "per_instance": per_instance,
+    }
+
+
+def cluster_table(report: dict) -> str:
+    rows = [("requests (ok / deliberately aborted / failed / not sent)",
+             lambda r: f"{r['requests']} ({r['ok']} / {r['aborted']} / {r['failed']} / {r['not_sent']})"),
+            ("wall time (s)", lambda r: r["seconds"]),
+            ("TTFT p50 / p99 (s, streamed requests)", lambda r: f"{r['ttft_p50']} / {r['ttft_p99']}"),
+            ("compiled tokens, whole cluster", lambda r: r["cluster"]["compiled_tokens"]),
+            ("chunks compiled, whole cluster", lambda r: r["cluster"]["chunks_compiled"]),
+            ("chunk lookups hit: device / host / storage / absent",
+             lambda r: " / ".join(f"{r['hit_rate'][t]:.3f}" for t in TIERS)),
+            ("chunks loaded from storage / written to it",
+             lambda r: f"{r['cluster']['tier_loads_storage']} / {r['cluster']['storage_written']}"),
+            ("chunk lookups per instance", lambda r: " / ".join(str(n) for n in r["lookups_per_instance"])),
+            ("free pages per instance: start / after flush",
+             lambda r: ", ".join(f"{a} / {b}" for a, b in zip(r["free_pages_start"], r["free_pages_after_flush"]))),
+            ("cluster answers afterwards", lambda r: r["server_answers_after"])]
+    runs = report["runs"]
+    lines = [f"`{report['command']}` ({report['model']}, {report['instances']} instances on this machine, "
+             f"{report['clients']} clients, {report['requests']} requests, {report['chunked_requests']} chunked, "
+             f"{report['streamed']} streamed)", "",
+             "| | " + " | ".join(r["label"] for r in runs) + " |", "|---|" + "---|" * len(runs)]
+    lines += [f"| {name} | " + " | ".join(str(f(r)) for r in runs) + " |" for name, f in rows]
+    return "\n".join(lines) + "\n"
+
+
+def cluster_plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4))
+    labels = [r["label"] for r in runs]
+    ax.bar(labels, [r["cluster"]["compiled_tokens"] for r in runs], color="tab:orange")
+    ax.set_ylabel("tokens compiled, whole cluster")
+    bx.bar(labels, [r["ttft_p50"] or 0 for r in runs], color="tab:blue", label="p50")
+    bx.scatter(labels, [r["ttft_p99"] or 0 for r in runs], color="black", marker="_", s=400, label="p99")
+    bx.set_ylabel("TTFT (s, streamed requests)")
+    bx.legend()
+    for a in (ax, bx):
+        a.tick_params(axis="x", labelrotation=20, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main_cluster(args, argv, model: str, jobs: list[Job], base: list[str]) -> None:
+    base = base + ["--mepic-host-tier-gb", str(args.host_tier_gb)]
+    n = args.cluster
+    runs = [run_cluster(f"{n} independent servers", model, base, jobs, args.clients, args.time_limit, n,
+                        "none", "round_robin")]
+    for policy in args.policies.split(","):
+        label = f"{policy}" + (" (first chunk's key)" if policy == "manual" else "") + ", mooncake"
+        runs.append(run_cluster(label, model, base, jobs, args.clients, args.time_limit, n, "mooncake", policy))
+    out = args.out or Path("eval/results/cluster")
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"command": "python -m eval.load " + shlex.join(argv if argv is not None else sys.argv[1:]),
+              "model": args.model, "instances": n, "clients": args.clients, "requests": len(jobs),
+              "chunked_requests": sum(1 for j in jobs if j.chunks), "streamed": sum(1 for j in jobs if j.stream),
+              "runs": runs}
+    (out / "results.json").write_text(json.dumps(report, indent=1))
+    text = cluster_table(report)
+    (out / "table.md").write_text(text)
+    cluster_plot(runs, out / "cluster.png")
+    print(text)
+    print(f"wrote {out}/results.json, table.md, cluster.png")
+    if any(r["failed"] or r["not_sent"] or r["free_pages_after_flush"] != r["free_pages_start"]
+           or not r["server_answers_after"] for r in runs):
+        sys.exit(1)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=models.TEST_MODEL,
@@ -212,12 +359,19 @@ def main(argv=None) -> None:
     p.add_argument("--compare", action="store_true", help="run the workload without the host tier too")
     p.add_argument("--time-limit", type=float, default=900, help="seconds per run; later requests are not sent")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("eval/results/load"))
+    p.add_argument("--cluster", type=int, default=0, metavar="N",
+                   help="send the load through N instances behind sglang-router (see above)")
+    p.add_argument("--policies", default="round_robin,cache_aware,power_of_two,manual",
+                   help="with --cluster: sglang-router policies to run, each with the shared tier")
+    p.add_argument("--out", type=Path, default=None, help="default: eval/results/load (eval/results/cluster)")
     args = p.parse_args(argv)
 
     model = str(models.build(args.model)) if args.model in models.BUILDERS else args.model
-    jobs = workload(args.requests, args.chunk_pool, args.seed)
+    jobs = workload(args.requests, args.chunk_pool, args.seed, numbered=not args.cluster)
     base = ["--dtype", "float32", "--max-total-tokens", str(args.max_total_tokens)]
+    if args.cluster:
+        return main_cluster(args, argv, model, jobs, base)
+    args.out = args.out or Path("eval/results/load")
     runs = []
     if args.compare:
         runs.append(run("no host tier", model, base, jobs, args.clients, args.time_limit))

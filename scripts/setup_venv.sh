@@ -45,6 +45,17 @@ for mod in sgl_kernel torchvision; do
     fi
 done
 
+# Mooncake Store's client (the shared chunk tier, launch_cluster) links Debian's libibverbs1.
+if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 '; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+        echo "[setup] installing Debian's libibverbs1 (Mooncake's client needs it)"
+        apt-get install -y -q libibverbs1 >/dev/null 2>&1 \
+            || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libibverbs1 >/dev/null; }
+    else
+        echo "[setup] Mooncake's client needs libibverbs1, which is missing: run 'apt-get install libibverbs1' as root" >&2
+    fi
+fi
+
 "$VENV/bin/python" -c 'import sglang, sglang_mepic; print("[setup] sglang", sglang.__version__, "| sglang_mepic", sglang_mepic.__version__)'
 touch "$STAMP"
 echo "[setup] done in $((SECONDS - start)) s"

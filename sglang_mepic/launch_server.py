@@ -112,10 +112,24 @@ def mepic_parser() -> argparse.ArgumentParser:
     g.add_argument("--mepic-host-tier-gb", type=_checked(config.parse_gigabytes), default=None, metavar="GB",
                    help="host memory for chunk KV evicted from the device pool; a later use copies it back "
                         "instead of compiling the chunk again. Default: 0 (no host tier).")
+    g.add_argument("--mepic-storage-backend", choices=config.STORAGE_BACKENDS, default=None,
+                   help="shared chunk tier, one of SGLang HiCache's storage backends: every compiled chunk is "
+                        "written to it by hash (with the model fingerprint, length and checksum, checked on "
+                        "load), so other instances, or this one after a restart, reuse it. 'file' is a directory "
+                        "(--mepic-storage-dir); 'mooncake' is Mooncake Store, set up from --mepic-storage-config "
+                        "or Mooncake's own MOONCAKE_* environment. A backend that is down or slow is a miss. "
+                        "Default: file when --mepic-storage-dir is given, else none.")
     g.add_argument("--mepic-storage-dir", default=None, metavar="DIR",
-                   help="file tier: every compiled chunk is written here by hash (with the model fingerprint "
-                        "and a checksum), so other instances, or this one after a restart, reuse it. "
-                        "Default: none.")
+                   help="the file backend's directory (implies --mepic-storage-backend file). Default: none.")
+    g.add_argument("--mepic-storage-config", type=_checked(config.parse_storage_config), default=None,
+                   metavar="JSON",
+                   help="the backend's extra_config, as SGLang's --hicache-storage-backend-extra-config. "
+                        "Mooncake: {\"master_server_address\": \"HOST:PORT\", \"metadata_server\": "
+                        "\"http://HOST:PORT/metadata\", \"protocol\": \"tcp\", \"global_segment_size\": BYTES} "
+                        "(launch_cluster writes it).")
+    g.add_argument("--mepic-storage-timeout", type=_checked(config.parse_seconds), default=None, metavar="S",
+                   help="longest wait for a read from the shared tier before the chunk counts as a miss. "
+                        f"Default: {config.DEFAULT_STORAGE_TIMEOUT:g}.")
     return p
 
 
@@ -148,7 +162,41 @@ def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
         env[config.HOST_TIER_ENV] = known.mepic_host_tier_gb
     if known.mepic_storage_dir:
         env[config.STORAGE_ENV] = check_storage_dir(known.mepic_storage_dir)
+    if known.mepic_storage_backend:
+        env[config.STORAGE_BACKEND_ENV] = known.mepic_storage_backend
+    if known.mepic_storage_config:
+        env[config.STORAGE_CONFIG_ENV] = known.mepic_storage_config
+    if known.mepic_storage_timeout:
+        env[config.STORAGE_TIMEOUT_ENV] = known.mepic_storage_timeout
+    check_storage(known.mepic_storage_backend or ("file" if known.mepic_storage_dir else None), known)
     return rest, env
+
+
+def check_storage(backend: str | None, known: argparse.Namespace) -> None:
+    """Refuse a shared tier that cannot work, before anything heavy loads."""
+    if backend is None:
+        if known.mepic_storage_config or known.mepic_storage_timeout:
+            raise LaunchError("--mepic-storage-config and --mepic-storage-timeout need --mepic-storage-backend")
+        return
+    if backend == "file" and not known.mepic_storage_dir:
+        raise LaunchError("--mepic-storage-backend file needs --mepic-storage-dir DIR")
+    if backend == "mooncake":
+        if known.mepic_storage_dir:
+            raise LaunchError("--mepic-storage-dir is the file backend's; Mooncake is set up by "
+                              "--mepic-storage-config")
+        from sglang_mepic.mooncake_master import MasterError, check_client
+
+        try:
+            check_client()
+        except MasterError as e:
+            raise LaunchError(f"--mepic-storage-backend mooncake: {e}") from None
+        extra = config.parse_storage_config(known.mepic_storage_config or "{}")
+        addressed = {"master_server_address", "client_server_address"} & extra.keys() or any(
+            os.environ.get(v) for v in ("MOONCAKE_MASTER", "MOONCAKE_CLIENT", "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"))
+        if not addressed:
+            raise LaunchError("--mepic-storage-backend mooncake needs the master's address: --mepic-storage-config "
+                              "'{\"master_server_address\": \"HOST:PORT\", ...}' or MOONCAKE_MASTER "
+                              "(python -m sglang_mepic.launch_cluster starts a master and passes it on)")
 
 
 def check_storage_dir(path: str) -> str:

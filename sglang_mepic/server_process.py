@@ -60,6 +60,17 @@ class ServerProcess:
         self.log_path: Path | None = None
 
     def start(self) -> "ServerProcess":
+        self.launch()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def launch(self) -> None:
+        """Start the process without waiting for it. Call it from the thread that outlives the
+        server: Linux sends the parent-death signal when the launching *thread* exits."""
         fd, log = tempfile.mkstemp(prefix=f"sglang-mepic-{self.port}-", suffix=".log")
         self.log_path = Path(log)
         cmd = [sys.executable, "-m", "sglang_mepic.launch_server", "--model-path", self.model_path,
@@ -68,14 +79,8 @@ class ServerProcess:
                                      start_new_session=True, cwd=tempfile.gettempdir(),
                                      preexec_fn=_die_with_parent)
         os.close(fd)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

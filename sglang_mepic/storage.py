@@ -298,12 +298,12 @@ class Storage:
             if not self._ready() or self._queued >= MAX_QUEUED:
                 self.dropped += 1
                 return False
-        self._background(self._write, key, envelope(kv.cpu(), self.fingerprint))
+        self._background(self._write, key, kv.cpu())  # the checksum is taken off the scheduler's thread
         return True
 
-    def _write(self, key: str, data: torch.Tensor) -> None:
+    def _write(self, key: str, kv: torch.Tensor) -> None:
         if not self._io.exists(key):
-            self._io.write(key, data)
+            self._io.write(key, envelope(kv, self.fingerprint))
             self.written += 1
 
     def _background(self, work, *args) -> None:

@@ -116,7 +116,9 @@ def test_corrupt_file_tier_entry_is_a_logged_miss(server, storage):
     text = prompt(doc(100), doc(101))
     before = set(storage.glob("*.bin"))
     first = generate(server, text).json()
-    files = sorted(set(storage.glob("*.bin")) - before)
+    deadline = time.time() + 10  # entries are written in the background
+    while len(files := sorted(set(storage.glob("*.bin")) - before)) < 2 and time.time() < deadline:
+        time.sleep(0.1)
     assert len(files) == 2  # one entry per compiled chunk
     # a flush empties the device pool and the host tier; the file tier stays
     assert requests.post(server.url + "/flush_cache", timeout=60).status_code == 200
@@ -155,6 +157,7 @@ def test_another_instance_reuses_chunks_it_never_computed(server, storage, tiny_
     text = prompt(doc(180), doc(181))
     first = generate(server, text).json()
     assert first["meta_info"]["mepic_residency"] == ["absent", "absent"]
+    assert mepic(server)["storage_state"] == "up"
     with ServerProcess(tiny_model, "--dtype", "float32", "--mepic-storage-dir", str(storage)) as other:
         again = generate(other, text).json()
     assert again["meta_info"]["mepic_residency"] == ["storage", "storage"]

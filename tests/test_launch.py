@@ -177,6 +177,33 @@ def test_unwritable_storage_dir_is_a_clear_error(tmp_path):
         launch_server.split_mepic_flags(["--mepic-storage-dir", str(blocker / "sub")])
 
 
+def test_shared_storage_flags_become_settings_and_bad_ones_are_refused(monkeypatch, tmp_path):
+    for var in ("MOONCAKE_MASTER", "MOONCAKE_CLIENT", "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    extra = '{"master_server_address": "127.0.0.1:50051"}'
+    _, env = launch_server.split_mepic_flags(["--mepic-storage-backend", "mooncake", "--mepic-storage-config", extra,
+                                              "--mepic-storage-timeout", "0.2"])
+    assert env == {"SGLANG_MEPIC_STORAGE_BACKEND": "mooncake", "SGLANG_MEPIC_STORAGE_CONFIG": extra,
+                   "SGLANG_MEPIC_STORAGE_TIMEOUT": "0.2"}
+    refused = {
+        "needs --mepic-storage-dir": ["--mepic-storage-backend", "file"],
+        "needs the master's address": ["--mepic-storage-backend", "mooncake"],
+        "is the file backend's": ["--mepic-storage-backend", "mooncake", "--mepic-storage-dir", str(tmp_path),
+                                  "--mepic-storage-config", extra],
+        "need --mepic-storage-backend": ["--mepic-storage-config", extra],
+    }
+    for message, argv in refused.items():
+        with pytest.raises(SystemExit, match=message):
+            launch_server.split_mepic_flags(argv)
+    for argv in (["--mepic-storage-config", "{not json"], ["--mepic-storage-config", "[1]"],
+                 ["--mepic-storage-timeout", "0"], ["--mepic-storage-backend", "s3"]):
+        with pytest.raises(SystemExit):
+            launch_server.split_mepic_flags(argv)
+    monkeypatch.setenv("MOONCAKE_MASTER", "127.0.0.1:50051")  # Mooncake's own convention is enough
+    assert launch_server.split_mepic_flags(["--mepic-storage-backend", "mooncake"])[1] == {
+        "SGLANG_MEPIC_STORAGE_BACKEND": "mooncake"}
+
+
 def test_quiet_start_up_hides_cpu_notices_and_shortens_server_args(monkeypatch):
     import logging
     import warnings

@@ -208,3 +208,32 @@ def test_a_stopped_mooncake_master_is_a_logged_miss_and_is_used_again_when_back(
                 break
     assert got is not None and torch.equal(got, y)
     assert "MEPIC storage (mooncake) answers again" in caplog.text and s.state() == "up"
+
+
+def test_settings_choose_the_backend(monkeypatch, tmp_path):
+    from sglang_mepic import config
+
+    for var in (config.STORAGE_ENV, config.STORAGE_BACKEND_ENV, config.STORAGE_CONFIG_ENV, config.STORAGE_TIMEOUT_ENV):
+        monkeypatch.delenv(var, raising=False)
+    assert storage.from_settings("fp") is None
+    monkeypatch.setenv(config.STORAGE_ENV, str(tmp_path))
+    monkeypatch.setenv(config.STORAGE_TIMEOUT_ENV, "0.25")
+    s = storage.from_settings("fp")
+    assert s.backend == "file" and s.timeout == 0.25 and s.connected()
+    assert s.put("k", kv(7)) and s.drain() and len(list(tmp_path.glob("k*.bin"))) == 1
+    monkeypatch.setenv(config.STORAGE_BACKEND_ENV, "mooncake")
+    assert config.storage_backend() == "mooncake"  # (not connected here: there is no master)
+
+
+@pytest.mark.server
+def test_a_master_that_cannot_be_reached_at_start_is_a_logged_miss(caplog):
+    from sglang_mepic.server_process import free_port
+
+    port = free_port()
+    config = {"master_server_address": f"127.0.0.1:{port}", "metadata_server": f"http://127.0.0.1:{port}/metadata",
+              "protocol": "tcp", "local_hostname": "127.0.0.1", "global_segment_size": 16 << 20}
+    with caplog.at_level(logging.WARNING):
+        s = Storage("mooncake", config, "fp")
+        assert not s.connected(timeout=120)
+        assert s.get("chunk", torch.empty_like(kv(0))) is None and not s.put("chunk", kv(0))
+    assert "unavailable: cannot connect" in caplog.text and s.state() == "down"
