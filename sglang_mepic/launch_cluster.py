@@ -92,7 +92,11 @@ class Cluster:
             if self.router.poll() is not None:
                 raise ServerError(f"sglang-router exited with code {self.router.returncode}:\n{self._router_tail()}")
             try:
-                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                # Its /health answers before its first health checks of the workers have passed, and
+                # until then it refuses requests (503, no available workers): wait for a real answer.
+                ping = requests.post(self.url + "/generate", timeout=60,
+                                     json={"text": "ready?", "sampling_params": {"max_new_tokens": 1}})
+                if ping.status_code == 200:
                     return
             except requests.RequestException:
                 pass
