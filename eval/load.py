@@ -190,22 +190,43 @@ class Sampler(threading.Thread):
                                  s["kv_pages_total"] - s["kv_pages_free"], s.get("host_pages_used", 0)))
 
 
+def drive(url: str, jobs: list[Job], clients: int, time_limit: float, label: str,
+          route: bool = False) -> tuple[list[Outcome | None], float]:
+    """Send the jobs from `clients` threads; what is not sent within `time_limit` seconds stays None."""
+    outcomes: list[Outcome | None] = [None] * len(jobs)
+    began = time.time()
+    with tqdm(total=len(jobs), desc=label, unit="req") as bar, ThreadPoolExecutor(clients) as pool:
+        def client(i):
+            if time.time() < began + time_limit:
+                outcomes[i] = send(url, jobs[i], route)
+            bar.update(1)
+        list(pool.map(client, range(len(jobs))))
+    return outcomes, time.time() - began
+
+
+def tally(outcomes: list[Outcome | None]) -> dict:
+    statuses = Counter(o.status if o else "not sent" for o in outcomes)
+    residency = Counter(r for o in outcomes if o for r in o.residency)
+    return {"requests": len(outcomes), "ok": statuses["ok"], "aborted": statuses["aborted"],
+            "failed": statuses["failed"], "not_sent": statuses["not sent"],
+            "failures": [o.detail for o in outcomes if o and o.status == "failed"][:20],
+            "segments_by_residency": {t: residency[t] for t in TIERS}}
+
+
+def markdown(caption: str, runs: list[dict], rows: list) -> str:
+    """One column per run, one line per (name, figure of a run) row."""
+    lines = [caption, "", "| | " + " | ".join(r["label"] for r in runs) + " |", "|---|" + "---|" * len(runs)]
+    lines += [f"| {name} | " + " | ".join(str(f(r)) for r in runs) + " |" for name, f in rows]
+    return "\n".join(lines) + "\n"
+
+
 def run(label: str, model: str, server_args: list[str], jobs: list[Job], clients: int, time_limit: float) -> dict:
     with ServerProcess(model, *server_args, startup_timeout=600) as server:
         flush(server.url)
         start = mepic_state(server.url)
         sampler = Sampler(server.url)
         sampler.start()
-        deadline = time.time() + time_limit
-        outcomes: list[Outcome | None] = [None] * len(jobs)
-        began = time.time()
-        with tqdm(total=len(jobs), desc=label, unit="req") as bar, ThreadPoolExecutor(clients) as pool:
-            def client(i):
-                if time.time() < deadline:
-                    outcomes[i] = send(server.url, jobs[i])
-                bar.update(1)
-            list(pool.map(client, range(len(jobs))))
-        seconds = time.time() - began
+        outcomes, seconds = drive(server.url, jobs, clients, time_limit, label)
         sampler.stop_event.set()
         sampler.join()
         end = settled(server.url)  # the pools as the load left them
@@ -213,14 +234,8 @@ def run(label: str, model: str, server_args: list[str], jobs: list[Job], clients
         after_flush = mepic_state(server.url)
         alive = requests.post(server.url + "/generate", timeout=60, json={
             "text": "still there?", "sampling_params": {"max_new_tokens": 2}}).status_code == 200
-    statuses = Counter(o.status if o else "not sent" for o in outcomes)
-    residency = Counter(r for o in outcomes if o for r in o.residency)
-    failures = [o.detail for o in outcomes if o and o.status == "failed"]
     return {
-        "label": label, "server_args": server_args, "seconds": round(seconds, 1),
-        "requests": len(jobs), "ok": statuses["ok"], "aborted": statuses["aborted"],
-        "failed": statuses["failed"], "not_sent": statuses["not sent"], "failures": failures[:20],
-        "segments_by_residency": {t: residency[t] for t in TIERS},
+        "label": label, "server_args": server_args, "seconds": round(seconds, 1), **tally(outcomes),
         "free_pages_start": start["kv_pages_free"], "free_pages_after_flush": after_flush["kv_pages_free"],
         "server_answers_after": alive, "end": end, "timeline": sampler.samples,
     }
@@ -242,15 +257,7 @@ def run_cluster(label: str, model: str, server_args: list[str], jobs: list[Job],
                     raise RuntimeError(f"{url}: the shared tier never came up ({mepic_state(url)})")
                 time.sleep(0.5)
         start = [mepic_state(url) for url in urls]
-        outcomes: list[Outcome | None] = [None] * len(jobs)
-        began, deadline = time.time(), time.time() + time_limit
-        with tqdm(total=len(jobs), desc=label, unit="req") as bar, ThreadPoolExecutor(clients) as pool:
-            def client(i):
-                if time.time() < deadline:
-                    outcomes[i] = send(cluster.url, jobs[i], route=policy == "manual")
-                bar.update(1)
-            list(pool.map(client, range(len(jobs))))
-        seconds = time.time() - began
+        outcomes, seconds = drive(cluster.url, jobs, clients, time_limit, label, route=policy == "manual")
         ends = [settled(url) for url in urls]
         for url in urls:
             flush(url)
@@ -260,17 +267,12 @@ def run_cluster(label: str, model: str, server_args: list[str], jobs: list[Job],
     per_instance = [{k: e.get(k, 0) - s.get(k, 0) for k in COUNTERS} for s, e in zip(start, ends)]
     total = {k: sum(i[k] for i in per_instance) for k in COUNTERS}
     lookups = sum(total[f"tier_lookups_{t}"] for t in TIERS)
-    statuses = Counter(o.status if o else "not sent" for o in outcomes)
     ttfts = sorted(o.ttft for o in outcomes if o and o.ttft is not None)
     return {
         "label": label, "policy": policy, "storage": storage, "instances": instances, "seconds": round(seconds, 1),
-        "requests": len(jobs), "ok": statuses["ok"], "aborted": statuses["aborted"], "failed": statuses["failed"],
-        "not_sent": statuses["not sent"], "failures": [o.detail for o in outcomes if o and o.status == "failed"][:20],
-        "segments_by_residency": dict(Counter(r for o in outcomes if o for r in o.residency)),
-        "cluster": total, "hit_rate": {t: round(total[f"tier_lookups_{t}"] / lookups, 4) if lookups else 0.0
+        **tally(outcomes), "cluster": total, "hit_rate": {t: round(total[f"tier_lookups_{t}"] / lookups, 4) if lookups else 0.0
                                        for t in TIERS},
-        "lookups_per_instance": [i["tier_lookups_device"] + i["tier_lookups_host"] + i["tier_lookups_storage"]
-                                  + i["tier_lookups_absent"] for i in per_instance],
+        "lookups_per_instance": [sum(i[f"tier_lookups_{t}"] for t in TIERS) for i in per_instance],
         "ttft_p50": round(ttfts[len(ttfts) // 2], 3) if ttfts else None,
         "ttft_p99": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 3) if ttfts else None,
         "free_pages_start": [s["kv_pages_free"] for s in start],
@@ -294,13 +296,9 @@ def cluster_table(report: dict) -> str:
             ("free pages per instance: start / after flush",
              lambda r: ", ".join(f"{a} / {b}" for a, b in zip(r["free_pages_start"], r["free_pages_after_flush"]))),
             ("cluster answers afterwards", lambda r: r["server_answers_after"])]
-    runs = report["runs"]
-    lines = [f"`{report['command']}` ({report['model']}, {report['instances']} instances on this machine, "
-             f"{report['clients']} clients, {report['requests']} requests, {report['chunked_requests']} chunked, "
-             f"{report['streamed']} streamed)", "",
-             "| | " + " | ".join(r["label"] for r in runs) + " |", "|---|" + "---|" * len(runs)]
-    lines += [f"| {name} | " + " | ".join(str(f(r)) for r in runs) + " |" for name, f in rows]
-    return "\n".join(lines) + "\n"
+    return markdown(f"`{report['command']}` ({report['model']}, {report['instances']} instances on this machine, "
+                    f"{report['clients']} clients, {report['requests']} requests, {report['chunked_requests']} "
+                    f"chunked, {report['streamed']} streamed)", report["runs"], rows)
 
 
 def cluster_plot(runs: list[dict], path: Path) -> None:
@@ -414,12 +412,9 @@ def table(report: dict) -> str:
              if "host_pages_total" in r["end"] else "-"),
             ("free pages: start / after flush", lambda r: f"{r['free_pages_start']} / {r['free_pages_after_flush']}"),
             ("server answers afterwards", lambda r: r["server_answers_after"])]
-    runs = report["runs"]
-    lines = [f"`{report['command']}` ({report['model']}, {report['clients']} clients, "
-             f"{report['chunked_requests']} chunked requests, {report['streamed']} streamed)", "",
-             "| | " + " | ".join(r["label"] for r in runs) + " |", "|---|" + "---|" * len(runs)]
-    lines += [f"| {name} | " + " | ".join(str(f(r)) for r in runs) + " |" for name, f in rows]
-    return "\n".join(lines) + "\n"
+    return markdown(f"`{report['command']}` ({report['model']}, {report['clients']} clients, "
+                    f"{report['chunked_requests']} chunked requests, {report['streamed']} streamed)",
+                    report["runs"], rows)
 
 
 def plot(runs: list[dict], path: Path) -> None:
