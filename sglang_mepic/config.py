@@ -22,7 +22,6 @@ STORAGE_ENV = "SGLANG_MEPIC_STORAGE_DIR"
 STORAGE_BACKEND_ENV = "SGLANG_MEPIC_STORAGE_BACKEND"
 STORAGE_CONFIG_ENV = "SGLANG_MEPIC_STORAGE_CONFIG"
 STORAGE_TIMEOUT_ENV = "SGLANG_MEPIC_STORAGE_TIMEOUT"
-STORAGE_BACKENDS = ("file", "mooncake")
 DEFAULT_STORAGE_TIMEOUT = 0.5
 SINKS = ("bos", "none")
 DEFAULT_SINK = "none"
@@ -157,8 +156,6 @@ def storage_dir() -> str | None:
 def storage_backend() -> str | None:
     """The HiCache storage backend of the shared chunk tier (None: no shared tier)."""
     name = os.environ.get(STORAGE_BACKEND_ENV) or ("file" if storage_dir() else None)
-    if name is not None and name not in STORAGE_BACKENDS:
-        raise ValueError(f"--mepic-storage-backend {name!r}: choose one of {', '.join(STORAGE_BACKENDS)}")
     if name == "file" and not storage_dir():
         raise ValueError("--mepic-storage-backend file needs --mepic-storage-dir")
     return name

@@ -112,13 +112,15 @@ def mepic_parser() -> argparse.ArgumentParser:
     g.add_argument("--mepic-host-tier-gb", type=_checked(config.parse_gigabytes), default=None, metavar="GB",
                    help="host memory for chunk KV evicted from the device pool; a later use copies it back "
                         "instead of compiling the chunk again. Default: 0 (no host tier).")
-    g.add_argument("--mepic-storage-backend", choices=config.STORAGE_BACKENDS, default=None,
+    g.add_argument("--mepic-storage-backend", default=None, metavar="NAME",
                    help="shared chunk tier, one of SGLang HiCache's storage backends: every compiled chunk is "
                         "written to it by hash (with the model fingerprint, length and checksum, checked on "
                         "load), so other instances, or this one after a restart, reuse it. 'file' is a directory "
                         "(--mepic-storage-dir); 'mooncake' is Mooncake Store, set up from --mepic-storage-config "
-                        "or Mooncake's own MOONCAKE_* environment. A backend that is down or slow is a miss. "
-                        "Default: file when --mepic-storage-dir is given, else none.")
+                        "or Mooncake's own MOONCAKE_* environment; 'dynamic' is a HiCacheStorage class of yours "
+                        "named in --mepic-storage-config (backend_name, module_path, class_name), as in SGLang; "
+                        "any other backend SGLang registers is used through its get/set/exists. A backend that "
+                        "is down or slow is a miss. Default: file when --mepic-storage-dir is given, else none.")
     g.add_argument("--mepic-storage-dir", default=None, metavar="DIR",
                    help="the file backend's directory (implies --mepic-storage-backend file). Default: none.")
     g.add_argument("--mepic-storage-config", type=_checked(config.parse_storage_config), default=None,
@@ -178,12 +180,29 @@ def check_storage(backend: str | None, known: argparse.Namespace) -> None:
         if known.mepic_storage_config or known.mepic_storage_timeout:
             raise LaunchError("--mepic-storage-config and --mepic-storage-timeout need --mepic-storage-backend")
         return
+    from sglang_mepic import storage
+
+    if backend not in storage.backends() or backend in storage.NO_BYTES:
+        usable = ", ".join(b for b in storage.backends() if b not in storage.NO_BYTES)
+        raise LaunchError(f"--mepic-storage-backend {backend}: "
+                          + ("it keeps no KV bytes (a stand-in of SGLang's)" if backend in storage.NO_BYTES
+                             else "SGLang has no such storage backend")
+                          + f"; choose one of {usable}")
+    try:
+        storage.importable(backend)
+    except ImportError as e:
+        raise LaunchError(f"--mepic-storage-backend {backend}: {e}") from None
+    if backend == "dynamic":
+        extra = config.parse_storage_config(known.mepic_storage_config or "{}")
+        missing = [f for f in ("backend_name", "module_path", "class_name") if f not in extra]
+        if missing:
+            raise LaunchError(f"--mepic-storage-backend dynamic needs {', '.join(missing)} in --mepic-storage-config "
+                              "(the HiCacheStorage class to make, as in SGLang's dynamic backend)")
+    if backend != "file" and known.mepic_storage_dir:
+        raise LaunchError(f"--mepic-storage-dir is the file backend's; {backend} is set up by --mepic-storage-config")
     if backend == "file" and not known.mepic_storage_dir:
         raise LaunchError("--mepic-storage-backend file needs --mepic-storage-dir DIR")
     if backend == "mooncake":
-        if known.mepic_storage_dir:
-            raise LaunchError("--mepic-storage-dir is the file backend's; Mooncake is set up by "
-                              "--mepic-storage-config")
         from sglang_mepic.mooncake_master import MasterError, check_client
 
         try:

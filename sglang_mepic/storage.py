@@ -14,7 +14,14 @@ from a `HiCacheStorageConfig` whose `extra_config` is `--mepic-storage-config`
   Mooncake's own `MOONCAKE_*` environment or `SGLANG_HICACHE_MOONCAKE_CONFIG_PATH`.
   Reads and writes use the client it set up, zero-copy from a registered staging
   buffer; its HiCache methods answer only True/False, and a miss must be told
-  from an outage.
+  from an outage;
+- any other backend SGLang registers, or `dynamic` (SGLang's way to name a
+  HiCacheStorage class of your own: `backend_name`, `module_path`, `class_name`
+  in the JSON): through its HiCache `get`/`set`/`exists` on a byte tensor. An
+  exception is an outage, None a miss. The launcher refuses a backend whose
+  library is missing; one that fails to connect (hf3fs: SGLang makes it only
+  around a host KV pool) is logged, and the tier stays a miss. `sim` and `shm`
+  keep no bytes and are refused.
 
 An entry is an envelope of ours: magic, model fingerprint, payload length and
 SHA-256, then the KV. A corrupt or foreign entry is logged, removed and a miss.
@@ -178,7 +185,59 @@ class MooncakeIO:
             pass
 
 
+class HiCacheIO:
+    """Entries through a backend's own HiCache methods, for every backend without a class here."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def _call(self, method: str, *args):
+        try:
+            return getattr(self.backend, method)(*args)
+        except Exception as e:  # whatever a backend raises is an outage, never the scheduler's problem
+            raise Unavailable(f"{method}: {type(e).__name__}: {e}") from None
+
+    def exists(self, key: str) -> bool:
+        return bool(self._call("exists", key))
+
+    def read(self, key: str, nbytes: int) -> torch.Tensor | None:
+        data = self._call("get", key, torch.empty(nbytes, dtype=torch.uint8))
+        if data is None:
+            return None
+        data = data.reshape(-1).view(torch.uint8)
+        if data.numel() != nbytes:
+            raise CorruptEntry(f"{data.numel()} bytes, expected {nbytes}")
+        return data
+
+    def write(self, key: str, data: torch.Tensor) -> None:
+        if not self._call("set", key, data):
+            raise Unavailable(f"set: the backend refused {key}")
+
+    def remove(self, key: str) -> None:
+        if hasattr(self.backend, "delete"):  # not part of HiCacheStorage: a rejected entry may stay
+            try:
+                self.backend.delete(key)
+            except Exception:
+                pass
+
+
 IO = {"file": FileIO, "mooncake": MooncakeIO}
+NO_BYTES = ("sim", "shm")  # SGLang's simulator and shared-memory stand-in: they store no KV
+
+
+def backends() -> list[str]:
+    """The backend names SGLang's factory knows, and `dynamic`."""
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    return [*StorageBackendFactory._registry, "dynamic"]
+
+
+def importable(backend: str) -> None:
+    """Import a registered backend's class; ImportError says what its library needs."""
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    if backend in StorageBackendFactory._registry:
+        StorageBackendFactory._registry[backend]["loader"]()
 
 
 def connect(backend: str, extra_config: dict):
@@ -189,7 +248,7 @@ def connect(backend: str, extra_config: dict):
     config = HiCacheStorageConfig(
         tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
         enable_storage_metrics=False, is_page_first_layout=False, model_name="mepic", extra_config=extra_config)
-    return IO[backend](StorageBackendFactory.create_backend(backend, config, None))
+    return IO.get(backend, HiCacheIO)(StorageBackendFactory.create_backend(backend, config, None))
 
 
 class Storage:

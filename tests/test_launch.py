@@ -1,5 +1,6 @@
 """The launcher: CPU defaults, flag pass-through and start-up errors."""
 
+import importlib.util
 import socket
 import subprocess
 import sys
@@ -191,12 +192,18 @@ def test_shared_storage_flags_become_settings_and_bad_ones_are_refused(monkeypat
         "is the file backend's": ["--mepic-storage-backend", "mooncake", "--mepic-storage-dir", str(tmp_path),
                                   "--mepic-storage-config", extra],
         "need --mepic-storage-backend": ["--mepic-storage-config", extra],
+        "no such storage backend; choose one of file, .*mooncake": ["--mepic-storage-backend", "s3"],
+        "keeps no KV bytes": ["--mepic-storage-backend", "sim"],
+        "dynamic needs module_path, class_name": ["--mepic-storage-backend", "dynamic", "--mepic-storage-config",
+                                                  '{"backend_name": "mine"}'],
     }
+    if importlib.util.find_spec("nixl") is None:  # a backend whose library is missing
+        refused["backend nixl: Failed to import"] = ["--mepic-storage-backend", "nixl"]
     for message, argv in refused.items():
         with pytest.raises(SystemExit, match=message):
             launch_server.split_mepic_flags(argv)
     for argv in (["--mepic-storage-config", "{not json"], ["--mepic-storage-config", "[1]"],
-                 ["--mepic-storage-timeout", "0"], ["--mepic-storage-backend", "s3"]):
+                 ["--mepic-storage-timeout", "0"]):
         with pytest.raises(SystemExit):
             launch_server.split_mepic_flags(argv)
     monkeypatch.setenv("MOONCAKE_MASTER", "127.0.0.1:50051")  # Mooncake's own convention is enough

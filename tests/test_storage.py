@@ -210,6 +210,41 @@ def test_a_stopped_mooncake_master_is_a_logged_miss_and_is_used_again_when_back(
     assert "MEPIC storage (mooncake) answers again" in caplog.text and s.state() == "up"
 
 
+def test_any_other_backend_goes_through_its_hicache_methods(tmp_path, caplog):
+    """SGLang's `dynamic` backend naming its own HiCacheFile class: the generic path, on a real backend."""
+    extra = {"backend_name": "files", "module_path": "sglang.srt.mem_cache.hicache_storage",
+             "class_name": "HiCacheFile", "file_storage_path": str(tmp_path)}
+    x = kv(5)
+    writer, reader = (Storage("dynamic", extra, "fp") for _ in range(2))
+    assert writer.connected() and reader.connected()
+    assert type(writer._io) is storage.HiCacheIO
+    assert writer.put("chunk", x) and writer.drain() and writer.written == 1
+    assert torch.equal(reader.get("chunk", torch.empty_like(x)), x)
+    assert reader.get("absent", torch.empty_like(x)) is None and reader.state() == "up"
+    other_model = Storage("dynamic", extra, "other-model")
+    assert other_model.connected()
+    with caplog.at_level(logging.WARNING):
+        assert other_model.get("chunk", torch.empty_like(x)) is None
+    assert "another model" in caplog.text and other_model.rejected == 1
+
+
+def test_a_backend_that_raises_is_an_outage_not_an_error(caplog):
+    class Broken:
+        def exists(self, key):
+            raise ConnectionError("gone")
+
+        def get(self, key, target):
+            raise ConnectionError("gone")
+
+        def set(self, key, value):
+            return False
+
+    s = Storage("broken", {}, "fp", io=storage.HiCacheIO(Broken()))
+    with caplog.at_level(logging.WARNING):
+        assert s.get("chunk", torch.empty_like(kv(0))) is None
+    assert "unavailable: get: ConnectionError: gone" in caplog.text and s.state() == "down"
+
+
 def test_settings_choose_the_backend(monkeypatch, tmp_path):
     from sglang_mepic import config
 
