@@ -65,6 +65,7 @@ def test_file_entries_are_shared_checked_and_removed_when_unsound(tmp_path, capl
         with caplog.at_level(logging.WARNING):
             assert reader.get("chunk", torch.empty_like(x)) is None
         assert ("checksum mismatch" if damage == "flip" else "expected") in caplog.text
+        assert reader.drain()  # its removal of the rejected entry, before the next put looks for it
     assert reader.rejected == 2
 
 
