@@ -182,12 +182,12 @@ def check_storage(backend: str | None, known: argparse.Namespace) -> None:
         return
     from sglang_mepic import storage
 
-    if backend not in storage.backends() or backend in storage.NO_BYTES:
-        usable = ", ".join(b for b in storage.backends() if b not in storage.NO_BYTES)
+    usable = [b for b in storage.backends() if b not in storage.NO_BYTES]
+    if backend not in usable:
         raise LaunchError(f"--mepic-storage-backend {backend}: "
                           + ("it keeps no KV bytes (a stand-in of SGLang's)" if backend in storage.NO_BYTES
                              else "SGLang has no such storage backend")
-                          + f"; choose one of {usable}")
+                          + f"; choose one of {', '.join(usable)}")
     try:
         storage.importable(backend)
     except ImportError as e:
