@@ -49,6 +49,7 @@ from tqdm import tqdm
 from eval.scoring import exact_match, f1, prefix_agreement, top1_agreement
 from eval.workloads import DATASETS, render, reuse_ratio, with_reuse
 from sglang_mepic import models
+from sglang_mepic.launch_server import CPU_MAX_TOTAL_TOKENS, MEPIC_PAGE_SIZE
 from sglang_mepic.server_process import ServerProcess
 
 SYSTEMS = {
@@ -66,6 +67,7 @@ FULL = {"qps": [0.25, 0.5, 1.0, 2.0, 4.0], "chunks": [2, 4, 8, 16], "requests": 
 PAPER = {"base": {"qps": 2.0, "chunks": 7, "reuse": 0.85}, "requests": 300,
          "qps": [1.0, 2.0, 4.0, 8.0, 16.0], "chunks": [2, 4, 8, 16], "reuse": [0.3, 0.5, 0.7, 0.85, 0.95]}
 SWEEPS = ("qps", "chunks", "reuse")
+DEFAULT_POOL_PAGES = CPU_MAX_TOTAL_TOKENS // MEPIC_PAGE_SIZE
 USED_TOKENS = re.compile(r"^sglang:num_used_tokens\{[^}]*\} ([0-9.e+]+)$", re.M)
 # The scheduler's line per chunked request it admits (radix_cache.MepicRadixCache.admit).
 COMPILES = re.compile(r"MEPIC request \S+: \d+ chunk\(s\) found ([^;]+); waited ([0-9.]+) s for compiles")
@@ -83,6 +85,7 @@ class Point:
     exact_peak: int | None = None
     seconds: float = 0.0
     compile_waits: list = field(default_factory=list)  # (every chunk already on the device, seconds) per request
+    pool_pages: int = 0  # the KV pool the server reported
 
 
 class Sampler(threading.Thread):
@@ -154,6 +157,11 @@ def run_point(server, page_size: int, texts: list[str], qps: float, new_tokens: 
     return outputs, sampler.pages, exact, seconds
 
 
+def pool_pages(server, page_size: int) -> int:
+    """The KV pool the server allocated (SGLang's `max_total_num_tokens`), in pages."""
+    return requests.get(server.url + "/server_info", timeout=60).json()["max_total_num_tokens"] // page_size
+
+
 def compile_waits(log: str) -> list[tuple[bool, float]]:
     """How long each chunked request was held back for its chunk compiles, and whether all were resident."""
     return [(all(part.split()[1] == "device" for part in found.split(", ")), float(sec))
@@ -190,6 +198,7 @@ def summarize(points: list[Point], workloads: dict, new_tokens: int, page_bytes:
         e2e = [o[4] for o in p.outputs]
         rows.append({
             "system": p.system, "qps": p.qps, "chunks": p.chunks, "reuse": p.reuse, "requests": len(ids),
+            "pool_pages": p.pool_pages,
             "peak_kv_pages": round(peak, 1),
             "mean_kv_pages": round(statistics.fmean(p.used_pages), 1) if p.used_pages else 0.0,
             "peak_kv_mib": round(peak * page_bytes / 2 ** 20, 2),
@@ -321,12 +330,18 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None, help="HF model folder (default: the embedded SmolLM2-135M-Instruct; "
                                                   "with --paper the tiny random Llama)")
+    ap.add_argument("--pool-pages", type=int, default=None,
+                    help=f"KV pool size in pages of {MEPIC_PAGE_SIZE} tokens for every server (default: the "
+                         f"launcher's CPU default, {DEFAULT_POOL_PAGES:,} pages); a pool the baselines fill caps "
+                         "their peak, and with it every ratio against them")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
 
     if args.paper and (args.quick or args.qps or args.chunks or args.reuse is not None):
         sys.exit("bad arguments: --paper sets QPS, chunks and reuse itself (choose sweeps with --sweeps)")
+    if args.pool_pages is not None and args.pool_pages < 64:
+        sys.exit(f"bad arguments: --pool-pages {args.pool_pages} (at least 64)")
     if args.paper and not set(args.sweeps.split(",")) <= {*SWEEPS, "base"}:
         sys.exit(f"bad arguments: --sweeps {args.sweeps} (from {', '.join(SWEEPS)}, or base)")
     preset = PAPER if args.paper else QUICK if args.quick else FULL
@@ -343,7 +358,9 @@ def main(argv=None) -> None:
 
     from transformers import AutoTokenizer
 
-    model = args.model or str(models.build(models.TEST_MODEL if args.paper else models.DEFAULT_MODEL))
+    # Absolute: the server starts in a directory of its own.
+    model = (str(Path(args.model).resolve()) if args.model
+             else str(models.build(models.TEST_MODEL if args.paper else models.DEFAULT_MODEL)))
     tokenizer = AutoTokenizer.from_pretrained(model)
     workload = {}
     for c, r in dict.fromkeys((c, r) for _, c, r in points):
@@ -365,8 +382,10 @@ def main(argv=None) -> None:
         lengths[(c, r)] = statistics.fmean(prompt_tokens[(c, r)])
         print(f"[workload] {args.dataset}: {n} requests x {c} chunks, reuse ratio {ratios[(c, r)]:.3f} "
               f"(chunk tokens that repeat an earlier chunk), mean prompt {lengths[(c, r)]:.0f} tokens")
-    page_size = 16
+    page_size = MEPIC_PAGE_SIZE
     extra, env = context_args(model, prompt_tokens, page_size, args.new_tokens)
+    if args.pool_pages:
+        extra += ["--max-total-tokens", str(args.pool_pages * page_size)]
     page_bytes = kv_bytes_per_token(model) * page_size
     results: list[Point] = []
     started = time.perf_counter()
@@ -376,13 +395,14 @@ def main(argv=None) -> None:
             # A short decode log interval keeps SGLang's used-token gauge fresh for the sampler.
             with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *SYSTEMS[system],
                                startup_timeout=600, env=env) as server:
+                pool = pool_pages(server, page_size)
                 for q, c, r in points:
                     bar.set_postfix_str(f"{system} qps={q:g} chunks={c}" + (f" reuse={r:g}" if r is not None else ""))
                     mark = len(server.log())
                     outputs, pages, exact, seconds = run_point(server, page_size, texts[(c, r)], q,
                                                                args.new_tokens, args.seed, bar)
                     results.append(Point(system, q, c, r, outputs, pages, exact, seconds,
-                                         compile_waits(server.log()[mark:])))
+                                         compile_waits(server.log()[mark:]), pool))
     minutes = (time.perf_counter() - started) / 60
 
     rows = summarize(results, workload, args.new_tokens, page_bytes)
@@ -390,11 +410,13 @@ def main(argv=None) -> None:
         row["reuse_ratio"] = round(ratios[(row["chunks"], row["reuse"])], 4)
         row["mean_prompt_tokens"] = round(lengths[(row["chunks"], row["reuse"])], 1)
     md = table(rows)
+    pools = sorted({p.pool_pages for p in results})
     command = "python -m eval.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     shape = ", ".join(f"{ratios[s]:.3f} reused over {lengths[s]:.0f} prompt tokens at {s[0]} chunks"
                       + (f" (reuse {s[1]:g} asked)" if s[1] is not None else "") for s in shapes)
     header = (f"{args.dataset}, {n} requests per point, {args.new_tokens} new tokens, greedy, float32, "
-              f"model {Path(model).name}; fidelity against `{REFERENCE}`. Realised reuse ratio (chunk tokens "
+              f"model {Path(model).name}, a KV pool of {' / '.join(f'{n:,}' for n in pools)} pages; "
+              f"fidelity against `{REFERENCE}`. Realised reuse ratio (chunk tokens "
               f"that repeat an earlier chunk): {shape}. {len(systems) * len(points) * n} requests in "
               f"{minutes:.0f} min on this machine.\n\nCommand: `{command}`\n\n")
     (out / "table.md").write_text(header + md + "\n")

@@ -23,7 +23,7 @@ def test_eval_harness_produces_table_json_and_plots(tiny_model, tmp_path):
     # As a user runs it: from the repository root, as a module.
     done = subprocess.run([sys.executable, "-m", "eval.run", "--model", tiny_model, "--systems", "mepic",
                            "--requests", "6", "--qps", "4", "--chunks", "3", "--new-tokens", "4", "--reuse", "0.8",
-                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                           "--pool-pages", "512", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     print(f"eval.run took {time.monotonic() - started:.0f} s")
     assert "reuse ratio" in done.stdout and "mean prompt" in done.stdout
@@ -34,6 +34,7 @@ def test_eval_harness_produces_table_json_and_plots(tiny_model, tmp_path):
     assert len(body) == 1 and [c.strip() for c in body[0][-2:]] == ["—", "—"]  # no `full` ran to compare with
     (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert row["requests"] == 6 and 0 < row["reuse_ratio"] < 1
+    assert row["pool_pages"] == 512 and "a KV pool of 512 pages" in lines[0]  # as the server reported it
     for key in ("peak_kv_pages", "ttft_p50", "e2e_p50", "throughput_rps", "recomputed_tokens", "prompt_tokens"):
         assert row[key] > 0, key
     # Parsed from the server log: every request's compiles were logged, however long it waited.
