@@ -415,7 +415,7 @@ def main(argv=None) -> None:
     shape = ", ".join(f"{ratios[s]:.3f} reused over {lengths[s]:.0f} prompt tokens at {s[0]} chunks"
                       + (f" (reuse {s[1]:g} asked)" if s[1] is not None else "") for s in shapes)
     header = (f"{args.dataset}, {n} requests per point, {args.new_tokens} new tokens, greedy, float32, "
-              f"model {Path(model).name}, a KV pool of {' / '.join(f'{n:,}' for n in pools)} pages; "
+              f"model {Path(model).name}, a KV pool of {' / '.join(f'{size:,}' for size in pools)} pages; "
               f"fidelity against `{REFERENCE}`. Realised reuse ratio (chunk tokens "
               f"that repeat an earlier chunk): {shape}. {len(systems) * len(points) * n} requests in "
               f"{minutes:.0f} min on this machine.\n\nCommand: `{command}`\n\n")
