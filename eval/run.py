@@ -26,7 +26,9 @@ is never held) and the share of requests it held (`held for compiles`).
 
 Output (under --out, default eval/results/<dataset>-quick, -full or -paper): table.md,
 results.json (every figure, the command and the model) and PNG plots: peak KV
-pages and TTFT p50 (with --paper also p99) against each swept variable.
+pages and TTFT p50 (with --paper also p99) against each swept variable. Each
+finished (system, point) is saved to points.jsonl there as it ends; if a run
+stops, the same command with --resume runs only what is missing.
 """
 
 import argparse
@@ -40,12 +42,13 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import requests
 from tqdm import tqdm
 
+from eval.checkpoint import Checkpoint
 from eval.scoring import exact_match, f1, prefix_agreement, top1_agreement
 from eval.workloads import DATASETS, render, reuse_ratio, with_reuse
 from sglang_mepic import models
@@ -86,6 +89,11 @@ class Point:
     seconds: float = 0.0
     compile_waits: list = field(default_factory=list)  # (every chunk already on the device, seconds) per request
     pool_pages: int = 0  # the KV pool the server reported
+    wall: float = 0.0  # seconds since the point before it ended, server start included
+
+    @classmethod
+    def load(cls, record: dict) -> "Point":
+        return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
 
 
 class Sampler(threading.Thread):
@@ -336,6 +344,9 @@ def main(argv=None) -> None:
                          "their peak, and with it every ratio against them")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the points a stopped run with the same settings saved in --out (points.jsonl) "
+                         "and run only the rest")
     args = ap.parse_args(argv)
 
     if args.paper and (args.quick or args.qps or args.chunks or args.reuse is not None):
@@ -387,23 +398,43 @@ def main(argv=None) -> None:
     if args.pool_pages:
         extra += ["--max-total-tokens", str(args.pool_pages * page_size)]
     page_bytes = kv_bytes_per_token(model) * page_size
-    results: list[Point] = []
-    started = time.perf_counter()
-    with tqdm(total=len(systems) * len(points) * n, desc="requests", unit="req") as bar:
+    settings = {"dataset": args.dataset, "requests": n, "new_tokens": args.new_tokens, "seed": args.seed,
+                "model": Path(model).name, "pool_pages": args.pool_pages}
+    try:
+        checkpoint = Checkpoint(out, settings, args.resume)
+    except ValueError as e:
+        sys.exit(f"bad arguments: --resume: {e}")
+    if checkpoint.set_aside:
+        print(f"[checkpoint] an earlier run's points were moved to {checkpoint.set_aside} (--resume keeps them)")
+    done = {(s, *p): Point.load(checkpoint.get(s, *p)) for s in systems for p in points if checkpoint.get(s, *p)}
+    if done:
+        print(f"[resume] {len(done)} of {len(systems) * len(points)} (system, point) runs kept from {checkpoint.path}")
+    print(f"[checkpoint] each finished point goes to {checkpoint.path}; if this run stops, "
+          "the same command with --resume goes on from there")
+    last = time.perf_counter()
+    with tqdm(total=len(systems) * len(points) * n, initial=len(done) * n, desc="requests", unit="req") as bar:
         for system in systems:
+            todo = [p for p in points if (system, *p) not in done]
+            if not todo:
+                continue
             bar.set_postfix_str(f"{system}: starting server")
             # A short decode log interval keeps SGLang's used-token gauge fresh for the sampler.
             with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *SYSTEMS[system],
                                startup_timeout=600, env=env) as server:
                 pool = pool_pages(server, page_size)
-                for q, c, r in points:
+                for q, c, r in todo:
                     bar.set_postfix_str(f"{system} qps={q:g} chunks={c}" + (f" reuse={r:g}" if r is not None else ""))
                     mark = len(server.log())
                     outputs, pages, exact, seconds = run_point(server, page_size, texts[(c, r)], q,
                                                                args.new_tokens, args.seed, bar)
-                    results.append(Point(system, q, c, r, outputs, pages, exact, seconds,
-                                         compile_waits(server.log()[mark:]), pool))
-    minutes = (time.perf_counter() - started) / 60
+                    point = Point(system, q, c, r, outputs, pages, exact, seconds,
+                                  compile_waits(server.log()[mark:]), pool, time.perf_counter() - last)
+                    last = time.perf_counter()
+                    checkpoint.add(asdict(point))
+                    done[(system, q, c, r)] = point
+    results = [done[(s, *p)] for s in systems for p in points]
+    minutes = sum(p.wall for p in results) / 60
+    invocations = "" if checkpoint.invocations == 1 else f" over {checkpoint.invocations} invocations (--resume)"
 
     rows = summarize(results, workload, args.new_tokens, page_bytes)
     for row in rows:
@@ -418,13 +449,14 @@ def main(argv=None) -> None:
               f"model {Path(model).name}, a KV pool of {' / '.join(f'{size:,}' for size in pools)} pages; "
               f"fidelity against `{REFERENCE}`. Realised reuse ratio (chunk tokens "
               f"that repeat an earlier chunk): {shape}. {len(systems) * len(points) * n} requests in "
-              f"{minutes:.0f} min on this machine.\n\nCommand: `{command}`\n\n")
+              f"{minutes:.0f} min on this machine{invocations}.\n\nCommand: `{command}`\n\n")
     (out / "table.md").write_text(header + md + "\n")
     (out / "results.json").write_text(json.dumps({"command": command, "model": Path(model).name,
                                                   "dataset": args.dataset, "minutes": round(minutes, 1),
+                                                  "invocations": checkpoint.invocations,
                                                   "rows": rows}, indent=2))
     print(md)
-    print(f"[time] {len(systems) * len(points) * n} requests in {minutes:.1f} min")
+    print(f"[time] {len(systems) * len(points) * n} requests in {minutes:.1f} min{invocations}")
     if not args.no_plots:
         if args.paper:
             base = PAPER["base"]

@@ -43,6 +43,13 @@ def test_eval_harness_produces_table_json_and_plots(tiny_model, tmp_path):
     assert row["recomputed_tokens"] < row["prompt_tokens"] / 2  # the chunks' reuse shows
     for name in ("peak_kv_vs_qps.png", "peak_kv_vs_chunks.png", "ttft_p50_vs_qps.png"):
         assert (tmp_path / name).stat().st_size > 1000
+    # Every finished point was saved as it ended: --resume rebuilds the table without a server.
+    again = subprocess.run([*done.args, "--resume", "--no-plots"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[resume] 1 of 1 (system, point) runs kept" in again.stdout and "starting server" not in again.stderr
+    resumed = json.loads((tmp_path / "results.json").read_text())
+    assert resumed["rows"] == [row] and resumed["invocations"] == 2
 
 
 def test_load_harness_runs_both_ways_and_checks_itself(tiny_model, tmp_path):

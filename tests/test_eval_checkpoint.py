@@ -1,0 +1,68 @@
+"""A stopped eval.run keeps its finished points and resumes from them (no server needed)."""
+
+import importlib
+import importlib.util
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+# eval/ is not installed and the repository root stays off sys.path (its kernels/ would shadow
+# the PyPI package), so the package is registered from its folder; its own imports then resolve.
+EVAL = Path(__file__).resolve().parent.parent / "eval"
+if "eval" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("eval", EVAL / "__init__.py", submodule_search_locations=[str(EVAL)])
+    sys.modules["eval"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["eval"])
+checkpoint, run, workloads = (importlib.import_module(f"eval.{m}") for m in ("checkpoint", "run", "workloads"))
+NAME, Checkpoint = checkpoint.NAME, checkpoint.Checkpoint
+Point, summarize, Request = run.Point, run.summarize, workloads.Request
+
+SETTINGS = {"dataset": "squad", "requests": 2, "new_tokens": 4, "seed": 0, "model": "tiny", "pool_pages": None}
+
+
+def point(system: str, qps: float, ttft: float) -> Point:
+    meta = {"prompt_tokens": 100, "cached_tokens": 0, "mepic_recomputed_tokens": 20}
+    outputs = [([1, 2, 3, 4], "a b", meta, ttft, ttft + 0.5), ([5, 6, 7, 8], "c", meta, ttft * 2, ttft + 1.0)]
+    return Point(system, qps, 3, 0.8, outputs, [10.0, 40.0, 25.0], 42, 3.0, [(True, 0.0), (False, 0.25)], 512, 60.0)
+
+
+def test_finished_points_survive_a_stop_and_summarize_as_before(tmp_path):
+    first = Checkpoint(tmp_path, SETTINGS, resume=False)
+    points = [point("full", 2.0, 0.1), point("mepic", 2.0, 0.2)]
+    for p in points:
+        first.add(asdict(p))
+    with (tmp_path / NAME).open("a") as f:
+        f.write('{"system": "mepic", "qps": 4.0, "chu')  # the line being written when the run was killed
+
+    again = Checkpoint(tmp_path, SETTINGS, resume=True)
+    assert again.invocations == 2
+    assert again.get("mepic", 4.0, 3, 0.8) is None  # the cut line is dropped ...
+    assert len((tmp_path / NAME).read_text().splitlines()) == 3  # ... from the file too, so appends stay parseable
+    loaded = [Point.load(again.get(p.system, p.qps, p.chunks, p.reuse)) for p in points]
+    workload = {(3, 0.8): [Request(docs=(), question="q", answers=("a",))] * 2}
+    assert summarize(loaded, workload, 4, 1024) == summarize(points, workload, 4, 1024)
+    assert sum(p.wall for p in loaded) == 120.0
+
+
+def test_resume_under_other_settings_is_refused(tmp_path):
+    Checkpoint(tmp_path, SETTINGS, resume=False).add(asdict(point("full", 2.0, 0.1)))
+    with pytest.raises(ValueError, match=r"requests: 2 then, 300 now"):
+        Checkpoint(tmp_path, {**SETTINGS, "requests": 300}, resume=True)
+    assert "full" in (tmp_path / NAME).read_text()  # refused before anything was rewritten
+
+
+def test_a_fresh_run_sets_the_old_points_aside(tmp_path):
+    Checkpoint(tmp_path, SETTINGS, resume=False).add(asdict(point("full", 2.0, 0.1)))
+    fresh = Checkpoint(tmp_path, SETTINGS, resume=False)
+    assert fresh.get("full", 2.0, 3, 0.8) is None and fresh.set_aside == tmp_path / "points.prev.jsonl"
+    assert json.loads(fresh.set_aside.read_text().splitlines()[1])["system"] == "full"
+
+
+def test_resume_without_a_checkpoint_starts_afresh(tmp_path):
+    assert Checkpoint(tmp_path, SETTINGS, resume=True).invocations == 1
+    (tmp_path / NAME).write_text("not json\n")
+    with pytest.raises(ValueError, match="not an eval.run checkpoint"):
+        Checkpoint(tmp_path, SETTINGS, resume=True)
