@@ -70,7 +70,7 @@ def mepic_fn(s, rope, decode, general=False):
         backend.positions.planned[:] = True
     mode = SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: not decode)
     fb = SimpleNamespace(req_pool_indices=s.rows, seq_lens=s.seq_lens, positions=s.positions, batch_size=len(s.rows),
-                         extend_prefix_lens=s.prefix, extend_seq_lens=s.ext, forward_mode=mode)
+                         extend_prefix_lens=s.prefix, extend_seq_lens=s.ext, forward_mode=mode, out_cache_loc=None)
     backend.init_forward_metadata(fb)
     q_lens = [1] * len(s.rows) if decode else s.ext.tolist()
     if not decode:
