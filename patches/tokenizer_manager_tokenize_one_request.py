@@ -112,7 +112,9 @@ def compile_request(seg: Segment, parent: GenerateReqInput, page_size: int, sink
     req = GenerateReqInput(
         rid=f"mepic-compile-{uuid.uuid4().hex}",
         input_ids=head + [PAD_FILL_ID if t == PAD_ID else t for t in seg.padded_tokens()] + [PAD_FILL_ID],
-        sampling_params={"max_new_tokens": 0},
+        # Greedy: the token it samples is dropped, and one non-greedy request sends its whole
+        # prefill batch down SGLang's top-k/top-p sampler instead of argmax.
+        sampling_params={"max_new_tokens": 0, "temperature": 0},
         extra_key=parent.extra_key, cache_salt=parent.cache_salt, lora_path=parent.lora_path,
         kv_hints=_with_action(None, None, action),
     )

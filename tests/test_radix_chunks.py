@@ -293,3 +293,14 @@ def test_eviction_inside_a_free_group_stops_when_enough_is_freed(tree):
     assert tree.pages.available() == start and tree.evictable_size() == evictable - evicted
     allocator.free_group_end()
     assert tree.pages.available() == start + evicted // B
+
+
+def test_compiles_keep_a_greedy_batch_greedy():
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from sglang_mepic.patches.tokenizer_manager_tokenize_one_request import compile_request
+
+    req = compile_request(request(C1, C2).chunks[0], GenerateReqInput(input_ids=[1]), B, None)
+    # SGLang samples a batch by argmax only when every request in it has top_k <= 1.
+    assert SamplingParams(**req.sampling_params).top_k <= 1
