@@ -406,7 +406,7 @@ def main(argv=None) -> None:
         sys.exit(f"bad arguments: --resume: {e}")
     if checkpoint.set_aside:
         print(f"[checkpoint] an earlier run's points were moved to {checkpoint.set_aside} (--resume keeps them)")
-    done = {(s, *p): Point.load(checkpoint.get(s, *p)) for s in systems for p in points if checkpoint.get(s, *p)}
+    done = {(s, *p): Point.load(record) for s in systems for p in points if (record := checkpoint.get(s, *p))}
     if done:
         print(f"[resume] {len(done)} of {len(systems) * len(points)} (system, point) runs kept from {checkpoint.path}")
     print(f"[checkpoint] each finished point goes to {checkpoint.path}; if this run stops, "
