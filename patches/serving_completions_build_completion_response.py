@@ -1,8 +1,9 @@
-"""Non-streamed completions carry the MEPIC figures in `metadata["mepic"]` (see sglang_mepic.openai_meta)."""
+"""Non-streamed completions carry the MEPIC figures in `metadata["mepic"]` (see
+sglang_mepic.openai_meta), and echo the prompt without chunk markers (sglang_mepic.echo)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import openai_meta
+from sglang_mepic import echo, openai_meta
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._build_completion_response"
@@ -10,4 +11,5 @@ HOOK_TYPE = HookType.AROUND
 
 
 def hook(original, serving, request, ret, *args, **kwargs):
-    return openai_meta.attach(original(serving, request, ret, *args, **kwargs), ret, getattr(request, "n", 1) or 1)
+    response = original(serving, echo.without_markers(request), ret, *args, **kwargs)
+    return openai_meta.attach(response, ret, getattr(request, "n", 1) or 1)
