@@ -6,10 +6,17 @@ after the first). Every response a request yields passes through here.
 
 `mepic_residency` lists where each chunk segment of the request was when its
 compile looked it up: device, host, storage (the file tier) or absent.
+
+A request that did no chunk work (no chunk longer than a page, `full` mode, a
+server without the mepic cache) gets zeros and an empty residency, as in the
+OpenAI responses' `metadata.mepic`. Internal compile requests are left as they
+are: their own figures say where the chunk was found.
 """
 
+from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.plugins.hook_registry import HookType
 
+from sglang_mepic import openai_meta
 from sglang_mepic.patches import tokenizer_manager_tokenize_one_request as compile_patch
 
 WRITTEN_FOR = "0.5.23"
@@ -28,6 +35,7 @@ def scalars(meta_info: dict) -> None:
 
 async def hook(original, manager, obj, *args, **kwargs):
     found = None
+    client = isinstance(obj, GenerateReqInput) and not getattr(obj, compile_patch.COMPILE_FLAG, False)
     async for out in original(manager, obj, *args, **kwargs):
         if isinstance(out, dict) and isinstance(out.get("meta_info"), dict):
             meta = out["meta_info"]
@@ -37,4 +45,6 @@ async def hook(original, manager, obj, *args, **kwargs):
                 found = await compile_patch.residency(obj)
             if found is not None:
                 meta["mepic_residency"] = found
+            if client:
+                openai_meta.complete(meta)
         yield out

@@ -8,10 +8,20 @@ returns; OpenAI clients keep unknown fields aside), as `metadata["mepic"]`:
 
 summed over the request's prompts (each prompt once, however many choices `n`
 asks for). A request without chunks, or a server in `full` mode, reports zeros
-and an empty residency list rather than leaving the figures out.
+and an empty residency list rather than leaving the figures out; `/generate`'s
+`meta_info` does the same (`complete`), so both report every figure for every
+request.
 """
 
 COUNTS = ("recomputed_tokens", "compiled_tokens", "chunk_hits", "chunk_misses")
+
+
+def complete(meta_info: dict) -> None:
+    """Give `meta_info` every `mepic_*` figure: the scheduler reports only those of chunk work,
+    and a client should not have to tell "no chunk work" from "not reported"."""
+    for name in COUNTS:
+        meta_info.setdefault(f"mepic_{name}", 0)
+    meta_info.setdefault("mepic_residency", [])
 
 
 def figures(responses: list[dict], n_choices: int = 1) -> dict:
