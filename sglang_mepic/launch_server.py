@@ -18,7 +18,7 @@ Every flag is passed on to SGLang. What this wrapper adds:
 - clear errors, before anything heavy loads, for a missing model folder or a
   port that is taken;
 - a quiet start-up: SGLang's ~20 KB `server_args=` line becomes the command
-  line, and on CPU its CUDA-only notices are replaced by one line saying so
+  line and the effective MEPIC settings (defaults included), and on CPU its CUDA-only notices are replaced by one line saying so
   (`--log-level debug` keeps everything; quiet.py).
 """
 
@@ -133,6 +133,36 @@ def mepic_parser() -> argparse.ArgumentParser:
                    help="longest wait for a read from the shared tier before the chunk counts as a miss. "
                         f"Default: {config.DEFAULT_STORAGE_TIMEOUT:g}.")
     return p
+
+
+def mepic_settings(argv: list[str]) -> str:
+    """The MEPIC settings the server runs with, defaults included, as the flags that set them.
+
+    Read back from the environment the --mepic-* flags became (what every SGLang
+    process reads), and from argv after `with_defaults`; a note says when chunks are
+    not reused at all, since the flags then change nothing."""
+    shown = [("--mepic-mode", config.mode().name),
+             ("--mepic-recompute-blocks", os.environ.get(config.RECOMPUTE_ENV, str(config.DEFAULT_RECOMPUTE_BLOCKS))),
+             ("--mepic-compile-sink", config.compile_sink()),
+             ("--mepic-placement", config.placement().value),
+             ("--mepic-text-markup", "on" if config.text_markup() else "off"),
+             ("--mepic-host-tier-gb", f"{config.host_tier_gb():g}")]
+    backend = config.storage_backend()
+    shown.append(("--mepic-storage-backend", backend or "none"))
+    if backend == "file":
+        shown.append(("--mepic-storage-dir", config.storage_dir()))
+    if backend is not None:
+        if os.environ.get(config.STORAGE_CONFIG_ENV):
+            shown.append(("--mepic-storage-config", "'" + os.environ[config.STORAGE_CONFIG_ENV] + "'"))
+        shown.append(("--mepic-storage-timeout", f"{config.storage_timeout():g}"))
+    line = " ".join(f"{flag} {value}" for flag, value in shown)
+    known = _known_flags(argv)
+    if (known.attention_backend, known.radix_cache_backend) != ("mepic", "mepic"):
+        line += (" (chunks are not reused: that needs --attention-backend mepic and --radix-cache-backend mepic; "
+                 "markers are still removed)")
+    elif not config.mode().reuses:
+        line += " (full mode: chunks are computed in context, never reused)"
+    return line
 
 
 def _checked(parse):
@@ -351,11 +381,14 @@ def main(argv: list[str] | None = None) -> None:
         _ensure_default_model(known.model_path)
         check_model_path(known.model_path)
         check_port_free(known.host, known.port)
+        settings = mepic_settings(argv)
         if quiet_start(argv):  # before SGLang's imports, which warn
-            quiet.install(cpu=not cuda, argv=" ".join(argv))
+            quiet.install(cpu=not cuda, argv=" ".join(argv), mepic=settings)
             quiet.for_children(cpu=not cuda)
             if not cuda:
                 print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] sglang-mepic: {quiet.SUMMARY}", file=sys.stderr)
+        else:  # SGLang's full server_args line knows nothing of the --mepic-* flags
+            print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] sglang-mepic: {settings}", file=sys.stderr)
 
     # Imported late: SGLang reads SGLANG_USE_CPU_ENGINE at import time.
     from sglang.launch_server import run_server

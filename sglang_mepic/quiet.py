@@ -42,22 +42,28 @@ class _Drop(logging.Filter):
 
 
 class _ShortServerArgs(logging.Filter):
-    """The resolved settings (~20 KB) become the command line they came from."""
+    """The resolved settings (~20 KB) become the command line they came from.
 
-    def __init__(self, argv: str):
+    SGLang's dict never held the MEPIC settings (the launcher consumes the --mepic-*
+    flags), so the line names them too, defaults included: that is where a reader
+    looks to learn what the server runs with."""
+
+    def __init__(self, argv: str, mepic: str | None = None):
         super().__init__()
         self.argv = argv
+        self.mepic = mepic
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.getMessage().startswith("server_args="):
-            record.msg, record.args = "server_args: %s (every resolved setting: --log-level debug)", (self.argv,)
+            shown = self.argv if self.mepic is None else f"{self.argv}; sglang-mepic: {self.mepic}"
+            record.msg, record.args = "server_args: %s (every resolved setting: --log-level debug)", (shown,)
         return True
 
 
-def install(cpu: bool, argv: str | None = None) -> None:
-    """Filters for this process (idempotent per logger)."""
+def install(cpu: bool, argv: str | None = None, mepic: str | None = None) -> None:
+    """Filters for this process (idempotent per logger). mepic: the effective MEPIC settings."""
     if argv is not None:
-        _add(SERVER_ARGS_LOGGER, _ShortServerArgs(argv))
+        _add(SERVER_ARGS_LOGGER, _ShortServerArgs(argv, mepic))
     if cpu:
         for name, prefix in CPU_LOG_LINES:
             _add(name, _Drop(prefix))

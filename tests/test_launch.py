@@ -248,3 +248,51 @@ def test_debug_log_level_keeps_every_line():
     quiet_start = launch_server.quiet_start
     assert quiet_start(["--model-path", "m"]) and quiet_start(["--log-level", "info"])
     assert not quiet_start(["--log-level", "debug"]) and not quiet_start(["--log-level=DEBUG"])
+
+
+MEPIC_ENVS = ("SGLANG_MEPIC_MODE", "SGLANG_MEPIC_RECOMPUTE_BLOCKS", "SGLANG_MEPIC_COMPILE_SINK",
+              "SGLANG_MEPIC_PLACEMENT", "SGLANG_MEPIC_TEXT_MARKUP", "SGLANG_MEPIC_HOST_TIER_GB",
+              "SGLANG_MEPIC_STORAGE_DIR", "SGLANG_MEPIC_STORAGE_BACKEND", "SGLANG_MEPIC_STORAGE_CONFIG",
+              "SGLANG_MEPIC_STORAGE_TIMEOUT")
+
+
+def settings_line(monkeypatch, *flags):
+    """The start-up line's MEPIC part for a command line, as main() computes it."""
+    for var in MEPIC_ENVS:
+        monkeypatch.delenv(var, raising=False)
+    argv, env = launch_server.split_mepic_flags(["--model-path", "m", *flags])
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return launch_server.mepic_settings(with_defaults(argv, cuda=False, native_bf16=True)[0])
+
+
+def test_start_up_line_shows_the_effective_mepic_settings_defaults_included(monkeypatch, tmp_path):
+    import logging
+
+    from sglang_mepic import quiet
+
+    assert settings_line(monkeypatch) == (
+        "--mepic-mode mepic --mepic-recompute-blocks 1 --mepic-compile-sink none --mepic-placement trailing "
+        "--mepic-text-markup on --mepic-host-tier-gb 0 --mepic-storage-backend none")
+    given = settings_line(monkeypatch, "--mepic-mode", "epic-16", "--mepic-compile-sink", "bos",
+                          "--mepic-placement", "leading", "--mepic-text-markup", "off",
+                          "--mepic-host-tier-gb", "0.5", "--mepic-storage-dir", str(tmp_path))
+    assert given == ("--mepic-mode epic-16 --mepic-recompute-blocks 1 --mepic-compile-sink bos "
+                     "--mepic-placement leading --mepic-text-markup off --mepic-host-tier-gb 0.5 "
+                     f"--mepic-storage-backend file --mepic-storage-dir {tmp_path} --mepic-storage-timeout 0.5")
+    assert settings_line(monkeypatch, "--mepic-mode", "full").endswith("(full mode: chunks are computed in "
+                                                                       "context, never reused)")
+    assert "chunks are not reused" in settings_line(monkeypatch, "--radix-cache-backend", "sglang")
+
+    engine = logging.getLogger(quiet.SERVER_ARGS_LOGGER)
+    monkeypatch.setattr(engine, "filters", [])
+    quiet.install(cpu=False, argv="--model-path m", mepic=settings_line(monkeypatch))
+    record = engine.makeRecord(engine.name, logging.INFO, __file__, 1, "server_args={'x': 1}", (), None)
+    assert all(f.filter(record) for f in engine.filters)
+    assert record.getMessage().startswith("server_args: --model-path m; sglang-mepic: --mepic-mode mepic "
+                                          "--mepic-recompute-blocks 1 --mepic-compile-sink none")
+
+
+def test_help_states_the_compile_sink_default():
+    text = " ".join(launch_server.mepic_parser().format_help().split())
+    assert "or 'none' (the chunk alone). Default: none." in text
