@@ -13,6 +13,8 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 MODULES = (
     "tokenizer_manager_tokenize_one_request",
     "tokenizer_manager_should_use_batch_tokenization",
+    "tokenizer_manager_validate_one_request",
+    "generate_req_input_getitem",
     "serving_chat_process_messages",
     "serving_chat_build_chat_response",
     "serving_completions_build_completion_response",

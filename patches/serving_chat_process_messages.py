@@ -5,7 +5,8 @@ the markers into text tokens. When the rendered prompt holds markup, re-split it
 each piece is tokenized on its own and the markers become marker ids, which the
 tokenize hook then strips like any marked-up input_ids.
 
-Each message's markup is checked on its own first, so an error names the message
+A chat whose messages are all empty is refused (intake.py). Each message's
+markup is checked on its own first, so an error names the message
 and a character position within it, not within the templated prompt. With
 `--mepic-text-markup off` the markers are left as text.
 """
@@ -13,6 +14,7 @@ and a character position within it, not within the templated prompt. With
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic import config
+from sglang_mepic.intake import IntakeError
 from sglang_mepic.markup import CHUNK_BEGIN_ID, CHUNK_END_ID, MarkupError, has_text_markup, split_text, tokenize_text
 from sglang_mepic.segments import Kind
 
@@ -41,7 +43,22 @@ def _marked(request) -> bool:
     return marked
 
 
+def _has_content(request) -> bool:
+    """Whether any message says something: text that is not whitespace, or a non-text part."""
+    for message in request.messages:
+        content = message.content
+        for part in content if isinstance(content, list) else [content]:
+            text = part if isinstance(part, str) or part is None else getattr(part, "text", None)
+            if part is not None and (not isinstance(text, str) or text.strip()):
+                return True
+        if getattr(message, "tool_calls", None):
+            return True
+    return False
+
+
 def hook(result, serving, request, *args, **kwargs):
+    if not _has_content(request):
+        raise IntakeError("every message's content is empty or whitespace: there is no prompt to answer")
     if not config.text_markup() or not _marked(request):
         return result
     tok = serving.tokenizer_manager.tokenizer

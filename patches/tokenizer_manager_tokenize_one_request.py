@@ -23,9 +23,9 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import config
-from sglang_mepic.markup import (HINT_TYPE, Marked, check_client_hints, has_id_markup, has_text_markup,
-                                 split_ids, tokenize_text)
+from sglang_mepic import config, intake
+from sglang_mepic.markup import (HINT_TYPE, HINT_VERSION, Marked, has_id_markup, has_text_markup,
+                                 split_ids, split_text, tokenize_text)
 from sglang_mepic.logprobs import start_slot
 from sglang_mepic.request_layout import PAD_FILL_ID
 from sglang_mepic.segments import PAD_ID, Layout, Segment, layout
@@ -68,17 +68,15 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
         # Also catches plain out-of-vocabulary ids, which would otherwise crash the scheduler.
         pieces = split_ids(obj.input_ids, vocab)
     elif isinstance(obj.text, str) and config.text_markup() and has_text_markup(obj.text):
+        intake.check_prompt("".join(part for _, part in split_text(obj.text)), None)
         tok = manager.tokenizer
         pieces = tokenize_text(obj.text, lambda s, special: tok.encode(s, add_special_tokens=special))
     else:
-        if obj.kv_hints is not None:
-            # Spans index input_ids, so a text request cannot carry any.
-            check_client_hints(obj.kv_hints, len(obj.input_ids) if obj.input_ids is not None else 0)
-        return None
+        return None  # a client's own mepic.chunks hint is refused at validation (intake.py)
     # Rejects a request that no longer fits the context once chunks are padded.
     lay = layout(pieces, _page_size(manager), config.placement(), max_slots=manager.context_len)
     marked = Marked.from_pieces(pieces)
-    action = marked.hint_action()
+    action = intake.stamp(marked.hint_action())
     laid_out = _lays_out_slots(manager) and bool(lay.chunks or lay.pad_runs())
     if laid_out:
         # Laid out in slots: pads have no position and are masked by the mepic backend.
@@ -107,8 +105,8 @@ def compile_request(seg: Segment, parent: GenerateReqInput, page_size: int, sink
     at, size = len(head), seg.size
     pads = ([[1, page_size - 1]] if head else []) + ([[at, seg.lead_pad]] if seg.lead_pad else []) + \
         [[at + size - seg.tail_pad, seg.tail_pad + 1]]
-    action = {"action_id": "mepic-compile", "action_type": HINT_TYPE, "action_version": "1",
-              "payload": {"pads": pads, "chunks": [[at, at + size]], "compile": True}}
+    action = intake.stamp({"action_id": "mepic-compile", "action_type": HINT_TYPE, "action_version": HINT_VERSION,
+                           "payload": {"pads": pads, "chunks": [[at, at + size]], "compile": True}})
     req = GenerateReqInput(
         rid=f"mepic-compile-{uuid.uuid4().hex}",
         input_ids=head + [PAD_FILL_ID if t == PAD_ID else t for t in seg.padded_tokens()] + [PAD_FILL_ID],
@@ -205,7 +203,10 @@ async def residency(obj) -> list[str] | None:
 
 async def hook(original, manager, obj, *args, **kwargs):
     if isinstance(obj, GenerateReqInput):
-        lay = strip_markup(manager, obj)
+        try:
+            lay = strip_markup(manager, obj)
+        except ValueError as e:  # malformed markup, an empty prompt, a request too long once padded
+            raise intake.relabel(obj, e) from None
         if lay is not None and lay.chunks and config.mode().reuses:
             compiles = await send_compiles(manager, lay, obj)
             if compiles is not None:

@@ -147,12 +147,3 @@ def chunks_from_hints(kv_hints, num_tokens: int) -> list[tuple[int, int]]:
                 pos = s[1]
             return spans
     return []
-
-
-def check_client_hints(kv_hints, num_tokens: int) -> None:
-    """A `mepic.chunks` action sent by a client: spans must fit its input_ids, and pads
-    are the server's to lay out."""
-    for action in kv_hints.actions if kv_hints is not None else []:
-        if action.action_type == HINT_TYPE and "pads" in action.payload:
-            raise MarkupError(f"{HINT_TYPE}: pads are laid out by the server, not sent by clients")
-    chunks_from_hints(kv_hints, num_tokens)

@@ -161,21 +161,6 @@ def test_leading_placement_equals_the_plain_prompt(tiny_model, tok):
     assert marked["meta_info"]["prompt_tokens"] == len(piecewise_ids(tok, text))
 
 
-def test_client_sent_layout_hints_are_refused(exact_server):
-    hint = {"protocol_version": "1", "message_id": "x", "actions": [
-        {"action_id": "a", "action_type": "mepic.chunks", "action_version": "1",
-         "payload": {"chunks": [[0, 2]], "pads": [[0, 2]]}}]}
-    r = requests.post(exact_server.url + "/generate", timeout=60,
-                      json={"input_ids": [1, 2, 3, 4], "kv_hints": hint, "sampling_params": GREEDY})
-    assert r.status_code == 400 and "laid out by the server" in r.text
-    hint["actions"][0]["payload"] = {"chunks": [[2, 9]]}
-    r = requests.post(exact_server.url + "/generate", timeout=60,
-                      json={"input_ids": [1, 2, 3, 4], "kv_hints": hint, "sampling_params": GREEDY})
-    assert r.status_code == 400 and "out of range" in r.text
-    ok = post(exact_server, "/generate", {"text": "still alive?", "sampling_params": GREEDY})
-    assert len(ok["output_ids"]) == GREEDY["max_new_tokens"]
-
-
 def test_chat_markup_errors_point_into_the_message(exact_server):
     content = "What does the tag <|chunk|> mean?"
     r = requests.post(exact_server.url + "/v1/chat/completions", timeout=60, json={

@@ -305,3 +305,14 @@ def test_every_copy_of_an_n2_request_and_every_stream_carries_the_mepic_fields(s
             assert key in meta, (key, meta)
         assert len(meta["mepic_residency"]) == chunks
         assert meta["mepic_chunk_hits"] + meta["mepic_chunk_misses"] == chunks
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "full", "epic-16"])
+def test_empty_prompts_are_refused_in_every_mode(servers, mode):
+    """SGLang's own torch_native path crashes on an empty extend as well: refused before it."""
+    from test_intake import EMPTY, send, still_serving
+
+    for path, body, message in EMPTY:
+        r = send(servers(mode), path, body)
+        assert r.status_code == 400 and message in r.text, (path, body, r.text)
+    still_serving(servers(mode))

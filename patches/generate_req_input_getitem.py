@@ -1,0 +1,15 @@
+"""Keep a batch item's index on the per-item request SGLang splits off, so that an
+error about it can say which item it is (intake.labelled)."""
+
+from sglang.srt.plugins.hook_registry import HookType
+
+from sglang_mepic.intake import ITEM_ATTR
+
+WRITTEN_FOR = "0.5.23"
+TARGET = "sglang.srt.managers.io_struct.GenerateReqInput.__getitem__"
+HOOK_TYPE = HookType.AFTER
+
+
+def hook(result, obj, i, *args, **kwargs):
+    setattr(result, ITEM_ATTR, i)
+    return result

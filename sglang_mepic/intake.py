@@ -1,0 +1,89 @@
+"""What the server takes from a client, checked once every path has tokenized it.
+
+Two rules, both enforced in the tokenizer process just before a request is
+handed to the scheduler (SGLang's `_validate_one_request`, which the single,
+batch, n > 1 and OpenAI paths all go through):
+
+- **No empty prompt.** A prompt of no tokens (empty text, markup around
+  nothing, ids that are only markers) or of only whitespace would reach the
+  model as an empty extend, which SGLang's CPU path cannot run: one such
+  request took the whole scheduler down.
+- **Layout hints only of the server's making.** The `mepic.chunks` kv_hints
+  action tells the planner where chunks and pads are and whether a request
+  compiles a chunk for everyone to reuse. A client that could send one could
+  store KV computed after its own prefix under a chunk's key (cache
+  poisoning). The tokenizer side stamps every action it creates with a mark
+  random to this process; an action without it is refused, whatever path the
+  request came by.
+"""
+
+import secrets
+
+from sglang_mepic.markup import HINT_TYPE
+
+# Random per tokenizer process; it never leaves the server (the scheduler ignores it).
+_SERVER_MARK = secrets.token_hex(16)
+MARK_KEY = "by"
+
+
+class IntakeError(ValueError):
+    """A request the server refuses (SGLang's HTTP layer answers a ValueError with 400)."""
+
+
+def stamp(action: dict) -> dict:
+    """Mark a `mepic.chunks` action as made by this server."""
+    action["payload"][MARK_KEY] = _SERVER_MARK
+    return action
+
+
+def _is_ours(action) -> bool:
+    payload = action.payload if isinstance(action.payload, dict) else {}
+    return payload.get(MARK_KEY) == _SERVER_MARK
+
+
+def check_hints(kv_hints) -> None:
+    for action in kv_hints.actions if kv_hints is not None else []:
+        if action.action_type == HINT_TYPE and not _is_ours(action):
+            raise IntakeError(f"kv_hints action {HINT_TYPE!r} is made by the server, not sent by clients: "
+                              f"mark chunks with <|chunk|>...<|/chunk|> in text, or ids -100 ... -101 in input_ids")
+
+
+def check_prompt(text, input_ids, session_params=None, multimodal: bool = False) -> None:
+    if multimodal or (isinstance(session_params, dict) and session_params.get("id")):
+        return  # a processor or the session's history supplies the prompt
+    if isinstance(text, str) and not text.strip():
+        raise IntakeError("the prompt is empty or only whitespace" if not text else
+                          "the prompt is only whitespace")
+    if input_ids is not None and len(input_ids) == 0:
+        raise IntakeError("the prompt has no tokens (empty text, or chunk markers with nothing in them)")
+
+
+def check(obj, input_ids) -> None:
+    """Refuse what must not reach the scheduler; the message names the batch item, if any."""
+    try:
+        check_prompt(getattr(obj, "text", None), input_ids, getattr(obj, "session_params", None),
+                     multimodal=_multimodal(obj))
+        check_hints(getattr(obj, "kv_hints", None))
+    except IntakeError as e:
+        raise IntakeError(labelled(obj, str(e))) from None
+
+
+def _multimodal(obj) -> bool:
+    return any(getattr(obj, f, None) is not None for f in ("image_data", "video_data", "audio_data"))
+
+
+# SGLang splits a batch into per-item objects (`GenerateReqInput.__getitem__`); the item's
+# index is kept on it so that an error can say which item it is about.
+ITEM_ATTR = "_mepic_item"
+
+
+def labelled(obj, message: str) -> str:
+    item = getattr(obj, ITEM_ATTR, None)
+    return message if item is None or message.startswith("batch item") else f"batch item {item}: {message}"
+
+
+def relabel(obj, error: ValueError) -> ValueError:
+    try:
+        return type(error)(labelled(obj, str(error)))
+    except TypeError:  # an error type that takes other arguments keeps its message
+        return error
