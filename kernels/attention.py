@@ -71,15 +71,40 @@ def _inv_freq(InvFreq, h, TABLE: tl.constexpr):
 
 
 @triton.jit
-def _cos_sin(CosSin, stride_cs, inv_freq, mscale, pos, real, h, HALF: tl.constexpr, TABLE: tl.constexpr):
+def _sincos(angle, FAST: tl.constexpr):
+    """(cos, sin) of fp32 angles: one Cody-Waite reduction to [-pi, pi], then the fast path.
+
+    k = rint(angle / 2pi); r = angle - k * C1 - k * C2 with C1 = fp32(2pi) and C2 the
+    rest: each fma rounds once and k * C1 is exact inside it, so r is within about
+    2e-7 of the exact remainder for every angle a position below 2^24 can give (the
+    third term, k * 1e-15, stays under 1e-8 there). `sin.approx` / `cos.approx` are
+    accurate to about 5e-7 on [-pi, pi]: no slow path, no local memory. The
+    interpreter (FAST off) takes tl.cos / tl.sin of the same reduced angle.
+    """
+    k = tl.floor(angle * 0.15915494309189535 + 0.5)
+    r = tl.fma(k, -6.2831854820251465, angle)
+    r = tl.fma(k, 1.7484555314695172e-07, r)
+    if FAST:
+        c = tl.inline_asm_elementwise("cos.approx.f32 $0, $1;", "=r,r", [r], dtype=tl.float32, is_pure=True, pack=1)
+        s = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [r], dtype=tl.float32, is_pure=True, pack=1)
+        return c, s
+    else:
+        return tl.cos(r), tl.sin(r)
+
+
+@triton.jit
+def _cos_sin(CosSin, stride_cs, inv_freq, mscale, pos, real, h, HALF: tl.constexpr, TABLE: tl.constexpr,
+             FAST: tl.constexpr, SCALED: tl.constexpr):
     """cos and sin [BLOCK_N, HALF] (fp32) of the tile's positions; pads get position 0."""
     cpos = tl.where(real, pos, 0)
     if TABLE:
         rows = CosSin + cpos.to(tl.int64)[:, None] * stride_cs + h[None, :]
         return tl.load(rows).to(tl.float32), tl.load(rows + HALF).to(tl.float32)
     else:
-        angle = cpos.to(tl.float32)[:, None] * inv_freq[None, :]
-        return tl.cos(angle) * mscale, tl.sin(angle) * mscale
+        c, s = _sincos(cpos.to(tl.float32)[:, None] * inv_freq[None, :], FAST)
+        if SCALED:
+            c, s = c * mscale, s * mscale
+        return c, s
 
 
 @triton.jit
@@ -96,11 +121,12 @@ def _tile_slots(ReqToToken, row, tok, real, stride_rt):
 
 @triton.jit
 def _scores(s0, q1, q2, qp, K, slot, real, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq, mscale,
-            h, i1, i2, HALF: tl.constexpr, PASS: tl.constexpr, TABLE: tl.constexpr, DOT_FP32: tl.constexpr):
+            h, i1, i2, HALF: tl.constexpr, PASS: tl.constexpr, TABLE: tl.constexpr, DOT_FP32: tl.constexpr,
+            FAST: tl.constexpr, SCALED: tl.constexpr):
     """q . RoPE(k, pos) for a query tile [R, D] (split in halves) and one key tile [BLOCK_N]: [R, BLOCK_N] fp32.
 
     s0 is a zero [R, BLOCK_N] fp32 tile, the dots' accumulator."""
-    cos, sin = _cos_sin(CosSin, stride_cs, inv_freq, mscale, pos, real, h, HALF, TABLE)
+    cos, sin = _cos_sin(CosSin, stride_cs, inv_freq, mscale, pos, real, h, HALF, TABLE, FAST, SCALED)
     k_base = K + slot[:, None] * stride_ks + kvh * stride_kh
     k1 = tl.load(k_base + i1[None, :], mask=real[:, None], other=0.0).to(tl.float32)
     k2 = tl.load(k_base + i2[None, :], mask=real[:, None], other=0.0).to(tl.float32)
@@ -161,6 +187,7 @@ def _mepic_decode_kernel(
     stride_lb, stride_lh, stride_rt, stride_rp, stride_cs,
     GROUP: tl.constexpr, HEAD_TILES: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     ROT: tl.constexpr, NEOX: tl.constexpr, BLOCK_N: tl.constexpr, TABLE: tl.constexpr, DOT_FP32: tl.constexpr,
+    FAST: tl.constexpr, SCALED: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1) // HEAD_TILES
@@ -169,7 +196,7 @@ def _mepic_decode_kernel(
     splits = tl.load(NumSplits + b)
     if split >= splits:
         return
-    seq_len = tl.load(SeqLens + b)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
     start, end = _split_range(seq_len, splits, split, BLOCK_N)
     if start >= end:
         return
@@ -185,7 +212,7 @@ def _mepic_decode_kernel(
     inv_freq = _inv_freq(InvFreq, h, TABLE)
 
     row = tl.load(ReqIdx + b).to(tl.int64)
-    q_pos = tl.load(QPos + b)
+    q_pos = tl.load(QPos + b).to(tl.int32)
     q1, q2, qp = _load_query(Q, b + 0 * g, head, gmask, stride_qt, stride_qh, i1, i2, HALF, PASS)
 
     m_i = tl.full([BLOCK_H], -float("inf"), tl.float32)
@@ -196,7 +223,8 @@ def _mepic_decode_kernel(
         slot = _tile_slots(ReqToToken, row, first + n, first + n < end, stride_rt)
         visible = real & (pos <= q_pos)
         s = _scores(tl.zeros([BLOCK_H, BLOCK_N], tl.float32), q1, q2, qp, K, slot, visible, pos, kvh, stride_ks,
-                    stride_kh, CosSin, stride_cs, inv_freq, mscale, h, i1, i2, HALF, PASS, TABLE, DOT_FP32) * sm_scale
+                    stride_kh, CosSin, stride_cs, inv_freq, mscale, h, i1, i2, HALF, PASS, TABLE, DOT_FP32, FAST,
+                    SCALED) * sm_scale
         s = tl.where(visible[None, :], s, -float("inf"))
         m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc)
         v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :], mask=visible[:, None], other=0.0)
@@ -210,12 +238,21 @@ def _mepic_decode_kernel(
 
 @triton.jit
 def _merge_kernel(PartialOut, PartialLse, Out, SeqLens, NumSplits, stride_pb, stride_ph, stride_ps, stride_lb,
-                  stride_lh, stride_ot, stride_oh, DV: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Out[b, head] from the request's partial outputs, weighted by their log-sum-exp."""
+                  stride_lh, stride_ot, stride_oh, DV: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                  FIXED: tl.constexpr = False):
+    """Out[b, head] from the row's partial outputs, weighted by their log-sum-exp.
+
+    Decode (FIXED off): row b is a request with NumSplits[b] splits of SeqLens[b] keys.
+    Split extend (FIXED on): row b is a token, every one of its MAX_SPLITS partials is
+    written, and an empty one carries lse = -inf (SeqLens, NumSplits unused)."""
     b = tl.program_id(0)
     head = tl.program_id(1)
-    splits = tl.load(NumSplits + b)
-    seq_len = tl.load(SeqLens + b)
+    if FIXED:
+        splits = MAX_SPLITS
+        seq_len = MAX_SPLITS * BLOCK_N
+    else:
+        splits = tl.load(NumSplits + b)
+        seq_len = tl.load(SeqLens + b)
     dv = tl.arange(0, DV)
     m = -float("inf")
     total = 0.0
@@ -238,18 +275,20 @@ def _merge_kernel(PartialOut, PartialLse, Out, SeqLens, NumSplits, stride_pb, st
 
 @triton.jit
 def _mepic_extend_kernel(
-    Q, K, V, Out, ReqToToken, ReqToPos, ReqIdx, SeqLens, QStart, ExtLens, Positions, CosSin, InvFreq, mscale,
-    sm_scale,
+    Q, K, V, Out, PartialOut, PartialLse, ReqToToken, ReqToPos, ReqIdx, SeqLens, QStart, ExtLens, Positions, KvEnd,
+    CosSin, InvFreq, mscale, sm_scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
-    stride_rt, stride_rp, stride_cs,
+    stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_rt, stride_rp, stride_cs,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, ROT: tl.constexpr,
     NEOX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TABLE: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT_FP32: tl.constexpr, FAST: tl.constexpr, SCALED: tl.constexpr, SPLITS: tl.constexpr,
+    HAS_KV_END: tl.constexpr,
 ):
     # Query tile: BLOCK_M rows = BLOCK_M // GROUP_P new tokens x GROUP_P heads of kv head `kvh`.
     TOKENS: tl.constexpr = BLOCK_M // GROUP_P
     b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(1) // SPLITS
+    split = tl.program_id(1) % SPLITS
     mblk = tl.program_id(2)
     ext_len = tl.load(ExtLens + b)
     if mblk * TOKENS >= ext_len:
@@ -268,29 +307,41 @@ def _mepic_extend_kernel(
     inv_freq = _inv_freq(InvFreq, h, TABLE)
 
     row = tl.load(ReqIdx + b).to(tl.int64)
-    seq_len = tl.load(SeqLens + b)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
     q_tok = (tl.load(QStart + b) + m).to(tl.int64)
-    q_pos = tl.load(Positions + q_tok, mask=rmask, other=-1)
-    last_pos = tl.max(q_pos, 0)
+    q_pos = tl.load(Positions + q_tok, mask=rmask, other=-1).to(tl.int32)
+    # The loop ends at the last slot any query of the block can see: on an identity row
+    # (KvEnd < 0: slot j at position j) the block's last position + 1; on a planned row the
+    # precomputed last visible slot of the request + 1. No tile is read only to be skipped.
+    end = seq_len
+    if HAS_KV_END:
+        bound = tl.load(KvEnd + b)
+        end = tl.minimum(seq_len, tl.where(bound < 0, tl.max(q_pos, 0) + 1, bound))
+    start, stop = _split_range(end, SPLITS, split, BLOCK_N)
     q1, q2, qp = _load_query(Q, q_tok, head, rmask, stride_qt, stride_qh, i1, i2, HALF, PASS)
 
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV], tl.float32)
-    for first in range(0, seq_len, BLOCK_N):
-        pos, real = _tile_positions(ReqToPos, row, first + n, seq_len, stride_rp)
-        # Positions first: a tile no query of the block can see costs nothing more.
-        if tl.min(tl.where(real, pos, last_pos + 1), 0) <= last_pos:
-            slot = _tile_slots(ReqToToken, row, first + n, real, stride_rt)
-            s = _scores(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), q1, q2, qp, K, slot, real, pos, kvh, stride_ks,
-                        stride_kh, CosSin, stride_cs, inv_freq, mscale, h, i1, i2, HALF, PASS, TABLE,
-                        DOT_FP32) * sm_scale
-            s = tl.where(real[None, :] & (pos[None, :] <= q_pos[:, None]), s, -float("inf"))
-            m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc)
-            v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :], mask=real[:, None], other=0.0)
-            acc = _dot(p.to(q1.dtype), v, acc, DOT_FP32)
-    out = Out + q_tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :]
-    tl.store(out, (acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]).to(Out.dtype.element_ty), mask=rmask[:, None])
+    for first in range(start, stop, BLOCK_N):
+        pos, real = _tile_positions(ReqToPos, row, first + n, stop, stride_rp)
+        slot = _tile_slots(ReqToToken, row, first + n, real, stride_rt)
+        s = _scores(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), q1, q2, qp, K, slot, real, pos, kvh, stride_ks,
+                    stride_kh, CosSin, stride_cs, inv_freq, mscale, h, i1, i2, HALF, PASS, TABLE, DOT_FP32, FAST,
+                    SCALED) * sm_scale
+        s = tl.where(real[None, :] & (pos[None, :] <= q_pos[:, None]), s, -float("inf"))
+        m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc)
+        v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :], mask=real[:, None], other=0.0)
+        acc = _dot(p.to(q1.dtype), v, acc, DOT_FP32)
+    seen = l_i > 0.0
+    if SPLITS == 1:
+        out = Out + q_tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :]
+        tl.store(out, (acc / tl.where(seen, l_i, 1.0)[:, None]).to(Out.dtype.element_ty), mask=rmask[:, None])
+    else:  # partial output and log-sum-exp of this split; _merge_kernel (FIXED) combines them
+        out = PartialOut + q_tok[:, None] * stride_pt + head[:, None] * stride_ph + split * stride_ps + dv[None, :]
+        tl.store(out, acc / tl.where(seen, l_i, 1.0)[:, None], mask=rmask[:, None])
+        lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), -float("inf"))
+        tl.store(PartialLse + q_tok * stride_lt + head * stride_lh + split, lse, mask=rmask)
 
 
 def check_shapes(head_dim: int, rotary_dim: int, q_heads: int, kv_heads: int) -> None:
@@ -315,20 +366,49 @@ def _check(q, k_pool, cos_sin, rotary_dim, inv_freq):
 
 
 def _rope_args(cos_sin, inv_freq, mscale):
+    """(table, inv_freq or the table, mscale, TABLE, SCALED) of a launch."""
     table = inv_freq is None
-    return cos_sin, (cos_sin if table else inv_freq), float(mscale), table
+    return cos_sin, (cos_sin if table else inv_freq), float(mscale), table, (not table) and float(mscale) != 1.0
+
+
+def _dot_fp32(dtype: torch.dtype, dot_fp32: bool | None) -> bool:
+    """fp32 models take ieee fp32 dots; so does the interpreter unless a test asks for the model dtype's dot."""
+    if dot_fp32 is not None:
+        return dot_fp32 or dtype == torch.float32
+    return dtype == torch.float32 or _interpreting()
+
+
+def whole_wave_splits(programs_per_split: int, capacity: int, max_splits: int = MAX_KV_SPLITS) -> int:
+    """Splits that fill the machine in whole waves: the count with the least time per key.
+
+    capacity is the CTAs the GPU runs at once (CTAs per SM of the compiled kernel x SMs).
+    Time ~ waves rounded up x keys per program, so the cost of s splits is
+    ceil(P s / capacity) / s, with 3% per extra split for its merge and prologue; more
+    splits are taken only for a gain of 10% at least.
+    """
+    p, cap = max(programs_per_split, 1), max(capacity, 1)
+    best, best_cost = 1, float("inf")
+    for s in range(1, max_splits + 1):
+        cost = -(-p * s // cap) / s * (1 + 0.03 * (s - 1))
+        if cost < 0.9 * best_cost:
+            best, best_cost = s, cost
+    return best
 
 
 def num_kv_splits(seq_lens: torch.Tensor, programs_per_split: int, sm_count: int, out: torch.Tensor | None = None,
-                  max_splits: int = MAX_KV_SPLITS) -> torch.Tensor:
+                  max_splits: int = MAX_KV_SPLITS, ctas_per_sm: int | None = None) -> torch.Tensor:
     """Splits per request [B] (int32), on the device and without a host sync.
 
-    Enough programs for about two waves over the SMs, never a split shorter
-    than MIN_SPLIT_LEN keys, and each request's splits in proportion to its
-    length, so a short request in a long batch is not cut into slivers.
+    The count for the longest request fills the decode kernel's real capacity
+    (`ctas_per_sm`, default: the compiled kernel's, from `launch_config`) in whole
+    waves (`whole_wave_splits`); never a split shorter than MIN_SPLIT_LEN keys,
+    and each request's splits in proportion to its length, so a short request in
+    a long batch is not cut into slivers.
     """
+    if ctas_per_sm is None:
+        ctas_per_sm = launch_config("decode", 128, torch.bfloat16, device_arch(seq_lens.device))["ctas_per_sm"]
     lens = seq_lens.to(torch.int32)
-    wanted = max(1, min(max_splits, -(-2 * sm_count // max(programs_per_split, 1))))
+    wanted = whole_wave_splits(programs_per_split, sm_count * ctas_per_sm, max_splits)
     longest = lens.max().clamp(min=1)
     per_split = torch.maximum(torch.div(longest + wanted - 1, wanted, rounding_mode="floor"),
                               torch.full_like(longest, MIN_SPLIT_LEN))
@@ -340,7 +420,11 @@ def num_kv_splits(seq_lens: torch.Tensor, programs_per_split: int, sm_count: int
 
 
 class DecodeWorkspace:
-    """Partial outputs and log-sum-exps of split decode; fixed addresses for CUDA graphs."""
+    """Partial outputs and log-sum-exps of split decode; fixed addresses for CUDA graphs.
+
+    One workspace serves one stream: every layer's decode reuses it, which is safe
+    because launches on one stream run in order. The backend keeps one per CUDA stream.
+    """
 
     def __init__(self, batch: int, heads: int, dv: int, device, max_splits: int = MAX_KV_SPLITS):
         self.partial = torch.empty((batch, heads, max_splits, dv), dtype=torch.float32, device=device)
@@ -359,23 +443,29 @@ def sm_count(device) -> int:
 
 
 def launch_config(kind: str, head_dim: int, dtype: torch.dtype, arch: int = 90) -> dict:
-    """Tile sizes, warps and pipeline stages of a launch on Hopper (arch 90) or Ampere (80).
+    """Tile sizes, warps, pipeline stages and CTAs per SM of a launch on Hopper (arch 90) or Ampere (80).
 
-    Chosen with `python -m sglang_mepic.kernels.aot`, which compiles each one
-    for the head shapes of the models we serve and fails on any register spill.
-    The extend tile is what fits beside the [rows, D] fp32 accumulator and the
-    query tile: on sm_90, 64 rows of 32 keys with 8 warps (128 rows or 64 keys
-    spill, 40 to 1,500 bytes); on sm_80, 32 rows. fp32 models take ieee fp32
-    dots, off the tensor cores, in small tiles. Speed is measured on a GPU
-    (`eval/bench_attention.py --device cuda`), not here.
+    Chosen with `python -m eval.kernel_model` (registers, shared memory and the
+    inner loop's SASS of each candidate, compiled as Triton compiles at launch)
+    and checked by `python -m sglang_mepic.kernels.aot`, which fails on any
+    spill; `ctas_per_sm` is the compiled kernel's occupancy for head dim 128
+    (from registers, shared memory and threads), what split counts are sized
+    from, and a test keeps it equal to the compiled kernel's. Speed is measured
+    on a GPU (`eval/bench_attention.py --device cuda`), not here.
     """
-    if kind == "decode":  # on sm_80, 4 warps spill 88 bytes (partial rotary, table)
-        return dict(block_n=32, block_h=16, num_warps=4 if arch >= 90 else 8, num_stages=2)
+    if kind == "decode":  # on sm_80, 4 warps spill (partial rotary, table)
+        return dict(block_n=32, block_h=16, num_warps=4 if arch >= 90 else 8, num_stages=2,
+                    ctas_per_sm=DECODE_CTAS_PER_SM.get(arch, 2))
     if dtype == torch.float32:  # 8 warps: ptxas caps at 128 registers and spills 16 bytes
-        return dict(block_m=32, block_n=16, num_warps=4, num_stages=1)
+        return dict(block_m=32, block_n=16, num_warps=4, num_stages=1, ctas_per_sm=1)
     if arch >= 90:
-        return dict(block_m=64, block_n=32, num_warps=8, num_stages=2)
-    return dict(block_m=32, block_n=32, num_warps=8, num_stages=1)
+        return dict(block_m=EXTEND_TILE_90[0], block_n=EXTEND_TILE_90[1], num_warps=8, num_stages=2, ctas_per_sm=1)
+    return dict(block_m=32, block_n=32, num_warps=8, num_stages=1, ctas_per_sm=1)
+
+
+DECODE_CTAS_PER_SM = {90: 3, 80: 2}  # the compiled decode kernel's CTAs per SM (tests/test_kernels.py checks)
+EXTEND_TILE_90 = (64, 32)  # rows x keys of the sm_90 extend tile
+MIN_EXTEND_SPLIT_TILES = 4  # key tiles per extend split at least
 
 
 def device_arch(device) -> int:
@@ -403,12 +493,13 @@ def decode_programs_per_split(batch: int, q_heads: int, kv_heads: int) -> int:
 
 def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin, rotary_dim, neox,
            sm_scale, out=None, block_n=None, inv_freq=None, mscale=1.0, splits=None, workspace=None, block_h=None,
-           num_warps=None, num_stages=None):
+           num_warps=None, num_stages=None, dot_fp32=None):
     """One new token per request: q [B, Hq, D] -> out [B, Hq, Dv].
 
     `splits` [B] int32 (default: `num_kv_splits`) says how many programs share
     each request's context; `workspace` (a DecodeWorkspace) holds their partial
-    results. Both may be fixed buffers, for CUDA graphs.
+    results. Both may be fixed buffers, for CUDA graphs. `dot_fp32` (tests)
+    overrides the choice of ieee fp32 dots.
     """
     _check(q, k_pool, cos_sin, rotary_dim, inv_freq)
     batch, hq, d = q.shape
@@ -419,14 +510,14 @@ def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos
         num_stages or cfg["num_stages"]
     block_h, head_tiles = decode_tiles(group, block_h or cfg["block_h"])
     if splits is None:
-        splits = num_kv_splits(seq_lens, batch * hkv * head_tiles, sm_count(q.device))
+        splits = num_kv_splits(seq_lens, batch * hkv * head_tiles, sm_count(q.device), ctas_per_sm=cfg["ctas_per_sm"])
     if workspace is None:
         workspace = DecodeWorkspace(batch, hq, dv, q.device)
     elif not workspace.fits(batch, hq, dv):
         raise ValueError(f"decode workspace {tuple(workspace.partial.shape)} does not fit batch {batch}, "
                          f"{hq} heads, head dim {dv}")
     out = q.new_empty((batch, hq, dv)) if out is None else out
-    table, freq, mscale, is_table = _rope_args(cos_sin, inv_freq, mscale)
+    table, freq, mscale, is_table, scaled = _rope_args(cos_sin, inv_freq, mscale)
     partial, lse = workspace.partial, workspace.lse
     _mepic_decode_kernel[(batch, hkv * head_tiles, workspace.max_splits)](
         q, k_pool, v_pool, partial, lse, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, splits,
@@ -435,8 +526,8 @@ def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos
         partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
         req_to_token.stride(0), req_to_pos.stride(0), table.stride(0),
         GROUP=group, HEAD_TILES=head_tiles, BLOCK_H=block_h, D=d, DV=dv, ROT=rotary_dim, NEOX=neox,
-        BLOCK_N=block_n, TABLE=is_table, DOT_FP32=q.dtype == torch.float32 or _interpreting(),
-        num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, TABLE=is_table, DOT_FP32=_dot_fp32(q.dtype, dot_fp32), FAST=not _interpreting(),
+        SCALED=scaled, num_warps=num_warps, num_stages=num_stages)
     _merge_kernel[(batch, hq)](
         partial, lse, out, seq_lens, splits, partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), DV=dv, MAX_SPLITS=workspace.max_splits,
@@ -450,13 +541,49 @@ def extend_tile(group: int, block_m: int) -> tuple[int, int]:
     return group_p, max(1, block_m // group_p)
 
 
+def extend_kv_end(req_to_pos: torch.Tensor, req_idx: torch.Tensor, seq_lens: torch.Tensor, ext_lens: torch.Tensor,
+                  positions: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """Where each request's extend loop ends [B] int32, on the device and without a host sync.
+
+    -1 for an identity row (slot j at position j for every slot): the kernel then
+    ends each block's loop at the block's last query position + 1. Otherwise the
+    last slot whose position some new token of the request can see (0 <= pos <=
+    the request's largest new position), + 1. `width` (a host int >= the longest
+    request, e.g. from seq_lens_cpu) bounds the slots read; default: the whole row.
+    """
+    batch = req_idx.shape[0]
+    width = req_to_pos.shape[1] if width is None else min(int(width), req_to_pos.shape[1])
+    pos = req_to_pos[req_idx.long(), :width].long()
+    j = torch.arange(width, device=pos.device)
+    inside = j[None, :] < seq_lens.long()[:, None]
+    identity = ((pos == j[None, :]) | ~inside).all(1)
+    owner = torch.repeat_interleave(torch.arange(batch, device=pos.device), ext_lens.long(),
+                                    output_size=positions.shape[0])
+    last_q = torch.full((batch,), -1, dtype=torch.long, device=pos.device).scatter_reduce(
+        0, owner, positions.long(), "amax")
+    visible = inside & (pos >= 0) & (pos <= last_q[:, None])
+    last = torch.where(visible, j[None, :] + 1, 0).amax(1)
+    return torch.where(identity, -1, last).to(torch.int32)
+
+
+def extend_splits(programs: int, longest: int, block_n: int, capacity: int) -> int:
+    """Split-K for extend: enough programs for two waves when the grid is smaller, each split
+    MIN_EXTEND_SPLIT_TILES key tiles at least."""
+    if programs >= 2 * capacity:
+        return 1
+    by_len = max(1, longest // (block_n * MIN_EXTEND_SPLIT_TILES))
+    return max(1, min(MAX_KV_SPLITS, by_len, -(-2 * capacity // max(programs, 1))))
+
+
 def extend(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_start, ext_lens, positions, cos_sin,
            rotary_dim, neox, sm_scale, max_ext_len, out=None, block_m=None, block_n=None, inv_freq=None, mscale=1.0,
-           num_warps=None, num_stages=None):
+           num_warps=None, num_stages=None, kv_end=None, max_seq_len=None, splits=None, dot_fp32=None):
     """New tokens of several requests, packed: q [N, Hq, D] with positions [N] -> out [N, Hq, Dv].
 
     block_m is the query tile's rows: block_m / next_pow2(group) tokens of every
-    query head in a kv head's group.
+    query head in a kv head's group. `kv_end` [B] int32 (`extend_kv_end`; computed
+    here when not given) bounds each program's key loop; `max_seq_len` (a host
+    int; default: read from seq_lens, a sync) sizes split-K, which `splits` can force.
     """
     _check(q, k_pool, cos_sin, rotary_dim, inv_freq)
     tokens, hq, d = q.shape
@@ -467,14 +594,31 @@ def extend(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_sta
         num_stages or cfg["num_stages"]
     group_p, per_program = extend_tile(group, block_m or cfg["block_m"])
     out = q.new_empty((tokens, hq, dv)) if out is None else out
-    table, freq, mscale, is_table = _rope_args(cos_sin, inv_freq, mscale)
-    grid = (req_idx.shape[0], hkv, triton.cdiv(max_ext_len, per_program))
-    _mepic_extend_kernel[grid](
-        q, k_pool, v_pool, out, req_to_token, req_to_pos, req_idx, seq_lens, q_start, ext_lens, positions,
-        table, freq, mscale, sm_scale,
+    if kv_end is None:
+        kv_end = extend_kv_end(req_to_pos, req_idx, seq_lens, ext_lens, positions, max_seq_len)
+    table, freq, mscale, is_table, scaled = _rope_args(cos_sin, inv_freq, mscale)
+    blocks = triton.cdiv(max_ext_len, per_program)
+    if splits is None:
+        longest = int(seq_lens.max()) if max_seq_len is None else int(max_seq_len)
+        splits = extend_splits(req_idx.shape[0] * hkv * blocks, longest, block_n,
+                               cfg["ctas_per_sm"] * sm_count(q.device))
+    if splits > 1:
+        partial = torch.empty((tokens, hq, splits, dv), dtype=torch.float32, device=q.device)
+        lse = torch.empty((tokens, hq, splits), dtype=torch.float32, device=q.device)
+    else:
+        partial, lse = out, out  # unused
+    _mepic_extend_kernel[(req_idx.shape[0], hkv * splits, blocks)](
+        q, k_pool, v_pool, out, partial, lse, req_to_token, req_to_pos, req_idx, seq_lens, q_start, ext_lens,
+        positions, kv_end, table, freq, mscale, sm_scale,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        out.stride(0), out.stride(1), req_to_token.stride(0), req_to_pos.stride(0), table.stride(0),
+        out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(-2) if splits > 1 else 0,
+        lse.stride(0), lse.stride(1), req_to_token.stride(0), req_to_pos.stride(0), table.stride(0),
         GROUP=group, GROUP_P=group_p, D=d, DV=dv, ROT=rotary_dim, NEOX=neox, BLOCK_M=per_program * group_p,
-        BLOCK_N=block_n, TABLE=is_table, DOT_FP32=q.dtype == torch.float32 or _interpreting(),
-        num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, TABLE=is_table, DOT_FP32=_dot_fp32(q.dtype, dot_fp32), FAST=not _interpreting(),
+        SCALED=scaled, SPLITS=splits, HAS_KV_END=True, num_warps=num_warps, num_stages=num_stages)
+    if splits > 1:
+        _merge_kernel[(tokens, hq)](
+            partial, lse, out, seq_lens, seq_lens, partial.stride(0), partial.stride(1), partial.stride(2),
+            lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), DV=dv, MAX_SPLITS=splits, BLOCK_N=block_n,
+            FIXED=True)
     return out

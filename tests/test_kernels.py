@@ -139,8 +139,8 @@ def test_decode_split_counts(splits):
 
 def test_num_kv_splits():
     lens = torch.tensor([10, 256, 4096, 32768, 40000])
-    one_request = kernels.num_kv_splits(lens[3:4], programs_per_split=8, sm_count=132)
-    assert one_request.tolist() == [kernels.MAX_KV_SPLITS]  # one long request: split as far as allowed
+    one_request = kernels.num_kv_splits(lens[3:4], programs_per_split=8, sm_count=132, ctas_per_sm=3)
+    assert one_request.tolist() == [kernels.whole_wave_splits(8, 3 * 132)] and one_request.item() >= 12
     mixed = kernels.num_kv_splits(lens, programs_per_split=5 * 8, sm_count=132).tolist()
     assert mixed == sorted(mixed) and mixed[0] == mixed[1] == 1 and 1 < mixed[-1] <= kernels.MAX_KV_SPLITS
     # Never a split shorter than MIN_SPLIT_LEN keys, and a full machine gets no splits at all.
@@ -149,6 +149,16 @@ def test_num_kv_splits():
     buf = torch.zeros(8, dtype=torch.int32)
     written = kernels.num_kv_splits(lens, 8, 132, out=buf)
     assert written.data_ptr() == buf.data_ptr() and buf[5:].tolist() == [0, 0, 0]
+
+
+def test_decode_splits_fill_whole_waves():
+    """Split counts from the compiled kernel's capacity (3 CTAs per SM on sm_90 for 132 SMs): B=8 of
+    Llama-3-8B (64 programs a split) fills about one wave, B=64 (512) takes 2 splits (2.6 waves, not 1.3)."""
+    cap = 3 * 132
+    for programs, splits in ((8 * 8, 6), (64 * 8, 2)):
+        got = kernels.whole_wave_splits(programs, cap)
+        waves = programs * got / cap
+        assert got == splits and waves / math.ceil(waves) > 0.85
 
 
 @pytest.mark.parametrize("source", SOURCES)
