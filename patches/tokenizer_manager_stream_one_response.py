@@ -8,9 +8,10 @@ after the first). Every response a request yields passes through here.
 compile looked it up: device, host, storage (the file tier) or absent.
 
 A request that did no chunk work (no chunk longer than a page, `full` mode, a
-server without the mepic cache) gets zeros and an empty residency, as in the
-OpenAI responses' `metadata.mepic`. Internal compile requests are left as they
-are: their own figures say where the chunk was found.
+server without the mepic cache) gets every figure too (openai_meta.complete),
+so `/generate` and the OpenAI responses' `metadata.mepic` say the same. Internal
+compile requests are left as they are: their own figures say where the chunk
+was found.
 """
 
 from sglang.srt.managers.io_struct import GenerateReqInput

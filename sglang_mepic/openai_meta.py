@@ -7,10 +7,11 @@ returns; OpenAI clients keep unknown fields aside), as `metadata["mepic"]`:
      "residency": [str, ...]}
 
 summed over the request's prompts (each prompt once, however many choices `n`
-asks for). A request without chunks, or a server in `full` mode, reports zeros
-and an empty residency list rather than leaving the figures out; `/generate`'s
-`meta_info` does the same (`complete`), so both report every figure for every
-request.
+asks for). They come from `meta_info`, which carries every figure for every
+request (`complete`): a request without chunk work (no chunk longer than a page,
+a server in `full` mode or without the mepic cache) reports zero compiled
+tokens, hits and misses and an empty residency, and as recomputed tokens those
+it computed in context, as a chunked request does.
 """
 
 COUNTS = ("recomputed_tokens", "compiled_tokens", "chunk_hits", "chunk_misses")
@@ -19,9 +20,19 @@ COUNTS = ("recomputed_tokens", "compiled_tokens", "chunk_hits", "chunk_misses")
 def complete(meta_info: dict) -> None:
     """Give `meta_info` every `mepic_*` figure: the scheduler reports only those of chunk work,
     and a client should not have to tell "no chunk work" from "not reported"."""
+    if "mepic_recomputed_tokens" not in meta_info:
+        # Not zero: the figure counts tokens computed in context (docs/design.md, Figures), and
+        # without chunk work that is every prompt token the prefix cache did not hold. Zero would
+        # also tell eval.run and eval.fidelity that `full` and vanilla SGLang computed nothing.
+        computed = _count(meta_info.get("prompt_tokens")) - _count(meta_info.get("cached_tokens"))
+        meta_info["mepic_recomputed_tokens"] = max(0, computed)
     for name in COUNTS:
         meta_info.setdefault(f"mepic_{name}", 0)
     meta_info.setdefault("mepic_residency", [])
+
+
+def _count(value) -> int:
+    return int(value) if isinstance(value, (int, float)) else 0
 
 
 def figures(responses: list[dict], n_choices: int = 1) -> dict:
@@ -30,8 +41,7 @@ def figures(responses: list[dict], n_choices: int = 1) -> dict:
     for response in responses[::max(n_choices, 1)]:
         meta = response.get("meta_info") or {}
         for name in COUNTS:
-            value = meta.get(f"mepic_{name}", 0)
-            out[name] += int(value) if isinstance(value, (int, float)) else 0
+            out[name] += _count(meta.get(f"mepic_{name}", 0))
         out["residency"] += list(meta.get("mepic_residency") or [])
     return out
 

@@ -177,7 +177,8 @@ def test_text_markup_off_passes_typed_markers_through_as_text(tiny_model, tok):
     with ServerProcess(tiny_model, "--dtype", "float32", "--mepic-text-markup", "off") as server:
         r = post(server, "/generate", {"text": typed, "sampling_params": GREEDY})
         assert r["meta_info"]["prompt_tokens"] == len(tok.encode(typed))  # the markers are tokens of text
-        assert "mepic_chunk_hits" not in r["meta_info"]
+        assert r["meta_info"]["mepic_chunk_hits"] == r["meta_info"]["mepic_chunk_misses"] == 0  # no chunk
+        assert r["meta_info"]["mepic_residency"] == []
         lone = post(server, "/v1/chat/completions", {"model": "tiny", "max_tokens": 2, "messages": [
             {"role": "user", "content": "What does <|chunk|> mean?"}]})  # malformed markup if it were on
         assert lone["choices"][0]["message"]["role"] == "assistant"

@@ -87,10 +87,14 @@ def test_generate_reports_every_figure_even_without_chunk_work(tiny_server):
         metas += [r["meta_info"] for r in post(tiny_server, "/generate",
                                                {**request, "text": [request["text"]] * 2})]
         for meta in metas:
-            assert all(meta[key] == 0 for key in COUNTS), meta
-            assert meta["mepic_residency"] == [], meta
-        openai = post(tiny_server, "/v1/completions", {"model": "tiny", "prompt": request["text"], "max_tokens": 2})
-        assert openai["metadata"]["mepic"] == {**{k[len("mepic_"):]: 0 for k in COUNTS}, "residency": []}
+            # No chunk work; the tokens it computed in context are those the prefix cache did not hold.
+            assert meta["mepic_recomputed_tokens"] == meta["prompt_tokens"] - meta["cached_tokens"] > 0, meta
+            assert all(meta[key] == 0 for key in COUNTS[1:]) and meta["mepic_residency"] == [], meta
+        openai = post(tiny_server, "/v1/completions", {"model": "tiny", "prompt": request["text"] + " Again?",
+                                                       "max_tokens": 2})
+        computed = openai["usage"]["prompt_tokens"] - openai["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert openai["metadata"]["mepic"] == {"recomputed_tokens": computed, "compiled_tokens": 0,
+                                               "chunk_hits": 0, "chunk_misses": 0, "residency": []}
 
 
 @pytest.mark.server
