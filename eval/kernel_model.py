@@ -125,21 +125,26 @@ def our_decode(batch, ctx, arch, table):
     return rows
 
 
-def extend_tiles_ours(launch, ext, prefix):
-    """(longest program's iterations, all iterations, iterations over visible tiles) of our extend."""
+def extend_tiles_ours(launch, ext, prefix, identity):
+    """(longest program's iterations, all iterations, visible tiles) of our extend, as its loop bounds give them:
+    an identity row's block ends at its last query + 1, a planned row's (the MEPIC shape: every slot visible) at
+    the request's end; split-K cuts each block's range into whole-tile splits."""
     bn, bm, gp = launch.constexpr("BLOCK_N"), launch.constexpr("BLOCK_M"), launch.constexpr("GROUP_P")
+    splits = launch.constexpr("SPLITS")
     tokens = bm // gp
     seq = prefix + ext
-    splits = launch.grid[3] if len(launch.grid) > 3 else 1
-    longest = total = visible = 0
+    longest = total = visible = programs = 0
     for mblk in range(math.ceil(ext / tokens)):
-        last = prefix + min(ext, (mblk + 1) * tokens)  # keys up to the block's last query (identity positions)
-        vis = math.ceil(last / bn)
-        it = k.extend_iterations(seq, last, bn) if hasattr(k, "extend_iterations") else math.ceil(seq / bn)
-        longest = max(longest, it)
-        total += it * HKV
-        visible += vis * HKV
-    return longest, total, visible
+        end = prefix + min(ext, (mblk + 1) * tokens) if identity else seq
+        per_split = math.ceil(math.ceil(end / splits) / bn) * bn
+        for s in range(splits):
+            lo, hi = s * per_split, min(end, (s + 1) * per_split)
+            it = max(0, math.ceil((hi - lo) / bn))
+            longest = max(longest, it)
+            total += it * HKV
+            programs += HKV
+        visible += math.ceil(end / bn) * HKV
+    return programs, longest, total, visible
 
 
 def our_extend(ext, prefix, arch, table):
@@ -152,14 +157,10 @@ def our_extend(ext, prefix, arch, table):
             rows.append(Row("", "ours", "merge", regs, spills, shared, launch.num_warps,
                             math.prod(launch.grid[:2]), 0, 0, 1, 1, 0))
             continue
-        info = k.extend_model(launch, [ext], [prefix]) if hasattr(k, "extend_model") else None
-        if info is None:
-            longest, total, visible = extend_tiles_ours(launch, ext, prefix)
-            programs = HKV * math.ceil(ext / (launch.constexpr("BLOCK_M") // launch.constexpr("GROUP_P")))
-        else:
-            programs, longest, total, visible = info
-        rows.append(Row("", "ours", "extend", regs, spills, shared, launch.num_warps, programs, longest,
-                        _loop(listing), launch.constexpr("BLOCK_M"), launch.constexpr("BLOCK_N"), total, visible))
+        programs, longest, total, visible = extend_tiles_ours(launch, ext, prefix, identity=prefix == 0)
+        rows.append(Row("", "ours", f"extend x{launch.constexpr('SPLITS')}", regs, spills, shared, launch.num_warps,
+                        programs, longest, _loop(listing), launch.constexpr("BLOCK_M"), launch.constexpr("BLOCK_N"),
+                        total, visible))
     return rows
 
 
@@ -279,7 +280,8 @@ def ratios(rows: list[Row]) -> str:
     for r in rows:
         by.setdefault(r.shape, {})[(r.impl, r.kernel)] = r
     for shape, d in by.items():
-        ours = d.get(("ours", "decode")) or d.get(("ours", "extend"))
+        ours = d.get(("ours", "decode")) or next((r for (impl, kern), r in d.items()
+                                                   if impl == "ours" and kern.startswith("extend")), None)
         theirs = d.get(("SGLang", "decode stage 1")) or d.get(("SGLang", "extend"))
         if not ours or not theirs:
             continue

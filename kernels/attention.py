@@ -82,8 +82,14 @@ def _sincos(angle, FAST: tl.constexpr):
     interpreter (FAST off) takes tl.cos / tl.sin of the same reduced angle.
     """
     k = tl.floor(angle * 0.15915494309189535 + 0.5)
-    r = tl.fma(k, -6.2831854820251465, angle)
-    r = tl.fma(k, 1.7484555314695172e-07, r)
+    if FAST:
+        r = tl.fma(k, -6.2831854820251465, angle)
+        r = tl.fma(k, 1.7484555314695172e-07, r)
+    else:  # the interpreter's fma rounds twice: the same fused steps in fp64, each rounded once to fp32
+        c1 = tl.full([1, 1], -6.2831854820251465, tl.float32).to(tl.float64)
+        c2 = tl.full([1, 1], 1.7484555314695172e-07, tl.float32).to(tl.float64)
+        r = (k.to(tl.float64) * c1 + angle.to(tl.float64)).to(tl.float32)
+        r = (k.to(tl.float64) * c2 + r.to(tl.float64)).to(tl.float32)
     if FAST:
         c = tl.inline_asm_elementwise("cos.approx.f32 $0, $1;", "=r,r", [r], dtype=tl.float32, is_pure=True, pack=1)
         s = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [r], dtype=tl.float32, is_pure=True, pack=1)
@@ -464,7 +470,9 @@ def launch_config(kind: str, head_dim: int, dtype: torch.dtype, arch: int = 90) 
 
 
 DECODE_CTAS_PER_SM = {90: 3, 80: 2}  # the compiled decode kernel's CTAs per SM (tests/test_kernels.py checks)
-EXTEND_TILE_90 = (64, 32)  # rows x keys of the sm_90 extend tile
+EXTEND_TILE_90 = (128, 32)  # rows x keys of the sm_90 extend tile (eval/results/gpu/model.md: 128 x 64 sits at
+# 255 registers and spills in two of its four variants; 64-row tiles cost twice the rotation per score)
+DEFAULT_TABLE_ROPE = True  # the backend reads the fp32 table: fewer SASS per tile than on-chip sincos (model.md)
 MIN_EXTEND_SPLIT_TILES = 4  # key tiles per extend split at least
 
 

@@ -13,6 +13,7 @@ the GPU path of the same semantics.
 import dataclasses
 import logging
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,17 @@ class GraphBuffers:
     splits: torch.Tensor  # [max_bs] int32: kv splits per request
     workspace: object = None  # kernels.DecodeWorkspace for max_bs rows, made at the first captured decode
     active: bool = False  # the current decode forward is a graph capture or replay
+
+
+def _refuse_quantized_kv(token_to_kv_pool) -> None:
+    """The kernels read the KV pool in the model's dtype and apply no k/v scales: an fp8 cache is refused."""
+    dtype = getattr(token_to_kv_pool, "store_dtype", None) or getattr(token_to_kv_pool, "dtype", None)
+    if dtype is None and hasattr(token_to_kv_pool, "get_key_buffer"):
+        dtype = token_to_kv_pool.get_key_buffer(0).dtype
+    names = {getattr(token_to_kv_pool, "dtype", None), dtype}
+    if any(d is not None and (d.is_floating_point and d.itemsize == 1 or d == torch.uint8) for d in names):
+        raise ValueError(f"--attention-backend mepic does not support a quantized KV cache ({dtype}): its kernels "
+                         "apply no k/v scales; use --kv-cache-dtype auto")
 
 
 def _rotary_modules(model) -> list:
@@ -87,9 +99,14 @@ class MepicAttnBackend(AttentionBackend):
         if mode.kind is config.Kind.CACHEBLEND:  # a one-layer model checks its only layer
             layers = getattr(token_to_kv_pool, "layer_num", mode.check_layer + 1)
             self.blend = dataclasses.replace(mode, check_layer=min(mode.check_layer, layers - 1))
+        _refuse_quantized_kv(token_to_kv_pool)
         self.use_triton = torch.device(device).type == "cuda"
         self.graph: GraphBuffers | None = None
-        self._workspace = None  # split decode's partial results, reused by every layer (eager forwards)
+        # Split decode's partial results, reused by every layer of an eager forward: one per CUDA stream,
+        # since two streams' decodes (e.g. overlapped micro-batches) would otherwise share it.
+        self._workspaces: dict[int, object] = {}
+        self._splits = None  # this decode forward's split counts (device), computed once for every layer
+        self._kv_end = None  # this extend forward's key-loop bounds (device), computed once for every layer
         if self.use_triton:
             from sglang_mepic.kernels import attention as kernels
 
@@ -100,8 +117,10 @@ class MepicAttnBackend(AttentionBackend):
         self.use_triton = True
         self.kernels = kernels
         self.cos_sin = self.rope.cos_sin_cache.float().contiguous()
-        freqs = self.rope.frequencies()
-        # cos/sin on chip when the model's cache is cos(p * inv_freq) * mscale; its table otherwise.
+        # cos/sin from the model's fp32 table by default (fewer instructions per key tile than the on-chip
+        # sincos: eval/results/gpu/model.md); MEPIC_ROPE_ON_CHIP=1 computes them on chip when the
+        # model's cache is cos(p * inv_freq) * mscale.
+        freqs = self.rope.frequencies() if os.environ.get("MEPIC_ROPE_ON_CHIP") == "1" else None
         self.rope_args = {} if freqs is None else dict(inv_freq=freqs[0].float().contiguous(), mscale=freqs[1])
         self.sm_count = kernels.sm_count(self.device)
         logger.info("mepic attention: Triton kernels, RoPE cos/sin %s", "on chip" if freqs else "from the table")
@@ -133,28 +152,45 @@ class MepicAttnBackend(AttentionBackend):
         return first
 
     def init_forward_metadata(self, forward_batch):
+        """Per-forward state, read by every layer. On the Triton path a decode's preparation is device
+        ops only (no host sync: SGLang's overlap scheduler runs ahead of the GPU); the torch path reads
+        per-request values on the host."""
         if self.graph is not None:
             self.graph.active = False
-        # Host-side per-request values, read by every layer of this forward.
-        self.rows = rows = forward_batch.req_pool_indices.tolist()
-        self.seq_lens = forward_batch.seq_lens.tolist()
-        # Rows without a placement plan have slot j at position j: the plain fast path.
-        self.plain_rows = (~self.positions.planned[forward_batch.req_pool_indices.long()]).tolist()
         mode = forward_batch.forward_mode
         self.copies = None
+        self._splits = self._kv_end = None
+        if not self.use_triton:
+            self.rows = forward_batch.req_pool_indices.tolist()
+            self.seq_lens = forward_batch.seq_lens.tolist()
+            # Rows without a placement plan have slot j at position j: the plain fast path.
+            self.plain_rows = (~self.positions.planned[forward_batch.req_pool_indices.long()]).tolist()
         # The model reads forward_batch.positions after this: planned rows get theirs here.
         if mode.is_decode():
-            self.rotated_keys.keep_only(rows)
+            if not self.use_triton:
+                self.rotated_keys.keep_only(self.rows)
             forward_batch.positions = self.positions.on_decode(
                 forward_batch.req_pool_indices, forward_batch.seq_lens, forward_batch.positions)
+            if self.use_triton:
+                batch = forward_batch.seq_lens.shape[0]
+                self._splits = self.kernels.num_kv_splits(
+                    forward_batch.seq_lens, self.kernels.decode_programs_per_split(batch, *self._graph_heads),
+                    self.sm_count)
         elif mode.is_extend():
-            self.rotated_keys.drop(rows)
+            if not self.use_triton:
+                self.rotated_keys.drop(self.rows)
             forward_batch.positions = self.positions.on_extend(
                 forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
                 forward_batch.positions)
             self.copies = self.positions.copies_for_extend(
                 forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
                 forward_batch.out_cache_loc)
+            if self.use_triton:
+                seq_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+                self._max_seq_len = int(seq_cpu.max()) if seq_cpu is not None else None
+                self._kv_end = self.kernels.extend_kv_end(
+                    self.positions.req_to_pos, forward_batch.req_pool_indices, forward_batch.seq_lens,
+                    forward_batch.extend_seq_lens, forward_batch.positions, self._max_seq_len)
 
     def _save(self, layer, forward_batch, k, v, save_kv_cache):
         if save_kv_cache and k is not None and v is not None:
@@ -235,22 +271,32 @@ class MepicAttnBackend(AttentionBackend):
                                       **self.rope_args)
         else:
             lens = forward_batch.extend_seq_lens
+            if self._kv_end is None:  # a forward this backend did not prepare (tests): bounds per call
+                self._max_seq_len = None
+                self._kv_end = self.kernels.extend_kv_end(self.positions.req_to_pos, args[4], args[5], lens,
+                                                          forward_batch.positions)
             out = self.kernels.extend(q, *args, torch.cumsum(lens, 0) - lens, lens, forward_batch.positions, *rope,
-                                      max_ext_len=max(forward_batch.extend_seq_lens_cpu), **self.rope_args)
+                                      max_ext_len=max(forward_batch.extend_seq_lens_cpu), kv_end=self._kv_end,
+                                      max_seq_len=self._max_seq_len, **self.rope_args)
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def _decode_buffers(self, q, kv_heads: int, dv: int, seq_lens):
-        """Split counts and workspace of a decode: the graph's fixed ones, or per forward (eager)."""
+        """Split counts and workspace of a decode: the graph's fixed ones, or this forward's (eager)."""
         batch, heads = q.shape[0], q.shape[1]
         graph = self.graph
         if graph is not None and graph.active:
             if graph.workspace is None:
                 graph.workspace = self.kernels.DecodeWorkspace(graph.splits.shape[0], heads, dv, q.device)
             return graph.splits[:batch], graph.workspace
-        if self._workspace is None or not self._workspace.fits(batch, heads, dv):
-            self._workspace = self.kernels.DecodeWorkspace(batch, heads, dv, q.device)
-        return self.kernels.num_kv_splits(seq_lens, self.kernels.decode_programs_per_split(batch, heads, kv_heads),
-                                          self.sm_count), self._workspace
+        stream = torch.cuda.current_stream(q.device).cuda_stream if q.device.type == "cuda" else 0
+        workspace = self._workspaces.get(stream)
+        if workspace is None or not workspace.fits(batch, heads, dv):
+            workspace = self._workspaces[stream] = self.kernels.DecodeWorkspace(batch, heads, dv, q.device)
+        splits = self._splits
+        if splits is None or splits.shape[0] != batch:  # a forward this backend did not prepare (tests)
+            splits = self._splits = self.kernels.num_kv_splits(
+                seq_lens, self.kernels.decode_programs_per_split(batch, heads, kv_heads), self.sm_count)
+        return splits, workspace
 
     # CUDA graphs, decode only (SGLang's graph runner calls these).
 

@@ -41,12 +41,17 @@ class PositionMap:
         self.planned = torch.zeros(req_to_token.shape[0], dtype=torch.bool, device=req_to_token.device)
         self.copies = torch.zeros(req_to_token.shape[0], dtype=torch.bool, device=req_to_token.device)
         self.req_to_src: torch.Tensor | None = None  # allocated on first use
+        # max(req_to_pos[row, :filled]) + 1 over the row's filled slots: where a planned row's next
+        # decoded token goes. Kept by assign / on_extend / on_decode, so a decode step reads it
+        # without scanning the row or syncing with the host.
+        self.next_pos = torch.zeros(req_to_token.shape[0], dtype=torch.int64, device=req_to_token.device)
 
     def assign(self, row: int, positions: torch.Tensor, sources=None) -> None:
         n = positions.numel()
         self.req_to_pos[row, :n] = positions.to(self.req_to_pos.dtype)
         self.req_to_pos[row, n:] = NO_POSITION
         self.planned[row] = True
+        self.next_pos[row] = positions.max().to(torch.int64) + 1 if n else 0
         self.copies[row] = sources is not None
         if sources is not None:
             if self.req_to_src is None:
@@ -95,16 +100,18 @@ class PositionMap:
         planned_pos = self.req_to_pos[r, j].to(positions.dtype)
         self.req_to_pos[r, j] = torch.where(token_planned, planned_pos.to(self.req_to_pos.dtype),
                                             positions.to(self.req_to_pos.dtype))
+        filled = prefix_lens.long() + elen
+        if rows.numel():
+            width = int(filled.max())
+            inside = torch.arange(width, device=rows.device)[None, :] < filled[:, None]
+            self.next_pos[rows] = torch.where(inside, self.req_to_pos[rows, :width].long(), -1).amax(1) + 1
         return torch.where(token_planned, planned_pos.clamp(min=0), positions)
 
     def on_decode(self, rows: torch.Tensor, seq_lens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Positions of a decode step's new tokens; device ops only (no host sync: the overlap scheduler)."""
         rows, last = rows.long(), seq_lens.long() - 1
-        planned = self.planned[rows]
-        if bool(planned.any()):
-            # The new token follows the request's last real position (pads have none).
-            width = int(last.max())
-            before = torch.arange(width, device=rows.device)[None, :] < last[:, None]
-            row_pos = torch.where(before, self.req_to_pos[rows, :width].long(), -1)
-            positions = torch.where(planned, row_pos.max(dim=1).values + 1, positions)
+        # A planned row's new token follows its last real position (pads have none).
+        positions = torch.where(self.planned[rows], self.next_pos[rows].to(positions.dtype), positions)
         self.req_to_pos[rows, last] = positions.to(self.req_to_pos.dtype)
+        self.next_pos[rows] = positions.to(torch.int64) + 1
         return positions

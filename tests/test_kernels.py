@@ -290,8 +290,9 @@ def test_backend_decode_graph_hooks_use_fixed_buffers():
     backend = MepicAttnBackend.over_pools(r2t, k_pool, v_pool, rope, q_heads=hq)
     backend._use_kernels(kernels)  # the GPU path, which a CPU backend does not take by itself
     planned, plain = req_idx.tolist()
-    # Row 0 has a plan (gaps, pads); its new token comes after its last real position. Row 1 is plain.
-    backend.positions.assign(planned, r2p[planned, :seq_lens[0]])
+    # Row 0 has a plan for its prompt (gaps, pads); its new token comes after its last real position.
+    # Row 1 is plain.
+    backend.positions.assign(planned, r2p[planned, :seq_lens[0] - 1])
     backend.positions.req_to_pos[plain, :seq_lens[1] - 1] = torch.arange(seq_lens[1] - 1, dtype=torch.int32)
     expected_pos = int(r2p[planned, :seq_lens[0] - 1].max()) + 1
 
@@ -330,3 +331,168 @@ def test_backend_decode_graph_hooks_use_fixed_buffers():
         req_pool_indices=req_idx.long(), seq_lens=torch.tensor(seq_lens), positions=buffers.positions[:2].clone(),
         forward_mode=decode, batch_size=2))
     assert not backend.graph.active
+
+
+@pytest.fixture
+def bf16_dots(monkeypatch):
+    """Triton 3.7's interpreter multiplies bf16 operands as their raw uint16 storage (its create_dot widens
+    only fp8): widen bf16 to fp32 first, exactly, so the kernels' bf16 tensor-core path runs as on a GPU
+    (bf16 operands, fp32 accumulation)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        def widen(x):
+            if x.dtype == tl.bfloat16:
+                return interpreter.TensorHandle((x.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+            return x
+        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    import triton.language as tl
+    monkeypatch.setattr(builder, "create_dot", create_dot)
+
+
+@pytest.mark.parametrize("kind", ["decode", "extend"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_model_dtype_dot_path(kind, dtype, bf16_dots):
+    """The tensor-core path: dots in the model's dtype (`dot_fp32=False`), not the ieee fp32 the interpreter
+    otherwise takes, for decode and (split) extend."""
+    d, hq, hkv, rot = 64, 8, 2, 64
+    seq_lens = [37, 70, 5] if kind == "decode" else [40, 21, 70]
+    ext = [1, 1, 1] if kind == "decode" else [40, 5, 17]
+    k_pool, v_pool, r2t, r2p, req_idx = make_batch(seq_lens, ext, hq, hkv, d, 16, dtype, seed=21)
+    cache = cos_sin_cache(rot, MAX_POS)
+    rope = Rope(cache, rot, d, True)
+    positions = torch.cat([r2p[row, n - e:n] for row, n, e in zip(req_idx.tolist(), seq_lens, ext)])
+    q = rope.rotate(torch.randn(sum(ext), hq, d), positions.long()).to(dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    if kind == "decode":
+        out = kernels.decode(q, k_pool, v_pool, r2t, r2p, req_idx, lens, positions, cache, rot, True, d ** -0.5,
+                             dot_fp32=False)
+    else:
+        q_start = torch.tensor([0, ext[0], ext[0] + ext[1]], dtype=torch.int32)
+        out = kernels.extend(q, k_pool, v_pool, r2t, r2p, req_idx, lens, q_start, torch.tensor(ext, dtype=torch.int32),
+                             positions, cache, rot, True, d ** -0.5, max(ext), block_m=32, block_n=16, splits=2,
+                             dot_fp32=False)
+    ref = reference(q, positions, k_pool, v_pool, r2t, r2p, req_idx, seq_lens, ext, rope, d ** -0.5)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("base", [131072, 1 << 20], ids=["128k", "1M"])
+@pytest.mark.parametrize("kind", ["decode", "extend"])
+def test_on_chip_rope_at_large_positions(kind, base):
+    """The on-chip cos/sin (one range reduction) against the exact cos/sin of the same fp32 angles, at
+    positions near 128k and 1M (Llama-3's base 500,000: angles up to 1M radians)."""
+    d, hq, hkv, rot = 64, 4, 2, 64
+    seq_lens = [60, 90]
+    ext = [1, 1] if kind == "decode" else [20, 33]
+    k_pool, v_pool, r2t, r2p, req_idx = make_batch(seq_lens, ext, hq, hkv, d, 16, torch.float32, seed=31)
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    shift = base - 400
+    local = r2p.clone()  # positions below 400, made large by `shift` for the kernel
+    big = torch.where(local >= 0, local + shift, -1).to(torch.int32)
+    # The reference's small cache: row i holds cos/sin of the fp32 angle (i + shift) * inv_freq, exactly.
+    angles = (torch.arange(512, dtype=torch.float64) + shift).float()[:, None] * inv_freq[None, :]
+    small = torch.cat([angles.double().cos(), angles.double().sin()], -1).float()
+    rope = Rope(small, rot, d, True)
+    positions = torch.cat([local[row, n - e:n] for row, n, e in zip(req_idx.tolist(), seq_lens, ext)])
+    q = rope.rotate(torch.randn(sum(ext), hq, d), positions.long())
+    big_pos = (positions + shift).to(torch.int64)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    table = torch.zeros(1, rot)  # unused on chip
+    if kind == "decode":
+        out = kernels.decode(q, k_pool, v_pool, r2t, big, req_idx, lens, big_pos, table, rot, True, d ** -0.5,
+                             inv_freq=inv_freq)
+    else:
+        q_start = torch.tensor([0, ext[0]], dtype=torch.int32)
+        out = kernels.extend(q, k_pool, v_pool, r2t, big, req_idx, lens, q_start, torch.tensor(ext, dtype=torch.int32),
+                             big_pos, table, rot, True, d ** -0.5, max(ext), block_m=32, block_n=16, inv_freq=inv_freq)
+    ref = reference(q, positions, k_pool, v_pool, r2t, local, req_idx, seq_lens, ext, rope, d ** -0.5)
+    torch.testing.assert_close(out, ref, atol=2e-4, rtol=2e-4)
+
+
+def test_table_rope_at_128k_positions():
+    """The table path reads rows past 128k (int64 row offsets)."""
+    d, hq, hkv, rot = 64, 4, 2, 32
+    seq_lens, ext = [50], [1]
+    k_pool, v_pool, r2t, r2p, req_idx = make_batch(seq_lens, ext, hq, hkv, d, 16, torch.float32, seed=41)
+    shift = 131072 + 7
+    cache = cos_sin_cache(rot, shift + 256, base=500000.0)
+    rope = Rope(cache, rot, d, True)
+    big = torch.where(r2p >= 0, r2p + shift, -1).to(torch.int32)
+    q_pos = big[req_idx[0], seq_lens[0] - 1].reshape(1).long()
+    q = rope.rotate(torch.randn(1, hq, d), q_pos)
+    out = kernels.decode(q, k_pool, v_pool, r2t, big, req_idx, torch.tensor(seq_lens), q_pos, cache, rot, True,
+                         d ** -0.5)
+    ref = reference(q, q_pos, k_pool, v_pool, r2t, big, req_idx, seq_lens, ext, rope, d ** -0.5)
+    torch.testing.assert_close(out, ref, atol=2e-4, rtol=2e-4)
+
+
+def test_extend_split_k_and_loop_bounds():
+    """Split-K extend (forced and chosen) and the loop bounds: identity rows end at each block's last query,
+    planned rows at their last visible slot; the results equal the unsplit, unbounded kernel's reference."""
+    d, hq, hkv, rot = 64, 8, 2, 64
+    seq_lens, ext = [90, 75], [90, 20]
+    k_pool, v_pool, r2t, r2p, req_idx = make_batch(seq_lens, ext, hq, hkv, d, 16, torch.float32, seed=51, pads=False)
+    rows = req_idx.tolist()
+    r2p[rows[0], :90] = torch.arange(90, dtype=torch.int32)  # a fresh identity prompt
+    r2p[rows[1], 40:55] = torch.arange(500, 515, dtype=torch.int32)  # reused slots after every query: never seen
+    rope = Rope(cos_sin_cache(rot, MAX_POS), rot, d, True)
+    positions = torch.cat([r2p[row, n - e:n] for row, n, e in zip(rows, seq_lens, ext)])
+    lens, elens = torch.tensor(seq_lens), torch.tensor(ext, dtype=torch.int32)
+    kv_end = kernels.extend_kv_end(r2p, req_idx, lens, elens, positions.long())
+    last_visible = max(j for j in range(75) if 0 <= int(r2p[rows[1], j]) <= int(positions[90:].max())) + 1
+    assert kv_end.tolist() == [-1, last_visible]
+    q = rope.rotate(torch.randn(sum(ext), hq, d), positions.long())
+    q_start = torch.tensor([0, 90], dtype=torch.int32)
+    ref = reference(q, positions, k_pool, v_pool, r2t, r2p, req_idx, seq_lens, ext, rope, d ** -0.5)
+    for splits in (None, 1, 3):
+        out = kernels.extend(q, k_pool, v_pool, r2t, r2p, req_idx, lens, q_start, elens, positions.long(),
+                             rope.cos_sin_cache, rot, True, d ** -0.5, max(ext), block_m=32, block_n=16,
+                             splits=splits, kv_end=kv_end)
+        torch.testing.assert_close(out, ref, atol=2e-4, rtol=2e-4)
+    assert kernels.extend_splits(96, 2197, 32, 132) == 3  # the MEPIC shape at 64 x 32: 288 programs, 23 tiles
+    assert kernels.extend_splits(1024, 2048, 32, 132) == 1
+
+
+def test_decode_preparation_does_not_sync(monkeypatch):
+    """A decode forward's preparation on the Triton path is device ops only: no .item(), .tolist(), .cpu()."""
+    from types import SimpleNamespace
+
+    from sglang_mepic.backend import MepicAttnBackend
+
+    d, hq, hkv = 64, 6, 2
+    seq_lens = [30, 45]
+    k_pool, v_pool, r2t, r2p, req_idx = make_batch(seq_lens, [1, 1], hq, hkv, d, 16, torch.float32, seed=61)
+    rope = Rope(cos_sin_cache(d, MAX_POS), d, d, True)
+    backend = MepicAttnBackend.over_pools(r2t, k_pool, v_pool, rope, q_heads=hq)
+    backend._use_kernels(kernels)
+    backend.positions.assign(int(req_idx[0]), r2p[int(req_idx[0]), :seq_lens[0] - 1])
+    fb = SimpleNamespace(req_pool_indices=req_idx.long(), seq_lens=torch.tensor(seq_lens),
+                         positions=torch.tensor(seq_lens) - 1, batch_size=2,
+                         forward_mode=SimpleNamespace(is_decode=lambda: True, is_extend=lambda: False))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("host sync during decode preparation")
+
+    for name in ("item", "tolist", "cpu", "__bool__", "__int__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    backend.init_forward_metadata(fb)
+    monkeypatch.undo()
+    assert backend._splits is not None
+    expected = int(r2p[int(req_idx[0]), :seq_lens[0] - 1].max()) + 1
+    assert fb.positions.tolist() == [expected, seq_lens[1] - 1]
+
+
+def test_quantized_kv_cache_is_refused():
+    from types import SimpleNamespace
+
+    from sglang_mepic.backend import _refuse_quantized_kv
+
+    with pytest.raises(ValueError, match="quantized KV cache"):
+        _refuse_quantized_kv(SimpleNamespace(dtype=torch.float8_e4m3fn, store_dtype=torch.uint8))
+    _refuse_quantized_kv(SimpleNamespace(dtype=torch.bfloat16, store_dtype=torch.bfloat16))
