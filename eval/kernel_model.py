@@ -307,9 +307,11 @@ def main(argv=None) -> int:
     print(render(rows, args.arch))
     print()
     print(ratios(rows))
-    spills = [r for r in rows if r.spills]
-    print(f"\n{'no kernel spills' if not spills else f'{len(spills)} kernel(s) spill'}")
-    return 1 if spills else 0
+    ours = [r for r in rows if r.spills and r.impl == "ours"]
+    theirs = [r for r in rows if r.spills and r.impl != "ours"]
+    print(f"\n{'no kernel of ours spills' if not ours else f'{len(ours)} kernel(s) of ours spill'}"
+          f"{f'; SGLang: {len(theirs)} spill' if theirs else ''}")
+    return 1 if ours else 0
 
 
 if __name__ == "__main__":

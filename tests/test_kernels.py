@@ -496,3 +496,25 @@ def test_quantized_kv_cache_is_refused():
     with pytest.raises(ValueError, match="quantized KV cache"):
         _refuse_quantized_kv(SimpleNamespace(dtype=torch.float8_e4m3fn, store_dtype=torch.uint8))
     _refuse_quantized_kv(SimpleNamespace(dtype=torch.bfloat16, store_dtype=torch.bfloat16))
+
+
+@pytest.mark.slow
+def test_kernel_model_runs_without_spills():
+    """The static model (`python -m eval.kernel_model`) runs on a CPU, no kernel of ours spills, and the
+    CTAs per SM the decode splits are sized from are the compiled kernel's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-m", "eval.kernel_model"], env=env, capture_output=True, text=True,
+                         timeout=1800, cwd=root)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "no kernel of ours spills" in out.stdout
+    decode = [line.split("|") for line in out.stdout.splitlines() if "| ours | decode |" in line]
+    assert decode and all(int(cells[8]) == kernels.DECODE_CTAS_PER_SM[90] for cells in decode)
+    extend = [line.split("|") for line in out.stdout.splitlines() if "| ours | extend" in line]
+    assert extend and all(int(cells[8]) == kernels.launch_config("extend", 128, torch.bfloat16)["ctas_per_sm"]
+                          for cells in extend)
