@@ -39,6 +39,18 @@ def test_without_markers_leaves_requests_without_echo_alone():
     assert copy.prompt == "doc" and copy.n == 2 and echoed.prompt == chunk("doc")
 
 
+def test_streamed_echo_hook_hands_sglang_the_unmarked_prompt():
+    """The hook on SGLang's own `_get_echo_text` (a server test covers it once it is registered)."""
+    from sglang.srt.entrypoints.openai.protocol import CompletionRequest
+    from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+
+    from sglang_mepic.patches import serving_completions_get_echo_text as patch
+
+    request = CompletionRequest(model="m", prompt=["Docs: " + chunk("doc") + " Q:", "plain"], echo=True)
+    assert patch.hook(OpenAIServingCompletion._get_echo_text, None, request, 0) == "Docs: doc Q:"
+    assert patch.hook(OpenAIServingCompletion._get_echo_text, None, request, 1) == "plain"
+
+
 def post(server, path, body):
     r = requests.post(server.url + path, json=body, timeout=120)
     assert r.status_code == 200, r.text
