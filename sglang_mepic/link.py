@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sglang_mepic.plan import ChunkSpan, Plan
+from sglang_mepic.plan import ChunkSpan, Plan, arrangement_tag
 from sglang_mepic.request_layout import pad_mask, slot_positions
 from sglang_mepic.segments import NO_POSITION, PAD_ID
 
@@ -69,16 +69,22 @@ class Link:
         return out
 
     def masked(self, token_ids) -> array:
-        """The radix-tree key: token ids (planned order) with pad slots as PAD_ID and each
-        reused canonical page tagged with its chunk (plan.page_tag)."""
+        """The radix-tree key: token ids (planned order) with pad slots as PAD_ID, each reused
+        canonical page tagged with its chunk (plan.page_tag), and each computed page after a
+        reused one tagged with how many reused pages precede it (plan.arrangement_tag)."""
         out = array("q", token_ids)
         pos = self.positions(len(out))
         for i in torch.nonzero(pos == NO_POSITION).flatten().tolist():
             out[i] = PAD_ID
         if self.order is not None:
-            page_size = self.plan.page_size
-            for k, tag in enumerate(self.plan.tags[:-(-len(out) // page_size)]):
+            plan = self.plan
+            page_size = plan.page_size
+            pages = -(-len(out) // page_size)
+            for k, tag in enumerate(plan.tags[:pages]):
                 out[k * page_size] = tag
+            for k, before in enumerate(plan.reused_before[:max(0, pages - len(plan.tags))], start=len(plan.tags)):
+                if before:
+                    out[k * page_size] = arrangement_tag(out[k * page_size], before)
         return out
 
     def compiled_reuse(self, canonical_from: int, page_size: int) -> int:

@@ -26,6 +26,7 @@ canonical slot whose KV replaces the computed one (the copy) unless the mode
 recomputes it.
 """
 
+import bisect
 import dataclasses
 import hashlib
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ class Plan:
     hits: int                     # chunk occurrences found in the store
     misses: int
     tags: tuple[int, ...] = ()    # tree-key tag of each reused page (`page_tag`)
+    # Per planned page after the reused ones: how many reused pages precede it in request order.
+    reused_before: tuple[int, ...] = ()
 
     @property
     def prefix_slots(self) -> int:
@@ -98,7 +101,8 @@ def make_plan(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: 
         tags += (page_tag(c.key, i) for i in range(len(canonical)))
     taken = set(reused_pages)
     rest = [p for p in range(-(-size // b)) if p not in taken]
-    return Plan(size, b, tuple(reused_pages + rest), tuple(reused), hits, misses, tuple(tags))
+    before = [bisect.bisect_left(reused_pages, p) for p in rest]  # reused_pages ascend: chunks come in order
+    return Plan(size, b, tuple(reused_pages + rest), tuple(reused), hits, misses, tuple(tags), tuple(before))
 
 
 def page_tag(chunk_key: str, index: int) -> int:
@@ -110,6 +114,22 @@ def page_tag(chunk_key: str, index: int) -> int:
     so it is never a token id, and never PAD_ID (-1).
     """
     digest = hashlib.blake2b(f"{chunk_key}/{index}".encode(), digest_size=7).digest()
+    return -2 - int.from_bytes(digest, "big")
+
+
+def arrangement_tag(first_id: int, reused_before: int) -> int:
+    """The id that stands for a computed page's first token in the radix-tree key when reused
+    pages precede it in request order.
+
+    The key lists the reused pages first and the computed pages after them, so without this
+    it would not say where among the computed pages each reused page sat: [C][A + q] and
+    [A][C][q] (A a page equal to C's first) planned to one key, and the second request was
+    served KV the first computed for a page that had seen C. A computed page's KV depends
+    on everything before it in request order; given the same reused pages (the key's prefix)
+    and the same computed pages, the count of reused pages before each computed page fixes
+    that order, so keys are equal exactly when the KV is.
+    """
+    digest = hashlib.blake2b(f"arranged/{first_id}/{reused_before}".encode(), digest_size=7).digest()
     return -2 - int.from_bytes(digest, "big")
 
 
