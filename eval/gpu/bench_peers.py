@@ -9,9 +9,9 @@ Shapes: Llama-3-8B heads (32 query, 8 kv, head dim 128), bf16, pages of 16 slots
 a request at position j. Decode: batch 1/8/64 at 4k and 32k context. Extend: fresh prefill of 2k and 4k;
 181 new tokens over a 2,197-token context (the MEPIC shape); 512 new tokens on an 8k context.
 
-"ours" is what the mepic backend launches: `decode(...)` with `num_kv_splits` / `DecodeWorkspace` made
-outside the timed region (as the backend does for CUDA graphs) and cos/sin computed on chip from
-`Rope.frequencies()`; "ours_table" is the same with cos/sin read from the fp32 table. Where the extend API
+"ours" is `decode(...)` with `num_kv_splits` / `DecodeWorkspace` made outside the timed region (as the
+backend does for CUDA graphs) and cos/sin computed on chip from `Rope.frequencies()` (the backend with
+MEPIC_ROPE_ON_CHIP=1); "ours_table" is the same with cos/sin read from the fp32 table (the backend's default). Where the extend API
 takes `kv_end` / `max_seq_len`, they are computed outside the timed region too. "sglang" is SGLang
 0.5.23's `decode_attention_fwd` (max 8 splits, per-request count from its `get_num_kv_splits_triton`, PDL on
 sm90 as its triton backend launches it) and `extend_attention_fwd` (prefix through kv_indices, new tokens'
