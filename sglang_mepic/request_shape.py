@@ -1,0 +1,86 @@
+"""Wrong types in a client's request are the client's error (400), not the server's (500).
+
+SGLang's request parsing assumes shapes it does not check: its OpenAI request
+models have `mode="before"` validators that call `.get` on whatever was sent
+(`response_format: true`, a JSON string as the whole body), and
+`GenerateReqInput.normalize_batch_and_arguments` indexes `sampling_params`
+(`[]`). Those raise AttributeError, TypeError or IndexError, which the HTTP
+server answers with a 500 and a bare "Internal Server Error". The request
+fuzzer (tests/test_request_fuzz.py) found them.
+
+Two checks, both at the edge: OpenAI bodies are validated against SGLang's own
+request model before FastAPI parses them (a validator that crashes means the
+body was malformed), and normalization errors of those types become ValueErrors,
+which SGLang answers with a 400.
+"""
+
+import json
+
+# Routes whose body FastAPI parses into one of SGLang's OpenAI request models.
+MODELS = {
+    "/v1/completions": "CompletionRequest",
+    "/v1/chat/completions": "ChatCompletionRequest",
+    "/v1/embeddings": "EmbeddingRequest",
+}
+SHAPE_ERRORS = (AttributeError, TypeError, IndexError, KeyError)
+
+
+def shape_error(path: str, body: bytes) -> str | None:
+    """Why a body crashes the request model's validation; None if it validates or fails cleanly."""
+    name = MODELS.get(path)
+    if name is None:
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None  # FastAPI answers malformed JSON itself
+    from sglang.srt.entrypoints.openai import protocol
+
+    try:
+        getattr(protocol, name).model_validate(data)
+    except SHAPE_ERRORS as e:
+        return f"malformed request body: {type(e).__name__}: {e}"
+    except Exception:  # noqa: BLE001 - a clean validation error: FastAPI reports it as usual
+        return None
+    return None
+
+
+class RequestShapeMiddleware:
+    """Pure ASGI, so a body it reads is handed on unchanged."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in MODELS:
+            return await self.app(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return await self.app(scope, _replay([message], receive), send)
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        why = shape_error(scope["path"], body)
+        if why is None:
+            return await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}], receive),
+                                  send)
+        payload = json.dumps({"object": "error", "message": why, "type": "BadRequestError", "param": None,
+                              "code": 400}).encode()
+        await send({"type": "http.response.start", "status": 400,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def _replay(messages, receive):
+    """The messages already read, then the client's own: SGLang listens on `receive` for the
+    client leaving (to abort its request), so later calls must reach the real connection."""
+    pending = list(messages)
+
+    async def replayed():
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed
