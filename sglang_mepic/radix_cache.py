@@ -143,7 +143,7 @@ class MepicRadixCache(RadixCache):
         resident, found = {}, []
         for (start, end), key in zip(link.chunk_slots, link.keys):
             pages, where = self.store.peek(key), "device"
-            if pages is None and self.canonical_from is None:  # the store keeps nothing
+            if pages is None and not self._keeps(start, end):  # nothing of it is ever stored
                 where = "absent"
             elif pages is None:  # "absent" too when the entry was rejected or there is no room
                 pages, where = self._load(key, (end - start) // self.page_size - self.canonical_from)
@@ -222,6 +222,11 @@ class MepicRadixCache(RadixCache):
                            is_bigram=key.is_bigram, limit=key.limit, cache_salt=key.cache_salt)
         held = super().match_prefix(dataclasses.replace(params, key=natural)).device_prefix_len
         return held >= link.chunk_slots[0][1]
+
+    def _keeps(self, start: int, end: int) -> bool:
+        """Whether the store keeps pages of a chunk over slots [start, end): not when every page
+        of it is recomputed in context (`--mepic-recompute-blocks` at or above its page count)."""
+        return self.canonical_from is not None and (end - start) // self.page_size > self.canonical_from
 
     def _load(self, key: str, num_pages: int) -> tuple[tuple[int, ...] | None, str]:
         """Copy a chunk from the host or file tier into fresh device pages and store it.
@@ -364,7 +369,7 @@ class MepicRadixCache(RadixCache):
     def _publish(self, req, link: Link) -> None:
         """A compiled chunk's pages (now owned by the tree) join the store."""
         (start, end), key = link.chunk_slots[0], link.keys[0]
-        if self.canonical_from is None or req.kv.cache_protected_len < end or key in self.store:
+        if not self._keeps(start, end) or req.kv.cache_protected_len < end or key in self.store:
             return
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         pages = row[start:end:self.page_size].div(self.page_size, rounding_mode="floor").tolist()

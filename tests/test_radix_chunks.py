@@ -304,3 +304,24 @@ def test_compiles_keep_a_greedy_batch_greedy():
     req = compile_request(request(C1, C2).chunks[0], GenerateReqInput(input_ids=[1]), B, None)
     # SGLang samples a batch by argmax only when every request in it has top_k <= 1.
     assert SamplingParams(**req.sampling_params).top_k <= 1
+
+
+@pytest.mark.parametrize("blocks", [2, 3, 5])
+def test_recompute_depth_at_or_above_a_chunks_pages(tmp_path, blocks):
+    """Issue 29, defect 3: `--mepic-recompute-blocks N` with N at or above a chunk's page count
+    asked the tiers for a negative page count (a crash inside match_prefix) and stored empty
+    chunks. Such a chunk is computed whole in context and nothing of it is stored anywhere."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    tree = make_tree("mepic", canonical_from=blocks, host_gb=1e-3, storage_dir=str(tmp_path))
+    chunks = [list(range(20, 20 + n)) for n in (17, 32, 33, 48, 70)]  # 2, 2, 3, 3 and 5 pages
+    for _ in range(2):  # the second time round, lookups go through the tiers too
+        for chunk in chunks:
+            lay = request(chunk)
+            compile_all(tree, lay)
+            req, _ = serve(tree, *laid_out(lay))
+            kept = tree.store.peek(req.mepic.keys[0])
+            pages = lay.chunks[0].size // B
+            assert (kept is not None) == (pages > blocks), (pages, blocks, kept)
+            assert kept is None or len(kept) == pages - blocks
+        tree.evict(EvictParams(num_tokens=NUM_PAGES * B))
