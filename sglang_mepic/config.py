@@ -22,6 +22,9 @@ STORAGE_ENV = "SGLANG_MEPIC_STORAGE_DIR"
 STORAGE_BACKEND_ENV = "SGLANG_MEPIC_STORAGE_BACKEND"
 STORAGE_CONFIG_ENV = "SGLANG_MEPIC_STORAGE_CONFIG"
 STORAGE_TIMEOUT_ENV = "SGLANG_MEPIC_STORAGE_TIMEOUT"
+STORAGE_SECRET_ENV = "SGLANG_MEPIC_STORAGE_SECRET"
+MAX_CHUNKS_ENV = "SGLANG_MEPIC_MAX_CHUNKS"
+DEFAULT_MAX_CHUNKS = 64
 DEFAULT_STORAGE_TIMEOUT = 0.5
 SINKS = ("bos", "none")
 DEFAULT_SINK = "none"
@@ -189,6 +192,24 @@ def parse_seconds(text: str) -> float:
 def storage_timeout() -> float:
     """How long a read from shared storage may take before it counts as a miss."""
     return parse_seconds(os.environ.get(STORAGE_TIMEOUT_ENV) or str(DEFAULT_STORAGE_TIMEOUT))
+
+
+def storage_secret() -> bytes | None:
+    """The key that authenticates shared-storage entries (HMAC-SHA256); None: entries are not authenticated."""
+    value = os.environ.get(STORAGE_SECRET_ENV)
+    return value.encode() if value else None
+
+
+def parse_max_chunks(text: str) -> int:
+    text = text.strip()
+    if not (text.isdigit() and int(text) >= 1):
+        raise ValueError(f"--mepic-max-chunks {text!r}: give a whole number >= 1")
+    return int(text)
+
+
+def max_chunks() -> int:
+    """Most chunks one request may mark for reuse: each becomes an internal compile request."""
+    return parse_max_chunks(os.environ.get(MAX_CHUNKS_ENV) or str(DEFAULT_MAX_CHUNKS))
 
 
 def canonical_from() -> int | None:

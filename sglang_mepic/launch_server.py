@@ -81,6 +81,11 @@ def _known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--enable-cache-report", action="store_true")
     p.add_argument("--log-level")
+    p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--pp-size", "--pipeline-parallel-size", type=int, default=1)
+    p.add_argument("--dp-size", "--data-parallel-size", type=int, default=1)
+    p.add_argument("--attn-dp-size", "--attention-data-parallel-size", type=int, default=1)
+    p.add_argument("--enable-dp-attention", action="store_true")
     known, _ = p.parse_known_args(argv)
     return known
 
@@ -132,6 +137,14 @@ def mepic_parser() -> argparse.ArgumentParser:
     g.add_argument("--mepic-storage-timeout", type=_checked(config.parse_seconds), default=None, metavar="S",
                    help="longest wait for a read from the shared tier before the chunk counts as a miss. "
                         f"Default: {config.DEFAULT_STORAGE_TIMEOUT:g}.")
+    g.add_argument("--mepic-storage-secret", default=None, metavar="SECRET",
+                   help="authenticate shared-tier entries with HMAC-SHA256 under SECRET: an entry not written "
+                        "with it is a miss, so a writer without the secret cannot make this server load its KV. "
+                        f"Also read from ${config.STORAGE_SECRET_ENV} (preferred: a flag shows in the process "
+                        "list). Default: none (entries are checksummed, not authenticated).")
+    g.add_argument("--mepic-max-chunks", type=_checked(config.parse_max_chunks), default=None, metavar="N",
+                   help="most chunks one request may mark for reuse (each is compiled as an internal request); "
+                        f"a request with more is refused with a 400. Default: {config.DEFAULT_MAX_CHUNKS}.")
     return p
 
 
@@ -146,7 +159,8 @@ def mepic_settings(argv: list[str]) -> str:
              ("--mepic-compile-sink", config.compile_sink()),
              ("--mepic-placement", config.placement().value),
              ("--mepic-text-markup", "on" if config.text_markup() else "off"),
-             ("--mepic-host-tier-gb", f"{config.host_tier_gb():g}")]
+             ("--mepic-host-tier-gb", f"{config.host_tier_gb():g}"),
+             ("--mepic-max-chunks", str(config.max_chunks()))]
     backend = config.storage_backend()
     shown.append(("--mepic-storage-backend", backend or "none"))
     if backend == "file":
@@ -155,6 +169,8 @@ def mepic_settings(argv: list[str]) -> str:
         if os.environ.get(config.STORAGE_CONFIG_ENV):
             shown.append(("--mepic-storage-config", "'" + os.environ[config.STORAGE_CONFIG_ENV] + "'"))
         shown.append(("--mepic-storage-timeout", f"{config.storage_timeout():g}"))
+        if config.storage_secret():
+            shown.append(("--mepic-storage-secret", "(set)"))
     line = " ".join(f"{flag} {value}" for flag, value in shown)
     known = _known_flags(argv)
     if (known.attention_backend, known.radix_cache_backend) != ("mepic", "mepic"):
@@ -200,6 +216,10 @@ def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
         env[config.STORAGE_CONFIG_ENV] = known.mepic_storage_config
     if known.mepic_storage_timeout:
         env[config.STORAGE_TIMEOUT_ENV] = known.mepic_storage_timeout
+    if known.mepic_storage_secret:
+        env[config.STORAGE_SECRET_ENV] = known.mepic_storage_secret
+    if known.mepic_max_chunks:
+        env[config.MAX_CHUNKS_ENV] = known.mepic_max_chunks
     check_storage(known.mepic_storage_backend or ("file" if known.mepic_storage_dir else None), known)
     return rest, env
 
@@ -207,8 +227,9 @@ def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
 def check_storage(backend: str | None, known: argparse.Namespace) -> None:
     """Refuse a shared tier that cannot work, before anything heavy loads."""
     if backend is None:
-        if known.mepic_storage_config or known.mepic_storage_timeout:
-            raise LaunchError("--mepic-storage-config and --mepic-storage-timeout need --mepic-storage-backend")
+        if known.mepic_storage_config or known.mepic_storage_timeout or known.mepic_storage_secret:
+            raise LaunchError("--mepic-storage-config, --mepic-storage-timeout and --mepic-storage-secret need "
+                              "--mepic-storage-backend")
         return
     from sglang_mepic import storage
 
@@ -246,6 +267,25 @@ def check_storage(backend: str | None, known: argparse.Namespace) -> None:
             raise LaunchError("--mepic-storage-backend mooncake needs the master's address: --mepic-storage-config "
                               "'{\"master_server_address\": \"HOST:PORT\", ...}' or MOONCAKE_MASTER "
                               "(python -m sglang_mepic.launch_cluster starts a master and passes it on)")
+
+
+def check_parallelism(argv: list[str]) -> None:
+    """Refuse tensor, pipeline and data parallelism with the mepic cache, before anything loads.
+
+    Chunk keys, shared-storage entries and tier decisions are per process: TP ranks would
+    write their own heads under one key and could plan one request differently, and a DP
+    replica would compile a request's chunks on another replica than the request."""
+    known = _known_flags(argv)
+    if known.radix_cache_backend != "mepic":
+        return
+    given = [f"{flag} {value}" for flag, value in (("--tp-size", known.tp_size), ("--pp-size", known.pp_size),
+                                                   ("--dp-size", known.dp_size), ("--attn-dp-size", known.attn_dp_size))
+             if value > 1] + (["--enable-dp-attention"] if known.enable_dp_attention else [])
+    if given:
+        raise LaunchError(f"{', '.join(given)}: --radix-cache-backend mepic runs on one GPU per server "
+                          "(chunk keys, shared-storage entries and tier decisions are not shared across tensor, "
+                          "pipeline or data-parallel ranks); run one server per GPU (python -m "
+                          "sglang_mepic.launch_cluster) or use --radix-cache-backend sglang")
 
 
 def check_storage_dir(path: str) -> str:
@@ -375,6 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         cuda = _has_cuda()
         argv, env = with_defaults(argv, cuda=cuda)
+        check_parallelism(argv)
         for key, value in env.items():
             os.environ.setdefault(key, value)
         known = _known_flags(argv)

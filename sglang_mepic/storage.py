@@ -23,8 +23,23 @@ from a `HiCacheStorageConfig` whose `extra_config` is `--mepic-storage-config`
   around a host KV pool) is logged, and the tier stays a miss. `sim` and `shm`
   keep no bytes and are refused.
 
-An entry is an envelope of ours: magic, model fingerprint, payload length and
-SHA-256, then the KV. A corrupt or foreign entry is logged, removed and a miss.
+Entries are tied to every setting that shapes their bytes. The settings
+fingerprint (`settings_fingerprint`) covers the model fingerprint, the mode, the
+recompute depth (`config.canonical_from`), the compile sink, the pad placement,
+the page size, the KV cache dtype (logical and stored: fp8 e4m3 and e5m2 have one
+width) and the TP rank and size. An entry's storage key hashes the chunk key with
+that fingerprint (and, with a secret, the secret's id), so instances with other
+settings on one directory or store use other keys: their entries coexist.
+
+An entry is an envelope of ours: magic, settings fingerprint, SHA-256 and length
+of the payload, and an HMAC-SHA256 of header and payload under
+`--mepic-storage-secret` (zeros without one), then the KV. An entry that fails
+any check is a miss, logged once per key and never deleted; one that names our
+own settings (damaged, or forged without the secret) is replaced by this
+instance's next compile of the chunk. Trust: without a secret, anyone who can
+write the directory or store can make this server use KV of their choosing; with
+one, only holders of the secret can write entries it loads (they can still
+delete entries or fill the store, which costs compiles, never correctness).
 
 A backend that is down or slow is a miss too, never a stalled server: writes go
 through one background thread (a bounded queue; what does not fit is dropped),
@@ -34,6 +49,8 @@ answering and not is one log line.
 """
 
 import hashlib
+import hmac
+import json
 import logging
 import os
 import struct
@@ -48,24 +65,58 @@ from sglang_mepic import config
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"MEPICKV1"
-_HEADER = struct.Struct("<8s32s32sQ")  # magic, model fingerprint, sha256 of payload, payload bytes
+MAGIC = b"MEPICKV2"
+# magic, settings fingerprint, sha256 of payload, payload bytes, HMAC-SHA256 of header (this field zeroed) + payload
+_HEADER = struct.Struct("<8s32s32sQ32s")
+_NO_MAC = bytes(32)
 RETRY_S = 2.0      # how long a backend that failed is left alone
 MAX_QUEUED = 64    # writes waiting for the backend; more are dropped (the chunk is compiled again later)
+MAX_LOGGED = 4096  # rejected keys remembered so each is logged once
+
+# Every setting that shapes the bytes of a stored chunk.
+SETTINGS = ("model", "mode", "canonical_from", "compile_sink", "placement", "page_size", "kv_dtype",
+            "tp_rank", "tp_size")
+
+
+def settings_fingerprint(**settings) -> str:
+    """32 hex digits naming the settings an entry's bytes depend on (SETTINGS, every one required)."""
+    missing = [k for k in SETTINGS if k not in settings]
+    unknown = [k for k in settings if k not in SETTINGS]
+    if missing or unknown:
+        raise TypeError(f"settings_fingerprint: missing {missing}, unknown {unknown}")
+    text = json.dumps({k: str(settings[k]) for k in SETTINGS}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def secret_id(secret: bytes | None) -> str:
+    """What storage keys carry of the secret: instances with other secrets use other keys."""
+    return hmac.new(secret, b"mepic storage key", hashlib.sha256).hexdigest()[:16] if secret else ""
 
 
 class CorruptEntry(ValueError):
     """A stored entry that must not be loaded."""
 
 
+class ForeignEntry(CorruptEntry):
+    """An entry that does not claim our settings (another format or configuration): left alone."""
+
+
 class Unavailable(RuntimeError):
     """The backend did not answer."""
 
 
-def envelope(kv: torch.Tensor, fingerprint: str) -> torch.Tensor:
+def _mac(secret: bytes, header: bytes, payload: torch.Tensor) -> bytes:
+    m = hmac.new(secret, header, hashlib.sha256)
+    m.update(payload.numpy().tobytes())
+    return m.digest()
+
+
+def envelope(kv: torch.Tensor, fingerprint: str, secret: bytes | None = None) -> torch.Tensor:
     payload = kv.contiguous().view(torch.uint8).reshape(-1)
     digest = hashlib.sha256(payload.numpy().tobytes()).digest()
-    header = _HEADER.pack(MAGIC, fingerprint.encode()[:32].ljust(32, b"\0"), digest, payload.numel())
+    fields = (MAGIC, fingerprint.encode()[:32].ljust(32, b"\0"), digest, payload.numel())
+    mac = _mac(secret, _HEADER.pack(*fields, _NO_MAC), payload) if secret else _NO_MAC
+    header = _HEADER.pack(*fields, mac)
     return torch.cat([torch.frombuffer(bytearray(header), dtype=torch.uint8), payload])
 
 
@@ -73,19 +124,26 @@ def envelope_bytes(like: torch.Tensor) -> int:
     return _HEADER.size + like.numel() * like.element_size()
 
 
-def open_envelope(data: torch.Tensor, fingerprint: str, like: torch.Tensor) -> torch.Tensor:
-    """The KV in `data`, shaped as `like`; raises CorruptEntry when it must not be loaded."""
+def open_envelope(data: torch.Tensor, fingerprint: str, like: torch.Tensor,
+                  secret: bytes | None = None) -> torch.Tensor:
+    """The KV in `data`, shaped as `like`; raises CorruptEntry when it must not be loaded
+    (ForeignEntry when it does not claim our settings)."""
     if data.numel() < _HEADER.size:
-        raise CorruptEntry("shorter than its header")
-    magic, fp, digest, size = _HEADER.unpack(data[:_HEADER.size].numpy().tobytes())
+        raise ForeignEntry("shorter than its header")
+    magic, fp, digest, size, mac = _HEADER.unpack(data[:_HEADER.size].numpy().tobytes())
     if magic != MAGIC:
-        raise CorruptEntry("not a MEPIC chunk entry")
+        raise ForeignEntry("not a MEPIC chunk entry of this format")
     written_for = fp.rstrip(b"\0")
     if written_for != fingerprint.encode()[:32]:
-        raise CorruptEntry(f"written for another model (fingerprint {written_for.decode(errors='replace')})")
+        raise ForeignEntry(f"written for other settings or another model (fingerprint "
+                           f"{written_for.decode(errors='replace')})")
     payload = data[_HEADER.size:]
     if size != payload.numel() or size != like.numel() * like.element_size():
         raise CorruptEntry(f"payload of {size} bytes, expected {like.numel() * like.element_size()}")
+    if secret is not None:
+        header = _HEADER.pack(magic, fp, digest, size, _NO_MAC)
+        if not hmac.compare_digest(mac, _mac(secret, header, payload)):
+            raise CorruptEntry("authentication failed (HMAC mismatch: not written with this --mepic-storage-secret)")
     if hashlib.sha256(payload.numpy().tobytes()).digest() != digest:
         raise CorruptEntry("checksum mismatch")
     return payload.view(like.dtype).reshape(like.shape)
@@ -255,9 +313,16 @@ class Storage:
     """A HiCache storage backend as the chunk tier, where failing or slow means a miss."""
 
     def __init__(self, backend: str, extra_config: dict, fingerprint: str, timeout: float = 0.5,
-                 io=None):
+                 io=None, secret: bytes | None = None, settings: dict | None = None):
+        """`fingerprint` names what the entries' bytes depend on; with `settings` (the SETTINGS
+        known so far) it is their settings_fingerprint once `bind` has given the rest."""
         self.backend = backend
         self.fingerprint = fingerprint
+        self.settings = dict(settings) if settings is not None else None
+        self.secret = secret
+        self._key_salt = f"{fingerprint}\0{secret_id(secret)}\0"
+        self._replace: set[str] = set()  # storage keys whose entry was rejected: our next write replaces it
+        self._logged: set = set()        # (storage key, why) of each rejection logged
         self.timeout = timeout
         self._extra_config = extra_config
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="mepic-storage-read")
@@ -322,18 +387,37 @@ class Storage:
 
     # ---- entries --------------------------------------------------------------
 
+    def bind(self, **settings) -> None:
+        """The settings known once the KV pool exists (page size, KV dtype): they join the fingerprint."""
+        if self.settings is None:
+            self.settings = {"model": self.fingerprint}
+            base = self.fingerprint
+            self.fingerprint = hashlib.sha256(
+                json.dumps({"base": base, **{k: str(v) for k, v in settings.items()}}, sort_keys=True).encode()
+            ).hexdigest()[:32]
+            self.settings.update(settings)
+        else:
+            self.settings.update(settings)
+            self.fingerprint = settings_fingerprint(**self.settings)
+        self._key_salt = f"{self.fingerprint}\0{secret_id(self.secret)}\0"
+
+    def storage_key(self, key: str) -> str:
+        """Where the chunk `key` is stored: the chunk key with the settings (and the secret's id)."""
+        return hashlib.sha256((self._key_salt + key).encode()).hexdigest()[:40]
+
     def get(self, key: str, like: torch.Tensor) -> torch.Tensor | None:
-        """The KV stored under `key`, shaped as `like`; None if absent, unsound, or the backend did not answer."""
+        """The KV stored for chunk `key`, shaped as `like`; None if absent, unsound, or the backend did not answer."""
         if not self._ready() or (self._reading is not None and not self._reading.done()):
             self.unavailable += 1
             return None
+        key = self.storage_key(key)
         self._reading = self._reader.submit(self._io.read, key, envelope_bytes(like))
         try:
             data = self._reading.result(timeout=self.timeout)
             if data is None:
                 self._answered()
                 return None
-            kv = open_envelope(data, self.fingerprint, like)
+            kv = open_envelope(data, self.fingerprint, like, self.secret)
         except ReadTimeout:
             self.unavailable += 1
             self._failed(f"no answer within {self.timeout:g} s")
@@ -345,8 +429,13 @@ class Storage:
         except CorruptEntry as e:
             self._answered()
             self.rejected += 1
-            logger.warning("MEPIC storage (%s): entry %s rejected, treated as a miss: %s", self.backend, key, e)
-            self._background(self._io.remove, key)  # a fresh compile writes it again
+            if (key, str(e)) not in self._logged and len(self._logged) < MAX_LOGGED:
+                self._logged.add((key, str(e)))
+                logger.warning("MEPIC storage (%s): entry %s rejected, treated as a miss: %s (the entry is kept; "
+                               "logged once)", self.backend, key, e)
+            if not isinstance(e, ForeignEntry) and len(self._replace) < MAX_LOGGED:
+                with self._lock:  # it claims our settings: our next compile of the chunk replaces it
+                    self._replace.add(key)
             return None
         self._answered()
         return kv
@@ -357,13 +446,19 @@ class Storage:
             if not self._ready() or self._queued >= MAX_QUEUED:
                 self.dropped += 1
                 return False
-        self._background(self._write, key, kv.cpu())  # the checksum is taken off the scheduler's thread
+        self._background(self._write, self.storage_key(key), kv.cpu())  # checksums off the scheduler's thread
         return True
 
     def _write(self, key: str, kv: torch.Tensor) -> None:
-        if not self._io.exists(key):
-            self._io.write(key, envelope(kv, self.fingerprint))
-            self.written += 1
+        with self._lock:
+            replace = key in self._replace
+            self._replace.discard(key)
+        if replace:
+            self._io.remove(key)
+        elif self._io.exists(key):
+            return
+        self._io.write(key, envelope(kv, self.fingerprint, self.secret))
+        self.written += 1
 
     def _background(self, work, *args) -> None:
         with self._lock:
@@ -397,12 +492,36 @@ class Storage:
         self._writer.shutdown(wait=False, cancel_futures=True)
 
 
+def _tp() -> tuple[int, int]:
+    """This process's TP rank and size (0, 1 outside a TP group; the launcher refuses TP > 1)."""
+    try:
+        from sglang.srt.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    except Exception:  # no TP group (tests, a single process)
+        return 0, 1
+
+
+def settings_known(model_fingerprint: str) -> dict:
+    """The SETTINGS the --mepic-* flags and the process give; the KV pool gives the rest (`Storage.bind`)."""
+    tp_rank, tp_size = _tp()
+    return {"model": model_fingerprint, "mode": config.mode().name, "canonical_from": config.canonical_from(),
+            "compile_sink": config.compile_sink(), "placement": config.placement().value,
+            "tp_rank": tp_rank, "tp_size": tp_size}
+
+
 def from_settings(fingerprint: str) -> Storage | None:
-    """The shared tier that the --mepic-storage-* settings ask for; None when they ask for none."""
+    """The shared tier that the --mepic-storage-* settings ask for; None when they ask for none.
+
+    `fingerprint` is the model's; the entries are keyed by every setting (Tiers binds the page
+    size and KV dtype)."""
     backend = config.storage_backend()
     if backend is None:
         return None
     extra = config.storage_config()
     if backend == "file":
         extra = {"file_storage_path": config.storage_dir(), **extra}
-    return Storage(backend, extra, fingerprint, config.storage_timeout())
+    settings = settings_known(fingerprint)
+    partial = settings_fingerprint(**{"page_size": None, "kv_dtype": None, **settings})
+    return Storage(backend, extra, partial, config.storage_timeout(), secret=config.storage_secret(),
+                   settings=settings)

@@ -10,7 +10,8 @@ keeps every compiled chunk by hash, so other server instances, or this one
 after a restart, reuse chunks they never computed.
 
 Chunk keys hash the chunk's tokens with the model fingerprint (segments.span_hash),
-never its position, so an entry is valid wherever the chunk appears.
+never its position, so an entry is valid wherever the chunk appears. Shared storage
+keys entries by the chunk key and every setting that shapes the KV bytes (storage.py).
 
 The host tier's memory is SGLang's HiCache host pool (`MHATokenToKVPoolHost`,
 layer-first layout): its sizing in GB against the host's free memory, its page
@@ -110,6 +111,10 @@ class Tiers:
         self.page_size = page_size
         self.host = HostTier(kv_pool, page_size, host_gb) if host_gb > 0 else None
         self.storage = storage
+        if storage is not None:  # entries are keyed by the page size and the KV dtype too (storage.py)
+            k = self.device.k[0]
+            storage.bind(page_size=page_size,
+                         kv_dtype=f"{getattr(kv_pool, 'dtype', k.dtype)}/{getattr(kv_pool, 'store_dtype', k.dtype)}")
         self.lookups: Counter = Counter()  # residency of each chunk when a compile looked it up
         self.loads: Counter = Counter()    # chunks copied back into the device pool, by tier
 

@@ -253,7 +253,7 @@ def test_debug_log_level_keeps_every_line():
 MEPIC_ENVS = ("SGLANG_MEPIC_MODE", "SGLANG_MEPIC_RECOMPUTE_BLOCKS", "SGLANG_MEPIC_COMPILE_SINK",
               "SGLANG_MEPIC_PLACEMENT", "SGLANG_MEPIC_TEXT_MARKUP", "SGLANG_MEPIC_HOST_TIER_GB",
               "SGLANG_MEPIC_STORAGE_DIR", "SGLANG_MEPIC_STORAGE_BACKEND", "SGLANG_MEPIC_STORAGE_CONFIG",
-              "SGLANG_MEPIC_STORAGE_TIMEOUT")
+              "SGLANG_MEPIC_STORAGE_TIMEOUT", "SGLANG_MEPIC_STORAGE_SECRET", "SGLANG_MEPIC_MAX_CHUNKS")
 
 
 def settings_line(monkeypatch, *flags):
@@ -273,13 +273,15 @@ def test_start_up_line_shows_the_effective_mepic_settings_defaults_included(monk
 
     assert settings_line(monkeypatch) == (
         "--mepic-mode mepic --mepic-recompute-blocks 1 --mepic-compile-sink none --mepic-placement trailing "
-        "--mepic-text-markup on --mepic-host-tier-gb 0 --mepic-storage-backend none")
+        "--mepic-text-markup on --mepic-host-tier-gb 0 --mepic-max-chunks 64 --mepic-storage-backend none")
     given = settings_line(monkeypatch, "--mepic-mode", "epic-16", "--mepic-compile-sink", "bos",
                           "--mepic-placement", "leading", "--mepic-text-markup", "off",
-                          "--mepic-host-tier-gb", "0.5", "--mepic-storage-dir", str(tmp_path))
+                          "--mepic-host-tier-gb", "0.5", "--mepic-storage-dir", str(tmp_path),
+                          "--mepic-max-chunks", "8", "--mepic-storage-secret", "hunter2")
     assert given == ("--mepic-mode epic-16 --mepic-recompute-blocks 1 --mepic-compile-sink bos "
-                     "--mepic-placement leading --mepic-text-markup off --mepic-host-tier-gb 0.5 "
-                     f"--mepic-storage-backend file --mepic-storage-dir {tmp_path} --mepic-storage-timeout 0.5")
+                     "--mepic-placement leading --mepic-text-markup off --mepic-host-tier-gb 0.5 --mepic-max-chunks 8 "
+                     f"--mepic-storage-backend file --mepic-storage-dir {tmp_path} --mepic-storage-timeout 0.5 "
+                     "--mepic-storage-secret (set)")  # never the secret itself
     assert settings_line(monkeypatch, "--mepic-mode", "full").endswith("(full mode: chunks are computed in "
                                                                        "context, never reused)")
     assert "chunks are not reused" in settings_line(monkeypatch, "--radix-cache-backend", "sglang")
@@ -296,3 +298,36 @@ def test_start_up_line_shows_the_effective_mepic_settings_defaults_included(monk
 def test_help_states_the_compile_sink_default():
     text = " ".join(launch_server.mepic_parser().format_help().split())
     assert "or 'none' (the chunk alone). Default: none." in text
+
+
+def test_storage_secret_and_max_chunks_become_settings(tmp_path, capsys):
+    _, env = launch_server.split_mepic_flags(["--mepic-storage-dir", str(tmp_path), "--mepic-storage-secret", "k",
+                                              "--mepic-max-chunks", "8"])
+    assert env["SGLANG_MEPIC_STORAGE_SECRET"] == "k" and env["SGLANG_MEPIC_MAX_CHUNKS"] == "8"
+    with pytest.raises(SystemExit, match="need --mepic-storage-backend"):
+        launch_server.split_mepic_flags(["--mepic-storage-secret", "k"])  # a secret for no shared tier
+    for bad in ("0", "-3", "many"):
+        with pytest.raises(SystemExit):
+            launch_server.split_mepic_flags(["--mepic-max-chunks", bad])
+        assert "--mepic-max-chunks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, named", [(["--tp-size", "2"], "--tp-size 2"),
+                                          (["--tensor-parallel-size=2"], "--tp-size 2"),
+                                          (["--dp-size", "2"], "--dp-size 2"),
+                                          (["--enable-dp-attention"], "--enable-dp-attention"),
+                                          (["--pp-size", "2"], "--pp-size 2"),
+                                          (["--attn-dp-size", "2"], "--attn-dp-size 2")])
+def test_parallel_ranks_are_refused_with_the_mepic_cache(flags, named):
+    argv, _ = with_defaults(["--model-path", "m", *flags], cuda=True)
+    with pytest.raises(SystemExit, match=f"{named}: --radix-cache-backend mepic runs on one GPU"):
+        launch_server.check_parallelism(argv)
+    launch_server.check_parallelism(with_defaults(["--model-path", "m", "--radix-cache-backend", "sglang", *flags],
+                                                  cuda=True)[0])  # SGLang's own cache: SGLang's business
+    launch_server.check_parallelism(with_defaults(["--model-path", "m", "--tp-size", "1"], cuda=True)[0])
+
+
+def test_tp_size_2_is_refused_before_anything_loads(tiny_model):
+    out = run_launcher("--model-path", tiny_model, "--tp-size", "2", timeout=60)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "--tp-size 2: --radix-cache-backend mepic runs on one GPU per server" in out.stderr

@@ -2,6 +2,7 @@
 with a real master on loopback, and backends that are slow or fail."""
 
 import logging
+import os
 import threading
 import time
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from sglang_mepic import storage
-from sglang_mepic.storage import CorruptEntry, Storage, Unavailable, envelope, open_envelope
+from sglang_mepic.storage import CorruptEntry, ForeignEntry, Storage, Unavailable, envelope, open_envelope
 
 PAGE = 16
 
@@ -28,17 +29,78 @@ def test_envelope_rejects():
     x = kv(0)
     data = envelope(x, "fp")
     assert torch.equal(open_envelope(data, "fp", torch.empty_like(x)), x)
-    with pytest.raises(CorruptEntry, match="another model"):
+    with pytest.raises(ForeignEntry, match="another model"):
         open_envelope(data, "other", torch.empty_like(x))
     with pytest.raises(CorruptEntry, match="expected"):
         open_envelope(data, "fp", torch.empty(2, 2, 4 * PAGE, 2, 8))
     bad = data.clone()
     bad[:8] = 0
-    with pytest.raises(CorruptEntry, match="not a MEPIC"):
+    with pytest.raises(ForeignEntry, match="not a MEPIC"):
         open_envelope(bad, "fp", torch.empty_like(x))
 
 
-def test_file_entries_are_shared_checked_and_removed_when_unsound(tmp_path, caplog):
+def test_an_entry_is_authenticated_with_the_secret():
+    x = kv(0)
+    signed = envelope(x, "fp", b"s3cret")
+    assert torch.equal(open_envelope(signed, "fp", torch.empty_like(x), b"s3cret"), x)
+    for data, secret in ((signed, b"other"), (envelope(x, "fp"), b"s3cret")):  # wrong key; unsigned
+        with pytest.raises(CorruptEntry, match="authentication failed"):
+            open_envelope(data, "fp", torch.empty_like(x), secret)
+    forged = signed.clone()  # payload changed and its checksum recomputed: only the HMAC can tell
+    forged[-1] ^= 0xFF
+    import hashlib
+    forged[40:72] = torch.frombuffer(bytearray(hashlib.sha256(forged[storage._HEADER.size:].numpy().tobytes())
+                                               .digest()), dtype=torch.uint8)
+    with pytest.raises(CorruptEntry, match="authentication failed"):
+        open_envelope(forged, "fp", torch.empty_like(x), b"s3cret")
+
+
+SETTINGS = dict(model="m", mode="mepic", canonical_from=1, compile_sink="none", placement="trailing",
+                page_size=16, kv_dtype="torch.float8_e4m3fn/torch.uint8", tp_rank=0, tp_size=1)
+OTHER = dict(model="m2", mode="naive", canonical_from=2, compile_sink="bos", placement="leading",
+             page_size=32, kv_dtype="torch.float8_e5m2/torch.uint8", tp_rank=1, tp_size=2)
+
+
+def test_the_settings_fingerprint_covers_every_setting_that_shapes_the_bytes():
+    assert set(SETTINGS) == set(storage.SETTINGS) == set(OTHER)
+    base = storage.settings_fingerprint(**SETTINGS)
+    assert base == storage.settings_fingerprint(**SETTINGS) and len(base) == 32
+    prints = {name: storage.settings_fingerprint(**{**SETTINGS, name: OTHER[name]}) for name in SETTINGS}
+    assert len({base, *prints.values()}) == len(SETTINGS) + 1, prints
+    assert storage.settings_fingerprint(**{**SETTINGS, "canonical_from": None}) != base  # 'all' vs 1
+    with pytest.raises(TypeError, match="missing"):
+        storage.settings_fingerprint(model="m")
+
+
+def test_storage_keys_follow_the_settings_and_the_secret(tmp_path):
+    def store(secret=None, **changed):
+        s = Storage("fake", {}, "", io=FakeIO(), secret=secret, settings={**SETTINGS, **changed})
+        s.bind(page_size=SETTINGS["page_size"], kv_dtype=SETTINGS["kv_dtype"])
+        return s
+    keys = {store().storage_key("chunk"), store(secret=b"a").storage_key("chunk"),
+            store(secret=b"b").storage_key("chunk"), *(store(**{k: OTHER[k]}).storage_key("chunk")
+                                                      for k in SETTINGS if k not in ("page_size", "kv_dtype"))}
+    assert len(keys) == 3 + len(SETTINGS) - 2
+    s = store()
+    assert s.fingerprint == storage.settings_fingerprint(**SETTINGS)
+    s.bind(page_size=32, kv_dtype=SETTINGS["kv_dtype"])
+    assert s.fingerprint == storage.settings_fingerprint(**{**SETTINGS, "page_size": 32})
+    assert s.storage_key("chunk") not in keys
+
+
+def test_entries_of_different_settings_coexist_in_one_directory(tmp_path, caplog):
+    a, b = kv(1), kv(11)[:, :, :PAGE]  # other settings, other sizes (say, recompute blocks 1 and 2)
+    one, two = file_storage(tmp_path, "settings-1"), file_storage(tmp_path, "settings-2")
+    assert one.put("chunk", a) and two.put("chunk", b) and one.drain() and two.drain()
+    assert len(list(tmp_path.glob("*.bin"))) == 2
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            assert torch.equal(one.get("chunk", torch.empty_like(a)), a)
+            assert torch.equal(two.get("chunk", torch.empty_like(b)), b)
+    assert one.rejected == two.rejected == 0 and "rejected" not in caplog.text
+
+
+def test_a_mismatched_entry_is_a_miss_logged_once_and_kept(tmp_path, caplog):
     x = kv(1)
     writer = file_storage(tmp_path)
     assert writer.put("chunk", x) and writer.put("chunk", x) and writer.drain()
@@ -47,26 +109,52 @@ def test_file_entries_are_shared_checked_and_removed_when_unsound(tmp_path, capl
     assert torch.equal(reader.get("chunk", torch.empty_like(x)), x)
     assert reader.get("other", torch.empty_like(x)) is None and reader.state() == "up"
 
-    other_model = file_storage(tmp_path, "model-b")
+    path = writer._io.path(writer.storage_key("chunk"))
+    good = open(path, "rb").read()
+    # an entry of other settings under our key (as if written by another configuration): a miss, kept
+    foreign = envelope(x, "other-settings").numpy().tobytes()
+    open(path, "wb").write(foreign)
     with caplog.at_level(logging.WARNING):
-        assert other_model.get("chunk", torch.empty_like(x)) is None
-    assert "another model" in caplog.text and other_model.rejected == 1
-    assert other_model.drain() and reader.get("chunk", torch.empty_like(x)) is None  # a rejected entry is removed
+        assert reader.get("chunk", torch.empty_like(x)) is None
+        assert reader.get("chunk", torch.empty_like(x)) is None
+    assert caplog.text.count("another model") == 1 and reader.rejected == 2  # logged once
+    assert reader.put("chunk", x) and reader.drain()
+    assert open(path, "rb").read() == foreign  # never deleted nor overwritten
 
-    path = writer._io.path("chunk")
-    for damage in ("flip", "truncate"):
-        writer.put("chunk", x)
-        writer.drain()
-        data = bytearray(open(path, "rb").read())
+    # an entry that claims our settings but is damaged: a miss, kept, replaced by our next write
+    for damage, why in (("flip", "checksum mismatch"), ("truncate", "expected")):
+        data = bytearray(good)
         if damage == "flip":
             data[-5] ^= 0xFF
         open(path, "wb").write(bytes(data if damage == "flip" else data[:100]))
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             assert reader.get("chunk", torch.empty_like(x)) is None
-        assert ("checksum mismatch" if damage == "flip" else "expected") in caplog.text
-        assert reader.drain()  # its removal of the rejected entry, before the next put looks for it
-    assert reader.rejected == 2
+        assert why in caplog.text and "kept" in caplog.text
+        assert reader.drain() and os.path.exists(path)  # not deleted on read
+        assert reader.put("chunk", x) and reader.drain()
+        assert torch.equal(reader.get("chunk", torch.empty_like(x)), x)  # replaced by a sound entry
+    assert reader.rejected == 4
+
+
+def test_an_entry_without_a_valid_hmac_is_a_miss_and_kept(tmp_path, caplog):
+    x = kv(2)
+    signer = file_storage(tmp_path, "fp", secret=b"s3cret")
+    assert signer.put("chunk", x) and signer.drain()
+    assert torch.equal(file_storage(tmp_path, "fp", secret=b"s3cret").get("chunk", torch.empty_like(x)), x)
+    # instances without the secret, or with another, use other keys: a plain miss, nothing touched
+    assert file_storage(tmp_path, "fp").get("chunk", torch.empty_like(x)) is None
+    assert file_storage(tmp_path, "fp", secret=b"other").get("chunk", torch.empty_like(x)) is None
+    # a writer without the secret forges an entry under the signed key
+    path = signer._io.path(signer.storage_key("chunk"))
+    forged = envelope(kv(3), "fp").numpy().tobytes()
+    open(path, "wb").write(forged)
+    reader = file_storage(tmp_path, "fp", secret=b"s3cret")
+    with caplog.at_level(logging.WARNING):
+        assert reader.get("chunk", torch.empty_like(x)) is None
+        assert reader.get("chunk", torch.empty_like(x)) is None
+    assert caplog.text.count("authentication failed") == 1 and reader.rejected == 2
+    assert open(path, "rb").read() == forged  # a miss, not a deletion
 
 
 class FakeIO:
@@ -142,7 +230,7 @@ def test_a_full_write_queue_drops_writes_instead_of_growing(monkeypatch):
     results = [s.put(f"k{i}", kv(i)) for i in range(4)]
     gate.set()
     assert results == [True, True, False, False] and s.dropped == 2
-    assert s.drain() and sorted(io.entries) == ["k0", "k1"]
+    assert s.drain() and sorted(io.entries) == sorted(s.storage_key(k) for k in ("k0", "k1"))
 
 
 # ---- Mooncake Store: a real master on loopback --------------------------------
@@ -173,17 +261,20 @@ def test_mooncake_entries_are_shared_between_clients_and_checked(master, caplog)
     assert torch.equal(b.get("chunk", torch.empty_like(x)), x)
     assert b.get("absent", torch.empty_like(x)) is None and b.state() == "up"
 
-    a._io.write("foreign", envelope(x, "model-b"))
+    a._io.write(b.storage_key("foreign"), envelope(x, "model-b"))
     bad = envelope(x, "model-a")
     bad[-3] ^= 0xFF
-    a._io.write("corrupt", bad)
-    a._io.write("short", envelope(x[:, :, :PAGE], "model-a"))
+    a._io.write(b.storage_key("corrupt"), bad)
+    a._io.write(b.storage_key("short"), envelope(x[:, :, :PAGE], "model-a"))
     with caplog.at_level(logging.WARNING):
         for key, why in (("foreign", "another model"), ("corrupt", "checksum mismatch"), ("short", "expected")):
             assert b.get(key, torch.empty_like(x)) is None
             assert why in caplog.text
     assert b.rejected == 3 and b.drain()
-    assert not any(a._io.exists(k) for k in ("foreign", "corrupt", "short"))  # removed: a compile writes it again
+    keys = [b.storage_key(k) for k in ("foreign", "corrupt", "short")]
+    assert all(a._io.exists(k) for k in keys)  # a miss, never a deletion
+    assert b.put("corrupt", x) and b.put("foreign", x) and b.drain()  # ours but damaged: replaced; foreign: kept
+    assert torch.equal(a.get("corrupt", torch.empty_like(x)), x) and a.get("foreign", torch.empty_like(x)) is None
 
 
 @pytest.mark.server
@@ -224,6 +315,8 @@ def test_any_other_backend_goes_through_its_hicache_methods(tmp_path, caplog):
     assert reader.get("absent", torch.empty_like(x)) is None and reader.state() == "up"
     other_model = Storage("dynamic", extra, "other-model")
     assert other_model.connected()
+    assert other_model.get("chunk", torch.empty_like(x)) is None and other_model.rejected == 0  # another key
+    writer._io.write(other_model.storage_key("chunk"), envelope(x, "model-x"))
     with caplog.at_level(logging.WARNING):
         assert other_model.get("chunk", torch.empty_like(x)) is None
     assert "another model" in caplog.text and other_model.rejected == 1
@@ -256,7 +349,7 @@ def test_settings_choose_the_backend(monkeypatch, tmp_path):
     monkeypatch.setenv(config.STORAGE_TIMEOUT_ENV, "0.25")
     s = storage.from_settings("fp")
     assert s.backend == "file" and s.timeout == 0.25 and s.connected()
-    assert s.put("k", kv(7)) and s.drain() and len(list(tmp_path.glob("k*.bin"))) == 1
+    assert s.put("k", kv(7)) and s.drain() and len(list(tmp_path.glob(s.storage_key("k") + "*.bin"))) == 1
     monkeypatch.setenv(config.STORAGE_BACKEND_ENV, "mooncake")
     assert config.storage_backend() == "mooncake"  # (not connected here: there is no master)
 
