@@ -104,3 +104,34 @@ def test_chunk_hash_identity():
     assert h != chunk_hash(seg, Placement.TRAILING, B, "model-b", None)
     assert h != chunk_hash(seg, Placement.TRAILING, B, "model-a", "tenant-1")
     assert h != chunk_hash(seg, Placement.LEADING, B, "model-a", None)
+
+
+def _strip(text, radix="mepic"):
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_mepic.patches.tokenizer_manager_tokenize_one_request import strip_markup
+
+    def encode(s, add_special_tokens):  # one id per word, ids 5..94
+        return ([1] if add_special_tokens else []) + [5 + len(w) % 90 for w in s.split()]
+    manager = SimpleNamespace(tokenizer=SimpleNamespace(encode=encode), model_config=SimpleNamespace(vocab_size=100),
+                              context_len=4096, server_args=SimpleNamespace(page_size=16, attention_backend="mepic",
+                                                                            radix_cache_backend=radix))
+    obj = GenerateReqInput(text=text)
+    obj.normalize_batch_and_arguments()
+    return strip_markup(manager, obj)
+
+
+def test_more_chunks_than_max_chunks_is_refused_with_the_count_and_the_flag(monkeypatch):
+    from sglang_mepic import config
+    from sglang_mepic.lang import chunk
+
+    monkeypatch.setenv(config.MAX_CHUNKS_ENV, "3")
+    docs = lambda n: "intro " + "".join(chunk(" ".join(f"w{i}x{j}" for j in range(20))) for i in range(n)) + " q?"
+    assert len(_strip(docs(3)).chunks) == 3  # at the bound: laid out
+    with pytest.raises(ValueError, match=r"marks 4 chunks for reuse, more than the 3 .*--mepic-max-chunks"):
+        _strip(docs(4))
+    assert _strip(docs(4), radix=None) is None  # no reuse, no compiles: no bound
+    monkeypatch.delenv(config.MAX_CHUNKS_ENV)
+    assert config.max_chunks() == config.DEFAULT_MAX_CHUNKS == 64
