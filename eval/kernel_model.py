@@ -1,6 +1,6 @@
 """A static performance model of the attention kernels, ours beside SGLang's Triton kernels.
 
-    python -m eval.kernel_model [--arch 90] [--markdown]
+    python -m eval.kernel_model [--arch 90] [--rope default|table|chip]
 
 No GPU needed. Every kernel is compiled the way Triton's launcher compiles it
 on the GPU (`sglang_mepic.kernels.aot.compile_launch`: the launch's own
@@ -23,6 +23,11 @@ which 132 SMs x 4 schedulers retire at about one per cycle each.
 Shapes (the shared gpu-bench ones): Llama-3-8B heads 32/8/128, bf16, page 16;
 decode B 1/8/64 at 4k and 32k context; a fresh 2k prefill; the MEPIC shape,
 181 new tokens over a 2,197-token context.
+
+A static count, not a timing: on an H100 (eval/results/gpu/after.md) it
+mis-ranked the cos/sin sources. It counts fewer SASS per tile with the fp32
+table, but the table's per-key gathers cost more than they save: on chip was
+faster in 8 of 10 cases, and is the backend's default (`DEFAULT_TABLE_ROPE`).
 """
 
 import argparse

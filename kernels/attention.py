@@ -469,10 +469,22 @@ def launch_config(kind: str, head_dim: int, dtype: torch.dtype, arch: int = 90) 
     return dict(block_m=32, block_n=32, num_warps=8, num_stages=1, ctas_per_sm=1)
 
 
-DECODE_CTAS_PER_SM = {90: 4, 80: 2}  # the compiled decode kernel's CTAs per SM, table RoPE (tests/test_kernels.py checks)
+# The compiled decode kernel's CTAs per SM for the variant the backend launches by default (on-chip
+# cos/sin, DEFAULT_TABLE_ROPE False), head dim 128, bf16, with the venv's Triton (3.7.1:
+# 138 registers on sm_90, 3 CTAs/SM; sm_80 2); tests/test_kernels.py keeps it equal to the compiled
+# kernel's. Triton version matters: the H100 run's Triton 3.6.0 compiled this kernel at 109 registers,
+# 4 CTAs/SM, and the table variant at 86, 5/SM (eval/results/gpu/after.md), so there splits sized from
+# 3 fill about 3/4 of a wave. With MEPIC_ROPE_TABLE=1 (table, 3.7.1: 103 registers, 4/SM) splits are
+# still sized from these figures.
+DECODE_CTAS_PER_SM = {90: 3, 80: 2}
 EXTEND_TILE_90 = (128, 32)  # rows x keys of the sm_90 extend tile (eval/results/gpu/model.md: 128 x 64 sits at
 # 255 registers and spills in two of its four variants; 64-row tiles cost twice the rotation per score)
-DEFAULT_TABLE_ROPE = True  # the backend reads the fp32 table: fewer SASS per tile than on-chip sincos (model.md)
+# The backend computes cos/sin on chip (where the model's cache is cos(p * inv_freq) * mscale;
+# MEPIC_ROPE_TABLE=1 forces the table). Measured on an H100 (eval/results/gpu/after.md), on chip was
+# faster than the fp32 table in 8 of 10 cases: the table took 6-18% longer on every extend and 1-10%
+# longer at decode B>=8, and was faster only at decode B=1. The static SASS count of model.md ranked
+# them the other way (it leaves out the table's per-key gathers from global memory).
+DEFAULT_TABLE_ROPE = False
 MIN_EXTEND_SPLIT_TILES = 4  # key tiles per extend split at least
 
 

@@ -117,10 +117,14 @@ class MepicAttnBackend(AttentionBackend):
         self.use_triton = True
         self.kernels = kernels
         self.cos_sin = self.rope.cos_sin_cache.float().contiguous()
-        # cos/sin from the model's fp32 table by default (fewer instructions per key tile than the on-chip
-        # sincos: eval/results/gpu/model.md); MEPIC_ROPE_ON_CHIP=1 computes them on chip when the
-        # model's cache is cos(p * inv_freq) * mscale.
-        freqs = self.rope.frequencies() if os.environ.get("MEPIC_ROPE_ON_CHIP") == "1" else None
+        # cos/sin computed on chip when the model's cache is cos(p * inv_freq) * mscale (what
+        # `Rope.frequencies` detects), else read from its fp32 table. Measured on an H100
+        # (eval/results/gpu/after.md), on chip was faster than the table in 8 of 10 cases (the table took
+        # 6-18% longer on every extend, 1-10% at decode B>=8) and slower only at decode B=1.
+        # MEPIC_ROPE_TABLE=1 forces the table; MEPIC_ROPE_ON_CHIP, which used to opt in to on chip, is no
+        # longer read.
+        table = os.environ.get("MEPIC_ROPE_TABLE") == "1" or kernels.DEFAULT_TABLE_ROPE
+        freqs = None if table else self.rope.frequencies()
         self.rope_args = {} if freqs is None else dict(inv_freq=freqs[0].float().contiguous(), mscale=freqs[1])
         self.sm_count = kernels.sm_count(self.device)
         logger.info("mepic attention: Triton kernels, RoPE cos/sin %s", "on chip" if freqs else "from the table")

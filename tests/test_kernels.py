@@ -224,6 +224,31 @@ def test_rope_frequencies_reproduce_the_cache_or_are_refused():
     assert linear.frequencies() is None
 
 
+def test_backend_computes_cos_sin_on_chip_unless_told_or_unable(monkeypatch):
+    """The backend's default is on-chip cos/sin (faster than the table in 8 of 10 cases on an H100,
+    eval/results/gpu/after.md) where the cache is cos(p * inv_freq) * mscale; MEPIC_ROPE_TABLE=1 forces the
+    table, and a cache of another form (linear scaling) keeps it."""
+    from sglang_mepic.backend import MepicAttnBackend
+
+    assert kernels.DEFAULT_TABLE_ROPE is False
+    d = 64
+    k_pool = v_pool = torch.zeros(16, 1, d)
+    r2t = torch.zeros(1, 16, dtype=torch.int32)
+    t = torch.arange(MAX_POS, dtype=torch.float32) / 3.0
+    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    linear = Rope(torch.cat([torch.outer(t, inv).cos(), torch.outer(t, inv).sin()], -1), d, d, True)
+    plain = Rope(cos_sin_cache(d, MAX_POS), d, d, True)
+    monkeypatch.delenv("MEPIC_ROPE_TABLE", raising=False)
+    for rope, table in ((plain, False), (linear, True)):
+        backend = MepicAttnBackend.over_pools(r2t, k_pool, v_pool, rope)
+        backend._use_kernels(kernels)
+        assert ("inv_freq" not in backend.rope_args) == table
+    monkeypatch.setenv("MEPIC_ROPE_TABLE", "1")
+    backend = MepicAttnBackend.over_pools(r2t, k_pool, v_pool, plain)
+    backend._use_kernels(kernels)
+    assert backend.rope_args == {}
+
+
 @pytest.mark.slow
 def test_compiles_for_sm90_and_sm80():
     """Real GPU compilation (PTX + cubin) with no GPU present, in a process without the interpreter: no spills."""
@@ -514,6 +539,9 @@ def test_kernel_model_runs_without_spills():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no kernel of ours spills" in out.stdout
     decode = [line.split("|") for line in out.stdout.splitlines() if "| ours | decode |" in line]
+    # The default variant's (on-chip cos/sin) with the venv's Triton 3.7.1: 3 CTAs/SM. The H100 run's
+    # Triton 3.6.0 compiled the same kernel to 109 registers, 4 CTAs/SM (eval/results/gpu/after.md).
+    assert "our RoPE cos/sin: on chip" in out.stdout
     assert decode and all(int(cells[8]) == kernels.DECODE_CTAS_PER_SM[90] for cells in decode)
     extend = [line.split("|") for line in out.stdout.splitlines() if "| ours | extend" in line]
     assert extend and all(int(cells[8]) == kernels.launch_config("extend", 128, torch.bfloat16)["ctas_per_sm"]
