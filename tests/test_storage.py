@@ -366,3 +366,64 @@ def test_a_master_that_cannot_be_reached_at_start_is_a_logged_miss(caplog):
         assert not s.connected(timeout=120)
         assert s.get("chunk", torch.empty_like(kv(0))) is None and not s.put("chunk", kv(0))
     assert "unavailable: cannot connect" in caplog.text and s.state() == "down"
+
+
+# ---- two real servers of different settings on one directory --------------------
+
+@pytest.mark.server
+@pytest.mark.timeout(400)
+def test_servers_of_different_recompute_blocks_share_a_directory_and_keep_hitting_their_own(tiny_model, tmp_path):
+    """Issue 29, defect 4: recompute blocks 1 and 2 store chunks of other sizes. Each server must
+    keep loading its own entries: none is read by the other, rejected as corrupt or deleted."""
+    import json as _json
+
+    import requests
+
+    from sglang_mepic.lang import chunk
+    from sglang_mepic.server_process import ServerProcess
+
+    words = open(_json.__file__).read().split()
+    docs = [" ".join(words[i * 300:i * 300 + 120]) for i in range(3)]  # several pages each
+    text = "Answer from the documents.\n" + chunk(docs[0]) + chunk(docs[1]) + "\nWhat is it about?"
+
+    def generate(server, text):
+        return requests.post(server.url + "/generate", timeout=300, json={
+            "text": text, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})
+
+    def mepic(server):
+        return requests.get(server.url + "/server_info", timeout=60).json()["internal_states"][0]["mepic"]
+
+    def flush(server):
+        assert requests.post(server.url + "/flush_cache", timeout=60).status_code == 200
+
+    common = ("--dtype", "float32", "--mepic-storage-dir", str(tmp_path))
+    with ServerProcess(tiny_model, *common, "--mepic-recompute-blocks", "1", "--mepic-max-chunks", "2") as one, \
+            ServerProcess(tiny_model, *common, "--mepic-recompute-blocks", "2") as two:
+        first = {}
+        for server in (one, two):
+            reply = generate(server, text).json()
+            assert reply["meta_info"]["mepic_residency"] == ["absent", "absent"]  # not the other's entries
+            first[server.url] = reply["output_ids"]
+        deadline = time.time() + 20  # entries are written in the background
+        while len(list(tmp_path.glob("*.bin"))) < 4 and time.time() < deadline:
+            time.sleep(0.2)
+        files = sorted(tmp_path.glob("*.bin"))
+        assert len(files) == 4  # two chunks, two settings: four entries side by side
+        for _ in range(2):
+            for server in (one, two):
+                flush(server)  # device pool and host tier emptied; the directory stays
+                reply = generate(server, text).json()
+                assert reply["meta_info"]["mepic_residency"] == ["storage", "storage"]
+                assert reply["output_ids"] == first[server.url]
+        assert sorted(tmp_path.glob("*.bin")) == files  # nothing deleted
+        for server in (one, two):
+            state = mepic(server)
+            assert state["storage_rejected"] == 0 and state["tier_loads_storage"] == 4, state
+            assert "rejected" not in server.log()
+
+        # defect 7: more chunks than --mepic-max-chunks is a 400 naming the count and the flag
+        three = "Q.\n" + chunk(docs[0]) + chunk(docs[1]) + chunk(docs[2]) + "\nWhy?"
+        refused = generate(one, three)
+        assert refused.status_code == 400, refused.text
+        assert "marks 3 chunks" in refused.text and "--mepic-max-chunks" in refused.text
+        assert generate(one, text).status_code == 200  # still serving
