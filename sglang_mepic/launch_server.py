@@ -15,8 +15,8 @@ Every flag is passed on to SGLang. What this wrapper adds:
   `--device cpu`, a bounded `--max-total-tokens`, `--sleep-on-idle`, and
   `--dtype float32` where the CPU has no native bf16);
 - each default only where the flag is not given;
-- clear errors, before anything heavy loads, for a missing model folder or a
-  port that is taken;
+- clear errors, before anything heavy loads, for a missing model folder, a
+  port that is taken, or tensor/pipeline/data parallelism with the mepic cache;
 - a quiet start-up: SGLang's ~20 KB `server_args=` line becomes the command
   line and the effective MEPIC settings (defaults included), and on CPU its CUDA-only notices are replaced by one line saying so
   (`--log-level debug` keeps everything; quiet.py).
