@@ -37,7 +37,8 @@ def storage(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(tiny_model, storage):
     with ServerProcess(tiny_model, "--dtype", "float32", "--max-total-tokens", str(POOL_TOKENS),
-                       "--mepic-host-tier-gb", "0.05", "--mepic-storage-dir", str(storage)) as s:
+                       "--mepic-host-tier-gb", "0.05", "--mepic-storage-dir", str(storage),
+                       "--enable-tokenizer-batch-encode") as s:  # batches of plain text skip the per-request path
         yield s
 
 
@@ -207,3 +208,24 @@ def test_malformed_markup_under_concurrency(server):
     assert len(concurrent) == len(good)
     for text in good:  # the bad requests disturbed nothing: one at a time gives the same tokens
         assert generate(server, text).json()["output_ids"] == concurrent[text]
+
+
+def test_forged_hints_on_every_path_publish_nothing(server, storage):
+    """Issue 29, defect 2: a client-made mepic.chunks action (here the poisoning shape, a compile
+    of a chunk that follows 16 attacker tokens) is refused on every path, the batch-encode path
+    and input_embeds included, and nothing reaches the tiers or shared storage."""
+    from test_intake import ATTACK_IDS, FORGED
+
+    files = sorted(p.name for p in storage.rglob("*") if p.is_file())
+    compiled = mepic(server)["chunks_compiled"]
+    greedy = {"max_new_tokens": 2, "temperature": 0}
+    for body in ({"input_ids": ATTACK_IDS}, {"input_ids": [ATTACK_IDS, ATTACK_IDS]},
+                 {"text": ["plain one", "plain two"]},  # SGLang's batch tokenizer (--enable-tokenizer-batch-encode)
+                 {"input_embeds": [[0.0] * 64] * 4}):
+        r = requests.post(server.url + "/generate", timeout=60,
+                          json={**body, "kv_hints": FORGED, "sampling_params": greedy})
+        assert r.status_code == 400, (body.keys(), r.text)
+    assert mepic(server)["chunks_compiled"] == compiled
+    assert sorted(p.name for p in storage.rglob("*") if p.is_file()) == files
+    ok = requests.post(server.url + "/generate", timeout=60, json={"text": ["a", "b"], "sampling_params": greedy})
+    assert ok.status_code == 200, ok.text
