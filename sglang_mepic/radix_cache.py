@@ -56,6 +56,8 @@ from dataclasses import dataclass
 import torch
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
+from sglang.srt.mem_cache.evict_policy import (FIFOStrategy, FILOStrategy, LFUStrategy, LRUStrategy,
+                                               PriorityStrategy, SLRUStrategy)
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
@@ -75,6 +77,32 @@ logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "mepic"
 
+# Eviction strategies under which a node's priority never falls as the node is used (access
+# time, hit count, the max'd request priority) or never changes (creation time): a heap kept
+# across evict calls stays in SGLang's order. Under the others (mru: -access time; tlru; any
+# other) each call builds its heap from every evictable leaf, as SGLang's `evict` does.
+KEPT_HEAP_STRATEGIES = (LRUStrategy, LFUStrategy, FIFOStrategy, FILOStrategy, PriorityStrategy, SLRUStrategy)
+
+# The allocator methods through which pages go back: the cache frees whole pages with
+# `free_page_ids` (pool_pages.py; eviction never calls `free_segment`) and counts the frees of
+# `free` (patches paged_allocator_free*). An allocator that overrides one of them would be bypassed.
+FREE_PATH = ("free", "free_page_ids", "free_segment", "free_segments", "_release_page_ids")
+
+
+def check_allocator(allocator) -> None:
+    """Refuse a KV allocator the cache cannot free through (e.g. SGLang's PageInterleavePoolAllocator,
+    which keeps free pages per owner class and overrides `free_segment` and `_release_page_ids`)."""
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+
+    name = type(allocator).__name__
+    if not isinstance(allocator, PagedTokenToKVPoolAllocator):
+        raise ValueError(f"--radix-cache-backend mepic needs SGLang's paged KV allocator, not {name}")
+    changed = [m for m in FREE_PATH if getattr(type(allocator), m) is not getattr(PagedTokenToKVPoolAllocator, m)]
+    if changed:
+        raise ValueError(f"--radix-cache-backend mepic cannot free pages through {name}: it overrides "
+                         f"{', '.join(changed)}, which the cache's eviction and page counting would bypass "
+                         "(they return whole pages with free_page_ids); use the default paged allocator")
+
 
 @dataclass
 class Counters:
@@ -86,8 +114,13 @@ class Counters:
 
 
 class MepicRadixCache(RadixCache):
+    # Set while SGLang sorts the waiting queue (patch schedule_policy_compute_prefix_matches):
+    # matches then plan, pin and load nothing (`_match_unplanned`).
+    prioritising = False
+
     def __init__(self, params, model_fingerprint: str = "", mode: config.Mode | None = None,
                  canonical_from: int | None = -1, tiers: Tiers | None = None):
+        check_allocator(params.token_to_kv_pool_allocator)
         super().__init__(params)
         self.model_fingerprint = model_fingerprint
         self.mode = mode or config.mode()
@@ -194,6 +227,8 @@ class MepicRadixCache(RadixCache):
             params.key = RadixKey(link.masked(key.token_ids), key.extra_key, is_bigram=key.is_bigram,
                                   limit=key.limit, cache_salt=key.cache_salt)
             return super().match_prefix(params)
+        if self.prioritising:
+            return self._match_unplanned(link, params)
         self._plan(req, link, params)
         ids = req.full_untruncated_fill_ids
         params.key = RadixKey(link.masked(ids), key.extra_key, is_bigram=key.is_bigram, limit=key.limit,
@@ -210,6 +245,17 @@ class MepicRadixCache(RadixCache):
         slots = plan.reused_slots()[result.device_prefix_len:end]
         link.injected = torch.tensor(slots, dtype=torch.int64, device=self.pages.allocator.device)
         return result._replace(device_prefix_len=end)
+
+    def _match_unplanned(self, link: Link, params):
+        """The match that sorts the waiting queue (lpm and the other cache-aware policies): what
+        the tree holds for the request in natural order, with no plan, no chunk held and nothing
+        loaded from the tiers. Planning it would pin its chunks until the round ends, and the
+        request at the head, whose budget is checked after, would see them as unevictable."""
+        key = params.key
+        ids = array("q", masked_key(link.natural, link.pads))
+        ids.extend(key.token_ids[link.size:])  # the output so far of a request retracted to the queue
+        natural = RadixKey(ids, key.extra_key, is_bigram=key.is_bigram, limit=key.limit, cache_salt=key.cache_salt)
+        return super().match_prefix(dataclasses.replace(params, key=natural))
 
     def _holds_compile(self, link: Link, params) -> bool:
         """Whether the tree still holds this compile request, in natural order, through its chunk.
@@ -394,16 +440,38 @@ class MepicRadixCache(RadixCache):
         return matched, last
 
     def _update_leaf_status(self, node):
-        # SGLang's evict heapifies every evictable leaf per call; this cache keeps its heap
-        # across calls: a node is pushed when it becomes an evictable leaf (checked when popped).
+        # SGLang's evict heapifies every evictable leaf per call; under KEPT_HEAP_STRATEGIES this cache
+        # keeps its heap across calls: a node is pushed when it becomes an evictable leaf (checked when popped).
         was = node in self.evictable_leaves
         super()._update_leaf_status(node)
-        if not was and node in self.evictable_leaves:
+        if not was and node in self.evictable_leaves and self._kept_heap:
             self._leaf_order += 1
             heapq.heappush(self._leaves, (self.eviction_strategy.get_priority(node), self._leaf_order, node))
 
+    @property
+    def _kept_heap(self) -> bool:
+        """Whether eviction uses the heap kept across calls (`_next_leaf`), or builds one per call."""
+        return type(self.eviction_strategy) in KEPT_HEAP_STRATEGIES
+
+    def _leaves_by_call(self):
+        """Evictable leaves in SGLang's order for a strategy whose priorities may fall (mru):
+        SGLang's own heap, built from every evictable leaf for this call, of (priority, node)
+        pairs (ties: TreeNode's order); a parent the caller's deletion left a leaf is pushed at
+        its priority then, as SGLang's `evict` pushes it. The caller deletes each leaf it takes."""
+        strategy = self.eviction_strategy
+        heap = [(strategy.get_priority(n), n) for n in self.evictable_leaves]
+        heapq.heapify(heap)
+        while heap:
+            _, node = heapq.heappop(heap)
+            if node not in self.evictable_leaves:
+                continue
+            yield node
+            parent = node.parent
+            if not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (strategy.get_priority(parent), parent))
+
     def _next_leaf(self):
-        """The evictable leaf SGLang's heap would pop first, or None.
+        """The evictable leaf SGLang's heap would pop first, or None (`_kept_heap` strategies).
 
         Entries go stale: the node was locked, got children or was deleted (skipped), or was
         used since it was pushed (pushed again at its new priority; priorities only grow:
@@ -512,14 +580,16 @@ class MepicRadixCache(RadixCache):
         SGLang's own loop stops when the nodes it dropped add up to the request, but a node's
         page that the store or another node also holds frees nothing; so this is its loop, stopped
         by the pages actually freed (`PageRefs.freed` moves at once, inside a free group too),
-        over a heap kept across calls (`_next_leaf`) rather than rebuilt from every leaf.
+        over a heap kept across calls (`_next_leaf`) rather than rebuilt from every leaf, where
+        priorities only grow (`KEPT_HEAP_STRATEGIES`); under the others, SGLang's per-call heap.
         """
         if self.disable:
             return EvictResult()
         start_time, start = time.perf_counter(), self.refs.freed
         want = -(-params.num_tokens // self.page_size)
         last = []  # returned to the allocator together, after the walk
-        while self.refs.freed - start < want and (node := self._next_leaf()) is not None:
+        leaves = iter(self._next_leaf, None) if self._kept_heap else self._leaves_by_call()
+        while self.refs.freed - start < want and (node := next(leaves, None)) is not None:
             last += self.refs.releasable(self._node_pages(node))
             self._delete_leaf(node)  # tells the ledger; its parent, now a leaf, is pushed
             self.kv_events.record_remove(node)

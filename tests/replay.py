@@ -36,8 +36,10 @@ class Rows:
         self.req_to_token[indices] = values
 
 
-def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num_pages=NUM_PAGES, sglang=False):
-    """The mepic radix cache on a small real KV pool (or, with `sglang`, SGLang's own RadixCache)."""
+def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num_pages=NUM_PAGES, sglang=False,
+              eviction_policy="lru"):
+    """The mepic radix cache on a small real KV pool (or, with `sglang`, SGLang's own RadixCache);
+    `eviction_policy`: SGLang's --radix-eviction-policy."""
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
@@ -51,7 +53,7 @@ def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num
         buffer.normal_()  # stands for computed KV, so that copies between tiers can be checked
     allocator = PagedTokenToKVPoolAllocator(num_pages * B, B, torch.float32, "cpu", kv, False)
     params = CacheInitParams(disable=False, req_to_token_pool=Rows(16, min(num_pages * B, 1 << 14)),
-                             token_to_kv_pool_allocator=allocator, page_size=B)
+                             token_to_kv_pool_allocator=allocator, page_size=B, eviction_policy=eviction_policy)
     if sglang:
         from sglang.srt.mem_cache.radix_cache import RadixCache
 
@@ -190,3 +192,19 @@ def evict_all(tree):
 
     tree.evict(EvictParams(num_tokens=NUM_PAGES * B))
     assert len(tree.store) == 0
+
+
+def prioritise(tree, waiting, policy="lpm"):
+    """SGLang sorting the waiting queue in place as a round begins, with a cache-aware
+    `--schedule-policy` (SchedulePolicy.calc_priority: it matches every waiting request)."""
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+
+    for req in waiting:
+        if not hasattr(req, "_compute_max_prefix_len"):  # what SGLang's Req says without logprobs
+            req._compute_max_prefix_len = lambda input_len: input_len - 1
+    SchedulePolicy(policy, tree, False, False, False).calc_priority(waiting)
+
+
+def budget(tree) -> int:
+    """What the scheduler's memory check counts as room for a request: free + evictable slots."""
+    return tree.pages.available() * B + tree.evictable_size()

@@ -21,8 +21,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from replay import (B, allocate, apply_hooks, compiled, laid_out, make_tree, new_request, pages_to_allocate,
-                    release, replanned, request)
+from replay import (B, allocate, apply_hooks, budget, compile_all, compiled, laid_out, make_tree, new_request,
+                    pages_to_allocate, prioritise, release, replanned, request)
 
 NUM_PAGES = 40
 TOKENS = st.integers(10, 13)  # a small alphabet: chunks collide by construction and by chance
@@ -107,6 +107,22 @@ class Collisions(RuleBasedStateMachine):
     def schedule_round(self, data):
         self.schedule_round_of(data.draw(st.lists(st.sampled_from(range(len(self.waiting))), min_size=1,
                                                   max_size=3, unique=True), label="round"))
+
+    @precondition(lambda self: self.waiting and len(self.running) < 6)
+    @rule(data=st.data(), policy=st.sampled_from(["lpm", "dfs-weight"]))
+    def schedule_round_lpm(self, data, policy):
+        """A round under a cache-aware --schedule-policy: SGLang matches every waiting request to
+        sort the queue, then admits from its head. Sorting plans, pins and loads nothing: the head's
+        budget (free + evictable) and every count are what they are under FCFS."""
+        tree = self.tree
+        before = (budget(tree), tree.pages.available(), len(tree.store), dict(tree.tiers.stats()),
+                  [list(r.origin_input_ids) for r in self.waiting])
+        prioritise(tree, self.waiting, policy)
+        assert all(not r.mepic.held for r in self.waiting if getattr(r, "mepic", None) is not None)
+        after = (budget(tree), tree.pages.available(), len(tree.store), dict(tree.tiers.stats()),
+                 sorted([list(r.origin_input_ids) for r in self.waiting]))
+        assert after == (*before[:4], sorted(before[4])), (before, after)
+        self.schedule_round_of(list(range(min(len(self.waiting), data.draw(st.integers(1, 3), label="heads")))))
 
     def schedule_round_of(self, picked: list[int]):
         """One prefill round: match waiting requests, admit within budget, allocate."""
@@ -255,3 +271,31 @@ class Collisions(RuleBasedStateMachine):
 TestCollisions = Collisions.TestCase
 TestCollisions.settings = settings(max_examples=int(os.environ.get("COLLISION_EXAMPLES", 150)),
                                    stateful_step_count=40, deadline=None, report_multiple_bugs=False)
+
+
+def test_sorting_the_queue_pins_nothing():
+    """Issue 29, defect 5: three stored chunks, three waiting requests, each reading one. Under
+    lpm SGLang matches all three to sort the queue; the request at the head must see the budget
+    it sees under FCFS (the others' chunks evictable) and be admitted on an idle server. Before
+    the fix, sorting pinned the other two chunks: 21 pages of room under lpm, 39 under FCFS, for
+    a head that needs 26, refused every round."""
+    apply_hooks()
+    tree = make_tree(num_pages=48)
+    lays = [request([10 + i] * (10 * B), prompt=tuple([20 + i] * B), question=tuple([30 + i] * (24 * B)))
+            for i in range(3)]
+    for lay in lays:
+        compile_all(tree, lay)
+    assert len(tree.store) == 3
+    heads = {}
+    for policy in ("fcfs", "lpm"):
+        waiting = [new_request(*laid_out(lay), rid=f"r{i}") for i, lay in enumerate(lays)]
+        if policy == "lpm":
+            prioritise(tree, waiting)
+            assert all(not r.mepic.held for r in waiting)
+        head = replanned(tree, waiting[0])
+        heads[policy] = (budget(tree), pages_to_allocate(head) * B)
+        assert not any(getattr(r, "mepic", None) and r.mepic.held for r in waiting[1:])
+        tree.end_round()
+    assert heads["lpm"] == heads["fcfs"]
+    room, need = heads["lpm"]
+    assert need <= room, heads
