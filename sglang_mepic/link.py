@@ -39,6 +39,7 @@ class Link:
     found: list[str] | None = None      # where each chunk was found when planned: device, host, storage, absent
     admitted: bool = False
     owner: int = 0                      # EPIC: whose private copies its planned prefix is (plan.private)
+    private_key: int | None = None      # CacheBlend: the key's first id, unique to this request (its KV is blended)
     report: dict = field(default_factory=dict)
     _positions: tuple = (None, -1, None)  # (order, num_slots, positions): match, insert and admit ask alike
 
@@ -76,6 +77,8 @@ class Link:
         pos = self.positions(len(out))
         for i in torch.nonzero(pos == NO_POSITION).flatten().tolist():
             out[i] = PAD_ID
+        if self.private_key is not None and out:
+            out[0] = self.private_key
         if self.order is not None:
             plan = self.plan
             page_size = plan.page_size

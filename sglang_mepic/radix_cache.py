@@ -67,7 +67,7 @@ from sglang_mepic.compiles import Compiles
 from sglang_mepic.ledger import Ledger
 from sglang_mepic.link import Link
 from sglang_mepic.pages import PageRefs
-from sglang_mepic.plan import make_plan, private, sources
+from sglang_mepic.plan import make_plan, page_tag, private, sources
 from sglang_mepic.pool_pages import PoolPages
 from sglang_mepic.request_layout import hints, masked_key
 from sglang_mepic.segments import span_hash
@@ -191,7 +191,7 @@ class MepicRadixCache(RadixCache):
                                                       for old, new in zip(link.found, found)]
         if link.held:
             self._unadmitted[id(link)] = link
-        link.order = link.sources = None
+        link.order = link.sources = link.private_key = None
         link.plan = None
         # Input logprobs from a slot on: as SGLang limits its prefix there, chunks past it are computed.
         start = req.logprob_start_len if getattr(req, "return_logprob", False) and req.logprob_start_len >= 0 else None
@@ -207,6 +207,11 @@ class MepicRadixCache(RadixCache):
         elif self.mode.kind is config.Kind.CACHEBLEND:
             natural_pos = link.natural_positions(link.size).tolist()
             link.sources, _, _ = sources(link.size, self.page_size, link.spans(), resident, natural_pos, 0, start)
+            # Which slots are recomputed is chosen per request, over its whole extend, so blended KV
+            # is this request's alone: no other request (not one with the same tokens, not one
+            # sharing a prefix) may match it in the tree.
+            link.private_key = page_tag(f"{link.owner}\x1fcacheblend", 0) if any(s >= 0 for s in link.sources) \
+                else None
         if link.plan is not None and link.plan.reused and link.compile and self._holds_compile(link, params):
             link.plan = None  # in natural order, the tree's earlier compile of it costs nothing
         if link.plan is not None and link.plan.reused:

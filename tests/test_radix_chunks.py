@@ -325,3 +325,22 @@ def test_recompute_depth_at_or_above_a_chunks_pages(tmp_path, blocks):
             assert (kept is not None) == (pages > blocks), (pages, blocks, kept)
             assert kept is None or len(kept) == pages - blocks
         tree.evict(EvictParams(num_tokens=NUM_PAGES * B))
+
+
+def test_cacheblend_pages_match_no_other_request():
+    """CacheBlend picks the slots it recomputes over a request's whole extend, so its blended KV
+    is that request's alone: neither a plain request with the same tokens nor another blended
+    request with the same layout may match it in the tree (a natural-order key let them)."""
+    from replay import make_tree as make
+
+    tree = make("cacheblend-0.15", canonical_from=0)
+    lay = request(tuple(range(100, 148)), prompt=tuple(range(300, 316)))  # no pads: the chunk fills its pages
+    assert not lay.pad_runs()
+    compile_all(tree, lay)
+    serve(tree, *laid_out(lay))
+    ids, hints = laid_out(lay)
+    again = planned(tree, ids, hints)
+    assert again.prefix_len == 0 and again.mepic.private_key is not None
+    tree.end_round()
+    plain = planned(tree, ids, None)
+    assert plain.prefix_len == 0
