@@ -403,7 +403,7 @@ class Storage:
 
     def storage_key(self, key: str) -> str:
         """Where the chunk `key` is stored: the chunk key with the settings (and the secret's id)."""
-        return hashlib.sha256((self._key_salt + key).encode()).hexdigest()[:40]
+        return hashlib.sha256((self._key_salt + key).encode()).hexdigest()[:32]  # 32 hex digits, as chunk keys
 
     def get(self, key: str, like: torch.Tensor) -> torch.Tensor | None:
         """The KV stored for chunk `key`, shaped as `like`; None if absent, unsound, or the backend did not answer."""
