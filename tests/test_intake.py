@@ -121,5 +121,9 @@ def test_a_forged_compile_publishes_nothing(tiny_server):
     before = mepic_stats(tiny_server)
     for body in ({"input_ids": ATTACK_IDS, "kv_hints": FORGED}, {"input_ids": [ATTACK_IDS], "kv_hints": FORGED}):
         assert send(tiny_server, "/generate", body).status_code == 400
+    # The OpenAI request models have no kv_hints field: SGLang drops it before building the request.
+    for path, body in (("/v1/completions", {"prompt": ATTACK_IDS, "kv_hints": FORGED}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "kv_hints": FORGED})):
+        assert send(tiny_server, path, body).status_code in (200, 400)
     after = mepic_stats(tiny_server)
     assert (after["chunks_compiled"], after["chunks_resident"]) == (before["chunks_compiled"], 0)
