@@ -223,7 +223,8 @@ def test_the_file_tier_serves_a_restarted_server_and_rejects_what_does_not_check
     assert req.mepic.report == {"mepic_residency": "storage", "mepic_compiled_tokens": 16}
     assert torch.equal(kv_of(restarted, req.mepic.keys[0]), kv)
 
-    path = restarted.tiers.storage._io.path(req.mepic.keys[0])
+    storage = restarted.tiers.storage
+    path = storage._io.path(storage.storage_key(req.mepic.keys[0]))
     data = bytearray(open(path, "rb").read())
     data[200] ^= 0x01
     open(path, "wb").write(bytes(data))
