@@ -170,8 +170,8 @@ def _sink(manager) -> int | None:
 
 
 def _compile_once(manager, seg: Segment, parent: GenerateReqInput) -> Compile:
-    key = (seg.tokens, seg.lead_pad, seg.tail_pad, str(parent.extra_key), str(parent.cache_salt),
-           str(parent.lora_path))
+    key = (seg.tokens, seg.lead_pad, seg.tail_pad, repr(parent.extra_key), repr(parent.cache_salt or None),
+           repr(parent.lora_path))  # repr: a tenant named "None" is not the default one
     running = _inflight.get(key)
     if running is None:
         request = compile_request(seg, parent, _page_size(manager), _sink(manager))

@@ -153,7 +153,11 @@ class MepicRadixCache(RadixCache):
                 return None
             link = Link(array("q", req.origin_input_ids), h.pads, h.chunks, h.compile, h.compiles)
             # Everything that keeps SGLang's tree entries apart keeps chunks apart too.
-            namespace = "\x1f".join(str(getattr(req, a, None)) for a in ("extra_key", "cache_salt", "lora_id"))
+            # repr keeps None apart from "None" and a field's text from the separators: a client's
+            # extra_key or cache_salt must never spell another tenant's namespace. SGLang treats an
+            # empty cache_salt as none, and so does this.
+            namespace = repr((getattr(req, "extra_key", None), getattr(req, "cache_salt", None) or None,
+                              getattr(req, "lora_id", None)))
             masked = masked_key(link.natural, link.pads)
             link.keys = [span_hash(masked[s:e], self.placement, self.page_size, self.model_fingerprint, namespace)
                          for s, e in link.chunk_slots]

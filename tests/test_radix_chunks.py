@@ -131,6 +131,17 @@ def test_namespaces_never_share(tree):
     assert req.mepic.report["mepic_chunk_hits"] == 0 and req.mepic.plan.reused == ()
 
 
+@pytest.mark.parametrize("spelled", ["None", "None\x1fNone"])
+def test_a_tenant_cannot_spell_the_default_namespace(spelled):
+    """A client's extra_key of "None" (or one holding the separator) once made the same chunk
+    key as requests without one: the chunk store shared their chunks across tenants."""
+    tree = make_tree()
+    lay = request(C1)
+    compile_all(tree, lay)  # the default tenant (no extra_key)
+    req, _ = serve(tree, *laid_out(lay), namespace=spelled)
+    assert req.mepic.report["mepic_chunk_hits"] == 0 and req.mepic.plan.reused == ()
+
+
 def test_pages_return_to_the_pool_after_eviction(tree):
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
