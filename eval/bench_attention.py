@@ -64,7 +64,13 @@ def mepic_fn(s, rope, decode, general=False):
     backend = MepicAttnBackend.over_pools(s.req_to_token, s.k, s.v, rope)
     layer = SimpleNamespace(tp_q_head_num=HQ, qk_head_dim=D, v_head_dim=D, layer_id=0, scaling=D ** -0.5,
                             is_cross_attention=False, sliding_window_size=-1)
-    backend.positions.on_extend(s.rows, s.prefix, s.ext, s.positions)  # the rows' positions: 0..ctx-1
+    if decode:
+        # As in serving: the prompt's extend fills slots 0..ctx-2, then the decode step writes the
+        # newest token's slot (for a planned row, at the position after the row's last one).
+        prompt = torch.cat([torch.arange(int(n)) for n in s.prefix])
+        backend.positions.on_extend(s.rows, torch.zeros_like(s.prefix), s.prefix, prompt)
+    else:
+        backend.positions.on_extend(s.rows, s.prefix, s.ext, s.positions)  # the rows' positions: 0..ctx-1
     if general:
         # Force the general path chunked requests take: positions read from the map.
         backend.positions.planned[:] = True
