@@ -123,10 +123,27 @@ class Draw:
             body[key] = self.pick(True, False, 2, 0, -1, OPEN, self.value(), {"type": "json_object"})
         return body
 
+    def well_formed(self, path: str) -> dict:
+        """Right types and bounds, edgy content: these reach the model (markup, unicode, streams, n)."""
+        r = self.rng
+        if path == "/generate":
+            prompt = {"text": self.text()} if r.random() < 0.7 else {"input_ids": [r.randrange(0, 300) for _ in range(
+                r.randint(1, 40))] + self.pick([], [-100, *range(100, 140), -101], [-100, *range(100, 120), -101, 5])}
+            return {**prompt, "stream": r.random() < 0.3, "return_logprob": r.random() < 0.2,
+                    "sampling_params": {"max_new_tokens": r.randint(1, 4), "temperature": self.pick(0, 0.7),
+                                        "n": self.pick(1, 1, 2)}}
+        if path == "/v1/completions":
+            return {"model": "tiny", "prompt": self.text(), "max_tokens": r.randint(1, 4), "echo": r.random() < 0.3,
+                    "stream": r.random() < 0.3, "n": self.pick(1, 2)}
+        return {"model": "tiny", "max_tokens": r.randint(1, 4), "stream": r.random() < 0.3,
+                "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": self.text()}]}
+
     def request(self) -> tuple[str, object]:
         path = self.pick("/generate", "/generate", "/v1/completions", "/v1/chat/completions")
         if self.rng.random() < 0.03:
             return path, self.pick("{not json", "[]", "null", '"text"', "")
+        if self.rng.random() < 0.4:
+            return path, self.well_formed(path)
         return path, {"/generate": self.generate, "/v1/completions": self.completions,
                       "/v1/chat/completions": self.chat}[path]()
 
