@@ -19,7 +19,13 @@ def kv(seed: int) -> torch.Tensor:
     return torch.randn(2, 2, 2 * PAGE, 2, 8, generator=torch.Generator().manual_seed(seed))
 
 
+# Reads of a local backend are bounded generously here: under CI's load a read can take longer than the
+# server's 0.5 s default, and a read that times out is a miss, not what these tests check.
+READ_S = 10
+
+
 def file_storage(path, fingerprint="model-a", **kw) -> Storage:
+    kw.setdefault("timeout", READ_S)
     s = Storage("file", {"file_storage_path": str(path)}, fingerprint, **kw)
     assert s.connected()
     return s
@@ -307,13 +313,13 @@ def test_any_other_backend_goes_through_its_hicache_methods(tmp_path, caplog):
     extra = {"backend_name": "files", "module_path": "sglang.srt.mem_cache.hicache_storage",
              "class_name": "HiCacheFile", "file_storage_path": str(tmp_path)}
     x = kv(5)
-    writer, reader = (Storage("dynamic", extra, "fp") for _ in range(2))
+    writer, reader = (Storage("dynamic", extra, "fp", timeout=READ_S) for _ in range(2))
     assert writer.connected() and reader.connected()
     assert type(writer._io) is storage.HiCacheIO
     assert writer.put("chunk", x) and writer.drain() and writer.written == 1
     assert torch.equal(reader.get("chunk", torch.empty_like(x)), x)
     assert reader.get("absent", torch.empty_like(x)) is None and reader.state() == "up"
-    other_model = Storage("dynamic", extra, "other-model")
+    other_model = Storage("dynamic", extra, "other-model", timeout=READ_S)
     assert other_model.connected()
     assert other_model.get("chunk", torch.empty_like(x)) is None and other_model.rejected == 0  # another key
     writer._io.write(other_model.storage_key("chunk"), envelope(x, "model-x"))

@@ -60,7 +60,7 @@ def test_host_tier_round_trip_and_lru(kv_pool):
 
 def test_a_chunk_persisted_by_one_instance_is_loaded_by_another(kv_pool, tmp_path):
     def tiers():
-        shared = Storage("file", {"file_storage_path": str(tmp_path)}, "model-a")
+        shared = Storage("file", {"file_storage_path": str(tmp_path)}, "model-a", timeout=10)  # a load's slow read is not a miss here
         assert shared.connected()
         return Tiers(kv_pool, PAGE, host_gb=0.01, storage=shared)
 
