@@ -69,7 +69,7 @@ def check(obj, input_ids) -> None:
 
 
 def _multimodal(obj) -> bool:
-    return any(getattr(obj, f, None) is not None for f in ("image_data", "video_data", "audio_data"))
+    return any(getattr(obj, f, None) for f in ("image_data", "video_data", "audio_data"))  # [] is no data
 
 
 # SGLang splits a batch into per-item objects (`GenerateReqInput.__getitem__`); the item's

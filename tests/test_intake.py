@@ -44,6 +44,12 @@ def test_only_hints_the_server_stamped_pass():
     intake.check_hints(SimpleNamespace(actions=[other]))  # other hint types are SGLang's business
 
 
+def test_an_empty_media_list_is_no_prompt():
+    item = SimpleNamespace(text="", input_ids=[], kv_hints=None, image_data=[], audio_data=None)
+    with pytest.raises(intake.IntakeError):
+        intake.check(item, [])
+
+
 def test_errors_name_the_batch_item():
     item = SimpleNamespace(text="", input_ids=[], kv_hints=None, _mepic_item=2)
     with pytest.raises(intake.IntakeError, match="^batch item 2: "):
