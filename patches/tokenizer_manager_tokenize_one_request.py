@@ -75,12 +75,13 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
         return None  # a client's own mepic.chunks hint is refused at validation (intake.py)
     # Rejects a request that no longer fits the context once chunks are padded.
     lay = layout(pieces, _page_size(manager), config.placement(), max_slots=manager.context_len)
-    if len(lay.chunks) > config.max_chunks() and _lays_out_slots(manager):  # each would be a compile request
+    lays_out = _lays_out_slots(manager)
+    if len(lay.chunks) > config.max_chunks() and lays_out:  # each would be a compile request
         raise ValueError(f"the request marks {len(lay.chunks)} chunks for reuse, more than the {config.max_chunks()} "
                          "this server allows (--mepic-max-chunks); join small chunks or mark fewer")
     marked = Marked.from_pieces(pieces)
     action = intake.stamp(marked.hint_action())
-    laid_out = _lays_out_slots(manager) and bool(lay.chunks or lay.pad_runs())
+    laid_out = lays_out and bool(lay.chunks or lay.pad_runs())
     if laid_out:
         # Laid out in slots: pads have no position and are masked by the mepic backend.
         slots = lay.slot_tokens()

@@ -260,9 +260,14 @@ class MepicRadixCache(RadixCache):
         the tree holds for the request in natural order, with no plan, no chunk held and nothing
         loaded from the tiers. Planning it would pin its chunks until the round ends, and the
         request at the head, whose budget is checked after, would see them as unevictable."""
+        # With the output so far of a request retracted to the queue.
+        return self._match_natural(link, params, params.key.token_ids[link.size:])
+
+    def _match_natural(self, link: Link, params, output=()):
+        """What the tree holds for the request in natural slot order (pads as PAD_ID), unplanned."""
         key = params.key
         ids = array("q", masked_key(link.natural, link.pads))
-        ids.extend(key.token_ids[link.size:])  # the output so far of a request retracted to the queue
+        ids.extend(output)
         natural = RadixKey(ids, key.extra_key, is_bigram=key.is_bigram, limit=key.limit, cache_salt=key.cache_salt)
         return super().match_prefix(dataclasses.replace(params, key=natural))
 
@@ -272,11 +277,7 @@ class MepicRadixCache(RadixCache):
         Planned, a compile of a stored chunk computes its first block; when the tree holds the
         chunk's earlier compile whole, the natural order costs nothing.
         """
-        key = params.key
-        natural = RadixKey(array("q", masked_key(link.natural, link.pads)), key.extra_key,
-                           is_bigram=key.is_bigram, limit=key.limit, cache_salt=key.cache_salt)
-        held = super().match_prefix(dataclasses.replace(params, key=natural)).device_prefix_len
-        return held >= link.chunk_slots[0][1]
+        return self._match_natural(link, params).device_prefix_len >= link.chunk_slots[0][1]
 
     def _keeps(self, start: int, end: int) -> bool:
         """Whether the store keeps pages of a chunk over slots [start, end): not when every page
