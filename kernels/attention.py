@@ -99,48 +99,52 @@ def _sincos(angle, FAST: tl.constexpr):
 
 
 @triton.jit
-def _cos_sin(CosSin, stride_cs, inv_freq, mscale, pos, real, h, HALF: tl.constexpr, TABLE: tl.constexpr,
+def _cos_sin(CosSin, stride_cs, inv_freq, mscale, pos, h, HALF: tl.constexpr, TABLE: tl.constexpr,
              FAST: tl.constexpr, SCALED: tl.constexpr):
-    """cos and sin [BLOCK_N, HALF] (fp32) of the tile's positions; pads get position 0."""
-    cpos = tl.where(real, pos, 0)
+    """cos and sin [BLOCK_N, HALF] (fp32) of the tile's positions. A pad's (-1) is masked later: the table
+    reads row 0 for it, on chip it is computed as is."""
     if TABLE:
-        rows = CosSin + cpos.to(tl.int64)[:, None] * stride_cs + h[None, :]
+        rows = CosSin + tl.maximum(pos, 0).to(tl.int64)[:, None] * stride_cs + h[None, :]
         return tl.load(rows).to(tl.float32), tl.load(rows + HALF).to(tl.float32)
     else:
-        c, s = _sincos(cpos.to(tl.float32)[:, None] * inv_freq[None, :], FAST)
+        c, s = _sincos(pos.to(tl.float32)[:, None] * inv_freq[None, :], FAST)
         if SCALED:
             c, s = c * mscale, s * mscale
         return c, s
 
 
 @triton.jit
-def _tile_positions(ReqToPos, row, tok, end, stride_rp):
-    """Positions and realness (in range, not a pad) of one tile of a request's slots."""
-    pos = tl.load(ReqToPos + row * stride_rp + tok, mask=tok < end, other=-1)
-    return pos, pos >= 0
+def _tile_keys(ReqToPos, ReqToToken, row, first, n, end, stride_rp, stride_rt):
+    """Positions (-1 past `end`) and slots (0 past `end`) of the tile of a request's slots at `first`.
+
+    The range test is n < end - first, a scalar against the tile's lane offsets n, so it stays in 32 bits
+    (first + n < end lets the compiler widen the loop counter and test in 64).
+
+    K and V are then read without masks: every slot a tile names is a slot of the pool (pads and keys
+    past a query's position included, slot 0 past the end), and masked scores give those keys the
+    weight 0. Their values are the model's own K/V (a pad's are its fill token's), so finite."""
+    inside = n < end - first
+    pos = tl.load(ReqToPos + row * stride_rp + first + n, mask=inside, other=-1)
+    slot = tl.load(ReqToToken + row * stride_rt + first + n, mask=inside, other=0).to(tl.int64)
+    return pos, slot
 
 
 @triton.jit
-def _tile_slots(ReqToToken, row, tok, real, stride_rt):
-    return tl.load(ReqToToken + row * stride_rt + tok, mask=real, other=0).to(tl.int64)
-
-
-@triton.jit
-def _scores(s0, q1, q2, qp, K, slot, real, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq, mscale,
+def _scores(s0, q1, q2, qp, K, slot, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq, mscale,
             h, i1, i2, HALF: tl.constexpr, PASS: tl.constexpr, TABLE: tl.constexpr, DOT_FP32: tl.constexpr,
             FAST: tl.constexpr, SCALED: tl.constexpr):
     """q . RoPE(k, pos) for a query tile [R, D] (split in halves) and one key tile [BLOCK_N]: [R, BLOCK_N] fp32.
 
     s0 is a zero [R, BLOCK_N] fp32 tile, the dots' accumulator."""
-    cos, sin = _cos_sin(CosSin, stride_cs, inv_freq, mscale, pos, real, h, HALF, TABLE, FAST, SCALED)
+    cos, sin = _cos_sin(CosSin, stride_cs, inv_freq, mscale, pos, h, HALF, TABLE, FAST, SCALED)
     k_base = K + slot[:, None] * stride_ks + kvh * stride_kh
-    k1 = tl.load(k_base + i1[None, :], mask=real[:, None], other=0.0).to(tl.float32)
-    k2 = tl.load(k_base + i2[None, :], mask=real[:, None], other=0.0).to(tl.float32)
+    k1 = tl.load(k_base + i1[None, :]).to(tl.float32)
+    k2 = tl.load(k_base + i2[None, :]).to(tl.float32)
     s = _dot(q1, tl.trans(k1 * cos - k2 * sin), s0, DOT_FP32)
     s = _dot(q2, tl.trans(k2 * cos + k1 * sin), s, DOT_FP32)
     if PASS > 0:
         ip = 2 * HALF + tl.arange(0, PASS)
-        kp = tl.load(k_base + ip[None, :], mask=real[:, None], other=0.0)
+        kp = tl.load(k_base + ip[None, :])
         s = _dot(qp, tl.trans(kp), s, DOT_FP32)
     return s
 
@@ -167,14 +171,35 @@ def _load_query(Q, tok, head, mask, stride_qt, stride_qh, i1, i2, HALF: tl.const
     return q1, q2, qp
 
 
+LOG2E = tl.constexpr(1.4426950408889634)  # scores are kept in base 2: sm_scale * LOG2E, then exp2
+LN2 = tl.constexpr(0.6931471805599453)
+
+
 @triton.jit
-def _online_softmax(s, m_i, l_i, acc):
-    """Fold one tile's scores s [R, N] into the running max, sum and (rescaled) accumulator; returns p too."""
+def _exp2(x, FAST: tl.constexpr):
+    """2^x; on the GPU `ex2.approx.ftz` alone (tl.exp and tl.exp2 add a subnormal fix-up around it, three
+    instructions a score). Flushing results under 2^-126 to zero changes no softmax weight that counts."""
+    if FAST:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.exp2(x)
+
+
+@triton.jit
+def _online_softmax(s, m_i, l_i, acc, FAST: tl.constexpr):
+    """Fold one tile's base-2 scores s [R, N] into the running max, sum and (rescaled) accumulator; returns p too."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # nothing visible yet in this row
-    alpha = tl.exp(m_i - m_safe)
-    p = tl.exp(s - m_safe[:, None])
+    alpha = _exp2(m_i - m_safe, FAST)
+    p = _exp2(s - m_safe[:, None], FAST)
     return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None], p
+
+
+@triton.jit
+def _lse(m_i, l_i, seen):
+    """The natural log-sum-exp of a row kept in base 2 (what the merge reads)."""
+    return tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, -float("inf"))
 
 
 @triton.jit
@@ -225,20 +250,19 @@ def _mepic_decode_kernel(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, DV], tl.float32)
     for first in range(start, end, BLOCK_N):
-        pos, real = _tile_positions(ReqToPos, row, first + n, end, stride_rp)
-        slot = _tile_slots(ReqToToken, row, first + n, first + n < end, stride_rt)
-        visible = real & (pos <= q_pos)
-        s = _scores(tl.zeros([BLOCK_H, BLOCK_N], tl.float32), q1, q2, qp, K, slot, visible, pos, kvh, stride_ks,
+        pos, slot = _tile_keys(ReqToPos, ReqToToken, row, first, n, end, stride_rp, stride_rt)
+        visible = (pos >= 0) & (pos <= q_pos)
+        s = _scores(tl.zeros([BLOCK_H, BLOCK_N], tl.float32), q1, q2, qp, K, slot, pos, kvh, stride_ks,
                     stride_kh, CosSin, stride_cs, inv_freq, mscale, h, i1, i2, HALF, PASS, TABLE, DOT_FP32, FAST,
-                    SCALED) * sm_scale
+                    SCALED) * (sm_scale * LOG2E)
         s = tl.where(visible[None, :], s, -float("inf"))
-        m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc)
-        v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :], mask=visible[:, None], other=0.0)
+        m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc, FAST)
+        v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :])
         acc = _dot(p.to(q1.dtype), v, acc, DOT_FP32)
     seen = l_i > 0.0
     out = PartialOut + b * stride_pb + head[:, None] * stride_ph + split * stride_ps + dv[None, :]
     tl.store(out, acc / tl.where(seen, l_i, 1.0)[:, None], mask=gmask[:, None])
-    lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), -float("inf"))
+    lse = _lse(m_i, l_i, seen)
     tl.store(PartialLse + b * stride_lb + head * stride_lh + split, lse, mask=gmask)
 
 
@@ -330,14 +354,13 @@ def _mepic_extend_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV], tl.float32)
     for first in range(start, stop, BLOCK_N):
-        pos, real = _tile_positions(ReqToPos, row, first + n, stop, stride_rp)
-        slot = _tile_slots(ReqToToken, row, first + n, real, stride_rt)
-        s = _scores(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), q1, q2, qp, K, slot, real, pos, kvh, stride_ks,
+        pos, slot = _tile_keys(ReqToPos, ReqToToken, row, first, n, stop, stride_rp, stride_rt)
+        s = _scores(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), q1, q2, qp, K, slot, pos, kvh, stride_ks,
                     stride_kh, CosSin, stride_cs, inv_freq, mscale, h, i1, i2, HALF, PASS, TABLE, DOT_FP32, FAST,
-                    SCALED) * sm_scale
-        s = tl.where(real[None, :] & (pos[None, :] <= q_pos[:, None]), s, -float("inf"))
-        m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc)
-        v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :], mask=real[:, None], other=0.0)
+                    SCALED) * (sm_scale * LOG2E)
+        s = tl.where((pos[None, :] >= 0) & (pos[None, :] <= q_pos[:, None]), s, -float("inf"))
+        m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc, FAST)
+        v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :])
         acc = _dot(p.to(q1.dtype), v, acc, DOT_FP32)
     seen = l_i > 0.0
     if SPLITS == 1:
@@ -346,7 +369,7 @@ def _mepic_extend_kernel(
     else:  # partial output and log-sum-exp of this split; _merge_kernel (FIXED) combines them
         out = PartialOut + q_tok[:, None] * stride_pt + head[:, None] * stride_ph + split * stride_ps + dv[None, :]
         tl.store(out, acc / tl.where(seen, l_i, 1.0)[:, None], mask=rmask[:, None])
-        lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), -float("inf"))
+        lse = _lse(m_i, l_i, seen)
         tl.store(PartialLse + q_tok * stride_lt + head * stride_lh + split, lse, mask=rmask)
 
 
