@@ -1,47 +1,52 @@
-"""Scheduler-side state of one laid-out request (`req.mepic`).
+"""Scheduler-side state of one laid-out request (`req.mepic`), and its phases.
 
 A request arrives laid out in its natural slot order with the `mepic.chunks`
-kv_hints action (request_layout.py). Each time the scheduler matches it, the
-radix cache plans it against the chunk store (plan.py) and, in shared modes,
-reorders its token ids so the reused pages form the prefix. Once the request is
-admitted the plan is fixed until the request releases its row (a retracted
-request is planned again from its natural order).
+hint (hint.py). Its `Shape` (ids, pads, chunks and their keys) never changes.
+Around it, the request moves through three phases, and every move is checked:
+
+    LINKED --plan--> PLANNED --admit--> ADMITTED --release--> LINKED
+       ^                |
+       +----let go------+   (not admitted this round, or planned again)
+
+- PLANNED: the cache matched it (planner.py): it holds the stored chunks it
+  will read and its token ids are in planned order.
+- ADMITTED: it has a KV row; its plan is fixed until it releases the row (a
+  retracted request is planned again from its natural order).
 """
 
+import enum
 from array import array
 from dataclasses import dataclass, field
 
 import torch
 
-from sglang_mepic.plan import ChunkSpan, Plan, arrangement_tag
+from sglang_mepic.plan import ChunkSpan, Plan
+from sglang_mepic.planner import Planned
 from sglang_mepic.request_layout import pad_mask, slot_positions
-from sglang_mepic.segments import NO_POSITION, PAD_ID
+from sglang_mepic.segments import NO_POSITION
 
 
-@dataclass
-class Link:
+class Phase(enum.Enum):
+    LINKED = "linked"
+    PLANNED = "planned"
+    ADMITTED = "admitted"
+
+
+class PhaseError(RuntimeError):
+    """A request state moved in a way its lifecycle does not allow (a bug, never client input)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Shape:
+    """What the request's hint and namespace fix: the same at every match."""
+
     natural: array                      # prompt token ids in natural slot order
-    pads: list[tuple[int, int]]         # (first slot, count) in natural order
-    chunk_slots: list[tuple[int, int]]  # [start, end) of each chunk segment
-    compile: bool                       # a standalone compile of one chunk (issued by the tokenizer side)
+    pads: tuple[tuple[int, int], ...]   # (first slot, count) in natural order
+    chunk_slots: tuple[tuple[int, int], ...]  # [start, end) of each chunk segment
+    keys: tuple[str, ...]               # chunk key of each chunk segment (segments.span_hash)
+    compile: bool                       # a standalone compile of one chunk (sent by the tokenizer side)
     compiles: tuple = ()                # rid of the compile sent for each chunk segment (None: none sent)
-    compiled: tuple[int, ...] = ()      # chunk segments those compiles computed (known at admission)
-    held_at: float | None = None        # held back for a compile since (time.monotonic; compiles.py)
-    waited: float = 0.0                 # seconds it was held back for compiles
-    keys: list[str] = field(default_factory=list)
-    plan: Plan | None = None
-    order: list[int] | None = None      # natural slot of each planned prompt slot (None: natural order)
-    sources: list[int] | None = None    # private-copy modes: canonical slot per natural slot, or -1
-    injected: torch.Tensor | None = None  # reused KV slots appended to the tree's match
-    tree_len: int = 0                   # slots the tree matched before the injected ones
-    tree_took: int = 0                  # injected slots the tree has taken its own reference on
-    held: list[int] = field(default_factory=list)  # pages this request holds a reference on
-    found: list[str] | None = None      # where each chunk was found when planned: device, host, storage, absent
-    admitted: bool = False
-    owner: int = 0                      # EPIC: whose private copies its planned prefix is (plan.private)
-    private_key: int | None = None      # CacheBlend: the key's first id, unique to this request (its KV is blended)
-    report: dict = field(default_factory=dict)
-    _positions: tuple = (None, -1, None)  # (order, num_slots, positions): match, insert and admit ask alike
+    owner: int = 0                      # unique per request: EPIC's and CacheBlend's private tree keys
 
     @property
     def size(self) -> int:
@@ -54,64 +59,113 @@ class Link:
         """Positions of the request's slots in natural order (output slots follow the prompt)."""
         return slot_positions(num_slots, self.pads)
 
-    def positions(self, num_slots: int) -> torch.Tensor:
-        """Positions of the first `num_slots` slots in planned order (a chunked prefill's part, or
-        the prompt and its output tokens)."""
-        order, slots, cached = self._positions
-        if order is self.order and slots == num_slots:
-            return cached
-        natural = self.natural_positions(max(num_slots, self.size))
-        if self.order is None:
-            out = natural[:num_slots]
-        else:
-            index = torch.tensor(self.order + list(range(self.size, num_slots)), dtype=torch.long)
-            out = natural[index][:num_slots]
-        self._positions = (self.order, num_slots, out)
-        return out
-
-    def masked(self, token_ids) -> array:
-        """The radix-tree key: token ids (planned order) with pad slots as PAD_ID, each reused
-        canonical page tagged with its chunk (plan.page_tag), and each computed page after a
-        reused one tagged with how many reused pages precede it (plan.arrangement_tag)."""
-        out = array("q", token_ids)
-        pos = self.positions(len(out))
-        for i in torch.nonzero(pos == NO_POSITION).flatten().tolist():
-            out[i] = PAD_ID
-        if self.private_key is not None and out:
-            out[0] = self.private_key
-        if self.order is not None:
-            plan = self.plan
-            page_size = plan.page_size
-            pages = -(-len(out) // page_size)
-            for k, tag in enumerate(plan.tags[:pages]):
-                out[k * page_size] = tag
-            for k, before in enumerate(plan.reused_before[:max(0, pages - len(plan.tags))], start=len(plan.tags)):
-                if before:
-                    out[k * page_size] = arrangement_tag(out[k * page_size], before)
-        return out
-
-    def compiled_reuse(self, canonical_from: int, page_size: int) -> int:
-        """Real tokens this request reuses from chunks that its own compiles computed.
-
-        They are in the store, so the plan reuses them, but they were computed for
-        this request: neither a cache hit nor a recompute in context.
-        """
-        if self.plan is None or not self.compiled:
-            return 0
-        natural = self.natural_positions(self.size)
-        reused = set(self.plan.order[:len(self.plan.reused)])
-        total = 0
-        for i in set(self.compiled):
-            if i < len(self.chunk_slots):
-                start, end = self.chunk_slots[i]
-                for page in range(start // page_size + canonical_from, end // page_size):
-                    if page in reused:
-                        total += int((natural[page * page_size:(page + 1) * page_size] != NO_POSITION).sum())
-        return total
-
     def pad_slots(self) -> list[bool]:
         """Whether each natural prompt slot is a pad."""
         return pad_mask(self.size, self.pads).tolist()
+
+
+@dataclass(eq=False)
+class Link:
+    shape: Shape
+    phase: Phase = Phase.LINKED
+    planned: Planned | None = None
+    held: list[int] = field(default_factory=list)  # pages this request holds a reference on
+    found: list[str] | None = None      # where each chunk was found when planned: device, host, storage, absent
+    # The match: reused KV slots appended to the tree's (None: none), the slots the tree matched
+    # before them, and how many of them the tree has since taken its own reference on.
+    injected: torch.Tensor | None = None
+    tree_len: int = 0
+    tree_took: int = 0
+    compiled: tuple[int, ...] = ()      # chunk segments this request's compiles computed (known at admission)
+    held_at: float | None = None        # held back for a compile since (time.monotonic; compiles.py)
+    waited: float = 0.0                 # seconds it was held back for compiles
+    report: dict = field(default_factory=dict)  # per-request figures for its response (figures.py)
+    _positions: tuple = (None, -1, None)  # (planned, num_slots, positions): match, insert and admit ask alike
+
+    # ---- phases ---------------------------------------------------------------
+
+    def _move(self, allowed: tuple[Phase, ...], to: Phase) -> None:
+        if self.phase not in allowed:
+            raise PhaseError(f"request state: {self.phase.value} -> {to.value} is not a transition")
+        self.phase = to
+
+    def set_planned(self, planned: Planned) -> None:
+        self._move((Phase.LINKED,), Phase.PLANNED)
+        self.planned = planned
+
+    def unplan(self) -> None:
+        """Back to linked before it is planned again, or when its round ended without it."""
+        self._move((Phase.LINKED, Phase.PLANNED), Phase.LINKED)
+
+    def admit(self) -> None:
+        self._move((Phase.PLANNED,), Phase.ADMITTED)
+
+    def release(self) -> None:
+        self._move((Phase.LINKED, Phase.PLANNED, Phase.ADMITTED), Phase.LINKED)
+        self.injected, self.tree_took = None, 0
+
+    @property
+    def admitted(self) -> bool:
+        return self.phase is Phase.ADMITTED
+
+    # ---- what the shape and the plan say ----------------------------------------
+
+    natural = property(lambda self: self.shape.natural)
+    pads = property(lambda self: self.shape.pads)
+    chunk_slots = property(lambda self: self.shape.chunk_slots)
+    keys = property(lambda self: self.shape.keys)
+    compile = property(lambda self: self.shape.compile)
+    compiles = property(lambda self: self.shape.compiles)
+    size = property(lambda self: self.shape.size)
+
+    @property
+    def plan(self) -> Plan | None:
+        return self.planned.plan if self.planned is not None else None
+
+    @property
+    def private_key(self) -> int | None:
+        return self.planned.private_key if self.planned is not None else None
+
+    @property
+    def order(self) -> tuple[int, ...] | None:
+        """Natural slot of each planned prompt slot (None: natural order)."""
+        return self.planned.order if self.planned is not None else None
+
+    @property
+    def sources(self) -> tuple[int, ...] | None:
+        return self.planned.sources if self.planned is not None else None
+
+    def spans(self) -> list[ChunkSpan]:
+        return self.shape.spans()
+
+    def pad_slots(self) -> list[bool]:
+        return self.shape.pad_slots()
+
+    def natural_positions(self, num_slots: int) -> torch.Tensor:
+        return self.shape.natural_positions(num_slots)
+
+    def positions(self, num_slots: int) -> torch.Tensor:
+        """Positions of the first `num_slots` slots in planned order (a chunked prefill's part, or
+        the prompt and its output tokens)."""
+        planned, slots, cached = self._positions
+        if planned is self.planned and slots == num_slots:
+            return cached
+        natural = self.shape.natural_positions(max(num_slots, self.size))
+        order = self.order
+        if order is None:
+            out = natural[:num_slots]
+        else:
+            index = torch.tensor(order + tuple(range(self.size, num_slots)), dtype=torch.long)
+            out = natural[index][:num_slots]
+        self._positions = (self.planned, num_slots, out)
+        return out
+
+    def masked(self, token_ids) -> array:
+        """The radix-tree key of `token_ids` (planned order): planner.Planned.key."""
+        positions = self.positions(len(token_ids))
+        if self.planned is None:
+            return Planned.natural_key(token_ids, positions)
+        return self.planned.key(token_ids, positions)
 
     def real_slots(self, start: int, end: int) -> int:
         """Non-pad slots among planned prompt slots [start, end)."""

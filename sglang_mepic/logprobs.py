@@ -20,6 +20,8 @@ the user's view exact:
 
 from typing import Sequence
 
+import torch
+
 from sglang_mepic.segments import PAD_ID
 
 
@@ -57,3 +59,20 @@ def per_token(entries: list, start: int, is_pad: Sequence[bool]) -> list:
         out.append(entries[0] if prev is None else entries[prev - start + 1])
         prev = slot
     return out
+
+
+def score_real_tokens(batch) -> None:
+    """Per request, SGLang lists the id each slot from its logprob start scores: the next slot's.
+    For laid-out requests that becomes the next real token in natural order."""
+    targets, at = batch.extend_input_logprob_token_ids, 0
+    for req, skipped in zip(batch.reqs, batch.extend_logprob_start_lens):
+        count = req.extend_len - skipped
+        link = getattr(req, "mepic", None)
+        first = req.prefix_len + skipped
+        end = min(first + count, link.size) if link is not None else first
+        if end > first:
+            nxt = next_real_ids(link.natural, link.pad_slots())
+            natural = link.order if link.order is not None else range(link.size)
+            targets[at:at + end - first] = torch.tensor([nxt[natural[k]] for k in range(first, end)],
+                                                        dtype=targets.dtype)
+        at += count

@@ -1,4 +1,4 @@
-"""The `mepic` radix-cache backend (`--radix-cache-backend mepic`).
+"""The `mepic` radix-cache backend (`--radix-cache-backend mepic`): SGLang's tree, plus chunks.
 
 It extends SGLang's Python `RadixCache` rather than the default
 `UnifiedRadixCache`: the unified tree keeps its nodes in a Rust core that a
@@ -6,38 +6,27 @@ plugin cannot give a new node kind, while the Python tree is a plain class whose
 paths can be extended in Python. For a request without chunk markup it is
 SGLang's own `RadixCache`, unchanged.
 
-A laid-out request (request_layout.py) is planned against the chunk store each
-time the scheduler matches it (plan.py). In the shared modes its token ids are
-reordered so that the reused canonical pages come first; the tree matches that
-key as far as it can and the rest of the reused pages are appended from the
-store ("injected"), so SGLang's prefix is exactly the reused KV and its extend
-is exactly what MEPIC recomputes. The tree then caches the request under its
-planned key: an identical request matches all the way through, first blocks
-included.
+This class keeps the tree work; each other job has its module, and the walk of
+a laid-out request through them is:
 
-A chunk's canonical pages come from a standalone compile: the tokenizer side
-sends the chunk alone as a small internal request (`compile`), and when that
-request is released its pages join the store.
+    link (here)           the request's shape and chunk keys, once (link.py)
+    match_prefix (here)   Residency.find -> planner.plan -> the tree's match of the
+                          planned key, plus the reused pages the tree lacks (injected)
+    admit                 admission.py: pins kept, EPIC's private copy, figures.py
+    insert / release      here: the tree caches the request under its planned key;
+                          a compile's pages join the chunk store (`_publish`)
 
-Pages are shared between the store, tree nodes and requests, so the cache
-attaches a `PageRefs` to SGLang's allocator: every page freed there drops one
-holder (patches `paged_allocator_free_page_ids`, `paged_allocator_free`). The
-`Ledger` keeps, as holders change, what SGLang asks of the cache at every step
-(`evictable_size`); `recount_freeable` is the same answer from scratch. Holders:
-- the store: one per canonical page it keeps;
-- a tree node: one per page of its value (SGLang's own accounting, plus one
-  taken here when a node is created over injected pages);
-- a request: one per page of each stored chunk it reads, from the moment it is
-  planned. The scheduler checks a request's memory budget right after planning
-  it, so the chunks it will pin are not counted as evictable there. A request
-  that is not admitted lets go when the scheduling round ends (`end_round`),
-  an admitted one when it releases its row.
+Side effects of `match_prefix` on a laid-out request (SGLang's own match only
+splits nodes and refreshes their access time): the request lets go of what an
+earlier plan pinned, pins every stored chunk it will read (until it is admitted,
+or the round ends), may load chunks back from the host or storage tier into
+fresh pages (evicting tree leaves and unheld chunks for room), and has its
+`origin_input_ids` put in planned order. Matches made to sort the waiting queue
+(`prioritising`) do none of this.
 
-A chunk the store evicts is copied to the host tier first, and every compiled
-chunk is written through to shared storage (tiers.py, storage.py). Planning a request loads
-a chunk it needs back from those tiers into fresh pages (evicting tree leaves
-and unheld chunks for room), so a compile of a chunk that was evicted costs a
-copy and its first block instead of the whole chunk.
+Pages are shared between the store, tree nodes and requests: see docs/design.md,
+Ownership. Tree nodes report to the `Ledger` as they are created, locked,
+unlocked and deleted, so `evictable_size` stays exact at O(1).
 """
 
 import dataclasses
@@ -45,35 +34,32 @@ import hashlib
 import heapq
 import itertools
 import json
-import logging
-import math
 import os
 import time
 from array import array
-from collections import Counter
-from dataclasses import dataclass
 
 import torch
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.evict_policy import (FIFOStrategy, FILOStrategy, LFUStrategy, LRUStrategy,
                                                PriorityStrategy, SLRUStrategy)
-from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
-from sglang_mepic import config, metrics, storage
+from sglang_mepic import config, planner, storage
+from sglang_mepic.admission import Admission
 from sglang_mepic.chunk_store import ChunkStore
 from sglang_mepic.compiles import Compiles
+from sglang_mepic.figures import Figures
 from sglang_mepic.ledger import Ledger
-from sglang_mepic.link import Link
+from sglang_mepic import ownership
+from sglang_mepic.link import Link, Shape
 from sglang_mepic.pages import PageRefs
-from sglang_mepic.plan import make_plan, page_tag, private, sources
 from sglang_mepic.pool_pages import PoolPages
-from sglang_mepic.request_layout import hints, masked_key
+from sglang_mepic.hint import decode_laid_out
+from sglang_mepic.request_layout import masked_key
+from sglang_mepic.residency import Residency
 from sglang_mepic.segments import span_hash
 from sglang_mepic.tiers import Tiers
-
-logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "mepic"
 
@@ -104,15 +90,6 @@ def check_allocator(allocator) -> None:
                          "(they return whole pages with free_page_ids); use the default paged allocator")
 
 
-@dataclass
-class Counters:
-    recomputed_tokens: int = 0   # chunk and prompt tokens computed in a request's context
-    reused_tokens: int = 0       # chunk tokens served from the store (shared or copied)
-    compiled_chunks: int = 0     # standalone compiles that produced new canonical pages
-    compiled_tokens: int = 0     # real tokens computed by standalone compiles
-    private_copy_fallbacks: int = 0  # epic requests that read stored pages in place for lack of room
-
-
 class MepicRadixCache(RadixCache):
     # Set while SGLang sorts the waiting queue (patch schedule_policy_compute_prefix_matches):
     # matches then plan, pin and load nothing (`_match_unplanned`).
@@ -128,7 +105,7 @@ class MepicRadixCache(RadixCache):
         self.placement = config.placement()
         self.pages = PoolPages(params.token_to_kv_pool_allocator)
         self.refs = PageRefs(self.pages)
-        params.token_to_kv_pool_allocator.mepic_refs = self.refs
+        self.ownership = ownership.register(params.token_to_kv_pool_allocator, self.refs)
         self.store = ChunkStore(self.refs, on_evict=self._demote)
         self.ledger = Ledger(self.refs, self.store)
         self.refs.on_change = self.ledger.touch
@@ -137,32 +114,32 @@ class MepicRadixCache(RadixCache):
         self.tiers = tiers or Tiers(self.kv_pool, self.page_size, config.host_tier_gb(),
                                     storage.from_settings(model_fingerprint))
         self._owners = itertools.count(1)
-        self._unadmitted: dict[int, Link] = {}  # planned, holding their chunks, not admitted yet
+        self.residency = Residency(self.store, self.refs, self.pages, self.tiers, self.evict, self.page_size,
+                                   self.canonical_from)
+        self.admission = Admission(self)
         self.compiles = Compiles()
-        self.counters = Counters()
-        self.peak_pages_in_use = 0
-        self._sampled = None  # the counts `sample` compares, at the last sample
+        self.figures = Figures(self)
 
     # ---- the request side -------------------------------------------------
 
     def link(self, req) -> Link | None:
         link = getattr(req, "mepic", None)
         if link is None:
-            h = hints(getattr(req, "kv_hints", None))
+            h = decode_laid_out(getattr(req, "kv_hints", None))
             if h is None:
                 return None
-            link = Link(array("q", req.origin_input_ids), h.pads, h.chunks, h.compile, h.compiles)
+            natural = array("q", req.origin_input_ids)
             # Everything that keeps SGLang's tree entries apart keeps chunks apart too.
             # repr keeps None apart from "None" and a field's text from the separators: a client's
             # extra_key or cache_salt must never spell another tenant's namespace. SGLang treats an
             # empty cache_salt as none, and so does this.
             namespace = repr((getattr(req, "extra_key", None), getattr(req, "cache_salt", None) or None,
                               getattr(req, "lora_id", None)))
-            masked = masked_key(link.natural, link.pads)
-            link.keys = [span_hash(masked[s:e], self.placement, self.page_size, self.model_fingerprint, namespace)
-                         for s, e in link.chunk_slots]
-            link.owner = next(self._owners)
-            req.mepic = link
+            masked = masked_key(natural, h.pads)
+            keys = tuple(span_hash(masked[s:e], self.placement, self.page_size, self.model_fingerprint, namespace)
+                         for s, e in h.chunks)
+            link = req.mepic = Link(Shape(natural, tuple(h.pads), tuple(h.chunks), keys, h.compile, h.compiles,
+                                          next(self._owners)))
         return link
 
     def hold_back(self, reqs) -> list:
@@ -171,55 +148,21 @@ class MepicRadixCache(RadixCache):
         return [req for req, _ in self.compiles.waiting(linked, lambda key: key in self.store)]
 
     def _plan(self, req, link: Link, params) -> None:
-        """Plan the request against the store; in shared modes, put its ids in planned order.
-
-        The request holds every stored chunk it will read from here on; chunks missing
-        from the device pool are loaded back from the tiers below when they have them.
-        """
-        self._let_go(link)
-        resident, found = {}, []
-        for (start, end), key in zip(link.chunk_slots, link.keys):
-            pages, where = self.store.peek(key), "device"
-            if pages is None and not self._keeps(start, end):  # nothing of it is ever stored
-                where = "absent"
-            elif pages is None:  # "absent" too when the entry was rejected or there is no room
-                pages, where = self._load(key, (end - start) // self.page_size - self.canonical_from)
-            if pages is not None and key not in resident:
-                self.refs.acquire(pages)  # before the next load, which may evict
-                resident[key] = pages
-                link.held += pages
-            found.append(where)
+        """Pin and load the request's chunks, plan it, and put its ids in planned order."""
+        self.admission.let_go(link)
+        link.unplan()
+        found = self.residency.find(link.shape)
+        link.held = found.pins
         # Where each chunk was found when first planned. A plan that found nothing (or could not
         # load it for lack of room) yields to a later one, as the request is computed by the last.
-        link.found = found if link.found is None else [new if old == "absent" else old
-                                                      for old, new in zip(link.found, found)]
-        if link.held:
-            self._unadmitted[id(link)] = link
-        link.order = link.sources = link.private_key = None
-        link.plan = None
+        link.found = found.where if link.found is None else [new if old == "absent" else old
+                                                            for old, new in zip(link.found, found.where)]
+        self.admission.planned(link)
         # Input logprobs from a slot on: as SGLang limits its prefix there, chunks past it are computed.
         start = req.logprob_start_len if getattr(req, "return_logprob", False) and req.logprob_start_len >= 0 else None
-        if link.compile or self.mode.shares:
-            link.plan = make_plan(link.size, self.page_size, link.spans(), resident, self.canonical_from, start)
-        elif self.mode.kind is config.Kind.EPIC:
-            # Planned like mepic: each chunk's leading pages are computed, its other pages
-            # form the prefix, copied into pages of the request's own at admission (`_copy_private`).
-            lead = -(-self.mode.tokens // self.page_size)
-            tail = {key: pages[lead:] for key, pages in resident.items()}
-            link.plan = private(make_plan(link.size, self.page_size, link.spans(), tail, lead, start),
-                                str(link.owner))
-        elif self.mode.kind is config.Kind.CACHEBLEND:
-            natural_pos = link.natural_positions(link.size).tolist()
-            link.sources, _, _ = sources(link.size, self.page_size, link.spans(), resident, natural_pos, 0, start)
-            # Which slots are recomputed is chosen per request, over its whole extend, so blended KV
-            # is this request's alone: no other request (not one with the same tokens, not one
-            # sharing a prefix) may match it in the tree.
-            link.private_key = page_tag(f"{link.owner}\x1fcacheblend", 0) if any(s >= 0 for s in link.sources) \
-                else None
-        if link.plan is not None and link.plan.reused and link.compile and self._holds_compile(link, params):
-            link.plan = None  # in natural order, the tree's earlier compile of it costs nothing
-        if link.plan is not None and link.plan.reused:
-            link.order = link.plan.slot_order()
+        link.set_planned(planner.plan(link.shape, found.resident, self.mode, self.page_size, self.canonical_from, start,
+                               lambda: self._holds_compile(link, params)))
+        if link.order is not None:
             # Same length, new order: fill_ids is rebuilt from it below (it would go stale).
             req.origin_input_ids[:] = array("q", (link.natural[s] for s in link.order))
         else:
@@ -244,9 +187,9 @@ class MepicRadixCache(RadixCache):
                               cache_salt=key.cache_salt)
         result = super().match_prefix(params)
         link.injected, link.tree_len, link.tree_took = None, result.device_prefix_len, 0
-        plan = link.plan
-        if plan is None or not plan.reused:
+        if not link.planned.reuses:
             return result
+        plan = link.planned.plan
         limit = len(ids) if key.limit is None else min(key.limit, len(ids))
         end = min(plan.prefix_slots, limit // self.page_size * self.page_size)
         if end <= result.device_prefix_len:
@@ -279,44 +222,6 @@ class MepicRadixCache(RadixCache):
         """
         return self._match_natural(link, params).device_prefix_len >= link.chunk_slots[0][1]
 
-    def _keeps(self, start: int, end: int) -> bool:
-        """Whether the store keeps pages of a chunk over slots [start, end): not when every page
-        of it is recomputed in context (`--mepic-recompute-blocks` at or above its page count)."""
-        return self.canonical_from is not None and (end - start) // self.page_size > self.canonical_from
-
-    def _load(self, key: str, num_pages: int) -> tuple[tuple[int, ...] | None, str]:
-        """Copy a chunk from the host or file tier into fresh device pages and store it.
-
-        Returns its pages and the tier it came from, or (None, "absent") when no tier has it
-        sound or the pool has no room for it.
-        """
-        fetched = self.tiers.fetch(key, num_pages * self.page_size)
-        if fetched is None:
-            return None, "absent"
-        pages = self.refs.alloc(num_pages)
-        if pages is None:
-            short = num_pages - self.pages.available()
-            self.evict(EvictParams(num_tokens=short * self.page_size))
-            pages = self.refs.alloc(num_pages)
-            if pages is None:
-                return None, "absent"
-        self.tiers.place(fetched, self.pages.slots(pages))
-        pages = self.store.put(key, tuple(pages))
-        self.refs.release(pages)  # the store is now their only holder
-        return pages, fetched[1]
-
-    def _let_go(self, link: Link) -> None:
-        """Drop the chunks a planned request holds (it is planned again, or was not admitted)."""
-        self._unadmitted.pop(id(link), None)
-        if link.held:
-            self.refs.release(link.held)
-            link.held = []
-
-    def end_round(self) -> None:
-        """A scheduling round is over: requests planned in it but not admitted let go of their chunks."""
-        for link in list(self._unadmitted.values()):
-            self._let_go(link)
-
     def _demote(self, key: str, pages: tuple[int, ...]) -> None:
         self.tiers.demote(key, self.pages.slots(pages))
 
@@ -327,74 +232,6 @@ class MepicRadixCache(RadixCache):
             path = torch.cat([path[:link.tree_len], link.injected.to(path.device, path.dtype)])
         assert len(path) >= req.prefix_len, (req.rid, len(path), req.prefix_len)
         return path[:req.prefix_len]
-
-    def admit(self, req, reserve: int = 0) -> None:
-        """The request is about to get its KV row: hold the pages it reads, fix its plan, count it.
-
-        reserve: pages the batch's own extends will take right after (EPIC's copies leave them free).
-        """
-        link = getattr(req, "mepic", None)
-        if link is None or link.admitted:
-            return
-        self._unadmitted.pop(id(link), None)  # it keeps what it holds until its release
-        link.admitted = True
-        if self.mode.kind is config.Kind.EPIC and link.injected is not None and not link.compile:
-            self._copy_private(link, reserve)
-        prefix = min(req.prefix_len, link.size)
-        if link.compile:
-            computed = link.real_slots(prefix, link.size)
-            self.counters.compiled_tokens += computed
-            self.tiers.lookups[link.found[0]] += 1
-            self.compiles.admitted(req.rid, link.found[0])
-            link.report = {"mepic_residency": link.found[0], "mepic_compiled_tokens": computed}
-            return
-        if link.compiles:
-            link.compiled = self.compiles.compiled(link)
-            found = self.compiles.residency(link)
-            # SGLang logs the compiles as ordinary prefill batches; say what they were.
-            logger.info("MEPIC request %s: %d chunk(s) found %s; waited %.2f s for compiles", req.rid, len(found),
-                        ", ".join(f"{n} {tier}" for tier, n in Counter(found).items()), link.waited)
-        substituted = 0
-        if link.sources is not None:  # CacheBlend: its selected fraction is computed after all
-            substituted = sum(1 for s in link.sources[req.prefix_len:] if s >= 0)
-            substituted -= math.ceil(self.mode.ratio * substituted)
-        for key in link.keys:  # counts hits and misses, refreshes LRU order
-            self.store.lookup(key)
-        compiled = link.compiled_reuse(self.canonical_from or 0, self.page_size)
-        cached = link.real_slots(0, prefix) + substituted - compiled
-        recomputed = link.real_slots(prefix, link.size) - substituted
-        plan_hits = link.plan.hits if link.plan is not None else sum(1 for s in link.spans()
-                                                                     if self.store.peek(s.key) is not None)
-        link.report = {"mepic_recomputed_tokens": recomputed, "mepic_chunk_hits": plan_hits,
-                       "mepic_chunk_misses": len(link.keys) - plan_hits, "mepic_cached_tokens": cached,
-                       "mepic_compiled_tokens": compiled}
-        self.counters.recomputed_tokens += recomputed
-        self.counters.reused_tokens += link.real_slots(0, prefix) if link.plan is not None else substituted
-
-    def _copy_private(self, link: Link, reserve: int) -> None:
-        """EPIC: the stored pages the request reads become a copy in pages of its own, before
-        its forward (as EPIC loads, then computes the rest); the store's pages are let go.
-
-        SGLang's budget did not count these pages. When they do not fit beside `reserve`
-        (evicting the tree and unheld chunks for them), the request reads the store's
-        pages in place instead: same KV, shared for once (`private_copy_fallbacks`).
-        """
-        src = link.injected
-        n = len(src) // self.page_size
-        short = n + reserve - self.pages.available()
-        if short > 0:
-            self.evict(EvictParams(num_tokens=short * self.page_size))
-        pages = self.refs.alloc(n) if self.pages.available() >= n + reserve else None
-        if pages is None:
-            self.counters.private_copy_fallbacks += 1
-            logger.warning("epic: no room for a private copy of %d pages; this request reads the store's "
-                           "pages in place", n)
-            return
-        dst = self.pages.slots(pages)
-        move_kv_cache_native(self.kv_pool.k_buffer, self.kv_pool.v_buffer, dst, src.to(dst.device))
-        self.refs.release(link.held)
-        link.held = list(pages)
-        link.injected = dst
 
     def _insert_cache(self, req, token_ids, **kwargs):
         link = getattr(req, "mepic", None)
@@ -418,21 +255,21 @@ class MepicRadixCache(RadixCache):
                 self._publish(req, link)
             if link.compile:
                 self.compiles.released(req.rid)
-            self._let_go(link)
-            link.admitted, link.injected, link.tree_took = False, None, 0
+            self.admission.let_go(link)
+            link.release()
         super().on_release(req, checkpointed=checkpointed)
 
     def _publish(self, req, link: Link) -> None:
         """A compiled chunk's pages (now owned by the tree) join the store."""
         (start, end), key = link.chunk_slots[0], link.keys[0]
-        if not self._keeps(start, end) or req.kv.cache_protected_len < end or key in self.store:
+        if not self.residency.keeps(start, end) or req.kv.cache_protected_len < end or key in self.store:
             return
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         pages = row[start:end:self.page_size].div(self.page_size, rounding_mode="floor").tolist()
         canonical = tuple(pages[self.canonical_from:])
         self.store.put(key, canonical)
         self.tiers.persist(key, self.pages.slots(canonical))
-        self.counters.compiled_chunks += 1
+        self.figures.counters.compiled_chunks += 1
 
     # ---- tree nodes, as the ledger sees them ----------------------------------
     # Unlocked nodes hold their pages loosely (evictable); locking one pins them.
@@ -533,55 +370,30 @@ class MepicRadixCache(RadixCache):
 
     # ---- memory -----------------------------------------------------------
 
-    def _tree_holders(self) -> dict[int, int]:
-        """Page -> number of unlocked tree nodes holding it (a walk of the whole tree)."""
-        values = []
-        stack = list(self.root_node.children.values())
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if node.lock_ref == 0 and node.value is not None and len(node.value):
-                values.append(node.value[::self.page_size])
-        if not values:
-            return {}
-        pages, counts = torch.unique(torch.cat(values).div(self.page_size, rounding_mode="floor"),
-                                     return_counts=True)
-        return dict(zip(pages.tolist(), counts.tolist()))
-
-    def recount_freeable(self) -> set[int]:
-        """Pages that evicting every unlocked tree node and every unheld chunk would free,
-        counted from scratch over the whole tree and store: the ledger's oracle in tests.
-
-        A page is pinned when something other than an unlocked tree node or a stored chunk
-        holds it (a request, a locked node). A chunk with no pinned page is evicted once the
-        tree's unlocked nodes are gone (`evict`); its pages are freed when every chunk that
-        shares them is evicted too.
-        """
-        holders = self._tree_holders()
-        free = {p for p, n in holders.items() if self.refs.count(p) == n}
-        loose = Counter()  # page -> evictable chunks holding it
-        for pages in self.store.chunks():
-            if all(self.refs.count(p) == holders.get(p, 0) + self.store.holding(p) for p in pages):
-                loose.update(pages)
-        free.update(p for p, n in loose.items() if n == self.store.holding(p))
-        return free
-
     def evictable_size(self):
         # SGLang's tree count would count a page shared by nodes and the store once per holder.
         return self.ledger.freeable() * self.page_size
 
-    def pages_in_use(self) -> int:
-        """Pages running requests hold: allocated pages that evicting every unlocked tree node
-        and every unheld chunk would not free (SGLang's "used" = total - available - evictable)."""
-        total = self.pages.allocator.size // self.page_size
-        return total - self.pages.available() - self.ledger.freeable()
+    # What the scheduler and the patches ask of the request side (admission.py) and the figures
+    # (figures.py), at the names it knows the cache by.
+
+    def admit(self, req, reserve: int = 0) -> None:
+        self.admission.admit(req, reserve)
+
+    def end_round(self) -> None:
+        self.admission.end_round()
 
     def done_with_sources(self, req) -> None:
-        """A private-copy request's prefill is over: its copies are made, the sources can go."""
-        link = getattr(req, "mepic", None)
-        if link is not None and link.sources is not None and link.held:
-            self.refs.release(link.held)
-            link.held = []
+        self.admission.done_with_sources(req)
+
+    def pages_in_use(self) -> int:
+        return self.figures.pages_in_use()
+
+    def sample(self) -> None:
+        self.figures.sample()
+
+    def stats(self) -> dict:
+        return self.figures.stats()
 
     def evict(self, params: EvictParams) -> EvictResult:
         """Evict tree leaves (SGLang's heap, least recently used first), then unheld chunks (LRU),
@@ -622,55 +434,8 @@ class MepicRadixCache(RadixCache):
             self.refs.forget()
             self.ledger.clear()
             self.tiers.clear_host()
-            for link in self._unadmitted.values():
-                link.held = []
-            self._unadmitted.clear()
-            self.peak_pages_in_use = 0
-            self._sampled = None
-            # The allocator is cleared right after this; say so without waiting for the next sample.
-            metrics.publish({"kv_pages_in_use": 0, "kv_pages_in_use_peak": 0, "canonical_chunk_pages": 0,
-                             "shared_pages": 0, "chunks_resident": 0,
-                             "kv_pages_free": self.pages.allocator.size // self.page_size})
-
-    def sample(self) -> None:
-        """Take the figures after an allocation, and when idle: tracks the peak and feeds /metrics.
-
-        Skipped while the counts below are what they were at the last sample (all O(1)):
-        most decode steps allocate nothing, and an idle poll changes nothing. A finished
-        request may change the freeable count alone (its pages go to the tree), a published
-        compile the store's counts alone.
-        """
-        store = self.store
-        counts = (self.pages.available(), self.ledger.freeable(), len(store), store.canonical_pages(),
-                  self.refs.shared(), store.stats.hits, store.stats.misses, store.stats.evictions,
-                  self.counters.compiled_chunks)
-        if counts != self._sampled:
-            self._sampled = counts
-            metrics.publish(self.stats())
-
-    def stats(self) -> dict:
-        in_use = self.pages_in_use()
-        self.peak_pages_in_use = max(self.peak_pages_in_use, in_use)
-        return {
-            "mode": self.mode.name,
-            "page_size": self.page_size,
-            "kv_pages_total": self.pages.allocator.size // self.page_size,
-            "kv_pages_free": self.pages.available(),
-            "kv_pages_in_use": in_use,
-            "kv_pages_in_use_peak": self.peak_pages_in_use,
-            "canonical_chunk_pages": self.store.canonical_pages(),
-            "chunks_resident": len(self.store),
-            "shared_pages": self.refs.shared(),
-            "chunk_hits": self.store.stats.hits,
-            "chunk_misses": self.store.stats.misses,
-            "chunk_evictions": self.store.stats.evictions,
-            "chunks_compiled": self.counters.compiled_chunks,
-            "compiled_tokens": self.counters.compiled_tokens,
-            "recomputed_tokens": self.counters.recomputed_tokens,
-            "reused_tokens": self.counters.reused_tokens,
-            "private_copy_fallbacks": self.counters.private_copy_fallbacks,
-            **self.tiers.stats(),
-        }
+            self.admission.reset()
+            self.figures.reset()
 
 
 def model_fingerprint(model_config) -> str:
@@ -682,11 +447,7 @@ def model_fingerprint(model_config) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
-ACTIVE: "MepicRadixCache | None" = None
-
-
 def build(ctx) -> MepicRadixCache:
-    global ACTIVE
     if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
         raise ValueError("--radix-cache-backend mepic supports full-attention models only "
                          "(no sliding-window or state-space layers)")
@@ -713,5 +474,4 @@ def build(ctx) -> MepicRadixCache:
     params = ctx.params
     if ctx.disable_radix_cache:
         params.disable = True
-    ACTIVE = MepicRadixCache(params, model_fingerprint(ctx.model_config), mode)
-    return ACTIVE
+    return MepicRadixCache(params, model_fingerprint(ctx.model_config), mode)

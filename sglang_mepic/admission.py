@@ -1,0 +1,113 @@
+"""Requests getting their KV row: what a planned request keeps, copies and reports.
+
+A planned request holds the stored chunks it will read (residency.py), so the
+scheduler's memory check, which follows the match, does not count them as
+evictable. The request at the head of a batch is admitted just before the batch
+allocates (patch schedule_batch_prepare_for_extend) and keeps them until it
+releases its row; a request planned in a round but not admitted lets go when
+the round ends (`end_round`), or chunks wanted only by waiting requests could
+fill the pool. EPIC's admitted requests copy their reused pages into pages of
+their own here.
+"""
+
+import logging
+from collections import Counter
+
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
+
+from sglang_mepic import config, figures
+from sglang_mepic.link import Link
+
+logger = logging.getLogger(__name__)
+
+
+class Admission:
+    def __init__(self, cache):
+        self.cache = cache
+        self._unadmitted: dict[int, Link] = {}  # planned, holding their chunks, not admitted yet
+
+    def planned(self, link: Link) -> None:
+        if link.held:
+            self._unadmitted[id(link)] = link
+
+    def let_go(self, link: Link) -> None:
+        """Drop the chunks a planned request holds (it is planned again, or was not admitted)."""
+        self._unadmitted.pop(id(link), None)
+        if link.held:
+            self.cache.refs.release(link.held)
+            link.held = []
+
+    def end_round(self) -> None:
+        """A scheduling round is over: requests planned in it but not admitted let go of their chunks."""
+        for link in list(self._unadmitted.values()):
+            self.let_go(link)
+            link.unplan()
+
+    def admit(self, req, reserve: int = 0) -> None:
+        """The request is about to get its KV row: hold the pages it reads, fix its plan, count it.
+
+        reserve: pages the batch's own extends will take right after (EPIC's copies leave them free).
+        """
+        link = getattr(req, "mepic", None)
+        if link is None or link.admitted:
+            return
+        c = self.cache
+        self._unadmitted.pop(id(link), None)  # it keeps what it holds until its release
+        link.admit()
+        if c.mode.kind is config.Kind.EPIC and link.injected is not None and not link.compile:
+            self._copy_private(link, reserve)
+        if link.compile:
+            c.tiers.lookups[link.found[0]] += 1
+            c.compiles.admitted(req.rid, link.found[0])
+        elif link.compiles:
+            link.compiled = c.compiles.compiled(link)
+            found = c.compiles.residency(link)
+            # SGLang logs the compiles as ordinary prefill batches; say what they were.
+            logger.info("MEPIC request %s: %d chunk(s) found %s; waited %.2f s for compiles", req.rid, len(found),
+                        ", ".join(f"{n} {tier}" for tier, n in Counter(found).items()), link.waited)
+        if not link.compile:
+            for key in link.keys:  # counts hits and misses, refreshes LRU order
+                c.store.lookup(key)
+        plan = link.planned.plan
+        hits = plan.hits if plan is not None else sum(1 for k in link.keys if c.store.peek(k) is not None)
+        figures.count_admitted(link, req.prefix_len, c.figures.counters, c.mode, c.canonical_from or 0,
+                               c.page_size, hits)
+
+    def _copy_private(self, link: Link, reserve: int) -> None:
+        """EPIC: the stored pages the request reads become a copy in pages of its own, before
+        its forward (as EPIC loads, then computes the rest); the store's pages are let go.
+
+        SGLang's budget did not count these pages. When they do not fit beside `reserve`
+        (evicting the tree and unheld chunks for them), the request reads the store's
+        pages in place instead: same KV, shared for once (`private_copy_fallbacks`).
+        """
+        c = self.cache
+        src = link.injected
+        n = len(src) // c.page_size
+        short = n + reserve - c.pages.available()
+        if short > 0:
+            c.evict(EvictParams(num_tokens=short * c.page_size))
+        pages = c.refs.alloc(n) if c.pages.available() >= n + reserve else None
+        if pages is None:
+            c.figures.counters.private_copy_fallbacks += 1
+            logger.warning("epic: no room for a private copy of %d pages; this request reads the store's "
+                           "pages in place", n)
+            return
+        dst = c.pages.slots(pages)
+        move_kv_cache_native(c.kv_pool.k_buffer, c.kv_pool.v_buffer, dst, src.to(dst.device))
+        c.refs.release(link.held)
+        link.held = list(pages)
+        link.injected = dst
+
+    def done_with_sources(self, req) -> None:
+        """A private-copy request's prefill is over: its copies are made, the sources can go."""
+        link = getattr(req, "mepic", None)
+        if link is not None and link.sources is not None and link.held:
+            self.cache.refs.release(link.held)
+            link.held = []
+
+    def reset(self) -> None:
+        for link in self._unadmitted.values():
+            link.held = []
+        self._unadmitted.clear()
