@@ -45,7 +45,10 @@ A backend that is down or slow is a miss too, never a stalled server: writes go
 through one background thread (a bounded queue; what does not fit is dropped),
 a read waits at most `--mepic-storage-timeout` seconds, and after a failure the
 backend is left alone for RETRY_S before it is asked again. Each change between
-answering and not is one log line.
+answering and not is one log line. `get` waits for its read on the caller's
+thread; prefetch.py reads on workers (`read_outcome`, which only reads and
+checks) and accounts on the scheduler's thread (`settle`, which owns the
+figures and the backend's state), so both paths count and log alike.
 """
 
 import hashlib
@@ -197,17 +200,20 @@ class MooncakeIO:
 
     def __init__(self, backend):
         self.client = backend.store
-        self._buffers: dict[str, torch.Tensor] = {}  # "read"/"write" -> registered staging buffer
+        # (role, thread) -> registered staging buffer: the storage's reader and writer and the
+        # prefetch workers (prefetch.py) each use their own, as they read and write at once
+        self._buffers: dict[tuple[str, int], torch.Tensor] = {}
 
     def _staging(self, role: str, nbytes: int) -> torch.Tensor:
-        buf = self._buffers.get(role)
+        slot = (role, threading.get_ident())
+        buf = self._buffers.get(slot)
         if buf is None or buf.numel() < nbytes:
             new = torch.empty(max(nbytes, 2 * (buf.numel() if buf is not None else 0), 1 << 20), dtype=torch.uint8)
             if self.client.register_buffer(new.data_ptr(), new.numel()) != 0:
                 raise Unavailable("cannot register a staging buffer")
             if buf is not None:
                 self.client.unregister_buffer(buf.data_ptr())
-            self._buffers[role] = buf = new
+            self._buffers[slot] = buf = new
         return buf
 
     def exists(self, key: str) -> bool:
@@ -406,39 +412,64 @@ class Storage:
         return hashlib.sha256((self._key_salt + key).encode()).hexdigest()[:32]  # 32 hex digits, as chunk keys
 
     def get(self, key: str, like: torch.Tensor) -> torch.Tensor | None:
-        """The KV stored for chunk `key`, shaped as `like`; None if absent, unsound, or the backend did not answer."""
-        if not self._ready() or (self._reading is not None and not self._reading.done()):
+        """The KV stored for chunk `key`, shaped as `like`; None if absent, unsound, or the backend did not answer.
+
+        Blocks the caller up to the timeout; prefetch.py reads in the background instead."""
+        if not self.readable():
+            return None
+        if self._reading is not None and not self._reading.done():  # one read at a time, even one that timed out
             self.unavailable += 1
             return None
         key = self.storage_key(key)
-        self._reading = self._reader.submit(self._io.read, key, envelope_bytes(like))
+        self._reading = self._reader.submit(self.read_outcome, key, like)
         try:
-            data = self._reading.result(timeout=self.timeout)
-            if data is None:
-                self._answered()
-                return None
-            kv = open_envelope(data, self.fingerprint, like, self.secret)
-        except ReadTimeout:
+            outcome = self._reading.result(timeout=self.timeout)
+        except ReadTimeout as e:
+            outcome = e
+        return self.settle(key, outcome)
+
+    def readable(self) -> bool:
+        """Whether a read may start now; when not (connecting, or left alone after a failure),
+        the lookup is counted as a miss of an unavailable backend."""
+        if self._ready():
+            return True
+        self.unavailable += 1
+        return False
+
+    def read_outcome(self, storage_key: str, like: torch.Tensor):
+        """Read and check the entry at `storage_key` (blocking; on a worker thread, never the
+        scheduler's): its KV shaped as `like` (a meta tensor will do), None when absent, or the
+        CorruptEntry or Unavailable met. Changes nothing: `settle` accounts for the outcome."""
+        try:
+            data = self._io.read(storage_key, envelope_bytes(like))
+            return None if data is None else open_envelope(data, self.fingerprint, like, self.secret)
+        except (CorruptEntry, Unavailable) as e:
+            return e
+        except Exception as e:  # whatever a backend raises is an outage, never the scheduler's problem
+            return Unavailable(f"read: {type(e).__name__}: {e}")
+
+    def settle(self, storage_key: str, outcome) -> torch.Tensor | None:
+        """Account for a read's outcome on the thread that owns the counters (the scheduler's):
+        the backend's state, the figures and the log. The KV, or None for a miss."""
+        if isinstance(outcome, (ReadTimeout, Unavailable)):
             self.unavailable += 1
-            self._failed(f"no answer within {self.timeout:g} s")
-            return None
-        except Unavailable as e:
-            self.unavailable += 1
-            self._failed(str(e))
-            return None
-        except CorruptEntry as e:
-            self._answered()
-            self.rejected += 1
-            if (key, str(e)) not in self._logged and len(self._logged) < MAX_LOGGED:
-                self._logged.add((key, str(e)))
-                logger.warning("MEPIC storage (%s): entry %s rejected, treated as a miss: %s (the entry is kept; "
-                               "logged once)", self.backend, key, e)
-            if not isinstance(e, ForeignEntry) and len(self._replace) < MAX_LOGGED:
-                with self._lock:  # it claims our settings: our next compile of the chunk replaces it
-                    self._replace.add(key)
+            self._failed(f"no answer within {self.timeout:g} s" if isinstance(outcome, ReadTimeout) else str(outcome))
             return None
         self._answered()
-        return kv
+        if isinstance(outcome, CorruptEntry):
+            self._rejected(storage_key, outcome)
+            return None
+        return outcome
+
+    def _rejected(self, key: str, e: CorruptEntry) -> None:
+        self.rejected += 1
+        if (key, str(e)) not in self._logged and len(self._logged) < MAX_LOGGED:
+            self._logged.add((key, str(e)))
+            logger.warning("MEPIC storage (%s): entry %s rejected, treated as a miss: %s (the entry is kept; "
+                           "logged once)", self.backend, key, e)
+        if not isinstance(e, ForeignEntry) and len(self._replace) < MAX_LOGGED:
+            with self._lock:  # it claims our settings: our next compile of the chunk replaces it
+                self._replace.add(key)
 
     def put(self, key: str, kv: torch.Tensor) -> bool:
         """Queue `kv` ([2, layers, tokens, heads, dim]) to be written under `key` unless it is there."""

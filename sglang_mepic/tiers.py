@@ -18,12 +18,21 @@ layer-first layout): its sizing in GB against the host's free memory, its page
 allocator and its buffer. Its transfer methods are not used: on CPU they need
 sgl_kernel's `transfer_kv_*` ops, which the CPU install does not have, so the
 copies are plain tensor indexing (what the `direct` io backend does).
+
+Two lookups. `fetch` reads storage on the caller's thread, up to the storage
+timeout, checksums included. `want`/`poll` never block: a storage entry is read
+and checked by a background worker (prefetch.py) and what it found is
+remembered, so the scheduler asks again each round at the cost of a dict lookup.
+A host-tier hit is answered at once by both: it is a copy in memory, the size
+of the device copy that follows it, and the host pool is the scheduler's own
+(the store demotes into it), so a worker could not read it safely.
 """
 
 from collections import Counter, OrderedDict
 
 import torch
 
+from sglang_mepic.prefetch import ABSENT, PENDING, Prefetch  # noqa: F401 (PENDING, for want's callers)
 from sglang_mepic.storage import Storage
 
 
@@ -42,9 +51,9 @@ class DevicePool:
             k[slots] = kv[0, layer].to(k.device, k.dtype)
             v[slots] = kv[1, layer].to(v.device, v.dtype)
 
-    def empty(self, num_slots: int) -> torch.Tensor:
+    def empty(self, num_slots: int, device: str = "cpu") -> torch.Tensor:
         k = self.k[0]
-        return torch.empty((2, len(self.k), num_slots, *k.shape[1:]), dtype=k.dtype)
+        return torch.empty((2, len(self.k), num_slots, *k.shape[1:]), dtype=k.dtype, device=device)
 
 
 class HostTier:
@@ -115,6 +124,7 @@ class Tiers:
             k = self.device.k[0]
             storage.bind(page_size=page_size,
                          kv_dtype=f"{getattr(kv_pool, 'dtype', k.dtype)}/{getattr(kv_pool, 'store_dtype', k.dtype)}")
+        self.prefetch = Prefetch(storage) if storage is not None else None
         self.lookups: Counter = Counter()  # residency of each chunk when a compile looked it up
         self.loads: Counter = Counter()    # chunks copied back into the device pool, by tier
 
@@ -130,6 +140,7 @@ class Tiers:
         """A chunk was just compiled: write it through to shared storage (in the background, once)."""
         if self.storage is not None:
             self.storage.put(key, self.device.gather(slots))
+            self.prefetch.forget(key)
 
     def fetch(self, key: str, num_slots: int) -> tuple[torch.Tensor, str] | None:
         """The chunk's KV (a copy: making room on the device may demote other chunks into the
@@ -145,14 +156,41 @@ class Tiers:
                 return kv, "storage"
         return None
 
-    def place(self, fetched: tuple[torch.Tensor, str], slots: torch.Tensor) -> None:
+    def want(self, key: str, num_slots: int) -> tuple[torch.Tensor, str] | str:
+        """Without blocking: the chunk's KV and its tier as `fetch` gives them, PENDING while its
+        storage entry is read in the background (a read is started unless one is in flight or
+        its outcome is remembered), or ABSENT when no tier has it whole and sound."""
+        return self._lookup(key, num_slots, start=True)
+
+    def poll(self, key: str, num_slots: int) -> tuple[torch.Tensor, str] | str:
+        """As `want`, but never starts a read: ABSENT for a chunk nothing was asked of."""
+        return self._lookup(key, num_slots, start=False)
+
+    def _lookup(self, key: str, num_slots: int, start: bool) -> tuple[torch.Tensor, str] | str:
+        kv = self.host.get(key) if self.host is not None else None
+        if kv is not None:
+            return (kv.clone(), "host") if kv.shape[2] == num_slots else ABSENT
+        if self.prefetch is None:
+            return ABSENT
+        got = self.prefetch.want(key, self.device.empty(num_slots, "meta")) if start else self.prefetch.poll(key)
+        if got is None or isinstance(got, str):
+            return got or ABSENT
+        return (got, "storage") if got.shape[2] == num_slots else ABSENT
+
+    def place(self, fetched: tuple[torch.Tensor, str], slots: torch.Tensor, key: str | None = None) -> None:
+        """Copy fetched KV into device pages; with its `key`, a prefetched copy is let go."""
         kv, tier = fetched
         self.device.scatter(slots, kv)
         self.loads[tier] += 1
+        if key is not None and tier == "storage" and self.prefetch is not None:
+            self.prefetch.taken(key)
 
     def clear_host(self) -> None:
+        """Empty the host tier, and forget what storage reads fetched or found absent."""
         if self.host is not None:
             self.host.clear()
+        if self.prefetch is not None:
+            self.prefetch.clear()
 
     def stats(self) -> dict:
         out = {f"tier_lookups_{k}": self.lookups[k] for k in ("device", "host", "storage", "absent")}
@@ -166,4 +204,5 @@ class Tiers:
                        host_pages_total=self.host.pages_total(), host_evictions=self.host.evictions)
         if self.storage is not None:
             out.update(self.storage.stats())
+            out.update(self.prefetch.stats())
         return out
