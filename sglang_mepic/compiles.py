@@ -1,4 +1,5 @@
-"""Which requests wait for the chunk compiles sent for them (scheduler side).
+"""Which requests wait for the chunk compiles sent for them (scheduler side; the tokenizer
+side, which sends them, is chunk_compiles.py).
 
 The tokenizer side sends each chunk of a request alone as a compile request and,
 right behind them on the same socket, the request itself, naming the compile

@@ -19,11 +19,10 @@ batch, n > 1 and OpenAI paths all go through):
 
 import secrets
 
-from sglang_mepic.markup import HINT_TYPE
+from sglang_mepic.hint import HINT_TYPE, MARK_KEY
 
 # Random per tokenizer process; it never leaves the server (the scheduler ignores it).
 _SERVER_MARK = secrets.token_hex(16)
-MARK_KEY = "by"
 
 
 class IntakeError(ValueError):
@@ -31,7 +30,7 @@ class IntakeError(ValueError):
 
 
 def stamp(action: dict) -> dict:
-    """Mark a `mepic.chunks` action as made by this server."""
+    """Mark an encoded `mepic.chunks` action (hint.encode) as made by this server."""
     action["payload"][MARK_KEY] = _SERVER_MARK
     return action
 

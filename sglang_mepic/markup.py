@@ -11,7 +11,7 @@ be real token ids.
 
 Markers never reach the model: each piece of text is tokenized on its own (so a
 chunk's tokens do not depend on what surrounds it), the markers are dropped,
-and the chunk spans travel to the scheduler as a SGLang ``kv_hints`` action.
+and the chunk spans travel to the scheduler as a SGLang ``kv_hints`` action (hint.py).
 Malformed markup raises `MarkupError` (a ``ValueError``, which SGLang's HTTP
 server turns into a 400 response).
 """
@@ -19,15 +19,13 @@ server turns into a 400 response).
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from sglang_mepic import hint
 from sglang_mepic.segments import Kind, Piece
 
 CHUNK_OPEN = "<|chunk|>"
 CHUNK_CLOSE = "<|/chunk|>"
 CHUNK_BEGIN_ID = -100
 CHUNK_END_ID = -101
-
-HINT_TYPE = "mepic.chunks"
-HINT_VERSION = "1"
 
 
 class MarkupError(ValueError):
@@ -36,6 +34,11 @@ class MarkupError(ValueError):
 
 def has_text_markup(text: str) -> bool:
     return CHUNK_OPEN in text or CHUNK_CLOSE in text
+
+
+def any_text_markup(texts) -> bool:
+    """Whether a batch's text (a list of prompts) holds markup anywhere."""
+    return isinstance(texts, list) and any(isinstance(t, str) and has_text_markup(t) for t in texts)
 
 
 def has_id_markup(ids: Sequence[int]) -> bool:
@@ -127,23 +130,6 @@ class Marked:
         return cls(ids, spans)
 
     def hint_action(self) -> dict:
-        return {"action_id": "mepic-chunks", "action_type": HINT_TYPE, "action_version": HINT_VERSION,
-                "payload": {"chunks": [list(s) for s in self.chunks]}}
+        """The `mepic.chunks` action of a request not laid out in slots: its chunk spans (hint.py)."""
+        return hint.encode(hint.Hint(chunks=tuple(self.chunks)))
 
-
-def chunks_from_hints(kv_hints, num_tokens: int) -> list[tuple[int, int]]:
-    """The chunk spans a request carries in its kv_hints envelope (empty if none)."""
-    if kv_hints is None:
-        return []
-    for action in kv_hints.actions:
-        if action.action_type == HINT_TYPE:
-            if action.action_version != HINT_VERSION:
-                raise MarkupError(f"{HINT_TYPE} version {action.action_version} is not supported")
-            spans = [tuple(s) for s in action.payload.get("chunks", [])]
-            pos = 0
-            for s in spans:
-                if len(s) != 2 or not (pos <= s[0] < s[1] <= num_tokens):
-                    raise MarkupError(f"{HINT_TYPE}: chunk span {list(s)} is out of order or out of range")
-                pos = s[1]
-            return spans
-    return []

@@ -25,6 +25,27 @@ MODELS = {
 SHAPE_ERRORS = (AttributeError, TypeError, IndexError, KeyError)
 
 
+def normalize(original, obj, *args, **kwargs):
+    """`GenerateReqInput.normalize_batch_and_arguments`, its shape errors made ValueErrors."""
+    try:
+        result = original(obj, *args, **kwargs)
+    except SHAPE_ERRORS as e:
+        raise ValueError(f"malformed request: {type(e).__name__}: {e}") from None
+    n = getattr(obj, "parallel_sample_num", 1)
+    if not isinstance(n, int) or n < 1:
+        # SGLang splits a batch into n copies per prompt; n = 0 indexed an empty list (a 500)
+        raise ValueError(f"n (samples per prompt) must be a whole number of at least 1, not {n!r}")
+    return result
+
+
+def install() -> None:
+    """Put the body check in front of SGLang's HTTP app (once), before the app starts."""
+    from sglang.srt.entrypoints.http_server import app
+
+    if not any(m.cls is RequestShapeMiddleware for m in app.user_middleware):
+        app.add_middleware(RequestShapeMiddleware)
+
+
 def shape_error(path: str, body: bytes) -> str | None:
     """Why a body crashes the request model's validation; None if it validates or fails cleanly."""
     name = MODELS.get(path)

@@ -122,3 +122,13 @@ def cos_sin_cache(rotary_dim: int, max_positions: int, base: float = 10000.0) ->
     inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
     freqs = torch.outer(torch.arange(max_positions, dtype=torch.float), inv_freq)
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
+def forward_keeping_keys_nope(original, module, positions, query, key, *args, **kwargs):
+    """`RotaryEmbedding.forward`: for a module the backend validated (`mepic_nope_key`), queries
+    are rotated as usual and keys pass through unrotated, to be rotated in attention."""
+    if not getattr(module, "mepic_nope_key", False):
+        return original(module, positions, query, key, *args, **kwargs)
+    # The original may rotate in place; give it a throwaway key.
+    query, _ = original(module, positions, query, key.clone(), *args, **kwargs)
+    return query, key

@@ -161,11 +161,6 @@ def layout(pieces: Sequence[Piece], page_size: int, placement: Placement = Place
     return result
 
 
-def chunk_hash(seg: Segment, placement: Placement, page_size: int, model_fingerprint: str,
-               namespace: str | None) -> str:
-    return span_hash(seg.padded_tokens(), placement, page_size, model_fingerprint, namespace)
-
-
 def span_hash(padded_tokens: Sequence[int], placement: Placement, page_size: int, model_fingerprint: str,
               namespace: str | None) -> str:
     """Identity of a chunk's KV: its padded tokens (pads as PAD_ID), the model, and the cache namespace.

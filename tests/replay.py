@@ -6,10 +6,9 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_mepic import config
-from sglang_mepic.markup import HINT_TYPE
+from sglang_mepic import config, hint
 from sglang_mepic.request_layout import PAD_FILL_ID
-from sglang_mepic.segments import PAD_ID, Kind, Piece, Placement, layout
+from sglang_mepic.segments import PAD_ID, Kind, Piece, Placement, Segment, layout, span_hash
 
 
 def apply_hooks():
@@ -72,27 +71,46 @@ def request(*chunks, prompt=(1, 2, 3), question=(9, 8, 7, 6)):
     return layout(pieces, B, Placement.TRAILING)
 
 
-def envelope(payload):
-    action = SimpleNamespace(action_type=HINT_TYPE, payload=payload)
-    return SimpleNamespace(actions=[action])
+def envelope(action: dict):
+    """A kv_hints envelope holding one encoded action (hint.encode)."""
+    return SimpleNamespace(actions=[SimpleNamespace(**action)])
 
 
 def laid_out(lay, compiles=()):
     """What the tokenizer side sends for a laid-out request; `compiles`: the rid of the compile
     sent for each chunk segment."""
     ids = [PAD_FILL_ID if t == PAD_ID else t for t in lay.slot_tokens()]
-    spans = [[s.start, s.end] for s in lay.chunks]
-    return ids, envelope({"pads": [list(r) for r in lay.pad_runs()], "chunks": spans, "compiles": list(compiles)})
+    h = hint.Hint(chunks=tuple((s.start, s.end) for s in lay.chunks), pads=tuple(lay.pad_runs()),
+                  compiles=tuple(compiles))
+    return ids, envelope(hint.encode(h))
 
 
 def compiled(seg, sink=None):
     """What the tokenizer side sends to compile one chunk."""
     from sglang.srt.managers.io_struct import GenerateReqInput
 
-    from sglang_mepic.patches.tokenizer_manager_tokenize_one_request import compile_request
+    from sglang_mepic.chunk_compiles import compile_request
 
     req = compile_request(seg, GenerateReqInput(input_ids=[1]), B, sink)
     return req.input_ids, req.kv_hints
+
+
+def pad_runs(kv_hints) -> list[tuple[int, int]]:
+    """The pad runs a request's hint lays out (none when it is not laid out in slots)."""
+    h = hint.decode(kv_hints)
+    return list(h.pads) if h is not None and h.laid_out else []
+
+
+def chunks_from_hints(kv_hints, num_tokens: int) -> list[tuple[int, int]]:
+    """The chunk spans a request's hint carries (empty if none), each checked to lie in its tokens."""
+    h = hint.decode(kv_hints, num_slots=num_tokens)
+    return list(h.chunks) if h is not None else []
+
+
+def chunk_hash(seg: Segment, placement: Placement, page_size: int, model_fingerprint: str,
+               namespace: str | None) -> str:
+    """The key of a chunk segment, as the cache computes it from the request's padded slots."""
+    return span_hash(seg.padded_tokens(), placement, page_size, model_fingerprint, namespace)
 
 
 def new_request(ids, hints, namespace=None, rid="r"):

@@ -1,8 +1,10 @@
 import pytest
 
+from replay import chunks_from_hints
+from sglang_mepic.hint import HintError
 from sglang_mepic.lang import chunk
-from sglang_mepic.markup import (CHUNK_BEGIN_ID as BEG, CHUNK_END_ID as END, Marked, MarkupError, chunks_from_hints,
-                                 split_ids, split_text, tokenize_text)
+from sglang_mepic.markup import (CHUNK_BEGIN_ID as BEG, CHUNK_END_ID as END, Marked, MarkupError, split_ids,
+                                 split_text, tokenize_text)
 from sglang_mepic.segments import Kind, Piece
 
 P, C = Kind.PROMPT, Kind.CHUNK
@@ -74,7 +76,7 @@ def test_marked_round_trip_and_hint():
         actions = [Action]
 
     assert chunks_from_hints(Envelope, 7) == [(2, 5), (5, 6)]
-    with pytest.raises(MarkupError, match="out of range"):
+    with pytest.raises(HintError, match="out of range"):
         chunks_from_hints(Envelope, 5)
 
 
@@ -91,9 +93,9 @@ def test_tokenize_hook_lays_out_slots_only_with_the_mepic_cache(radix, laid_out)
 
     from sglang.srt.managers.io_struct import GenerateReqInput
 
-    from sglang_mepic.markup import chunks_from_hints
-    from sglang_mepic.patches.tokenizer_manager_tokenize_one_request import strip_markup
-    from sglang_mepic.request_layout import PAD_FILL_ID, pad_runs
+    from replay import pad_runs
+    from sglang_mepic.request_layout import PAD_FILL_ID
+    from sglang_mepic.request_markup import strip_markup
 
     encode = {"intro ": [5, 6], "doc " * 10: list(range(10, 30)), " q?": [7]}
     tokenizer = SimpleNamespace(encode=lambda s, add_special_tokens: ([1] if add_special_tokens else []) + encode[s])

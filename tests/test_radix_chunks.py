@@ -311,7 +311,7 @@ def test_compiles_keep_a_greedy_batch_greedy():
     from sglang.srt.managers.io_struct import GenerateReqInput
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    from sglang_mepic.patches.tokenizer_manager_tokenize_one_request import compile_request
+    from sglang_mepic.chunk_compiles import compile_request
 
     req = compile_request(request(C1, C2).chunks[0], GenerateReqInput(input_ids=[1]), B, None)
     # SGLang samples a batch by argmax only when every request in it has top_k <= 1.

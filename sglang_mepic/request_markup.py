@@ -1,0 +1,77 @@
+"""Tokenizer side: a generate request's chunk markup becomes input ids and its `mepic.chunks` hint.
+
+Marked-up text or input_ids become plain input_ids plus the hint (hint.py) with
+the chunk spans; malformed markup raises a ValueError, which the HTTP layer
+returns as a 400 before the request reaches the scheduler. With the mepic
+attention backend and radix cache the request is laid out in slots (chunks on
+whole pages, pads filled with `PAD_FILL_ID`), and its `logprob_start_len`
+becomes the slot of that token (logprobs.py).
+"""
+
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
+
+from sglang_mepic import config, hint, intake
+from sglang_mepic.logprobs import start_slot
+from sglang_mepic.markup import Marked, has_id_markup, has_text_markup, split_ids, split_text, tokenize_text
+from sglang_mepic.request_layout import PAD_FILL_ID
+from sglang_mepic.segments import PAD_ID, Layout, layout
+
+
+def page_size(manager) -> int:
+    return int(getattr(manager.server_args, "page_size", None) or 1)
+
+
+def _lays_out_slots(manager) -> bool:
+    """Pad slots need the mepic attention backend (masks them, positions by the map) and
+    the mepic radix cache (keys them apart from real tokens); otherwise chunks are
+    computed in full on the real tokens, as they are in `full` mode."""
+    args = manager.server_args
+    return args.attention_backend == "mepic" and args.radix_cache_backend == "mepic" and config.mode().reuses
+
+
+def with_hint(envelope: KvHintsEnvelope | None, rid, action: dict) -> KvHintsEnvelope:
+    """The request's envelope carrying the encoded hint `action` (hint.encode), stamped as this
+    server's, in place of any earlier one."""
+    others = [a for a in (envelope.actions if envelope else []) if a.action_type != hint.HINT_TYPE]
+    return KvHintsEnvelope(protocol_version=envelope.protocol_version if envelope else "1",
+                           message_id=envelope.message_id if envelope else str(rid or ""),
+                           actions=[*others, KvHintAction(**intake.stamp(action))])
+
+
+def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
+    """Replace markup by input_ids and the hint; returns the layout when the request is laid out in slots."""
+    if obj.input_embeds is not None:
+        return None
+    vocab = manager.model_config.vocab_size
+    if obj.input_ids is not None and (has_id_markup(obj.input_ids) or max(obj.input_ids, default=0) >= vocab):
+        # Also catches plain out-of-vocabulary ids, which would otherwise crash the scheduler.
+        pieces = split_ids(obj.input_ids, vocab)
+    elif isinstance(obj.text, str) and config.text_markup() and has_text_markup(obj.text):
+        intake.check_prompt("".join(part for _, part in split_text(obj.text)), None)
+        tok = manager.tokenizer
+        pieces = tokenize_text(obj.text, lambda s, special: tok.encode(s, add_special_tokens=special))
+    else:
+        return None  # a client's own mepic.chunks hint is refused at validation (intake.py)
+    # Rejects a request that no longer fits the context once chunks are padded.
+    lay = layout(pieces, page_size(manager), config.placement(), max_slots=manager.context_len)
+    lays_out = _lays_out_slots(manager)
+    if len(lay.chunks) > config.max_chunks() and lays_out:  # each would be a compile request
+        raise ValueError(f"the request marks {len(lay.chunks)} chunks for reuse, more than the {config.max_chunks()} "
+                         "this server allows (--mepic-max-chunks); join small chunks or mark fewer")
+    marked = Marked.from_pieces(pieces)
+    laid_out = lays_out and bool(lay.chunks or lay.pad_runs())
+    if laid_out:
+        # Laid out in slots: pads have no position and are masked by the mepic backend.
+        slots = lay.slot_tokens()
+        obj.input_ids = [PAD_FILL_ID if t == PAD_ID else t for t in slots]
+        if obj.return_logprob and isinstance(obj.logprob_start_len, int) and obj.logprob_start_len >= 0:
+            obj.logprob_start_len = start_slot(slots, obj.logprob_start_len)  # a token index -> its slot
+        action = hint.encode(hint.Hint(chunks=tuple((seg.start, seg.end) for seg in lay.chunks),
+                                       pads=tuple(lay.pad_runs())))
+    else:
+        obj.input_ids = marked.input_ids
+        action = marked.hint_action()
+    obj.text = None
+    obj.kv_hints = with_hint(obj.kv_hints, obj.rid, action)
+    return lay if laid_out else None
