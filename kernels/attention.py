@@ -125,19 +125,34 @@ def _tile_keys(ReqToPos, ReqToToken, row, first, n, end, stride_rp, stride_rt):
     weight 0. Their values are the model's own K/V (a pad's are its fill token's), so finite."""
     inside = n < end - first
     pos = tl.load(ReqToPos + row * stride_rp + first + n, mask=inside, other=-1)
-    slot = tl.load(ReqToToken + row * stride_rt + first + n, mask=inside, other=0).to(tl.int64)
+    slot = tl.load(ReqToToken + row * stride_rt + first + n, mask=inside, other=0)
     return pos, slot
+
+
+@triton.jit
+def _slot_offset(slot, stride, WIDE: tl.constexpr):
+    """slot * stride in 64 bits. WIDE (the launch checked that the pool's slot strides are int32 multiples
+    of 16): one `mul.wide.s32`, and the alignment the 16-byte copies need. Written as an int64 product, the
+    compiler hoists the stride's sign extension out of the loop and is left with a full 64 x 64 multiply
+    per slot, seven instructions."""
+    if WIDE:
+        off = tl.inline_asm_elementwise("mul.wide.s32 $0, $1, $2;", "=l,r,r",
+                                        [slot, (stride + tl.zeros_like(slot)).to(tl.int32)], dtype=tl.int64,
+                                        is_pure=True, pack=1)
+        return tl.multiple_of(off, 16)
+    else:
+        return slot.to(tl.int64) * stride
 
 
 @triton.jit
 def _scores(s0, q1, q2, qp, K, slot, pos, kvh, stride_ks, stride_kh, CosSin, stride_cs, inv_freq, mscale,
             h, i1, i2, HALF: tl.constexpr, PASS: tl.constexpr, TABLE: tl.constexpr, DOT_FP32: tl.constexpr,
-            FAST: tl.constexpr, SCALED: tl.constexpr):
+            FAST: tl.constexpr, SCALED: tl.constexpr, WIDE: tl.constexpr):
     """q . RoPE(k, pos) for a query tile [R, D] (split in halves) and one key tile [BLOCK_N]: [R, BLOCK_N] fp32.
 
     s0 is a zero [R, BLOCK_N] fp32 tile, the dots' accumulator."""
     cos, sin = _cos_sin(CosSin, stride_cs, inv_freq, mscale, pos, h, HALF, TABLE, FAST, SCALED)
-    k_base = K + slot[:, None] * stride_ks + kvh * stride_kh
+    k_base = K + _slot_offset(slot, stride_ks, WIDE)[:, None] + kvh * stride_kh
     k1 = tl.load(k_base + i1[None, :]).to(tl.float32)
     k2 = tl.load(k_base + i2[None, :]).to(tl.float32)
     s = _dot(q1, tl.trans(k1 * cos - k2 * sin), s0, DOT_FP32)
@@ -218,7 +233,7 @@ def _mepic_decode_kernel(
     stride_lb, stride_lh, stride_rt, stride_rp, stride_cs,
     GROUP: tl.constexpr, HEAD_TILES: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     ROT: tl.constexpr, NEOX: tl.constexpr, BLOCK_N: tl.constexpr, TABLE: tl.constexpr, DOT_FP32: tl.constexpr,
-    FAST: tl.constexpr, SCALED: tl.constexpr,
+    FAST: tl.constexpr, SCALED: tl.constexpr, WIDE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1) // HEAD_TILES
@@ -254,10 +269,10 @@ def _mepic_decode_kernel(
         visible = (pos >= 0) & (pos <= q_pos)
         s = _scores(tl.zeros([BLOCK_H, BLOCK_N], tl.float32), q1, q2, qp, K, slot, pos, kvh, stride_ks,
                     stride_kh, CosSin, stride_cs, inv_freq, mscale, h, i1, i2, HALF, PASS, TABLE, DOT_FP32, FAST,
-                    SCALED) * (sm_scale * LOG2E)
+                    SCALED, WIDE) * (sm_scale * LOG2E)
         s = tl.where(visible[None, :], s, -float("inf"))
         m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc, FAST)
-        v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :])
+        v = tl.load(V + _slot_offset(slot, stride_vs, WIDE)[:, None] + kvh * stride_vh + dv[None, :])
         acc = _dot(p.to(q1.dtype), v, acc, DOT_FP32)
     seen = l_i > 0.0
     out = PartialOut + b * stride_pb + head[:, None] * stride_ph + split * stride_ps + dv[None, :]
@@ -311,7 +326,7 @@ def _mepic_extend_kernel(
     stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_rt, stride_rp, stride_cs,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, ROT: tl.constexpr,
     NEOX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TABLE: tl.constexpr,
-    DOT_FP32: tl.constexpr, FAST: tl.constexpr, SCALED: tl.constexpr, SPLITS: tl.constexpr,
+    DOT_FP32: tl.constexpr, FAST: tl.constexpr, SCALED: tl.constexpr, WIDE: tl.constexpr, SPLITS: tl.constexpr,
     HAS_KV_END: tl.constexpr,
 ):
     # Query tile: BLOCK_M rows = BLOCK_M // GROUP_P new tokens x GROUP_P heads of kv head `kvh`.
@@ -357,10 +372,10 @@ def _mepic_extend_kernel(
         pos, slot = _tile_keys(ReqToPos, ReqToToken, row, first, n, stop, stride_rp, stride_rt)
         s = _scores(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), q1, q2, qp, K, slot, pos, kvh, stride_ks,
                     stride_kh, CosSin, stride_cs, inv_freq, mscale, h, i1, i2, HALF, PASS, TABLE, DOT_FP32, FAST,
-                    SCALED) * (sm_scale * LOG2E)
+                    SCALED, WIDE) * (sm_scale * LOG2E)
         s = tl.where((pos[None, :] >= 0) & (pos[None, :] <= q_pos[:, None]), s, -float("inf"))
         m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc, FAST)
-        v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + dv[None, :])
+        v = tl.load(V + _slot_offset(slot, stride_vs, WIDE)[:, None] + kvh * stride_vh + dv[None, :])
         acc = _dot(p.to(q1.dtype), v, acc, DOT_FP32)
     seen = l_i > 0.0
     if SPLITS == 1:
@@ -398,6 +413,12 @@ def _rope_args(cos_sin, inv_freq, mscale):
     """(table, inv_freq or the table, mscale, TABLE, SCALED) of a launch."""
     table = inv_freq is None
     return cos_sin, (cos_sin if table else inv_freq), float(mscale), table, (not table) and float(mscale) != 1.0
+
+
+def _wide_slots(k_pool, v_pool) -> bool:
+    """Slot offsets by `mul.wide.s32` with a 16-element alignment hint (`_slot_offset`): on the GPU, for pools
+    whose slot strides are int32 multiples of 16 (every contiguous pool of a head dim the kernels take)."""
+    return not _interpreting() and all(p.stride(0) % 16 == 0 and p.stride(0) < 2 ** 31 for p in (k_pool, v_pool))
 
 
 def _dot_fp32(dtype: torch.dtype, dot_fp32: bool | None) -> bool:
@@ -570,7 +591,7 @@ def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos
         req_to_token.stride(0), req_to_pos.stride(0), table.stride(0),
         GROUP=group, HEAD_TILES=head_tiles, BLOCK_H=block_h, D=d, DV=dv, ROT=rotary_dim, NEOX=neox,
         BLOCK_N=block_n, TABLE=is_table, DOT_FP32=_dot_fp32(q.dtype, dot_fp32), FAST=not _interpreting(),
-        SCALED=scaled, num_warps=num_warps, num_stages=num_stages)
+        SCALED=scaled, WIDE=_wide_slots(k_pool, v_pool), num_warps=num_warps, num_stages=num_stages)
     _merge_kernel[(batch, hq)](
         partial, lse, out, seq_lens, splits, partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), DV=dv, MAX_SPLITS=workspace.max_splits,
@@ -658,7 +679,8 @@ def extend(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_sta
         lse.stride(0), lse.stride(1), req_to_token.stride(0), req_to_pos.stride(0), table.stride(0),
         GROUP=group, GROUP_P=group_p, D=d, DV=dv, ROT=rotary_dim, NEOX=neox, BLOCK_M=per_program * group_p,
         BLOCK_N=block_n, TABLE=is_table, DOT_FP32=_dot_fp32(q.dtype, dot_fp32), FAST=not _interpreting(),
-        SCALED=scaled, SPLITS=splits, HAS_KV_END=True, num_warps=num_warps, num_stages=num_stages)
+        SCALED=scaled, WIDE=_wide_slots(k_pool, v_pool), SPLITS=splits, HAS_KV_END=True, num_warps=num_warps,
+        num_stages=num_stages)
     if splits > 1:
         _merge_kernel[(tokens, hq)](
             partial, lse, out, seq_lens, seq_lens, partial.stride(0), partial.stride(1), partial.stride(2),
