@@ -1,0 +1,342 @@
+"""Where SGLang's scheduler spends its busy time: inside the model forward or outside it.
+
+    .venv/bin/python -m eval.profile                       # vanilla and mepic, HotpotQA, QPS 8, 150 requests
+    .venv/bin/python -m eval.profile --requests 300 --out eval/results/profile-after.txt
+    .venv/bin/python -m eval.profile --from-raw /tmp/prof  # re-read the raw profiles a run kept (--raw-dir)
+
+For each system it starts a fresh server as eval.run does, sends the first
+`--requests` of eval.run's paper workload (reuse 0.85, 7 chunks, 16 new tokens,
+greedy) at `--qps` as eval.run does, and samples SGLang's scheduler process
+(`sglang::scheduler`) with py-spy from just before the first request until the
+last reply: `py-spy record --format raw --idle --full-filenames --rate R`.
+py-spy attaches with ptrace (root, or CAP_SYS_PTRACE, or ptrace_scope 0).
+
+Each sample is one stack. Only the scheduler's main thread counts: a stack that
+passes through `Scheduler.event_loop_normal` or `Scheduler.event_loop_overlap`;
+other threads' samples are counted and left out. A main-thread sample is
+
+- idle when it passes through `Scheduler.on_idle`: SGLang's branch for a loop
+  turn with no batch to run, its housekeeping and, with `--sleep-on-idle` (the
+  launcher's CPU default), the poll that waits for the next request;
+- forward when it passes through `ModelRunner.forward`
+  (sglang/srt/model_executor/model_runner.py): the model's layers, the
+  attention backend's per-batch metadata and kernels (MEPIC's attention path
+  included); prefill and decode apart (`EagerRunner._execute_extend` /
+  `_execute_decode` on CPU, `ModelRunner.forward_extend` / `forward_decode`);
+- outside the forward otherwise: receiving requests, choosing the next batch
+  (prefix matching, MEPIC's planning and admission), preparing it, sampling,
+  processing results, freeing.
+
+Busy = forward + outside; every share printed is of busy samples. The top
+functions outside the forward count a function once per sample it is on
+(inclusive); `[mepic]` marks this project's code (files under sglang_mepic/,
+patches/ or kernels/ outside site-packages), and the copies of that code the
+samples came from are printed, so a run against another checkout (PYTHONPATH)
+shows which code it profiled. The last line is mepic's outside-forward share
+over vanilla's against the target ratio.
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from tqdm import tqdm
+
+from eval.run import PAPER, SYSTEMS, context_args, run_point
+
+# The issue's target: mepic's share of busy scheduler time outside the forward at most this times vanilla's.
+TARGET_RATIO = 1.5
+NEW_TOKENS = 16  # eval.run's default
+MAIN_LOOP = ("Scheduler.event_loop_normal", "Scheduler.event_loop_overlap")
+FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+MEPIC_FILE = re.compile(r"^(?P<root>.*)/(?:sglang_mepic|patches|kernels)/[^/]+\.py$")
+SCHEDULER_FILE = "sglang/srt/managers/scheduler.py"
+MODEL_RUNNER_FILE = "sglang/srt/model_executor/model_runner.py"
+# How ModelRunner.forward runs a batch, by forward mode: SGLang's eager runner (CPU) and ModelRunner's own methods.
+PREFILL = (("EagerRunner._execute_extend", "model_executor/runner/eager_runner.py"),
+           ("ModelRunner.forward_extend", MODEL_RUNNER_FILE))
+DECODE = (("EagerRunner._execute_decode", "model_executor/runner/eager_runner.py"),
+          ("ModelRunner.forward_decode", MODEL_RUNNER_FILE))
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    file: str
+
+    @property
+    def mepic(self) -> bool:
+        return "site-packages" not in self.file and MEPIC_FILE.match(self.file) is not None
+
+    def short(self) -> str:
+        """The file after site-packages/ (SGLang) or from this project's package folder on."""
+        if "site-packages/" in self.file:
+            return self.file.split("site-packages/", 1)[1]
+        m = MEPIC_FILE.match(self.file)
+        return self.file[len(m.group("root")) + 1:] if m else self.file
+
+    def is_(self, qualname: str, file_suffix: str) -> bool:
+        """py-spy names a function by its qualified name on Python 3.11+, by its bare name before."""
+        return self.function in (qualname, qualname.rsplit(".", 1)[-1]) and self.file.endswith(file_suffix)
+
+
+def parse_frame(text: str) -> Frame:
+    m = FRAME.match(text)
+    return Frame(m.group("function"), m.group("file")) if m else Frame(text, "")
+
+
+def parse_raw(raw: str) -> list[tuple[list[Frame], int]]:
+    """py-spy's raw format: one `outermost;...;innermost count` line per distinct stack."""
+    stacks = []
+    for line in raw.splitlines():
+        if line.strip():
+            stack, count = line.rsplit(" ", 1)
+            stacks.append(([parse_frame(f) for f in stack.split(";")], int(count)))
+    return stacks
+
+
+@dataclass
+class Split:
+    """The scheduler main thread's samples, by class (see the module docstring)."""
+    other_threads: int = 0
+    idle: int = 0
+    prefill: int = 0
+    decode: int = 0
+    forward_other: int = 0  # ModelRunner.forward in neither forward_extend nor forward_decode (idle batches)
+    outside: int = 0
+    outside_functions: Counter = field(default_factory=Counter)  # Frame -> outside samples it is on
+    mepic_roots: Counter = field(default_factory=Counter)  # folder holding the mepic code -> samples
+
+    @property
+    def forward(self) -> int:
+        return self.prefill + self.decode + self.forward_other
+
+    @property
+    def busy(self) -> int:
+        return self.forward + self.outside
+
+    def share(self, n: int) -> float:
+        return n / self.busy if self.busy else float("nan")
+
+
+def classify(stacks: list[tuple[list[Frame], int]]) -> Split:
+    split = Split()
+    for frames, n in stacks:
+        loop = next((i for i, f in enumerate(frames) if any(f.is_(name, SCHEDULER_FILE) for name in MAIN_LOOP)),
+                    None)
+        if loop is None:
+            split.other_threads += n
+            continue
+        for root in {MEPIC_FILE.match(f.file).group("root") for f in frames if f.mepic}:
+            split.mepic_roots[root] += n
+        below = frames[loop + 1:]
+        if any(f.is_("Scheduler.on_idle", SCHEDULER_FILE) for f in below):
+            split.idle += n
+        elif any(f.is_("ModelRunner.forward", MODEL_RUNNER_FILE) for f in below):
+            if any(f.is_(*way) for f in below for way in PREFILL):
+                split.prefill += n
+            elif any(f.is_(*way) for f in below for way in DECODE):
+                split.decode += n
+            else:
+                split.forward_other += n
+        else:
+            split.outside += n
+            for f in set(below):
+                split.outside_functions[f] += n
+    return split
+
+
+def report(system: str, split: Split, top: int) -> list[str]:
+    s = split
+    lines = [f"{system}: {s.busy + s.idle:,} main-thread samples ({s.idle:,} idle, left out; "
+             f"{s.other_threads:,} of other threads, left out); busy {s.busy:,}",
+             f"  busy scheduler time: forward {s.share(s.forward):.1%} (prefill {s.share(s.prefill):.1%}, "
+             f"decode {s.share(s.decode):.1%}, other {s.share(s.forward_other):.1%}); "
+             f"outside the forward {s.share(s.outside):.1%}",
+             f"  top functions outside the forward (inclusive, % of busy samples; [mepic] = this project's code):"]
+    for frame, n in s.outside_functions.most_common(top):
+        lines.append(f"    {s.share(n):6.1%}  {'[mepic] ' if frame.mepic else ''}{frame.function}  ({frame.short()})")
+    own = Counter({f: n for f, n in s.outside_functions.items() if f.mepic})
+    lines.append(f"  this project's functions outside the forward (inclusive, % of busy samples):")
+    for frame, n in own.most_common(top):
+        lines.append(f"    {s.share(n):6.1%}  {frame.function}  ({frame.short()})")
+    if not own:
+        lines.append("    none sampled")
+    roots = ", ".join(f"{root} ({n:,} samples)" for root, n in s.mepic_roots.most_common()) or "none sampled"
+    lines.append(f"  this project's code ran from: {roots}")
+    return lines
+
+
+def verdict(splits: dict[str, Split]) -> str:
+    if "vanilla" not in splits or "mepic" not in splits:
+        return "no ratio: profile both vanilla and mepic for it"
+    mepic, vanilla = (splits[s].share(splits[s].outside) for s in ("mepic", "vanilla"))
+    ratio = mepic / vanilla
+    return (f"outside-forward share of busy scheduler time: mepic {mepic:.1%} / vanilla {vanilla:.1%} = "
+            f"{ratio:.2f}x (target <= {TARGET_RATIO:g}x: {'met' if ratio <= TARGET_RATIO else 'missed'})")
+
+
+def scheduler_pid(server) -> int:
+    for child in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            if child.cmdline() and child.cmdline()[0].startswith("sglang::scheduler"):
+                return child.pid
+        except psutil.NoSuchProcess:
+            continue
+    raise RuntimeError(f"no sglang::scheduler process under the server (pid {server.proc.pid})")
+
+
+class PySpy:
+    """`py-spy record` of one process into a raw file, from start() until stop()."""
+
+    def __init__(self, pid: int, out: Path, rate: int):
+        exe = Path(sys.executable).with_name("py-spy")
+        exe = str(exe) if exe.exists() else shutil.which("py-spy")
+        if exe is None:
+            raise SystemExit("py-spy not found: install the eval extra (pip install py-spy)")
+        self.cmd = [exe, "record", "--pid", str(pid), "--format", "raw", "--idle", "--full-filenames",
+                    "--rate", str(rate), "--output", str(out)]
+        self.out = out
+        self.proc: subprocess.Popen | None = None
+        self.summary = ""
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        first = self.proc.stdout.readline()  # "py-spy> Sampling process ..." once attached
+        if "Sampling" not in first:
+            rest = self.proc.stdout.read()
+            self.proc.wait()
+            raise RuntimeError(f"py-spy did not attach ({' '.join(self.cmd)}):\n{first}{rest}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
+        output, _ = self.proc.communicate(timeout=60)
+        self.summary = next((line for line in output.splitlines() if "Samples:" in line), "").strip()
+
+
+def profile(system: str, model: str, extra: list[str], env: dict, texts: list[str], qps: float, new_tokens: int,
+            raw: Path, rate: int, bar: tqdm) -> tuple[float, str]:
+    """Serve `texts` on a fresh server of `system` under py-spy; returns (seconds, py-spy's summary line)."""
+    from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
+    from sglang_mepic.server_process import ServerProcess
+
+    bar.set_postfix_str(f"{system}: starting server")
+    with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *SYSTEMS[system],
+                       startup_timeout=600, env=env) as server:
+        spy = PySpy(scheduler_pid(server), raw, rate)
+        spy.start()
+        try:
+            bar.set_postfix_str(f"{system}: QPS {qps:g}")
+            _, _, _, seconds = run_point(server, MEPIC_PAGE_SIZE, texts, qps, new_tokens, 0, bar)
+        finally:
+            spy.stop()
+    return seconds, spy.summary
+
+
+def workload(model: str, dataset: str, requests: int) -> tuple[list[str], list[str], dict]:
+    """The first `requests` of eval.run's paper workload: texts, server flags and environment."""
+    from transformers import AutoTokenizer
+
+    from eval.workloads import render, with_reuse
+    from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
+
+    base = PAPER["base"]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    reqs = with_reuse(dataset, PAPER["requests"], base["chunks"], base["reuse"])[:requests]
+    texts = [render(tokenizer, r) for r in reqs]
+    counts = {(base["chunks"], base["reuse"]): [len(tokenizer.encode(t, add_special_tokens=False)) for t in texts]}
+    extra, env = context_args(model, counts, MEPIC_PAGE_SIZE, NEW_TOKENS)
+    return texts, extra, env
+
+
+def provenance(argv: list[str]) -> list[str]:
+    """Command, date, machine and the commit of the code the servers import."""
+    import sglang_mepic
+
+    root = Path(sglang_mepic.__file__).resolve().parent.parent
+    git = ["git", "-C", str(root)]
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", "sglang_mepic", "patches", "kernels"],
+                           capture_output=True, text=True).stdout.strip()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    return [f"command: python -m eval.profile {' '.join(shlex.quote(a) for a in argv)}",
+            f"date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+            f"machine: {platform.node()}, {cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+            f"code: {root} at {commit or 'unknown commit'}"
+            + (" with uncommitted changes in sglang_mepic/, patches/ or kernels/" if dirty else "")]
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--systems", default="vanilla,mepic", help="comma-separated, from " + ", ".join(SYSTEMS))
+    ap.add_argument("--dataset", default="hotpotqa")
+    ap.add_argument("--qps", type=float, default=8.0)
+    ap.add_argument("--requests", type=int, default=150,
+                    help=f"the first N of eval.run's {PAPER['requests']}-request paper workload")
+    ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    ap.add_argument("--top", type=int, default=15, help="functions listed per system")
+    ap.add_argument("--model", default="models/tiny")
+    ap.add_argument("--raw-dir", type=Path, default=None, help="keep py-spy's raw profiles here (<system>.txt)")
+    ap.add_argument("--from-raw", type=Path, default=None,
+                    help="no servers: classify the raw profiles a run kept in this folder (--raw-dir)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the report, with its provenance, here")
+    args = ap.parse_args(argv)
+    systems = args.systems.split(",")
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown or not 0 < args.requests <= PAPER["requests"] or args.qps <= 0:
+        raise SystemExit(f"bad arguments: systems {unknown or 'ok'}, --requests {args.requests} "
+                         f"(1-{PAPER['requests']}), --qps {args.qps} (> 0)")
+
+    lines = provenance(argv)
+    splits = {}
+    if args.from_raw:
+        lines.append(f"raw profiles read from: {args.from_raw}")
+        for system in systems:
+            splits[system] = classify(parse_raw((args.from_raw / f"{system}.txt").read_text()))
+    else:
+        model = str(Path(args.model).resolve())
+        texts, extra, env = workload(model, args.dataset, args.requests)
+        lines.append(f"workload: {args.dataset}, the first {len(texts)} of eval.run's paper workload "
+                     f"({PAPER['base']['chunks']} chunks, reuse {PAPER['base']['reuse']:g}, {NEW_TOKENS} new tokens, "
+                     f"greedy), QPS {args.qps:g}, model {Path(model).name} float32; py-spy at {args.rate} Hz")
+        raw_dir = args.raw_dir or Path(tempfile.mkdtemp(prefix="mepic-profile-"))
+        raw_dir.mkdir(parents=True, exist_ok=True)
+        with tqdm(total=len(systems) * len(texts), desc="requests", unit="req") as bar:
+            for system in systems:
+                raw = raw_dir / f"{system}.txt"
+                seconds, summary = profile(system, model, extra, env, texts, args.qps, NEW_TOKENS, raw,
+                                           args.rate, bar)
+                lines.append(f"{system}: {len(texts)} requests served in {seconds:.1f} s; {summary}")
+                splits[system] = classify(parse_raw(raw.read_text()))
+        if args.raw_dir is None:
+            shutil.rmtree(raw_dir)
+        else:
+            lines.append(f"raw profiles: {raw_dir}")
+    for system, split in splits.items():
+        lines += report(system, split, args.top)
+    lines.append(verdict(splits))
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

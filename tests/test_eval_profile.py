@@ -1,0 +1,59 @@
+"""eval.profile's reading of a py-spy raw profile: which samples are idle, forward, outside the forward."""
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+# eval/ is not installed and the repository root stays off sys.path (its kernels/ would shadow
+# the PyPI package), so the package is registered from its folder, as test_eval_checkpoint does.
+EVAL = Path(__file__).resolve().parent.parent / "eval"
+if "eval" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("eval", EVAL / "__init__.py", submodule_search_locations=[str(EVAL)])
+    sys.modules["eval"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["eval"])
+profile = importlib.import_module("eval.profile")
+Split, classify, parse_raw, report, verdict = (profile.Split, profile.classify, profile.parse_raw, profile.report,
+                                               profile.verdict)
+
+SITE = "/venv/lib/python3.11/site-packages/sglang/srt"
+LOOP = (f"run_scheduler_process ({SITE}/managers/scheduler.py:6368);"
+        f"Scheduler.event_loop_overlap ({SITE}/managers/scheduler.py:2109)")
+FORWARD = (f"Scheduler.run_batch ({SITE}/managers/scheduler.py:4704);"
+           f"ModelRunner.forward ({SITE}/model_executor/model_runner.py:1860);"
+           f"EagerRunner.execute ({SITE}/model_executor/runner/eager_runner.py:222)")
+EXTEND = f"EagerRunner._execute_extend ({SITE}/model_executor/runner/eager_runner.py:250)"
+DECODE = f"EagerRunner._execute_decode ({SITE}/model_executor/runner/eager_runner.py:268)"
+NEXT = f"Scheduler.get_next_batch_to_run ({SITE}/managers/scheduler.py:3000)"
+HOOK = "hook (/repo/patches/scheduler_get_new_batch_prefill.py:40)"
+MATCH = "MepicRadixCache.match_prefix (/repo/sglang_mepic/radix_cache.py:120)"
+
+RAW = "\n".join([
+    f"{LOOP};{FORWARD};{EXTEND} 50",
+    f"{LOOP};{FORWARD};{DECODE} 30",
+    f"{LOOP};{NEXT};{HOOK};{MATCH};{MATCH} 12",  # recursion counts the function once
+    f"{LOOP};{NEXT} 8",
+    f"{LOOP};Scheduler.on_idle ({SITE}/managers/scheduler.py:5241);Poller.poll (/venv/zmq/sugar/poll.py:106) 400",
+    "Thread._bootstrap (/py/threading.py:1002);WatchdogRaw._watchdog_thread "
+    f"({SITE}/utils/watchdog.py:127) 500",
+    "",
+])
+
+
+def test_classify_splits_main_thread_samples():
+    split = classify(parse_raw(RAW))
+    assert (split.other_threads, split.idle, split.prefill, split.decode, split.outside) == (500, 400, 50, 30, 20)
+    assert split.busy == 100 and split.share(split.outside) == 0.2
+    by_name = {f.function: n for f, n in split.outside_functions.items()}
+    assert by_name == {"Scheduler.get_next_batch_to_run": 20, "hook": 12, "MepicRadixCache.match_prefix": 12}
+    assert split.mepic_roots == {"/repo": 12}
+
+
+def test_report_marks_project_code_and_verdict_compares_shares():
+    split = classify(parse_raw(RAW))
+    text = "\n".join(report("mepic", split, top=5))
+    assert "[mepic] MepicRadixCache.match_prefix  (sglang_mepic/radix_cache.py)" in text
+    assert "Scheduler.get_next_batch_to_run  (sglang/srt/managers/scheduler.py)" in text
+    vanilla = Split(prefill=90, outside=10)
+    assert verdict({"vanilla": vanilla, "mepic": split}).endswith("= 2.00x (target <= 1.5x: missed)")
+    assert verdict({"vanilla": vanilla, "mepic": Split(prefill=86, outside=14)}).endswith("(target <= 1.5x: met)")
