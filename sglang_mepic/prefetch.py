@@ -118,6 +118,10 @@ class Prefetch:
             del self._absent[key]
         return None
 
+    def fetched(self, key: str) -> torch.Tensor | None:
+        """The chunk's fetched KV, if it is kept (no read, no figure counted)."""
+        return self._fetched.get(key)
+
     def taken(self, key: str) -> None:
         """The chunk is in device pages now: its host copy is not needed any more."""
         kv = self._fetched.pop(key, None)

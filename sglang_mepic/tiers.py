@@ -20,12 +20,13 @@ sgl_kernel's `transfer_kv_*` ops, which the CPU install does not have, so the
 copies are plain tensor indexing (what the `direct` io backend does).
 
 Two lookups. `fetch` reads storage on the caller's thread, up to the storage
-timeout, checksums included. `want`/`poll` never block: a storage entry is read
-and checked by a background worker (prefetch.py) and what it found is
-remembered, so the scheduler asks again each round at the cost of a dict lookup.
-A host-tier hit is answered at once by both: it is a copy in memory, the size
-of the device copy that follows it, and the host pool is the scheduler's own
-(the store demotes into it), so a worker could not read it safely.
+timeout, checksums included. `want`/`poll` never block and never copy: a storage
+entry is read and checked by a background worker (prefetch.py) and what it found
+is remembered, so the scheduler may ask each round at the cost of a dict lookup;
+`take` then hands over the KV to place. A host-tier copy is made on the
+scheduler's thread, by `take`: it is a copy in memory the size of the device
+copy that follows it, and the host pool is the scheduler's own (the store demotes
+into it), so a worker could not read it safely.
 """
 
 from collections import Counter, OrderedDict
@@ -94,6 +95,9 @@ class HostTier:
         self._chunks[key] = slots
         return True
 
+    def tokens(self, key: str) -> int:
+        return len(self._chunks[key])
+
     def get(self, key: str) -> torch.Tensor | None:
         slots = self._chunks.get(key)
         if slots is None:
@@ -156,26 +160,38 @@ class Tiers:
                 return kv, "storage"
         return None
 
-    def want(self, key: str, num_slots: int) -> tuple[torch.Tensor, str] | str:
-        """Without blocking: the chunk's KV and its tier as `fetch` gives them, PENDING while its
-        storage entry is read in the background (a read is started unless one is in flight or
-        its outcome is remembered), or ABSENT when no tier has it whole and sound."""
-        return self._lookup(key, num_slots, start=True)
+    def want(self, key: str, num_slots: int) -> str:
+        """Where the chunk can be loaded from now, without blocking and without copying: "host"
+        or "storage" (`take` gives its KV), PENDING while its storage entry is read in the
+        background (ask again), or ABSENT when no tier has it whole and sound. A read is started
+        unless one is in flight or its outcome is remembered (prefetch.py)."""
+        return self._where(key, num_slots, start=True)
 
-    def poll(self, key: str, num_slots: int) -> tuple[torch.Tensor, str] | str:
+    def poll(self, key: str, num_slots: int) -> str:
         """As `want`, but never starts a read: ABSENT for a chunk nothing was asked of."""
-        return self._lookup(key, num_slots, start=False)
+        return self._where(key, num_slots, start=False)
 
-    def _lookup(self, key: str, num_slots: int, start: bool) -> tuple[torch.Tensor, str] | str:
-        kv = self.host.get(key) if self.host is not None else None
-        if kv is not None:
-            return (kv.clone(), "host") if kv.shape[2] == num_slots else ABSENT
+    def _where(self, key: str, num_slots: int, start: bool) -> str:
+        if self.host is not None and key in self.host:
+            return "host" if self.host.tokens(key) == num_slots else ABSENT
         if self.prefetch is None:
             return ABSENT
-        got = self.prefetch.want(key, self.device.empty(num_slots, "meta")) if start else self.prefetch.poll(key)
+        got = self.prefetch.poll(key)
+        if got is None and start:
+            got = self.prefetch.want(key, self.device.empty(num_slots, "meta"))
         if got is None or isinstance(got, str):
             return got or ABSENT
-        return (got, "storage") if got.shape[2] == num_slots else ABSENT
+        return "storage" if got.shape[2] == num_slots else ABSENT
+
+    def take(self, key: str, num_slots: int) -> tuple[torch.Tensor, str] | None:
+        """The chunk's KV and its tier, as `fetch` gives them, when `want` found it "host" or
+        "storage"; None otherwise. Never reads storage. Call it once the device pages are
+        allocated: making room may demote chunks into the host tier, even over this one."""
+        kv = self.host.get(key) if self.host is not None else None
+        if kv is not None:  # host.get indexes the host pool with a slot tensor: already a copy
+            return (kv, "host") if kv.shape[2] == num_slots else None
+        kv = self.prefetch.fetched(key) if self.prefetch is not None else None
+        return (kv, "storage") if kv is not None and kv.shape[2] == num_slots else None
 
     def place(self, fetched: tuple[torch.Tensor, str], slots: torch.Tensor, key: str | None = None) -> None:
         """Copy fetched KV into device pages; with its `key`, a prefetched copy is let go."""

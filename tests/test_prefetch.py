@@ -12,6 +12,7 @@ from sglang_mepic import storage
 from sglang_mepic.prefetch import ABSENT, PENDING, Prefetch
 from sglang_mepic.storage import Storage, Unavailable, envelope
 from sglang_mepic.tiers import Tiers
+from test_storage import master, mooncake_storage  # noqa: F401 (master: a fixture)
 
 PAGE = 16
 
@@ -101,8 +102,10 @@ def test_a_stored_chunk_is_read_in_the_background_and_placed_once(kv_pool, tmp_p
     reader = Tiers(kv_pool, PAGE, storage=reader_storage)
 
     assert reader.want("chunk", 2 * PAGE) == PENDING
-    fetched = settled(reader, "chunk", 2 * PAGE)
-    assert fetched != PENDING and fetched[1] == "storage"
+    assert reader.take("chunk", 2 * PAGE) is None  # nothing to place yet
+    assert settled(reader, "chunk", 2 * PAGE) == "storage"
+    fetched = reader.take("chunk", 2 * PAGE)
+    assert fetched[1] == "storage" and reader.take("chunk", PAGE) is None  # (not this chunk's size)
     reader.place(fetched, slots(40, 2), key="chunk")
     assert same_kv(kv_pool, slots(1, 2), slots(40, 2))
     stats = reader.stats()
@@ -120,10 +123,11 @@ def test_a_request_waiting_for_room_never_reads_or_hashes_its_entry_again(kv_poo
     real_open = storage.open_envelope
     monkeypatch.setattr(storage, "open_envelope", lambda *a, **k: opened.append(1) or real_open(*a, **k))
     assert tiers.want("chunk", 2 * PAGE) == PENDING
-    first = settled(tiers, "chunk", 2 * PAGE)
-    assert first[1] == "storage"
+    assert settled(tiers, "chunk", 2 * PAGE) == "storage"
+    first = tiers.take("chunk", 2 * PAGE)
     for _ in range(20):  # planned every round while the pool has no room: answered from memory
-        again = tiers.want("chunk", 2 * PAGE)
+        assert tiers.want("chunk", 2 * PAGE) == "storage"
+        again = tiers.take("chunk", 2 * PAGE)
         assert again[1] == "storage" and again[0] is first[0]
     assert io.reads == 1 and len(opened) == 1
     assert tiers.stats()["prefetch_remembered"] == 20
@@ -147,7 +151,7 @@ def test_an_absent_or_rejected_entry_is_remembered_for_a_bounded_time(kv_pool, c
     assert io.reads == 3
     tiers.persist("missing", slots(1, 2))  # our own compile wrote it: its absence is forgotten
     assert tiers.storage.drain()
-    assert tiers.want("missing", 2 * PAGE) == PENDING and settled(tiers, "missing", 2 * PAGE)[1] == "storage"
+    assert tiers.want("missing", 2 * PAGE) == PENDING and settled(tiers, "missing", 2 * PAGE) == "storage"
     assert tiers.storage.state() == "up" and tiers.storage.unavailable == 0
 
 
@@ -171,7 +175,7 @@ def test_a_slow_read_never_blocks_the_caller_and_times_out_as_a_miss(kv_pool, mo
     io.delay = 0.0
     time.sleep(1.2)  # the slow read ends, its late answer is dropped; the backend is asked again
     tiers.clear_host()  # (a flush forgets remembered absences too)
-    assert tiers.want("chunk", 2 * PAGE) == PENDING and settled(tiers, "chunk", 2 * PAGE)[1] == "storage"
+    assert tiers.want("chunk", 2 * PAGE) == PENDING and settled(tiers, "chunk", 2 * PAGE) == "storage"
     assert tiers.storage.state() == "up"
 
 
@@ -185,9 +189,9 @@ def test_reads_in_flight_are_bounded(kv_pool):
     assert [tiers.want(f"c{i}", 2 * PAGE) for i in range(3)] == [PENDING] * 3
     assert tiers.stats()["prefetch_in_flight"] == 2 and tiers.stats()["prefetch_deferred"] == 1
     io.gate.set()
-    assert settled(tiers, "c0", 2 * PAGE)[1] == "storage" and settled(tiers, "c1", 2 * PAGE)[1] == "storage"
+    assert settled(tiers, "c0", 2 * PAGE) == "storage" and settled(tiers, "c1", 2 * PAGE) == "storage"
     assert tiers.poll("c2", 2 * PAGE) == ABSENT  # never started: nothing known of it
-    assert tiers.want("c2", 2 * PAGE) == PENDING and settled(tiers, "c2", 2 * PAGE)[1] == "storage"
+    assert tiers.want("c2", 2 * PAGE) == PENDING and settled(tiers, "c2", 2 * PAGE) == "storage"
     assert io.reads == 3
 
 
@@ -203,11 +207,11 @@ def test_fetched_entries_are_bounded_least_recently_used_first(kv_pool):
         settled(tiers, key, 2 * PAGE)
     tiers.want("c0", 2 * PAGE)  # c0 used again: c1 is now the oldest
     tiers.want("c2", 2 * PAGE)
-    assert settled(tiers, "c2", 2 * PAGE)[1] == "storage"
+    assert settled(tiers, "c2", 2 * PAGE) == "storage"
     stats = tiers.stats()
     assert stats["prefetch_kept_chunks"] == 2 and stats["prefetch_kept_bytes"] == 2 * chunk_bytes
     assert stats["prefetch_dropped"] == 1 and io.reads == 3
-    assert tiers.want("c0", 2 * PAGE)[1] == "storage" and io.reads == 3
+    assert tiers.want("c0", 2 * PAGE) == "storage" and io.reads == 3
     assert tiers.want("c1", 2 * PAGE) == PENDING  # dropped: read again
 
 
@@ -246,11 +250,17 @@ def test_a_host_tier_hit_is_answered_at_once(kv_pool):
     tiers = Tiers(kv_pool, PAGE, host_gb=7.5 * bytes_per_page / 1e9,
                   storage=Storage("fake", {}, "model-a", timeout=10, io=io))
     tiers.demote("a", slots(1, 3))
-    fetched = tiers.want("a", 3 * PAGE)
-    assert fetched[1] == "host" and io.reads == 0
+    assert tiers.want("a", 3 * PAGE) == "host" and io.reads == 0
+    fetched = tiers.take("a", 3 * PAGE)
+    assert fetched[1] == "host"
+    expected = tiers.device.gather(slots(1, 3))
+    kv_pool.k_buffer[0][slots(1, 3)] = 0  # the taken copy is its own
+    tiers.demote("b", slots(4, 3))
+    tiers.demote("c", slots(7, 3))  # making room evicts a from the host tier: the taken copy stands
+    assert "a" not in tiers.host
     tiers.place(fetched, slots(20, 3), key="a")
-    assert same_kv(kv_pool, slots(1, 3), slots(20, 3)) and tiers.stats()["tier_loads_host"] == 1
-    assert tiers.want("a", 2 * PAGE) == ABSENT  # another size: not this chunk's KV
+    assert torch.equal(tiers.device.gather(slots(20, 3)), expected) and tiers.stats()["tier_loads_host"] == 1
+    assert tiers.want("b", 2 * PAGE) == ABSENT  # another size: not this chunk's KV
 
 
 def test_without_storage_a_miss_is_absent_at_once(kv_pool):
@@ -267,3 +277,19 @@ def test_unavailable_reads_are_outages_in_the_synchronous_path_too():
     s = Storage("fake", {}, "fp", io=Down())
     assert s.get("chunk", torch.empty(2, 2, PAGE, 2, 8)) is None
     assert s.state() == "down" and s.unavailable == 1 and s.outages == 1
+
+
+@pytest.mark.server
+def test_mooncake_entries_are_read_by_concurrent_workers(kv_pool, master):
+    """Mooncake reads through staging buffers it registers: each worker has its own."""
+    writer, reader = (Tiers(kv_pool, PAGE, storage=mooncake_storage(master)) for _ in range(2))
+    keys = [f"c{i}" for i in range(4)]
+    for i, key in enumerate(keys):
+        writer.persist(key, slots(1 + 2 * i, 2))
+    assert writer.storage.drain()
+    assert [reader.want(key, 2 * PAGE) for key in keys] == [PENDING] * 4
+    assert [settled(reader, key, 2 * PAGE) for key in keys] == ["storage"] * 4
+    for i, key in enumerate(keys):
+        reader.place(reader.take(key, 2 * PAGE), slots(40 + 2 * i, 2), key=key)
+        assert same_kv(kv_pool, slots(1 + 2 * i, 2), slots(40 + 2 * i, 2))
+    assert reader.storage.rejected == 0 and reader.stats()["prefetch_reads"] == 4
