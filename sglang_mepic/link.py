@@ -17,6 +17,7 @@ Around it, the request moves through three phases, and every move is checked:
 import enum
 from array import array
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -55,9 +56,25 @@ class Shape:
     def spans(self) -> list[ChunkSpan]:
         return [ChunkSpan(s, e, k) for (s, e), k in zip(self.chunk_slots, self.keys)]
 
+    @cached_property
+    def _prompt_positions(self) -> torch.Tensor:
+        return slot_positions(self.size, self.pads)
+
     def natural_positions(self, num_slots: int) -> torch.Tensor:
         """Positions of the request's slots in natural order (output slots follow the prompt)."""
-        return slot_positions(num_slots, self.pads)
+        prompt = self._prompt_positions
+        if num_slots <= self.size:
+            return prompt[:num_slots]
+        real = self.size - sum(count for _, count in self.pads)
+        return torch.cat([prompt, torch.arange(real, real + num_slots - self.size, dtype=prompt.dtype)])
+
+    @cached_property
+    def _ids(self) -> torch.Tensor:
+        return torch.frombuffer(self.natural, dtype=torch.int64) if self.natural else torch.zeros(0, dtype=torch.int64)
+
+    def ids_in(self, index: torch.Tensor) -> array:
+        """The prompt's ids at natural slots `index` (a planned order)."""
+        return array("q", self._ids[index].numpy().tobytes())
 
     def pad_slots(self) -> list[bool]:
         """Whether each natural prompt slot is a pad."""
@@ -80,7 +97,8 @@ class Link:
     held_at: float | None = None        # held back for a compile since (time.monotonic; compiles.py)
     waited: float = 0.0                 # seconds it was held back for compiles
     report: dict = field(default_factory=dict)  # per-request figures for its response (figures.py)
-    _positions: tuple = (None, -1, None)  # (planned, num_slots, positions): match, insert and admit ask alike
+    # (planned, num_slots, positions, real slots before each slot): match, insert and admit ask alike
+    _positions: tuple = (None, -1, None, None)
 
     # ---- phases ---------------------------------------------------------------
 
@@ -147,17 +165,18 @@ class Link:
     def positions(self, num_slots: int) -> torch.Tensor:
         """Positions of the first `num_slots` slots in planned order (a chunked prefill's part, or
         the prompt and its output tokens)."""
-        planned, slots, cached = self._positions
+        planned, slots, cached, _ = self._positions
         if planned is self.planned and slots == num_slots:
             return cached
         natural = self.shape.natural_positions(max(num_slots, self.size))
-        order = self.order
-        if order is None:
+        if self.order is None:
             out = natural[:num_slots]
         else:
-            index = torch.tensor(order + tuple(range(self.size, num_slots)), dtype=torch.long)
+            index = self.planned.slot_index
+            if num_slots > self.size:
+                index = torch.cat([index, torch.arange(self.size, num_slots)])
             out = natural[index][:num_slots]
-        self._positions = (self.planned, num_slots, out)
+        self._positions = (self.planned, num_slots, out, None)
         return out
 
     def masked(self, token_ids) -> array:
@@ -169,5 +188,10 @@ class Link:
 
     def real_slots(self, start: int, end: int) -> int:
         """Non-pad slots among planned prompt slots [start, end)."""
-        pos = self.positions(self.size)[start:end]
-        return int((pos != NO_POSITION).sum())
+        pos = self.positions(self.size)
+        planned, slots, _, before = self._positions
+        if before is None:  # real slots before each slot, for every range asked of this plan
+            before = [0] + torch.cumsum(pos != NO_POSITION, 0).tolist()
+            self._positions = (planned, slots, pos, before)
+        start, end = max(0, min(start, self.size)), max(0, min(end, self.size))
+        return before[end] - before[start] if end > start else 0

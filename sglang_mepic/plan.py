@@ -28,6 +28,7 @@ recomputes it.
 
 import bisect
 import dataclasses
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Sequence
@@ -105,6 +106,7 @@ def make_plan(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: 
     return Plan(size, b, tuple(reused_pages + rest), tuple(reused), hits, misses, tuple(tags), tuple(before))
 
 
+@functools.lru_cache(maxsize=1 << 16)  # chunks recur: the same tags, match after match
 def page_tag(chunk_key: str, index: int) -> int:
     """The id that stands for a reused canonical page's first token in the radix-tree key.
 
@@ -117,6 +119,7 @@ def page_tag(chunk_key: str, index: int) -> int:
     return -2 - int.from_bytes(digest, "big")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def arrangement_tag(first_id: int, reused_before: int) -> int:
     """The id that stands for a computed page's first token in the radix-tree key when reused
     pages precede it in request order.

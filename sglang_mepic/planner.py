@@ -13,7 +13,10 @@ its reused pages); nothing here touches the tree, the pool or the store.
 
 from array import array
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
+
+import torch
 
 from sglang_mepic import config
 from sglang_mepic.plan import Plan, arrangement_tag, make_plan, page_tag, private, sources
@@ -26,6 +29,14 @@ class Planned:
     order: tuple[int, ...] | None = None    # natural slot of each planned slot (None: natural order)
     sources: tuple[int, ...] | None = None  # CacheBlend: canonical slot per natural slot, or -1
     private_key: int | None = None          # CacheBlend: the key's first id, unique to this request
+
+    @cached_property
+    def slot_index(self) -> torch.Tensor:
+        """`order` as a tensor, gathered a page at a time."""
+        b = self.plan.page_size
+        pages = torch.tensor(self.plan.order, dtype=torch.long)
+        index = (pages[:, None] * b + torch.arange(b)).flatten()
+        return index[index < self.plan.size]
 
     @property
     def reuses(self) -> bool:

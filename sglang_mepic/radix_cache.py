@@ -164,7 +164,7 @@ class MepicRadixCache(RadixCache):
                                lambda: self._holds_compile(link, params)))
         if link.order is not None:
             # Same length, new order: fill_ids is rebuilt from it below (it would go stale).
-            req.origin_input_ids[:] = array("q", (link.natural[s] for s in link.order))
+            req.origin_input_ids[:] = link.shape.ids_in(link.planned.slot_index)
         else:
             req.origin_input_ids[:] = link.natural
         req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
