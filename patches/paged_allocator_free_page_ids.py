@@ -1,16 +1,12 @@
-"""Pages shared through MEPIC go back to the pool only when their last holder lets go.
+"""Page frees of SGLang's paged allocator drop one holder per page (`ownership.free_page_ids`).
 
-SGLang's paged allocator frees pages through `free_page_ids` (tree eviction and
-`free_segment` end there) or `free` (below). When the mepic radix cache has
-attached its `PageRefs` to the allocator, each page freed drops one holder at
-once, inside a free group too, and only pages with no holder left are passed on
-(to be released now, or at the group's end); pages nobody shares pass straight
-through. `PoolPages.free` passes pages whose holders it has already dropped.
+Tree eviction and `free_segment` end here; so do `free`'s token slots when the
+allocator is owned (patch paged_allocator_free). See docs/design.md, Ownership.
 """
 
-import torch
-
 from sglang.srt.plugins.hook_registry import HookType
+
+from sglang_mepic import ownership
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.free_page_ids"
@@ -18,10 +14,4 @@ HOOK_TYPE = HookType.AROUND
 
 
 def hook(original, allocator, page_ids):
-    refs = getattr(allocator, "mepic_refs", None)
-    if refs is None or getattr(allocator, "mepic_counted", False) or page_ids.numel() == 0:
-        return original(allocator, page_ids)
-    # A host round trip per free; the counts live in Python next to the chunk store.
-    last = refs.releasable(page_ids.tolist())
-    if last:
-        original(allocator, torch.tensor(last, dtype=page_ids.dtype, device=page_ids.device))
+    return ownership.free_page_ids(original, allocator, page_ids)

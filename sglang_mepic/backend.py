@@ -21,9 +21,8 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from sglang_mepic import config
+from sglang_mepic import config, context
 from sglang_mepic.attention import RotatedKeys, attend_causal, attend_paged, attend_plain
-from sglang_mepic import positions as positions_module
 from sglang_mepic.positions import PositionMap
 from sglang_mepic.rope import Rope, UnsupportedRope
 
@@ -67,7 +66,7 @@ class MepicAttnBackend(AttentionBackend):
         self._graph_heads = (config.num_attention_heads // tp, config.get_num_kv_heads(tp))
         self._attach(model_runner.device, model_runner.req_to_token_pool, model_runner.token_to_kv_pool,
                      self._take_over_rotary(model_runner))
-        positions_module.ACTIVE = self.positions
+        context.current().positions = self.positions
 
     @classmethod
     def over_pools(cls, req_to_token, k_pool, v_pool, rope: Rope, q_heads: int | None = None) -> "MepicAttnBackend":

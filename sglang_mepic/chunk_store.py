@@ -1,21 +1,14 @@
 """Chunk hash -> canonical pages, with object-level LRU eviction.
 
-The store holds one page reference per canonical page of every chunk it keeps.
-Requests and radix nodes that use those pages hold references of their own
-(see `pages.PageRefs`). Two stored chunks may share pages: a chunk that starts
-like another (a common header, a longer version of a document) is compiled over
-the other's compile path in the radix tree, so their first pages are one
-physical copy with one reference per chunk. A chunk is evictable exactly when
-only stored chunks still hold its pages: nothing running reads it, and evicting
-it and the chunks it shares pages with frees every page.
-Admission is SGLang's (its scheduler admits a request when free pages plus
-evictable ones suffice); the mepic radix cache counts unheld chunks as
-evictable and evicts them after the tree's leaves.
+The store holds one page reference per canonical page of every chunk it keeps
+(two chunks that start alike share pages, one reference each), and evicts least
+recently used chunks that nothing but stored chunks holds. The other holders,
+and when a page is freed: docs/design.md, Ownership.
 """
 
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Collection
+from typing import Callable
 
 from sglang_mepic.pages import PageRefs
 
@@ -103,21 +96,14 @@ class ChunkStore:
         """Whether only stored chunks hold the chunk's pages (the default test of `evict`)."""
         return all(self.refs.count(p) == self.holding(p) for p in chunk.pages)
 
-    def _evictable(self, keep: Collection[str] = (), loose: Callable[[Chunk], bool] | None = None):
+    def _evictable(self, loose: Callable[[Chunk], bool] | None = None):
         """Chunks that may be evicted, least recently used first."""
         loose = loose or self.loose
-        return (c for c in self._chunks.values() if c.key not in keep and loose(c))
+        return (c for c in self._chunks.values() if loose(c))
 
-    def evictable_pages(self, keep: Collection[str] = ()) -> int:
-        """Pages that evicting every evictable chunk (but those in `keep`) would free: a page
-        shared with a chunk that stays is not freed."""
-        held = Counter(p for c in self._evictable(keep) for p in c.pages)
-        return sum(1 for p, n in held.items() if n == self.holding(p))
-
-    def evict(self, num_pages: int, keep: Collection[str] = (),
-              loose: Callable[[Chunk], bool] | None = None) -> int:
+    def evict(self, num_pages: int, loose: Callable[[Chunk], bool] | None = None) -> int:
         """Evict least recently used chunks that `loose` allows (default: those only stored chunks
-        hold), not those in `keep`, until `num_pages` pages are freed; returns the pages freed.
+        hold) until `num_pages` pages are freed; returns the pages freed.
 
         The walk stops as soon as the chunks it found could free enough, so its work follows
         what it frees (plus the held chunks it steps over), not the size of the store.
@@ -125,7 +111,7 @@ class ChunkStore:
         freed = 0
         while freed < num_pages:
             batch, bound = [], freed
-            for chunk in self._evictable(keep, loose):
+            for chunk in self._evictable(loose):
                 batch.append(chunk.key)
                 bound += len(chunk.pages)
                 if bound >= num_pages:
@@ -160,10 +146,6 @@ class ChunkStore:
         self._chunks.clear()
         self._keys.clear()
         self._pages = 0
-
-    def flush(self) -> int:
-        """Evict every evictable chunk; returns the pages freed."""
-        return self.evict(len(self._keys) + 1)
 
     def canonical_pages(self) -> int:
         return self._pages

@@ -66,11 +66,6 @@ class Mode:
         return self.kind in (Kind.NAIVE, Kind.MEPIC)
 
     @property
-    def private(self) -> bool:
-        """Requests hold a private copy of each chunk, patched in their own pages."""
-        return self.kind in (Kind.EPIC, Kind.CACHEBLEND)
-
-    @property
     def reuses(self) -> bool:
         return self.kind is not Kind.FULL
 

@@ -3,19 +3,10 @@
 SGLang asks the cache several times per scheduling step how much it could evict
 (admission budget, pool observer, metrics). Recounting means walking the whole
 tree and store; the ledger instead keeps the answer up to date, at a cost that
-follows the pages whose holders changed.
-
-A page's holders are unlocked tree nodes (`loose`), stored chunks (`store`), and
-everything else: requests, locked tree nodes, the allocation of a running row.
-`PageRefs` counts them all. A page is *pinned* when that count exceeds its
-unlocked-node and stored-chunk holders. A chunk is evictable when none of its
-pages is pinned; a page is freeable when it is held by an unlocked node or a
-chunk, is not pinned, and every chunk that holds it is evictable (evicting the
-unlocked tree, then those chunks, frees it; see `MepicRadixCache.evict`).
-
-Holders report changes as they happen (`touch`: `PageRefs.on_change`, tree node
-insert/delete/lock/unlock, store put/remove); the ledger settles the touched
-pages when it is next asked.
+follows the pages whose holders changed: holders report changes as they happen
+(`touch`, `nodes_hold`, `nodes_let_go`, `chunk_changed`) and the ledger settles
+the touched pages when it is next asked. Which pages are freeable, and why:
+docs/design.md, Ownership.
 """
 
 from collections import Counter

@@ -1,9 +1,9 @@
 """Reference-counted pages on top of a page allocator.
 
-SGLang's paged allocator hands out pages and takes them back, with no notion of
-sharing. MEPIC shares a chunk's canonical pages between the chunk store, radix
-tree nodes and running requests, so every page gets a count of its holders and
-goes back to the allocator exactly when the last one lets go.
+`PageRefs` counts the holders of each allocated page and gives a page back to
+the allocator when its last holder lets go; `FreeList` is a plain allocator.
+Who holds pages, and how SGLang's own frees are counted: docs/design.md,
+Ownership.
 """
 
 from typing import Callable, Iterable, Protocol

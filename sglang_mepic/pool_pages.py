@@ -1,9 +1,12 @@
 """SGLang's paged KV allocator seen as whole pages (the `pages.PageAllocator` protocol).
 
-SGLang hands out token slots, page-aligned; MEPIC shares and counts whole pages.
+SGLang hands out token slots, page-aligned; MEPIC shares and counts whole pages
+(see docs/design.md, Ownership).
 """
 
 import torch
+
+from sglang_mepic import ownership
 
 
 class PoolPages:
@@ -19,11 +22,7 @@ class PoolPages:
 
     def free(self, pages: list[int]) -> None:
         """Return pages whose last holder has let go (`PageRefs` has counted them already)."""
-        self.allocator.mepic_counted = True
-        try:
-            self.allocator.free_page_ids(torch.tensor(pages, dtype=torch.int64, device=self.allocator.device))
-        finally:
-            self.allocator.mepic_counted = False
+        ownership.return_pages(self.allocator, torch.tensor(pages, dtype=torch.int64, device=self.allocator.device))
 
     def available(self) -> int:
         return self.allocator.available_size() // self.page_size

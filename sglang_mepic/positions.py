@@ -22,16 +22,13 @@ Private-copy modes (EPIC, CacheBlend) also set `req_to_src`: for each slot, the
 canonical KV slot its keys and values are copied from instead of computed
 (-1: computed). `copies_for_extend` turns that into the copy list of a forward.
 
-`ACTIVE` is the map of this process's attention backend, for the scheduler-side
-writer (one model runner per scheduler process).
+The map of this process's attention backend is `context.current().positions`,
+for the scheduler-side writer.
 """
 
 import torch
 
 from sglang_mepic.segments import NO_POSITION
-
-
-ACTIVE: "PositionMap | None" = None
 
 
 class PositionMap:

@@ -85,7 +85,7 @@ def test_modes_parse_and_say_what_they_keep():
     assert config.parse_mode("epic-16") == config.Mode(config.Kind.EPIC, tokens=16)
     assert config.parse_mode("cacheblend-0.15").ratio == 0.15
     assert config.parse_mode("mepic").shares and config.parse_mode("naive").shares
-    assert config.parse_mode("epic-8").private and not config.parse_mode("full").reuses
+    assert not config.parse_mode("epic-8").shares and not config.parse_mode("full").reuses
     assert config.parse_recompute_blocks("all") is None and config.parse_recompute_blocks("2") == 2
     for bad in ("epic-0", "epic", "cacheblend-1.5", "fast"):
         with pytest.raises(ValueError, match="choose one of"):
