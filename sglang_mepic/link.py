@@ -169,7 +169,7 @@ class Link:
         if planned is self.planned and slots == num_slots:
             return cached
         natural = self.shape.natural_positions(max(num_slots, self.size))
-        if self.order is None:
+        if self.planned is None or not self.planned.reuses:
             out = natural[:num_slots]
         else:
             index = self.planned.slot_index

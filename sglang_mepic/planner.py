@@ -26,22 +26,28 @@ from sglang_mepic.segments import NO_POSITION, PAD_ID
 @dataclass(frozen=True)
 class Planned:
     plan: Plan | None = None                # page order; None: natural order, nothing reused in place
-    order: tuple[int, ...] | None = None    # natural slot of each planned slot (None: natural order)
     sources: tuple[int, ...] | None = None  # CacheBlend: canonical slot per natural slot, or -1
     private_key: int | None = None          # CacheBlend: the key's first id, unique to this request
-
-    @cached_property
-    def slot_index(self) -> torch.Tensor:
-        """`order` as a tensor, gathered a page at a time."""
-        b = self.plan.page_size
-        pages = torch.tensor(self.plan.order, dtype=torch.long)
-        index = (pages[:, None] * b + torch.arange(b)).flatten()
-        return index[index < self.plan.size]
 
     @property
     def reuses(self) -> bool:
         """Whether stored pages form the request's prefix (the cache injects them after the tree's match)."""
         return self.plan is not None and bool(self.plan.reused)
+
+    @cached_property
+    def slot_index(self) -> torch.Tensor:
+        """Natural slot of each planned prompt slot, gathered a page at a time."""
+        return _slots(self.plan.order, self.plan.page_size, self.plan.size)
+
+    @cached_property
+    def order(self) -> tuple[int, ...] | None:
+        """Natural slot of each planned prompt slot (None: natural order)."""
+        return tuple(self.slot_index.tolist()) if self.reuses else None
+
+    @cached_property
+    def reused_slots(self) -> torch.Tensor:
+        """Physical KV slots of the planned prefix, in order."""
+        return _slots(self.plan.reused, self.plan.page_size)
 
     @staticmethod
     def natural_key(token_ids, positions) -> array:
@@ -59,7 +65,7 @@ class Planned:
         out = self.natural_key(token_ids, positions)
         if self.private_key is not None and out:
             out[0] = self.private_key
-        if self.order is not None:
+        if self.reuses:
             plan = self.plan
             page_size = plan.page_size
             pages = -(-len(out) // page_size)
@@ -101,4 +107,9 @@ def plan(shape, resident: dict[str, tuple[int, ...]], mode: config.Mode, page_si
         return Planned(sources=tuple(src), private_key=mine)
     else:
         return Planned()
-    return Planned(p, tuple(p.slot_order()) if p.reused else None)
+    return Planned(p)
+
+
+def _slots(pages, page_size: int, below: int | None = None) -> torch.Tensor:
+    index = (torch.tensor(pages, dtype=torch.long)[:, None] * page_size + torch.arange(page_size)).flatten()
+    return index if below is None else index[index < below]

@@ -162,7 +162,7 @@ class MepicRadixCache(RadixCache):
         start = req.logprob_start_len if getattr(req, "return_logprob", False) and req.logprob_start_len >= 0 else None
         link.set_planned(planner.plan(link.shape, found.resident, self.mode, self.page_size, self.canonical_from, start,
                                lambda: self._holds_compile(link, params)))
-        if link.order is not None:
+        if link.planned.reuses:
             # Same length, new order: fill_ids is rebuilt from it below (it would go stale).
             req.origin_input_ids[:] = link.shape.ids_in(link.planned.slot_index)
         else:
@@ -194,8 +194,7 @@ class MepicRadixCache(RadixCache):
         end = min(plan.prefix_slots, limit // self.page_size * self.page_size)
         if end <= result.device_prefix_len:
             return result
-        slots = plan.reused_slots()[result.device_prefix_len:end]
-        link.injected = torch.tensor(slots, dtype=torch.int64, device=self.pages.allocator.device)
+        link.injected = link.planned.reused_slots[result.device_prefix_len:end].to(self.pages.allocator.device)
         return result._replace(device_prefix_len=end)
 
     def _match_unplanned(self, link: Link, params):
