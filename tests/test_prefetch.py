@@ -293,3 +293,18 @@ def test_mooncake_entries_are_read_by_concurrent_workers(kv_pool, master):
         reader.place(reader.take(key, 2 * PAGE), slots(40 + 2 * i, 2), key=key)
         assert same_kv(kv_pool, slots(1 + 2 * i, 2), slots(40 + 2 * i, 2))
     assert reader.storage.rejected == 0 and reader.stats()["prefetch_reads"] == 4
+
+
+def test_the_prefetch_bench_runs_and_checks_itself(tiny_model):
+    # It asserts the loaded KV equals the stored chunks' and that no read missed before it returns.
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "eval" / "bench_prefetch.py"
+    spec = importlib.util.spec_from_file_location("bench_prefetch", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    config = json.loads((Path(tiny_model) / "config.json").read_text())
+    figures = bench.measure(config, chunks=2, chunk_pages=1, reps=2)
+    assert len(figures) == 6 and all(ms > 0 for ms in figures.values()), figures
