@@ -13,7 +13,8 @@ What a read found is remembered, so a request that waits for room, or is planned
 again next round, never reads or hashes an entry again:
 - a fetched entry is kept until the scheduler places it in device pages
   (`taken`), or the least recently used ones are dropped to stay under
-  `keep_bytes` (a dropped one is read again if wanted again);
+  `keep_bytes` (a dropped one is read again if wanted again; one larger than
+  `keep_bytes` is answered absent, as a chunk that cannot be held is not loaded);
 - an entry found absent, rejected (corrupt, foreign, unauthenticated) or not
   answered in time is answered absent for `absent_s` seconds. The bound trades
   a chunk that another instance writes meanwhile (computed here once more, a
@@ -176,9 +177,8 @@ class Prefetch:
             outcome = future.result()
         del self._reads[key]
         kv = self.storage.settle(read.storage_key, outcome)
-        if kv is None:
+        if kv is None or not self._keep(key, kv):
             return self._absent_now(key)
-        self._keep(key, kv)
         return kv
 
     def _collect(self) -> None:
@@ -193,16 +193,18 @@ class Prefetch:
             self._absent.popitem(last=False)
         return ABSENT
 
-    def _keep(self, key: str, kv: torch.Tensor) -> None:
+    def _keep(self, key: str, kv: torch.Tensor) -> bool:
+        """Keep a fetched entry until it is taken; False for one larger than the whole memory."""
         size = _nbytes(kv)
-        if size > self.keep_bytes:  # returned this once, not kept
+        if size > self.keep_bytes:
             self.dropped += 1
-            return
+            return False
         while self.kept_bytes + size > self.keep_bytes:
             self.kept_bytes -= _nbytes(self._fetched.popitem(last=False)[1])
             self.dropped += 1
         self._fetched[key] = kv
         self.kept_bytes += size
+        return True
 
 
 def _nbytes(kv: torch.Tensor) -> int:

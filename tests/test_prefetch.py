@@ -214,6 +214,10 @@ def test_fetched_entries_are_bounded_least_recently_used_first(kv_pool):
     assert tiers.want("c0", 2 * PAGE) == "storage" and io.reads == 3
     assert tiers.want("c1", 2 * PAGE) == PENDING  # dropped: read again
 
+    small = tiers_on(kv_pool, io, keep_bytes=chunk_bytes - 1)  # a chunk it could not hold until placed
+    assert small.want("c0", 2 * PAGE) == PENDING and settled(small, "c0", 2 * PAGE) == ABSENT
+    assert small.take("c0", 2 * PAGE) is None and small.stats()["prefetch_dropped"] == 1
+
 
 def test_the_worker_only_reads_and_the_caller_owns_the_counters(kv_pool, monkeypatch):
     io = CountingIO()
