@@ -273,9 +273,13 @@ class Peers:
                                             qpos[i:i + 1]) for i in range(n)])
         row = dict(kind="decode", batch=batch, ctx=ctx, ms={}, check={})
         ws = self.kernels.DecodeWorkspace(batch, hq, d, dev)
-        splits = self.kernels.num_kv_splits(seq, batch * hkv, self.sms)
-        row["our_splits"] = int(splits[0])
         cache = self.rope.cos_sin_cache
+        # Splits for the capacity of the decode kernel compiled on this device, as the backend sizes them.
+        ctas = self.kernels.decode_ctas_per_sm(q, kp, vp, r2t, r2p, ri, seq, qpos, cache, d, True, d ** -0.5,
+                                               **self.rope_args)
+        splits = self.kernels.num_kv_splits(seq, self.kernels.decode_programs_per_split(batch, hq, hkv), self.sms,
+                                            ctas_per_sm=ctas)
+        row["our_splits"], row["our_ctas_per_sm"] = int(splits[0]), ctas
         self.measure(row, "ours", lambda: self.kernels.decode(q, kp, vp, r2t, r2p, ri, seq, qpos, cache, d, True,
                                                              d ** -0.5, splits=splits, workspace=ws,
                                                              **self.rope_args), lambda o: o[:n], ref_rot, 50)

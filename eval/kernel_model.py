@@ -11,7 +11,7 @@ own launch parameters for the architecture (page size 16, SGLang's split
 heuristic with its default 8 splits at most).
 
 Per kernel and shape it reports: registers and spills (ptxas -v), shared
-memory, CTAs per SM (from registers, shared memory and threads on sm_90:
+memory, CTAs per SM (`kernels.occupancy`: from registers, shared memory and threads on sm_90:
 65,536 registers, 228 KB, 2,048 threads, 32 CTAs), programs that do work,
 waves over 132 SMs, key tiles per program (the longest program: the critical
 path), the inner loop's SASS instructions per tile (nvdisasm: the body from
@@ -41,6 +41,7 @@ import torch
 
 from sglang_mepic.kernels import aot
 from sglang_mepic.kernels import attention as k
+from sglang_mepic.kernels import occupancy
 
 SMS = 132
 HQ, HKV, D = 32, 8, 128
@@ -70,12 +71,7 @@ class Row:
     visible_tiles: int = 0  # iterations that see at least one key (extend)
 
     def ctas_per_sm(self, arch: int = 90) -> int:
-        regs = math.ceil(max(self.regs, 1) / 8) * 8
-        by_regs = 65536 // (regs * 32 * self.warps)
-        smem = (228 if arch >= 90 else 164) * 1024
-        by_smem = smem // (self.shared + 1024)
-        by_threads = 2048 // (32 * self.warps)
-        return max(0, min(by_regs, by_smem, by_threads, 32))
+        return occupancy.ctas_per_sm(self.regs, self.warps, self.shared, occupancy.SmLimits.of_arch(arch))
 
     @property
     def per_element(self) -> float:

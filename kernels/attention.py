@@ -450,8 +450,9 @@ def num_kv_splits(seq_lens: torch.Tensor, programs_per_split: int, sm_count: int
     """Splits per request [B] (int32), on the device and without a host sync.
 
     The count for the longest request fills the decode kernel's real capacity
-    (`ctas_per_sm`, default: the compiled kernel's, from `launch_config`) in whole
-    waves (`whole_wave_splits`); never a split shorter than MIN_SPLIT_LEN keys,
+    (`ctas_per_sm`: on a GPU, the compiled kernel's, `decode_ctas_per_sm`; when not
+    given, `launch_config`'s static figure) in whole waves
+    (`whole_wave_splits`); never a split shorter than MIN_SPLIT_LEN keys,
     and each request's splits in proportion to its length, so a short request in
     a long batch is not cut into slivers.
     """
@@ -498,10 +499,10 @@ def launch_config(kind: str, head_dim: int, dtype: torch.dtype, arch: int = 90) 
     Chosen with `python -m eval.kernel_model` (registers, shared memory and the
     inner loop's SASS of each candidate, compiled as Triton compiles at launch)
     and checked by `python -m sglang_mepic.kernels.aot`, which fails on any
-    spill; `ctas_per_sm` is the compiled kernel's occupancy for head dim 128
-    (from registers, shared memory and threads), what split counts are sized
-    from, and a test keeps it equal to the compiled kernel's. Speed is measured
-    on a GPU (`eval/bench_attention.py --device cuda`), not here.
+    spill. For decode, `ctas_per_sm` is only the fallback where no compiled
+    kernel is at hand (CPU, the interpreter): on a GPU split counts are sized
+    from the kernel Triton built there (`decode_ctas_per_sm`). Speed is
+    measured on a GPU (`eval/bench_attention.py --device cuda`), not here.
     """
     if kind == "decode":  # on sm_80, 4 warps spill (partial rotary, table)
         return dict(block_n=32, block_h=16, num_warps=4 if arch >= 90 else 8, num_stages=2,
@@ -513,14 +514,13 @@ def launch_config(kind: str, head_dim: int, dtype: torch.dtype, arch: int = 90) 
     return dict(block_m=32, block_n=32, num_warps=8, num_stages=1, ctas_per_sm=1)
 
 
-# The compiled decode kernel's CTAs per SM for the variant the backend launches by default (on-chip
-# cos/sin, DEFAULT_TABLE_ROPE False), head dim 128, bf16, with the venv's Triton (3.7.1:
-# 138 registers on sm_90, 3 CTAs/SM; sm_80 2); tests/test_kernels.py keeps it equal to the compiled
-# kernel's. Triton version matters: the H100 run's Triton 3.6.0 compiled this kernel at 109 registers,
-# 4 CTAs/SM, and the table variant at 86, 5/SM (eval/results/gpu/after.md), so there splits sized from
-# 3 fill about 3/4 of a wave. With MEPIC_ROPE_TABLE=1 (table, 3.7.1: 103 registers, 4/SM) splits are
-# still sized from these figures.
-DECODE_CTAS_PER_SM = {90: 3, 80: 2}
+# CTAs per SM of the decode kernel where none is compiled (CPU, the interpreter, the static model's
+# fallback): the default variant's (on-chip cos/sin), head dim 128, bf16, as the venv's Triton 3.7.1
+# compiles it (128 registers: sm_90 4 warps, 4 CTAs/SM; sm_80 8 warps, 2). tests/test_kernels.py keeps it
+# equal to the compiled kernel's. On a GPU the backend sizes splits from the kernel compiled there
+# (`decode_ctas_per_sm`): the H100 run's Triton 3.6.0 had compiled the previous source to 109 registers,
+# 4 CTAs/SM, where this table said 3 (eval/results/gpu/after.md).
+DECODE_CTAS_PER_SM = {90: 4, 80: 2}
 EXTEND_TILE_90 = (128, 32)  # rows x keys of the sm_90 extend tile (eval/results/gpu/model.md: 128 x 64 sits at
 # 255 registers and spills in two of its four variants; 64-row tiles cost twice the rotation per score)
 # The backend computes cos/sin on chip (where the model's cache is cos(p * inv_freq) * mscale;
@@ -560,43 +560,86 @@ def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos
            num_warps=None, num_stages=None, dot_fp32=None):
     """One new token per request: q [B, Hq, D] -> out [B, Hq, Dv].
 
-    `splits` [B] int32 (default: `num_kv_splits`) says how many programs share
-    each request's context; `workspace` (a DecodeWorkspace) holds their partial
-    results. Both may be fixed buffers, for CUDA graphs. `dot_fp32` (tests)
-    overrides the choice of ieee fp32 dots.
+    `splits` [B] int32 (default: `num_kv_splits` for the kernel's capacity,
+    `decode_ctas_per_sm`) says how many programs share each request's context;
+    `workspace` (a DecodeWorkspace) holds their partial results. Both may be
+    fixed buffers, for CUDA graphs. `dot_fp32` (tests) overrides the choice of
+    ieee fp32 dots.
     """
     _check(q, k_pool, cos_sin, rotary_dim, inv_freq)
-    batch, hq, d = q.shape
-    hkv, dv = k_pool.shape[1], v_pool.shape[-1]
-    group = hq // hkv
-    cfg = launch_config("decode", d, q.dtype, device_arch(q.device))
-    block_n, num_warps, num_stages = block_n or cfg["block_n"], num_warps or cfg["num_warps"], \
-        num_stages or cfg["num_stages"]
-    block_h, head_tiles = decode_tiles(group, block_h or cfg["block_h"])
-    if splits is None:
-        splits = num_kv_splits(seq_lens, batch * hkv * head_tiles, sm_count(q.device), ctas_per_sm=cfg["ctas_per_sm"])
+    batch, hq, _ = q.shape
+    dv = v_pool.shape[-1]
     if workspace is None:
         workspace = DecodeWorkspace(batch, hq, dv, q.device)
     elif not workspace.fits(batch, hq, dv):
         raise ValueError(f"decode workspace {tuple(workspace.partial.shape)} does not fit batch {batch}, "
                          f"{hq} heads, head dim {dv}")
+    options = dict(inv_freq=inv_freq, mscale=mscale, block_n=block_n, block_h=block_h, num_warps=num_warps,
+                   num_stages=num_stages, dot_fp32=dot_fp32)
+    tensors = (q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin)
+    if splits is None:
+        ctas = decode_ctas_per_sm(*tensors, rotary_dim, neox, sm_scale, workspace=workspace, **options)
+        programs = batch * k_pool.shape[1] * decode_tiles(hq // k_pool.shape[1], block_h)[1]
+        splits = num_kv_splits(seq_lens, programs, sm_count(q.device), ctas_per_sm=ctas)
     out = q.new_empty((batch, hq, dv)) if out is None else out
-    table, freq, mscale, is_table, scaled = _rope_args(cos_sin, inv_freq, mscale)
+    grid, args, kwargs = _decode_launch(*tensors, rotary_dim, neox, sm_scale, splits, workspace, **options)
+    _mepic_decode_kernel[grid](*args, **kwargs)
     partial, lse = workspace.partial, workspace.lse
-    _mepic_decode_kernel[(batch, hkv * head_tiles, workspace.max_splits)](
-        q, k_pool, v_pool, partial, lse, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, splits,
-        table, freq, mscale, sm_scale,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
-        req_to_token.stride(0), req_to_pos.stride(0), table.stride(0),
-        GROUP=group, HEAD_TILES=head_tiles, BLOCK_H=block_h, D=d, DV=dv, ROT=rotary_dim, NEOX=neox,
-        BLOCK_N=block_n, TABLE=is_table, DOT_FP32=_dot_fp32(q.dtype, dot_fp32), FAST=not _interpreting(),
-        SCALED=scaled, WIDE=_wide_slots(k_pool, v_pool), num_warps=num_warps, num_stages=num_stages)
     _merge_kernel[(batch, hq)](
         partial, lse, out, seq_lens, splits, partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), DV=dv, MAX_SPLITS=workspace.max_splits,
-        BLOCK_N=block_n)
+        BLOCK_N=kwargs["BLOCK_N"])
     return out
+
+
+def decode_ctas_per_sm(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin, rotary_dim,
+                       neox, sm_scale, splits=None, workspace=None, **options) -> int:
+    """CTAs per SM of the decode kernel that `decode(...)` launches for these arguments.
+
+    On a GPU: of the kernel Triton builds for them on this device (`JITFunction.warmup`: compiled, or taken
+    from Triton's cache, and not launched), from its registers, warps and shared memory and the device's
+    limits (`occupancy`). So split counts follow the Triton version and GPU actually running: the same
+    source compiled to 138 registers with Triton 3.7.1 and to 109 with the H100 run's 3.6.0. Elsewhere
+    (CPU, the interpreter) `launch_config`'s static figure. Host work only, no stream sync; the backend
+    asks once, at start-up.
+    """
+    if q.device.type != "cuda" or _interpreting():
+        return launch_config("decode", q.shape[-1], q.dtype, device_arch(q.device))["ctas_per_sm"]
+    from sglang_mepic.kernels import occupancy
+
+    if splits is None:
+        splits = torch.ones(q.shape[0], dtype=torch.int32, device=q.device)
+    if workspace is None:
+        workspace = DecodeWorkspace(q.shape[0], q.shape[1], v_pool.shape[-1], q.device)
+    grid, args, kwargs = _decode_launch(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos,
+                                        cos_sin, rotary_dim, neox, sm_scale, splits, workspace, **options)
+    with torch.cuda.device(q.device):
+        return occupancy.compiled_ctas_per_sm(_mepic_decode_kernel.warmup(*args, grid=grid, **kwargs),
+                                              occupancy.SmLimits.of_device(q.device))
+
+
+def _decode_launch(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin, rotary_dim, neox,
+                   sm_scale, splits, workspace, inv_freq=None, mscale=1.0, block_n=None, block_h=None, num_warps=None,
+                   num_stages=None, dot_fp32=None):
+    """(grid, args, kwargs) of the split decode kernel's launch: what `decode` runs and
+    `decode_ctas_per_sm` compiles."""
+    batch, hq, d = q.shape
+    hkv, dv = k_pool.shape[1], v_pool.shape[-1]
+    group = hq // hkv
+    cfg = launch_config("decode", d, q.dtype, device_arch(q.device))
+    block_h, head_tiles = decode_tiles(group, block_h or cfg["block_h"])
+    table, freq, mscale, is_table, scaled = _rope_args(cos_sin, inv_freq, mscale)
+    partial, lse = workspace.partial, workspace.lse
+    args = (q, k_pool, v_pool, partial, lse, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, splits,
+            table, freq, mscale, sm_scale,
+            q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
+            partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
+            req_to_token.stride(0), req_to_pos.stride(0), table.stride(0))
+    kwargs = dict(GROUP=group, HEAD_TILES=head_tiles, BLOCK_H=block_h, D=d, DV=dv, ROT=rotary_dim, NEOX=neox,
+                  BLOCK_N=block_n or cfg["block_n"], TABLE=is_table, DOT_FP32=_dot_fp32(q.dtype, dot_fp32),
+                  FAST=not _interpreting(), SCALED=scaled, WIDE=_wide_slots(k_pool, v_pool),
+                  num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"])
+    return (batch, hkv * head_tiles, workspace.max_splits), args, kwargs
 
 
 def extend_tile(group: int, block_m: int) -> tuple[int, int]:

@@ -126,7 +126,24 @@ class MepicAttnBackend(AttentionBackend):
         freqs = None if table else self.rope.frequencies()
         self.rope_args = {} if freqs is None else dict(inv_freq=freqs[0].float().contiguous(), mscale=freqs[1])
         self.sm_count = kernels.sm_count(self.device)
-        logger.info("mepic attention: Triton kernels, RoPE cos/sin %s", "on chip" if freqs else "from the table")
+        self.decode_ctas_per_sm = self._decode_capacity()
+        logger.info("mepic attention: Triton kernels, RoPE cos/sin %s; decode kernel %d CTAs/SM on %d SMs",
+                    "on chip" if freqs else "from the table", self.decode_ctas_per_sm, self.sm_count)
+
+    def _decode_capacity(self) -> int:
+        """CTAs per SM of the decode kernel this backend launches, what split counts are sized from.
+
+        Asked once, here, before any decode or CUDA-graph capture: on a GPU Triton compiles the kernel
+        for arguments specialized as a decode's are (the pools, the row tables, int64 request indices,
+        lengths and positions; a query of the model's dtype) and the capacity comes from that compiled
+        kernel's registers and shared memory (`kernels.decode_ctas_per_sm`); on a CPU, the static figure."""
+        k_pool = self.token_to_kv_pool.get_key_buffer(0)
+        v_pool = self.token_to_kv_pool.get_value_buffer(0)
+        q = k_pool.new_empty((1, self._graph_heads[0], k_pool.shape[-1]))
+        index = torch.zeros(1, dtype=torch.int64, device=k_pool.device)
+        return self.kernels.decode_ctas_per_sm(
+            q, k_pool, v_pool, self.req_to_token_pool.req_to_token, self.positions.req_to_pos, index, index + 1,
+            index, self.cos_sin, self.rope.rotary_dim, self.rope.is_neox_style, 1.0, **self.rope_args)
 
     @staticmethod
     def _take_over_rotary(model_runner) -> Rope:
@@ -178,7 +195,7 @@ class MepicAttnBackend(AttentionBackend):
                 batch = forward_batch.seq_lens.shape[0]
                 self._splits = self.kernels.num_kv_splits(
                     forward_batch.seq_lens, self.kernels.decode_programs_per_split(batch, *self._graph_heads),
-                    self.sm_count)
+                    self.sm_count, ctas_per_sm=self.decode_ctas_per_sm)
         elif mode.is_extend():
             if not self.use_triton:
                 self.rotated_keys.drop(self.rows)
@@ -298,7 +315,8 @@ class MepicAttnBackend(AttentionBackend):
         splits = self._splits
         if splits is None or splits.shape[0] != batch:  # a forward this backend did not prepare (tests)
             splits = self._splits = self.kernels.num_kv_splits(
-                seq_lens, self.kernels.decode_programs_per_split(batch, heads, kv_heads), self.sm_count)
+                seq_lens, self.kernels.decode_programs_per_split(batch, heads, kv_heads), self.sm_count,
+                ctas_per_sm=self.decode_ctas_per_sm)
         return splits, workspace
 
     # CUDA graphs, decode only (SGLang's graph runner calls these).
@@ -325,7 +343,7 @@ class MepicAttnBackend(AttentionBackend):
         batch = forward_batch.seq_lens.shape[0]
         self.kernels.num_kv_splits(forward_batch.seq_lens,
                                    self.kernels.decode_programs_per_split(batch, *self._graph_heads),
-                                   self.sm_count, out=self.graph.splits)
+                                   self.sm_count, out=self.graph.splits, ctas_per_sm=self.decode_ctas_per_sm)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         self._save(layer, forward_batch, k, v, save_kv_cache)

@@ -152,13 +152,70 @@ def test_num_kv_splits():
 
 
 def test_decode_splits_fill_whole_waves():
-    """Split counts from the compiled kernel's capacity (3 CTAs per SM on sm_90 for 132 SMs): B=8 of
-    Llama-3-8B (64 programs a split) fills about one wave, B=64 (512) takes 2 splits (2.6 waves, not 1.3)."""
-    cap = 3 * 132
-    for programs, splits in ((8 * 8, 6), (64 * 8, 2)):
+    """Split counts for the capacity (4 CTAs per SM on sm_90 for 132 SMs): B=8 of Llama-3-8B (64 programs a
+    split) fills about one wave, B=64 (512) takes 1 split (0.97 wave), not 2."""
+    cap = 4 * 132
+    for programs, splits in ((8 * 8, 8), (64 * 8, 1)):
         got = kernels.whole_wave_splits(programs, cap)
         waves = programs * got / cap
         assert got == splits and waves / math.ceil(waves) > 0.85
+
+
+def test_occupancy_arithmetic_registers_to_splits():
+    """registers -> CTAs per SM -> splits: what the backend applies to the decode kernel compiled on the GPU.
+    The previous decode source at Triton 3.7.1's 138 registers fits 3 CTAs per SM on an H100, at the H100
+    run's Triton 3.6.0's 109 registers 4: B=8 at 32k then takes 8 splits, not the 6 a table of 3 gave."""
+    from types import SimpleNamespace
+
+    from sglang_mepic.kernels import occupancy
+
+    h100, a100 = occupancy.SmLimits.of_arch(90), occupancy.SmLimits.of_arch(80)
+    assert occupancy.ctas_per_sm(138, 4, 24704, h100) == 3  # registers: 144 x 128 threads a CTA
+    assert occupancy.ctas_per_sm(109, 4, 24704, h100) == 4
+    assert occupancy.ctas_per_sm(86, 4, 38016, h100) == 5  # 88 x 32 = 2,816 a warp: 23 warps
+    assert occupancy.ctas_per_sm(128, 8, 21760, a100) == 2
+    assert occupancy.ctas_per_sm(32, 4, 100 * 1024, h100) == 2  # shared memory (1 KB reserved a CTA)
+    assert occupancy.ctas_per_sm(16, 16, 0, h100) == 4  # threads: 2,048 / 512
+    assert occupancy.ctas_per_sm(16, 1, 0, h100) == 32  # CTA slots
+    assert occupancy.ctas_per_sm(255, 8, 0, h100) == 1 and occupancy.ctas_per_sm(255, 16, 0, h100) == 0
+    lens = torch.full((8,), 32768)
+    programs = kernels.decode_programs_per_split(8, 32, 8)
+    for regs, want in ((138, 6), (109, 8)):
+        compiled = SimpleNamespace(n_regs=regs, metadata=SimpleNamespace(num_warps=4, shared=24704),
+                                   _init_handles=lambda: None)
+        ctas = occupancy.compiled_ctas_per_sm(compiled, h100)
+        assert kernels.num_kv_splits(lens, programs, 132, ctas_per_sm=ctas).tolist() == [want] * 8
+    # Without a compiled kernel (CPU, the interpreter) the static figure stands in.
+    q = torch.empty(1, 32, 128, dtype=torch.bfloat16)
+    assert kernels.decode_ctas_per_sm(q, None, None, None, None, None, None, None, None, 128, True, 1.0) == \
+        kernels.DECODE_CTAS_PER_SM[90]
+
+
+def test_backend_sizes_decode_splits_from_the_kernels_capacity(monkeypatch):
+    """The backend asks the kernels for the decode kernel's CTAs per SM once, when it takes them up, and sizes
+    every decode's splits from that figure (eager, graph and unprepared paths alike)."""
+    from types import SimpleNamespace
+
+    from sglang_mepic.backend import MepicAttnBackend
+
+    asked = []
+    monkeypatch.setattr(kernels, "decode_ctas_per_sm", lambda *args, **kwargs: asked.append(args) or 1)
+    d, hq, hkv = 64, 16, 16  # 32 programs a split: 4 splits fill 132 CTAs, 16 would fill 4 x 132
+    seq_lens = [1100, 600]
+    k_pool, v_pool, r2t, r2p, req_idx = make_batch(seq_lens, [1, 1], hq, hkv, d, 16, torch.float32, seed=71)
+    rope = Rope(cos_sin_cache(d, MAX_POS), d, d, True)
+    backend = MepicAttnBackend.over_pools(r2t, k_pool, v_pool, rope, q_heads=hq)
+    backend._use_kernels(kernels)
+    assert backend.decode_ctas_per_sm == 1 and len(asked) == 1 and asked[0][0].shape == (1, hq, d)
+    fb = SimpleNamespace(req_pool_indices=req_idx.long(), seq_lens=torch.tensor(seq_lens),
+                         positions=torch.tensor(seq_lens) - 1, batch_size=2,
+                         forward_mode=SimpleNamespace(is_decode=lambda: True, is_extend=lambda: False))
+    backend.init_forward_metadata(fb)
+    programs = kernels.decode_programs_per_split(2, hq, hkv)
+    want = kernels.num_kv_splits(torch.tensor(seq_lens), programs, backend.sm_count, ctas_per_sm=1)
+    assert backend._splits.tolist() == want.tolist() != kernels.num_kv_splits(
+        torch.tensor(seq_lens), programs, backend.sm_count, ctas_per_sm=4).tolist()
+    assert len(asked) == 1
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -539,8 +596,8 @@ def test_kernel_model_runs_without_spills():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no kernel of ours spills" in out.stdout
     decode = [line.split("|") for line in out.stdout.splitlines() if "| ours | decode |" in line]
-    # The default variant's (on-chip cos/sin) with the venv's Triton 3.7.1: 3 CTAs/SM. The H100 run's
-    # Triton 3.6.0 compiled the same kernel to 109 registers, 4 CTAs/SM (eval/results/gpu/after.md).
+    # The default variant's (on-chip cos/sin) with the venv's Triton 3.7.1: 4 CTAs/SM, the CPU fallback's
+    # figure (on a GPU the backend takes the figure of the kernel compiled there).
     assert "our RoPE cos/sin: on chip" in out.stdout
     assert decode and all(int(cells[8]) == kernels.DECODE_CTAS_PER_SM[90] for cells in decode)
     extend = [line.split("|") for line in out.stdout.splitlines() if "| ours | extend" in line]

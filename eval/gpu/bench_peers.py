@@ -128,7 +128,11 @@ def bench_decode(grid, rope, chip):
         ref_rot = torch.cat([ref_attn(q[i:i + 1], rope.rotate(kp[slots[i]].float()), vp[slots[i]], qpos[i:i + 1],
                                       scale) for i in range(n)])
         row = dict(kind="decode", batch=b, ctx=L, ms={}, check={})
-        splits = K.num_kv_splits(seq, K.decode_programs_per_split(b, HQ, HKV), SMS)
+        # Splits for the capacity of the decode kernel compiled here (the on-chip variant's, the backend's).
+        ctas = K.decode_ctas_per_sm(q, kp, vp, r2t, r2p, ri, seq, qpos, cache, D, True, scale, **chip) \
+            if hasattr(K, "decode_ctas_per_sm") else None
+        splits = K.num_kv_splits(seq, K.decode_programs_per_split(b, HQ, HKV), SMS, ctas_per_sm=ctas)
+        row["our_ctas_per_sm"] = ctas
         ws = K.DecodeWorkspace(b, HQ, D, DEV)
         out = torch.empty(b, HQ, D, device=DEV, dtype=DTYPE)
         row["our_splits"] = int(splits[0])

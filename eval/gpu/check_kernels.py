@@ -132,7 +132,10 @@ def run_case(d, hq, hkv, ps, neox, rot, dtype, kind, rope_src, splits_mode, seed
         q = rope.rotate(torch.randn(len(seq), hq, d, generator=g).to(dev), qpos.long()).to(dtype)
         out = torch.full((len(seq), hq, d), float("nan"), dtype=dtype, device=dev)
         if splits_mode == "auto":
-            splits = K.num_kv_splits(seq_t, K.decode_programs_per_split(len(seq), hq, hkv), K.sm_count(dev))
+            ctas = K.decode_ctas_per_sm(q, kp, vp, r2t, r2p, ri, seq_t, qpos, cache, rot, neox, scale, **rope_args) \
+                if hasattr(K, "decode_ctas_per_sm") else None  # the capacity of the kernel compiled here
+            splits = K.num_kv_splits(seq_t, K.decode_programs_per_split(len(seq), hq, hkv), K.sm_count(dev),
+                                     ctas_per_sm=ctas)
         else:
             splits = torch.full((len(seq),), int(splits_mode), dtype=torch.int32, device=dev)
         info["splits"] = splits.tolist()

@@ -51,12 +51,14 @@ for b, L in ((2, 64), (4, 300)) if CPU else ((8, 4096), (64, 4096)):
     seq = torch.full((b,), L, dtype=torch.int32, device=dev)
     qpos = torch.full((b,), L - 1, dtype=torch.int32, device=dev)
     q = torch.randn(b, hq, d, device=dev, dtype=dtype)
-    splits = K.num_kv_splits(seq, K.decode_programs_per_split(b, hq, hkv), sms)
+    ctas = K.decode_ctas_per_sm(q, kp, vp, r2t, r2p, ri, seq, qpos, cache, d, True, scale, **chip) \
+        if hasattr(K, "decode_ctas_per_sm") else None  # the capacity of the kernel compiled here
+    splits = K.num_kv_splits(seq, K.decode_programs_per_split(b, hq, hkv), sms, ctas_per_sm=ctas)
     ws = K.DecodeWorkspace(b, hq, d, dev)
     block_h, tiles = K.decode_tiles(hq // hkv)
     s = int(splits[0])
     shapes.append(dict(kernel="decode", batch=b, ctx=L, splits=s, grid=[b, hkv * tiles, ws.max_splits],
-                       live_programs=b * hkv * tiles * s, block_h=block_h, sms=sms))
+                       live_programs=b * hkv * tiles * s, block_h=block_h, sms=sms, ctas_per_sm=ctas))
     launches.append(lambda q=q, kp=kp, vp=vp, r2t=r2t, r2p=r2p, ri=ri, seq=seq, qpos=qpos, splits=splits, ws=ws, **rope:
                     K.decode(q, kp, vp, r2t, r2p, ri, seq, qpos, cache, d, True, scale, splits=splits, workspace=ws,
                              **rope))
