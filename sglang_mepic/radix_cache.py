@@ -143,9 +143,13 @@ class MepicRadixCache(RadixCache):
         return link
 
     def hold_back(self, reqs) -> list:
-        """The requests, of the waiting `reqs`, that must wait for a chunk's compile (compiles.py)."""
+        """The requests, of the waiting `reqs`, that must wait for a chunk's compile (compiles.py)
+        or for a chunk's storage read (residency.py), in queue order."""
         linked = [(req, link) for req in reqs if (link := self.link(req)) is not None]
-        return [req for req, _ in self.compiles.waiting(linked, lambda key: key in self.store)]
+        held = {id(req) for req, _ in self.compiles.waiting(linked, lambda key: key in self.store)}
+        if self.tiers.prefetch is not None:
+            held.update(id(req) for req, link in linked if id(req) not in held and self.residency.waiting(link.shape))
+        return [req for req, _ in linked if id(req) in held]
 
     def _plan(self, req, link: Link, params) -> None:
         """Pin and load the request's chunks, plan it, and put its ids in planned order."""

@@ -4,6 +4,11 @@ Before the planner runs, each chunk of the request is looked up in the chunk
 store. Chunks the device pool holds are pinned first, all of them, and only
 then are missing ones loaded from the tiers below (tiers.py): a load may evict
 for room, and must never evict a chunk this request is about to read.
+
+Storage is never read on the scheduler thread. While a request waits, its
+missing chunks' entries are read in the background (`waiting`, prefetch.py);
+the request is held back until none is pending, then planned, and a load only
+copies what was fetched into the pages it allocates.
 """
 
 from dataclasses import dataclass
@@ -13,7 +18,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang_mepic.chunk_store import ChunkStore
 from sglang_mepic.pages import PageRefs
 from sglang_mepic.pool_pages import PoolPages
-from sglang_mepic.tiers import Tiers
+from sglang_mepic.tiers import PENDING, Tiers
 
 
 @dataclass
@@ -36,6 +41,19 @@ class Residency:
         of it is recomputed in context (`--mepic-recompute-blocks` at or above its page count)."""
         return self.canonical_from is not None and (end - start) // self.page_size > self.canonical_from
 
+    def waiting(self, shape) -> bool:
+        """Whether a chunk of the request is still being read from storage; starts the reads
+        of its missing chunks that are neither running nor remembered."""
+        pending = False
+        for (start, end), key in zip(shape.chunk_slots, shape.keys):
+            if self.keeps(start, end) and key not in self.store:
+                pending |= self.tiers.want(key, self._slots(start, end)) == PENDING
+        return pending
+
+    def _slots(self, start: int, end: int) -> int:
+        """KV slots of a chunk's canonical pages (its pages after the ones computed in context)."""
+        return end - start - self.canonical_from * self.page_size
+
     def find(self, shape) -> Found:
         """Pin the request's resident chunks, then load the missing ones the tiers have."""
         resident, pins = {}, []
@@ -55,7 +73,7 @@ class Residency:
                 continue
             if not self.keeps(start, end):
                 continue
-            pages, where[i] = self.load(key, (end - start) // self.page_size - self.canonical_from)
+            pages, where[i] = self.load(key, self._slots(start, end) // self.page_size)
             if pages is not None:
                 self.refs.acquire(pages)  # before the next load, which may evict
                 resident[key] = pages
@@ -68,9 +86,8 @@ class Residency:
         Returns its pages and the tier it came from, or (None, "absent") when no tier has it
         sound or the pool has no room for it.
         """
-        fetched = self.tiers.fetch(key, num_pages * self.page_size)
-        if fetched is None:
-            return None, "absent"
+        if self.tiers.want(key, num_pages * self.page_size) not in ("host", "storage"):
+            return None, "absent"  # or still being read: the request is computed without it
         pages = self.refs.alloc(num_pages)
         if pages is None:
             short = num_pages - self.pages.available()
@@ -78,7 +95,12 @@ class Residency:
             pages = self.refs.alloc(num_pages)
             if pages is None:
                 return None, "absent"
-        self.tiers.place(fetched, self.pages.slots(pages))
+        # After the allocation: making room may have demoted chunks into the host tier, over this one.
+        fetched = self.tiers.take(key, num_pages * self.page_size)
+        if fetched is None:
+            self.refs.release(pages)
+            return None, "absent"
+        self.tiers.place(fetched, self.pages.slots(pages), key)
         pages = self.store.put(key, tuple(pages))
         self.refs.release(pages)  # the store is now their only holder
         return pages, fetched[1]

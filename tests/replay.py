@@ -1,6 +1,7 @@
 """Replays the scheduler's cache calls (match, admit, allocate, insert, release) on
 the mepic radix cache over SGLang's real paged allocator, without a server or a model."""
 
+import time
 from array import array
 from types import SimpleNamespace
 
@@ -122,8 +123,15 @@ def new_request(ids, hints, namespace=None, rid="r"):
 
 
 def planned(tree, ids, hints, namespace=None, rid="r"):
-    """A request as the scheduler has it right after matching it (planned, not admitted)."""
-    return replanned(tree, new_request(ids, hints, namespace, rid))
+    """A request as the scheduler has it right after matching it (planned, not admitted): held
+    back, round after round, while its chunks' storage entries are read (as the scheduler holds it)."""
+    req = new_request(ids, hints, namespace, rid)
+    if hasattr(tree, "hold_back"):
+        waited = time.monotonic()
+        while tree.hold_back([req]):
+            assert time.monotonic() - waited < 60, "held back for a minute"
+            time.sleep(0.001)
+    return replanned(tree, req)
 
 
 def replanned(tree, req):
