@@ -37,10 +37,10 @@ def register() -> None:
     from sglang.srt.layers.attention.attention_registry import register_attention_backend
     from sglang.srt.mem_cache.registry import register_radix_cache_backend
 
-    from sglang_mepic import backend, radix_cache
+    from sglang_mepic import backend, cache_backend
     from sglang_mepic.patches import register_all
 
-    register_radix_cache_backend(radix_cache.BACKEND_NAME, radix_cache.build)
+    register_radix_cache_backend(cache_backend.BACKEND_NAME, cache_backend.build)
     add_attention_backend_choices([backend.BACKEND_NAME])
     register_attention_backend(backend.BACKEND_NAME)(backend.create)
     register_all(version)

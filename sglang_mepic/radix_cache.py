@@ -30,64 +30,30 @@ unlocked and deleted, so `evictable_size` stays exact at O(1).
 """
 
 import dataclasses
-import hashlib
-import heapq
 import itertools
-import json
-import os
 import time
 from array import array
 
 import torch
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
-from sglang.srt.mem_cache.evict_policy import (FIFOStrategy, FILOStrategy, LFUStrategy, LRUStrategy,
-                                               PriorityStrategy, SLRUStrategy)
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
-from sglang_mepic import config, planner, storage
+from sglang_mepic import config, ownership, planner, storage
 from sglang_mepic.admission import Admission
 from sglang_mepic.chunk_store import ChunkStore
 from sglang_mepic.compiles import Compiles
 from sglang_mepic.figures import Figures
+from sglang_mepic.hint import decode_laid_out
+from sglang_mepic.leaves import Leaves
 from sglang_mepic.ledger import Ledger
-from sglang_mepic import ownership
 from sglang_mepic.link import Link, Shape
 from sglang_mepic.pages import PageRefs
-from sglang_mepic.pool_pages import PoolPages
-from sglang_mepic.hint import decode_laid_out
+from sglang_mepic.pool_pages import PoolPages, check_allocator
 from sglang_mepic.request_layout import masked_key
 from sglang_mepic.residency import Residency
 from sglang_mepic.segments import span_hash
 from sglang_mepic.tiers import Tiers
-
-BACKEND_NAME = "mepic"
-
-# Eviction strategies under which a node's priority never falls as the node is used (access
-# time, hit count, the max'd request priority) or never changes (creation time): a heap kept
-# across evict calls stays in SGLang's order. Under the others (mru: -access time; tlru; any
-# other) each call builds its heap from every evictable leaf, as SGLang's `evict` does.
-KEPT_HEAP_STRATEGIES = (LRUStrategy, LFUStrategy, FIFOStrategy, FILOStrategy, PriorityStrategy, SLRUStrategy)
-
-# The allocator methods through which pages go back: the cache frees whole pages with
-# `free_page_ids` (pool_pages.py; eviction never calls `free_segment`) and counts the frees of
-# `free` (patches paged_allocator_free*). An allocator that overrides one of them would be bypassed.
-FREE_PATH = ("free", "free_page_ids", "free_segment", "free_segments", "_release_page_ids")
-
-
-def check_allocator(allocator) -> None:
-    """Refuse a KV allocator the cache cannot free through (e.g. SGLang's PageInterleavePoolAllocator,
-    which keeps free pages per owner class and overrides `free_segment` and `_release_page_ids`)."""
-    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-
-    name = type(allocator).__name__
-    if not isinstance(allocator, PagedTokenToKVPoolAllocator):
-        raise ValueError(f"--radix-cache-backend mepic needs SGLang's paged KV allocator, not {name}")
-    changed = [m for m in FREE_PATH if getattr(type(allocator), m) is not getattr(PagedTokenToKVPoolAllocator, m)]
-    if changed:
-        raise ValueError(f"--radix-cache-backend mepic cannot free pages through {name}: it overrides "
-                         f"{', '.join(changed)}, which the cache's eviction and page counting would bypass "
-                         "(they return whole pages with free_page_ids); use the default paged allocator")
 
 
 class MepicRadixCache(RadixCache):
@@ -290,59 +256,10 @@ class MepicRadixCache(RadixCache):
         return matched, last
 
     def _update_leaf_status(self, node):
-        # SGLang's evict heapifies every evictable leaf per call; under KEPT_HEAP_STRATEGIES this cache
-        # keeps its heap across calls: a node is pushed when it becomes an evictable leaf (checked when popped).
         was = node in self.evictable_leaves
         super()._update_leaf_status(node)
-        if not was and node in self.evictable_leaves and self._kept_heap:
-            self._leaf_order += 1
-            heapq.heappush(self._leaves, (self.eviction_strategy.get_priority(node), self._leaf_order, node))
-
-    @property
-    def _kept_heap(self) -> bool:
-        """Whether eviction uses the heap kept across calls (`_next_leaf`), or builds one per call."""
-        return type(self.eviction_strategy) in KEPT_HEAP_STRATEGIES
-
-    def _leaves_by_call(self):
-        """Evictable leaves in SGLang's order for a strategy whose priorities may fall (mru):
-        SGLang's own heap, built from every evictable leaf for this call, of (priority, node)
-        pairs (ties: TreeNode's order); a parent the caller's deletion left a leaf is pushed at
-        its priority then, as SGLang's `evict` pushes it. The caller deletes each leaf it takes."""
-        strategy = self.eviction_strategy
-        heap = [(strategy.get_priority(n), n) for n in self.evictable_leaves]
-        heapq.heapify(heap)
-        while heap:
-            _, node = heapq.heappop(heap)
-            if node not in self.evictable_leaves:
-                continue
-            yield node
-            parent = node.parent
-            if not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (strategy.get_priority(parent), parent))
-
-    def _next_leaf(self):
-        """The evictable leaf SGLang's heap would pop first, or None (`_kept_heap` strategies).
-
-        Entries go stale: the node was locked, got children or was deleted (skipped), or was
-        used since it was pushed (pushed again at its new priority; priorities only grow:
-        access time, hit count).
-        """
-        leaves = self._leaves
-        if len(leaves) > 2 * len(self.evictable_leaves) + 1024:  # mostly stale: start over
-            leaves[:] = [(self.eviction_strategy.get_priority(n), i, n) for i, n in enumerate(self.evictable_leaves)]
-            heapq.heapify(leaves)
-            self._leaf_order = len(leaves)
-        while leaves:
-            priority, _, node = heapq.heappop(leaves)
-            if node not in self.evictable_leaves:
-                continue
-            now = self.eviction_strategy.get_priority(node)
-            if now != priority:
-                self._leaf_order += 1
-                heapq.heappush(leaves, (now, self._leaf_order, node))
-                continue
-            return node
-        return None
+        if not was and node in self.evictable_leaves:
+            self.leaves.became_evictable(node)
 
     def _split_node(self, key, child, split_len):
         pages = self._node_pages(child)
@@ -405,15 +322,14 @@ class MepicRadixCache(RadixCache):
         SGLang's own loop stops when the nodes it dropped add up to the request, but a node's
         page that the store or another node also holds frees nothing; so this is its loop, stopped
         by the pages actually freed (`PageRefs.freed` moves at once, inside a free group too),
-        over a heap kept across calls (`_next_leaf`) rather than rebuilt from every leaf, where
-        priorities only grow (`KEPT_HEAP_STRATEGIES`); under the others, SGLang's per-call heap.
+        over the leaves in SGLang's order (leaves.py).
         """
         if self.disable:
             return EvictResult()
         start_time, start = time.perf_counter(), self.refs.freed
         want = -(-params.num_tokens // self.page_size)
         last = []  # returned to the allocator together, after the walk
-        leaves = iter(self._next_leaf, None) if self._kept_heap else self._leaves_by_call()
+        leaves = self.leaves.in_order()
         while self.refs.freed - start < want and (node := next(leaves, None)) is not None:
             last += self.refs.releasable(self._node_pages(node))
             self._delete_leaf(node)  # tells the ledger; its parent, now a leaf, is pushed
@@ -430,7 +346,7 @@ class MepicRadixCache(RadixCache):
     def reset(self):
         # SGLang clears the allocator right after resetting the tree (flush_cache), so
         # the store and the counts are dropped, not released page by page.
-        self._leaves, self._leaf_order = [], 0  # before SGLang's reset, which makes the root
+        self.leaves = Leaves(self)  # before SGLang's reset, which makes the root
         super().reset()
         if getattr(self, "store", None) is not None:
             self.store.forget()
@@ -439,42 +355,3 @@ class MepicRadixCache(RadixCache):
             self.tiers.clear_host()
             self.admission.reset()
             self.figures.reset()
-
-
-def model_fingerprint(model_config) -> str:
-    """What makes KV reusable: the weights (path, revision), their dtype and the architecture."""
-    hf = getattr(model_config, "hf_config", None)
-    described = json.dumps(hf.to_dict() if hf is not None else {}, sort_keys=True, default=str)
-    parts = [str(getattr(model_config, "model_path", "")), str(getattr(model_config, "revision", "")),
-             str(getattr(model_config, "dtype", "")), described]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
-
-
-def build(ctx) -> MepicRadixCache:
-    if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
-        raise ValueError("--radix-cache-backend mepic supports full-attention models only "
-                         "(no sliding-window or state-space layers)")
-    if ctx.enable_hierarchical_cache:
-        raise ValueError("--radix-cache-backend mepic does not support --enable-hierarchical-cache")
-    config.placement()  # fail at start-up on a bad setting
-    config.compile_sink()
-    config.host_tier_gb()
-    config.storage_config()
-    config.storage_timeout()
-    directory = config.storage_dir() if config.storage_backend() == "file" else None
-    if directory is not None:
-        try:
-            os.makedirs(directory, exist_ok=True)
-        except OSError as e:
-            raise ValueError(f"--mepic-storage-dir {directory}: cannot create it ({e.strerror})") from None
-        if not os.access(directory, os.W_OK):
-            raise ValueError(f"--mepic-storage-dir {directory}: not writable")
-    mode = config.mode()
-    config.canonical_from()
-    if ctx.disable_radix_cache and mode.reuses:
-        raise ValueError(f"--mepic-mode {mode.name} needs the radix cache: drop --disable-radix-cache "
-                         "or use --mepic-mode full")
-    params = ctx.params
-    if ctx.disable_radix_cache:
-        params.disable = True
-    return MepicRadixCache(params, model_fingerprint(ctx.model_config), mode)

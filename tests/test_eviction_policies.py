@@ -134,7 +134,7 @@ def test_an_allocator_that_overrides_its_frees_is_refused():
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.allocator.page_interleave import PageInterleavePoolAllocator
 
-    from sglang_mepic.radix_cache import FREE_PATH, check_allocator
+    from sglang_mepic.pool_pages import FREE_PATH, check_allocator
 
     assert "free_segment" in vars(PageInterleavePoolAllocator)
     allocator = make_tree(num_pages=NUM_PAGES).token_to_kv_pool_allocator
