@@ -27,7 +27,13 @@ class Admission:
         self.cache = cache
         self._unadmitted: dict[int, Link] = {}  # planned, holding their chunks, not admitted yet
 
-    def planned(self, link: Link) -> None:
+    def hold(self, link: Link, found) -> None:
+        """A request is planned (again): it holds the chunks `found` (residency.Found) pinned for it
+        instead of what an earlier plan pinned, until it is admitted or the round ends."""
+        self.let_go(link)
+        link.unplan()
+        link.held = found.pins
+        link.found_where(found.where)
         if link.held:
             self._unadmitted[id(link)] = link
 

@@ -122,6 +122,12 @@ class Link:
         self._move((Phase.LINKED, Phase.PLANNED, Phase.ADMITTED), Phase.LINKED)
         self.injected, self.tree_took = None, 0
 
+    def found_where(self, where: list[str]) -> None:
+        """Where each chunk was found when first planned. A plan that found nothing (or could not
+        load it for lack of room) yields to a later one, as the request is computed by the last."""
+        self.found = list(where) if self.found is None else [new if old == "absent" else old
+                                                             for old, new in zip(self.found, where)]
+
     @property
     def admitted(self) -> bool:
         return self.phase is Phase.ADMITTED

@@ -14,7 +14,6 @@ its reused pages); nothing here touches the tree, the pool or the store.
 from array import array
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
 
 import torch
 
@@ -78,18 +77,18 @@ class Planned:
 
 
 def plan(shape, resident: dict[str, tuple[int, ...]], mode: config.Mode, page_size: int,
-         canonical_from: int | None, logprob_start: int | None, holds_natural: Callable[[], bool]) -> Planned:
+         canonical_from: int | None, logprob_start: int | None, holds_natural: bool = False) -> Planned:
     """Plan `shape` (link.Shape) against the chunks `resident` on the device (key -> canonical pages).
 
     logprob_start: the first slot whose input logprob is asked; chunks that end after it are
     computed (SGLang likewise limits its prefix match there), and pages from there keep their places.
-    holds_natural: whether the tree holds the request whole through its chunk in natural order,
-    asked only of a compile that would reuse pages (the tree's earlier compile then costs nothing).
+    holds_natural: a compile whose chunk the tree holds whole in natural order (the tree's earlier
+    compile of it): natural order then costs nothing, where the planned one computes a block.
     """
     spans = shape.spans()
     if shape.compile or mode.shares:
         p = make_plan(shape.size, page_size, spans, resident, canonical_from, logprob_start)
-        if p.reused and shape.compile and holds_natural():
+        if p.reused and shape.compile and holds_natural:
             return Planned()
     elif mode.kind is config.Kind.EPIC:
         # Planned like mepic from each chunk's first K tokens on; its prefix is copied into

@@ -119,19 +119,15 @@ class MepicRadixCache(RadixCache):
 
     def _plan(self, req, link: Link, params) -> None:
         """Pin and load the request's chunks, plan it, and put its ids in planned order."""
-        self.admission.let_go(link)
-        link.unplan()
         found = self.residency.find(link.shape)
-        link.held = found.pins
-        # Where each chunk was found when first planned. A plan that found nothing (or could not
-        # load it for lack of room) yields to a later one, as the request is computed by the last.
-        link.found = found.where if link.found is None else [new if old == "absent" else old
-                                                            for old, new in zip(link.found, found.where)]
-        self.admission.planned(link)
+        self.admission.hold(link, found)
         # Input logprobs from a slot on: as SGLang limits its prefix there, chunks past it are computed.
         start = req.logprob_start_len if getattr(req, "return_logprob", False) and req.logprob_start_len >= 0 else None
-        link.set_planned(planner.plan(link.shape, found.resident, self.mode, self.page_size, self.canonical_from, start,
-                               lambda: self._holds_compile(link, params)))
+        # A compile of a stored chunk would compute its first block; when the tree holds the
+        # chunk's earlier compile whole in natural order, that order costs nothing.
+        holds_natural = link.compile and bool(found.resident) and self._holds_compile(link, params)
+        link.set_planned(planner.plan(link.shape, found.resident, self.mode, self.page_size, self.canonical_from,
+                                      start, holds_natural))
         if link.planned.reuses:
             # Same length, new order: fill_ids is rebuilt from it below (it would go stale).
             req.origin_input_ids[:] = link.shape.ids_in(link.planned.slot_index)
@@ -184,11 +180,7 @@ class MepicRadixCache(RadixCache):
         return super().match_prefix(dataclasses.replace(params, key=natural))
 
     def _holds_compile(self, link: Link, params) -> bool:
-        """Whether the tree still holds this compile request, in natural order, through its chunk.
-
-        Planned, a compile of a stored chunk computes its first block; when the tree holds the
-        chunk's earlier compile whole, the natural order costs nothing.
-        """
+        """Whether the tree still holds this compile request, in natural order, through its chunk."""
         return self._match_natural(link, params).device_prefix_len >= link.chunk_slots[0][1]
 
     def _demote(self, key: str, pages: tuple[int, ...]) -> None:
