@@ -28,15 +28,17 @@ Structure, for GPU speed:
   launch can sit in a CUDA graph.
 - extend runs one program per (request, kv head, block of new tokens); its
   query tile holds the block's tokens for every query head of the group, so
-  each key tile is loaded and rotated once per kv head. Key tiles that no query
-  of the block can see (every real position after the block's last query
-  position, or no real slot at all) are skipped after reading their positions
-  only: a fresh prefill does not pay for its masked half, and reused pages that
-  sit after the queries cost 4 bytes a slot.
+  each key tile is loaded and rotated once per kv head. Its key loop ends at
+  the last slot the block can see (`extend_kv_end`): a fresh prefill does not
+  walk its masked half, and reused pages after the queries are not read. Under
+  two waves of programs, split-K cuts the key range and `_merge_kernel` merges.
+- both read K and V without masks (`_tile_keys`): every slot a tile names is a
+  slot of the pool, and a masked score weighs 0. Only the positions decide
+  what is seen.
 
-Numerics: rotation and softmax run in fp32; the dot products take the model's
-dtype on tensor cores (fp32 models, and the interpreter, whose bf16 arithmetic
-is wrong, take ieee fp32 dots).
+Numerics: rotation and softmax run in fp32 (the softmax in base 2); the dot
+products take the model's dtype on tensor cores (fp32 models, and the
+interpreter, whose bf16 arithmetic is wrong, take ieee fp32 dots).
 """
 
 import functools
@@ -137,8 +139,8 @@ def _slot_offset(slot, stride, WIDE: tl.constexpr):
     per slot, seven instructions."""
     if WIDE:
         off = tl.inline_asm_elementwise("mul.wide.s32 $0, $1, $2;", "=l,r,r",
-                                        [slot, (stride + tl.zeros_like(slot)).to(tl.int32)], dtype=tl.int64,
-                                        is_pure=True, pack=1)
+                                        [slot.to(tl.int32), (stride + tl.zeros_like(slot)).to(tl.int32)],
+                                        dtype=tl.int64, is_pure=True, pack=1)
         return tl.multiple_of(off, 16)
     else:
         return slot.to(tl.int64) * stride
