@@ -29,11 +29,16 @@ other threads' samples are counted and left out. A main-thread sample is
 
 Busy = forward + outside; every share printed is of busy samples. The top
 functions outside the forward count a function once per sample it is on
-(inclusive); `[mepic]` marks this project's code (files under sglang_mepic/,
-patches/ or kernels/ outside site-packages), and the copies of that code the
-samples came from are printed, so a run against another checkout (PYTHONPATH)
-shows which code it profiled. The last line is mepic's outside-forward share
-over vanilla's against the target ratio.
+(inclusive), pass-through decorators (SGLang's stage-metrics and NVTX
+wrappers, the HookRegistry wrapper, torch's no-grad decorator) left out;
+`[mepic]` marks this project's code (files under sglang_mepic/, patches/ or
+kernels/ outside site-packages). For this project's functions the list also
+gives their own share: samples whose innermost project frame is the function
+with no SGLang frame below it (its own Python and the torch/stdlib calls it
+makes; a hook's time inside the SGLang function it wraps is SGLang's). The
+folders the project's sampled code came from are printed, so a run against
+another checkout (PYTHONPATH) shows which code it profiled. The last line is
+mepic's outside-forward share over vanilla's against the target ratio.
 """
 
 import argparse
@@ -54,7 +59,11 @@ from pathlib import Path
 import psutil
 from tqdm import tqdm
 
+import sglang_mepic
 from eval.run import PAPER, SYSTEMS, context_args, run_point
+from eval.workloads import render, with_reuse
+from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
+from sglang_mepic.server_process import ServerProcess
 
 # The issue's target: mepic's share of busy scheduler time outside the forward at most this times vanilla's.
 TARGET_RATIO = 1.5
@@ -64,6 +73,12 @@ FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$
 MEPIC_FILE = re.compile(r"^(?P<root>.*)/(?:sglang_mepic|patches|kernels)/[^/]+\.py$")
 SCHEDULER_FILE = "sglang/srt/managers/scheduler.py"
 MODEL_RUNNER_FILE = "sglang/srt/model_executor/model_runner.py"
+SGLANG_FILE = "site-packages/sglang/"
+# Pass-through decorators on every path they wrap: listed, they would only repeat the share of what they wrap.
+WRAPPERS = (("scheduler_stage_method.<locals>.decorator.<locals>.wrapper", "observability/scheduler_stage_metrics.py"),
+            ("profile_method.<locals>.decorator.<locals>.wrapper", "utils/nvtx_utils.py"),
+            ("_wrap_fn.<locals>.wrapper", "plugins/hook_registry.py"),
+            ("context_decorator.<locals>.decorate_context", "torch/utils/_contextlib.py"))
 # How ModelRunner.forward runs a batch, by forward mode: SGLang's eager runner (CPU) and ModelRunner's own methods.
 PREFILL = (("EagerRunner._execute_extend", "model_executor/runner/eager_runner.py"),
            ("ModelRunner.forward_extend", MODEL_RUNNER_FILE))
@@ -117,7 +132,8 @@ class Split:
     forward_other: int = 0  # ModelRunner.forward in neither forward_extend nor forward_decode (idle batches)
     outside: int = 0
     outside_functions: Counter = field(default_factory=Counter)  # Frame -> outside samples it is on
-    mepic_roots: Counter = field(default_factory=Counter)  # folder holding the mepic code -> samples
+    own: Counter = field(default_factory=Counter)  # project Frame -> outside samples it spent itself (own_frame)
+    mepic_folders: Counter = field(default_factory=Counter)  # folder of a sampled project file -> samples
 
     @property
     def forward(self) -> int:
@@ -139,8 +155,8 @@ def classify(stacks: list[tuple[list[Frame], int]]) -> Split:
         if loop is None:
             split.other_threads += n
             continue
-        for root in {MEPIC_FILE.match(f.file).group("root") for f in frames if f.mepic}:
-            split.mepic_roots[root] += n
+        for folder in {f.file.rsplit("/", 1)[0] for f in frames if f.mepic}:
+            split.mepic_folders[folder] += n
         below = frames[loop + 1:]
         if any(f.is_("Scheduler.on_idle", SCHEDULER_FILE) for f in below):
             split.idle += n
@@ -155,7 +171,37 @@ def classify(stacks: list[tuple[list[Frame], int]]) -> Split:
             split.outside += n
             for f in set(below):
                 split.outside_functions[f] += n
+            if (own := own_frame(below)) is not None:
+                split.own[own] += n
     return split
+
+
+def own_frame(frames: list[Frame]) -> Frame | None:
+    """The project function a sample's time is this project's own cost in: the innermost project frame,
+    unless SGLang code runs below it (a hook around an SGLang function: the time is SGLang's)."""
+    for f in reversed(frames):
+        if f.mepic:
+            return f
+        if SGLANG_FILE in f.file:
+            return None
+    return None
+
+
+def listed(split: Split) -> Counter:
+    """The functions outside the forward worth listing: all but the pass-through decorators."""
+    return Counter({f: n for f, n in split.outside_functions.items() if not any(f.is_(*w) for w in WRAPPERS)})
+
+
+def differences(splits: dict[str, Split], top: int) -> list[str]:
+    """Where mepic's outside-forward time exceeds vanilla's: the functions with the largest gap in share."""
+    if "vanilla" not in splits or "mepic" not in splits:
+        return []
+    mepic, vanilla = splits["mepic"], splits["vanilla"]
+    gap = {f: mepic.share(n) - vanilla.share(vanilla.outside_functions[f]) for f, n in listed(mepic).items()}
+    lines = ["largest gaps outside the forward, mepic - vanilla (inclusive, points of busy samples):"]
+    for frame in sorted(gap, key=gap.get, reverse=True)[:top]:
+        lines.append(f"  {gap[frame]:+6.1%}  {'[mepic] ' if frame.mepic else ''}{frame.function}  ({frame.short()})")
+    return lines
 
 
 def report(system: str, split: Split, top: int) -> list[str]:
@@ -166,16 +212,18 @@ def report(system: str, split: Split, top: int) -> list[str]:
              f"decode {s.share(s.decode):.1%}, other {s.share(s.forward_other):.1%}); "
              f"outside the forward {s.share(s.outside):.1%}",
              f"  top functions outside the forward (inclusive, % of busy samples; [mepic] = this project's code):"]
-    for frame, n in s.outside_functions.most_common(top):
+    for frame, n in listed(s).most_common(top):
         lines.append(f"    {s.share(n):6.1%}  {'[mepic] ' if frame.mepic else ''}{frame.function}  ({frame.short()})")
-    own = Counter({f: n for f, n in s.outside_functions.items() if f.mepic})
-    lines.append(f"  this project's functions outside the forward (inclusive, % of busy samples):")
-    for frame, n in own.most_common(top):
-        lines.append(f"    {s.share(n):6.1%}  {frame.function}  ({frame.short()})")
-    if not own:
+    ours = Counter({f: n for f, n in s.outside_functions.items() if f.mepic})
+    lines.append(f"  this project's own code outside the forward: {s.share(sum(s.own.values())):.1%} of busy samples; "
+                 f"its functions (inclusive / own, % of busy samples; own: the innermost project frame, with no "
+                 f"SGLang code below it):")
+    for frame, n in ours.most_common(top):
+        lines.append(f"    {s.share(n):6.1%} / {s.share(s.own[frame]):5.1%}  {frame.function}  ({frame.short()})")
+    if not ours:
         lines.append("    none sampled")
-    roots = ", ".join(f"{root} ({n:,} samples)" for root, n in s.mepic_roots.most_common()) or "none sampled"
-    lines.append(f"  this project's code ran from: {roots}")
+    folders = ", ".join(f"{d} ({n:,} samples)" for d, n in s.mepic_folders.most_common()) or "none sampled"
+    lines.append(f"  this project's code ran from: {folders}")
     return lines
 
 
@@ -183,7 +231,7 @@ def verdict(splits: dict[str, Split]) -> str:
     if "vanilla" not in splits or "mepic" not in splits:
         return "no ratio: profile both vanilla and mepic for it"
     mepic, vanilla = (splits[s].share(splits[s].outside) for s in ("mepic", "vanilla"))
-    ratio = mepic / vanilla
+    ratio = mepic / vanilla if vanilla else float("inf")
     return (f"outside-forward share of busy scheduler time: mepic {mepic:.1%} / vanilla {vanilla:.1%} = "
             f"{ratio:.2f}x (target <= {TARGET_RATIO:g}x: {'met' if ratio <= TARGET_RATIO else 'missed'})")
 
@@ -208,7 +256,6 @@ class PySpy:
             raise SystemExit("py-spy not found: install the eval extra (pip install py-spy)")
         self.cmd = [exe, "record", "--pid", str(pid), "--format", "raw", "--idle", "--full-filenames",
                     "--rate", str(rate), "--output", str(out)]
-        self.out = out
         self.proc: subprocess.Popen | None = None
         self.summary = ""
 
@@ -231,9 +278,6 @@ class PySpy:
 def profile(system: str, model: str, extra: list[str], env: dict, texts: list[str], qps: float, new_tokens: int,
             raw: Path, rate: int, bar: tqdm) -> tuple[float, str]:
     """Serve `texts` on a fresh server of `system` under py-spy; returns (seconds, py-spy's summary line)."""
-    from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
-    from sglang_mepic.server_process import ServerProcess
-
     bar.set_postfix_str(f"{system}: starting server")
     with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *SYSTEMS[system],
                        startup_timeout=600, env=env) as server:
@@ -251,9 +295,6 @@ def workload(model: str, dataset: str, requests: int) -> tuple[list[str], list[s
     """The first `requests` of eval.run's paper workload: texts, server flags and environment."""
     from transformers import AutoTokenizer
 
-    from eval.workloads import render, with_reuse
-    from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
-
     base = PAPER["base"]
     tokenizer = AutoTokenizer.from_pretrained(model)
     reqs = with_reuse(dataset, PAPER["requests"], base["chunks"], base["reuse"])[:requests]
@@ -265,8 +306,6 @@ def workload(model: str, dataset: str, requests: int) -> tuple[list[str], list[s
 
 def provenance(argv: list[str]) -> list[str]:
     """Command, date, machine and the commit of the code the servers import."""
-    import sglang_mepic
-
     root = Path(sglang_mepic.__file__).resolve().parent.parent
     git = ["git", "-C", str(root)]
     commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -274,7 +313,8 @@ def provenance(argv: list[str]) -> list[str]:
                            capture_output=True, text=True).stdout.strip()
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return [f"command: python -m eval.profile {' '.join(shlex.quote(a) for a in argv)}",
+    path = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " if os.environ.get("PYTHONPATH") else ""
+    return [f"command: {path}python -m eval.profile {' '.join(shlex.quote(a) for a in argv)} (in {Path.cwd()})",
             f"date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
             f"machine: {platform.node()}, {cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
             f"code: {root} at {commit or 'unknown commit'}"
@@ -330,6 +370,7 @@ def main(argv: list[str] | None = None) -> None:
             lines.append(f"raw profiles: {raw_dir}")
     for system, split in splits.items():
         lines += report(system, split, args.top)
+    lines += differences(splits, args.top)
     lines.append(verdict(splits))
     text = "\n".join(lines)
     print(text)

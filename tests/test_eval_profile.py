@@ -46,13 +46,16 @@ def test_classify_splits_main_thread_samples():
     assert split.busy == 100 and split.share(split.outside) == 0.2
     by_name = {f.function: n for f, n in split.outside_functions.items()}
     assert by_name == {"Scheduler.get_next_batch_to_run": 20, "hook": 12, "MepicRadixCache.match_prefix": 12}
-    assert split.mepic_roots == {"/repo": 12}
+    assert split.mepic_folders == {"/repo/patches": 12, "/repo/sglang_mepic": 12}
+    assert {f.function: n for f, n in split.own.items()} == {"MepicRadixCache.match_prefix": 12}
 
 
 def test_report_marks_project_code_and_verdict_compares_shares():
     split = classify(parse_raw(RAW))
     text = "\n".join(report("mepic", split, top=5))
     assert "[mepic] MepicRadixCache.match_prefix  (sglang_mepic/radix_cache.py)" in text
+    assert "this project's own code outside the forward: 12.0% of busy samples" in text
+    assert " 12.0% / 12.0%  MepicRadixCache.match_prefix" in text and " 12.0% /  0.0%  hook" in text
     assert "Scheduler.get_next_batch_to_run  (sglang/srt/managers/scheduler.py)" in text
     vanilla = Split(prefill=90, outside=10)
     assert verdict({"vanilla": vanilla, "mepic": split}).endswith("= 2.00x (target <= 1.5x: missed)")
