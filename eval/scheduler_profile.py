@@ -1,8 +1,8 @@
 """Where SGLang's scheduler spends its busy time: inside the model forward or outside it.
 
-    .venv/bin/python -m eval.profile                       # vanilla and mepic, HotpotQA, QPS 8, 150 requests
-    .venv/bin/python -m eval.profile --requests 300 --out eval/results/profile-after.txt
-    .venv/bin/python -m eval.profile --from-raw /tmp/prof  # re-read the raw profiles a run kept (--raw-dir)
+    .venv/bin/python -m eval.scheduler_profile                       # vanilla and mepic, HotpotQA, QPS 8, 150 requests
+    .venv/bin/python -m eval.scheduler_profile --requests 300 --out eval/results/profile-after.txt
+    .venv/bin/python -m eval.scheduler_profile --from-raw /tmp/prof  # re-read the raw profiles a run kept (--raw-dir)
 
 For each system it starts a fresh server as eval.run does, sends the first
 `--requests` of eval.run's paper workload (reuse 0.85, 7 chunks, 16 new tokens,
@@ -314,7 +314,7 @@ def provenance(argv: list[str]) -> list[str]:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
     path = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " if os.environ.get("PYTHONPATH") else ""
-    return [f"command: {path}python -m eval.profile {' '.join(shlex.quote(a) for a in argv)} (in {Path.cwd()})",
+    return [f"command: {path}python -m eval.scheduler_profile {' '.join(shlex.quote(a) for a in argv)} (in {Path.cwd()})",
             f"date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
             f"machine: {platform.node()}, {cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
             f"code: {root} at {commit or 'unknown commit'}"

@@ -1,4 +1,4 @@
-"""eval.profile's reading of a py-spy raw profile: which samples are idle, forward, outside the forward."""
+"""eval.scheduler_profile's reading of a py-spy raw profile: which samples are idle, forward, outside the forward."""
 
 import importlib
 import importlib.util
@@ -12,7 +12,7 @@ if "eval" not in sys.modules:
     _spec = importlib.util.spec_from_file_location("eval", EVAL / "__init__.py", submodule_search_locations=[str(EVAL)])
     sys.modules["eval"] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules["eval"])
-profile = importlib.import_module("eval.profile")
+profile = importlib.import_module("eval.scheduler_profile")
 Split, classify, parse_raw, report, verdict = (profile.Split, profile.classify, profile.parse_raw, profile.report,
                                                profile.verdict)
 
