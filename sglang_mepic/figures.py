@@ -5,7 +5,6 @@ import math
 from dataclasses import dataclass
 
 from sglang_mepic import config, metrics
-from sglang_mepic.segments import NO_POSITION
 
 
 @dataclass
@@ -26,15 +25,13 @@ def compiled_reuse(link, canonical_from: int, page_size: int) -> int:
     plan = link.planned.plan if link.planned is not None else None
     if plan is None or not link.compiled:
         return 0
-    natural = link.shape.natural_positions(link.size)
+    real = link.shape.real_per_page(page_size)
     reused = set(plan.order[:len(plan.reused)])
     total = 0
     for i in set(link.compiled):
         if i < len(link.chunk_slots):
             start, end = link.chunk_slots[i]
-            for page in range(start // page_size + canonical_from, end // page_size):
-                if page in reused:
-                    total += int((natural[page * page_size:(page + 1) * page_size] != NO_POSITION).sum())
+            total += sum(real[p] for p in range(start // page_size + canonical_from, end // page_size) if p in reused)
     return total
 
 
@@ -51,7 +48,7 @@ def count_admitted(link, prefix_len: int, counters: Counters, mode: config.Mode,
     if link.sources is not None:  # CacheBlend: its selected fraction is computed after all
         substituted = sum(1 for s in link.sources[prefix_len:] if s >= 0)
         substituted -= math.ceil(mode.ratio * substituted)
-    compiled = compiled_reuse(link, canonical_from, page_size)
+    compiled = link.own_reuse = compiled_reuse(link, canonical_from, page_size)
     cached = link.real_slots(0, prefix) + substituted - compiled
     recomputed = link.real_slots(prefix, link.size) - substituted
     link.report = {"mepic_recomputed_tokens": recomputed, "mepic_chunk_hits": plan_hits,

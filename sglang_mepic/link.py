@@ -80,6 +80,12 @@ class Shape:
         """Whether each natural prompt slot is a pad."""
         return pad_mask(self.size, self.pads).tolist()
 
+    def real_per_page(self, page_size: int) -> list[int]:
+        """Real (non-pad) slots of each natural page of the prompt."""
+        real = (self._prompt_positions != NO_POSITION).to(torch.int32)
+        pages = -(-self.size // page_size)
+        return torch.nn.functional.pad(real, (0, pages * page_size - self.size)).view(pages, page_size).sum(1).tolist()
+
 
 @dataclass(eq=False)
 class Link:
@@ -94,6 +100,7 @@ class Link:
     tree_len: int = 0
     tree_took: int = 0
     compiled: tuple[int, ...] = ()      # chunk segments this request's compiles computed (known at admission)
+    own_reuse: int = 0                  # real tokens it reuses from those (figures.compiled_reuse), at admission
     held_at: float | None = None        # held back for a compile since (time.monotonic; compiles.py)
     waited: float = 0.0                 # seconds it was held back for compiles
     report: dict = field(default_factory=dict)  # per-request figures for its response (figures.py)

@@ -20,7 +20,6 @@ each laid-out slot scores the next real token, not the next slot (logprobs.py).
 """
 
 from sglang_mepic import context
-from sglang_mepic.figures import compiled_reuse
 from sglang_mepic.logprobs import score_real_tokens
 from sglang_mepic.radix_cache import MepicRadixCache
 
@@ -51,7 +50,7 @@ def _count_real_tokens(stats, new_reqs, tree) -> None:
         if link is None:
             continue
         prefix, end = min(req.prefix_len, link.size), min(req.prefix_len + req.extend_len, link.size)
-        not_hit = (prefix - link.real_slots(0, prefix)) + compiled_reuse(link, tree.canonical_from or 0, tree.page_size)
+        not_hit = (prefix - link.real_slots(0, prefix)) + link.own_reuse  # counted at admission
         stats.log_hit_tokens = max(0, stats.log_hit_tokens - not_hit)
         stats.log_device_hit_tokens = max(0, stats.log_device_hit_tokens - not_hit)
         stats.log_input_tokens -= max(0, end - prefix) - link.real_slots(prefix, end)
