@@ -19,8 +19,8 @@ allocator and its buffer. Its transfer methods are not used: on CPU they need
 sgl_kernel's `transfer_kv_*` ops, which the CPU install does not have, so the
 copies are plain tensor indexing (what the `direct` io backend does).
 
-Two lookups. `fetch` reads storage on the caller's thread, up to the storage
-timeout, checksums included. `want`/`poll` never block and never copy: a storage
+Lookups never read storage on the scheduler's thread. `want`/`poll` never block
+and never copy: a storage
 entry is read and checked by a background worker (prefetch.py) and what it found
 is remembered, so the scheduler may ask each round at the cost of a dict lookup;
 `take` then hands over the KV to place. A host-tier copy is made on the
@@ -146,20 +146,6 @@ class Tiers:
             self.storage.put(key, self.device.gather(slots))
             self.prefetch.forget(key)
 
-    def fetch(self, key: str, num_slots: int) -> tuple[torch.Tensor, str] | None:
-        """The chunk's KV (a copy: making room on the device may demote other chunks into the
-        host tier) and the tier it came from; None when no tier has it whole and sound."""
-        kv = self.host.get(key) if self.host is not None else None
-        if kv is not None:
-            return (kv.clone(), "host") if kv.shape[2] == num_slots else None
-        if self.storage is not None:
-            kv = self.storage.get(key, self.device.empty(num_slots))
-            if kv is not None:
-                if self.host is not None:
-                    self.host.put(key, kv)
-                return kv, "storage"
-        return None
-
     def want(self, key: str, num_slots: int) -> str:
         """Where the chunk can be loaded from now, without blocking and without copying: "host"
         or "storage" (`take` gives its KV), PENDING while its storage entry is read in the
@@ -184,7 +170,7 @@ class Tiers:
         return "storage" if got.shape[2] == num_slots else ABSENT
 
     def take(self, key: str, num_slots: int) -> tuple[torch.Tensor, str] | None:
-        """The chunk's KV and its tier, as `fetch` gives them, when `want` found it "host" or
+        """The chunk's KV ([2, layers, tokens, heads, dim]) and its tier, when `want` found it "host" or
         "storage"; None otherwise. Never reads storage. Call it once the device pages are
         allocated: making room may demote chunks into the host tier, even over this one."""
         kv = self.host.get(key) if self.host is not None else None

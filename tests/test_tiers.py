@@ -2,12 +2,13 @@
 
 import logging
 import os
+import time
 
 import pytest
 import torch
 
 from sglang_mepic.storage import Storage
-from sglang_mepic.tiers import Tiers
+from sglang_mepic.tiers import PENDING, Tiers
 
 PAGE = 16
 
@@ -29,11 +30,16 @@ def slots(first_page: int, pages: int) -> torch.Tensor:
 
 
 def load(tiers, key, device_slots):
-    """Copy a chunk back into the device pool as the cache does; returns the tier it came from."""
-    fetched = tiers.fetch(key, len(device_slots))
+    """Copy a chunk back into the device pool as the cache does (a storage entry is read in the
+    background while the request waits); returns the tier it came from."""
+    n, waited = len(device_slots), time.monotonic()
+    while tiers.want(key, n) == PENDING:
+        assert time.monotonic() - waited < 60, "a storage read pending for a minute"
+        time.sleep(0.001)
+    fetched = tiers.take(key, n)
     if fetched is None:
         return None
-    tiers.place(fetched, device_slots)
+    tiers.place(fetched, device_slots, key)
     return fetched[1]
 
 
