@@ -1,5 +1,6 @@
 """Scheduler-thread time of loading a request's chunks from file storage: the synchronous
-read (`Tiers.fetch`) against the background one (`Tiers.want`/`take`, prefetch.py).
+read the cache made before 2026-11-24 (`sync_fetch`, `Storage.get` on the scheduler's
+thread) against the background one it makes now (`Tiers.want`/`take`, prefetch.py).
 
     .venv/bin/python -m eval.bench_prefetch [--model models/tiny] [--chunks 8] [--chunk-pages 4,32] [--reps 20]
 
@@ -39,6 +40,13 @@ from sglang_mepic.tiers import Tiers  # noqa: E402
 
 PAGE = 16
 
+
+
+def sync_fetch(tiers, key: str, num_slots: int):
+    """The synchronous load the cache made before the prefetch: the entry read and checked on
+    the calling thread, up to the storage timeout."""
+    kv = tiers.storage.get(key, tiers.device.empty(num_slots))
+    return None if kv is None else (kv, "storage")
 
 def kv_shape(config: dict) -> tuple[int, int, int, torch.dtype]:
     """Layers, KV heads, head dim and dtype of the model's KV cache."""
@@ -96,9 +104,9 @@ def measure(config: dict, chunks: int, chunk_pages: int, reps: int) -> dict[str,
         for _ in range(reps):
             def sync_plan():
                 for key, d in zip(keys, dest):
-                    reader.place(reader.fetch(key, n), d)
+                    reader.place(sync_fetch(reader, key, n), d)
             add("sync fetch+place", on_thread(sync_plan))
-            add("sync fetch, no room", on_thread(lambda: [reader.fetch(key, n) for key in keys]))
+            add("sync fetch, no room", on_thread(lambda: [sync_fetch(reader, key, n) for key in keys]))
 
             reader.clear_host()  # forget what earlier repetitions fetched
             started = time.perf_counter()

@@ -177,7 +177,11 @@ class Tiers:
         if kv is not None:  # host.get indexes the host pool with a slot tensor: already a copy
             return (kv, "host") if kv.shape[2] == num_slots else None
         kv = self.prefetch.fetched(key) if self.prefetch is not None else None
-        return (kv, "storage") if kv is not None and kv.shape[2] == num_slots else None
+        if kv is None or kv.shape[2] != num_slots:
+            return None
+        if self.host is not None:  # kept on the host too, for when the store evicts it again
+            self.host.put(key, kv)
+        return kv, "storage"
 
     def place(self, fetched: tuple[torch.Tensor, str], slots: torch.Tensor, key: str | None = None) -> None:
         """Copy fetched KV into device pages; with its `key`, a prefetched copy is let go."""
