@@ -76,3 +76,36 @@ def score_real_tokens(batch) -> None:
             targets[at:at + end - first] = torch.tensor([nxt[natural[k]] for k in range(first, end)],
                                                         dtype=targets.dtype)
         at += count
+
+
+# Per-slot lists taken per real token; input_token_logprobs_idx is rebuilt from the tokens.
+INPUT_FIELDS = ("input_token_logprobs_val", "input_top_logprobs_val", "input_top_logprobs_idx",
+          "input_token_ids_logprobs_val", "input_token_ids_logprobs_idx")
+
+
+def add_input_logprobs(original, processor, i, req, *args, last_prefill_chunk: bool, **kwargs):
+    """SGLang lists input logprobs per slot from the request's `logprob_start_len` on, once the
+    last prefill pass is done; for a laid-out request pads then drop out and each token takes
+    the logits of the real token before it. Flat top-logprob arrays are built after that, from
+    the reordered rows."""
+    link = getattr(req, "mepic", None)
+    if link is None or not last_prefill_chunk or req.logprob.input_token_logprobs_val is not None:
+        return original(processor, i, req, *args, last_prefill_chunk=last_prefill_chunk, **kwargs)
+    flat, req.return_flat_raw_top_logprobs = req.return_flat_raw_top_logprobs, False
+    try:
+        result = original(processor, i, req, *args, last_prefill_chunk=last_prefill_chunk, **kwargs)
+    finally:
+        req.return_flat_raw_top_logprobs = flat
+    start = req.logprob_start_len
+    if start < 0:
+        return result
+    pads = link.pad_slots()
+    for name in INPUT_FIELDS:
+        entries = getattr(req.logprob, name)
+        if entries:
+            setattr(req.logprob, name, per_token(entries, start, pads))
+    # SGLang's idx lists the planned slot ids; from the start slot on that order is natural.
+    req.logprob.input_token_logprobs_idx = [link.natural[s] for s in range(start, link.size) if not pads[s]]
+    if flat:
+        processor._flatten_input_top_logprobs(req)
+    return result
