@@ -61,6 +61,11 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
                          "this server allows (--mepic-max-chunks); join small chunks or mark fewer")
     marked = Marked.from_pieces(pieces)
     laid_out = lays_out and bool(lay.chunks or lay.pad_runs())
+    if laid_out and isinstance(obj.session_params, dict) and obj.session_params.get("id"):
+        # SGLang rebuilds a session's request from its history and passes no kv_hints on: the
+        # pad slots would reach the model as tokens.
+        raise intake.IntakeError("chunk markup cannot be used in a session (SGLang passes no layout on "
+                                 "through sessions); send the request without session_params, or without markup")
     if laid_out:
         # Laid out in slots: pads have no position and are masked by the mepic backend.
         slots = lay.slot_tokens()

@@ -118,6 +118,30 @@ def test_tokenize_hook_lays_out_slots_only_with_the_mepic_cache(radix, laid_out)
         assert chunks_from_hints(obj.kv_hints, len(obj.input_ids)) == [(3, 23)]
 
 
+def test_markup_in_a_session_is_refused_where_it_would_be_laid_out():
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_mepic.intake import IntakeError
+    from sglang_mepic.request_markup import strip_markup
+
+    encode = {"intro ": [5, 6], "doc " * 10: list(range(10, 30)), " q?": [7]}
+    tokenizer = SimpleNamespace(encode=lambda s, add_special_tokens: ([1] if add_special_tokens else []) + encode[s])
+    for radix in ("mepic", None):
+        manager = SimpleNamespace(tokenizer=tokenizer, model_config=SimpleNamespace(vocab_size=100), context_len=512,
+                                  server_args=SimpleNamespace(page_size=16, attention_backend="mepic",
+                                                              radix_cache_backend=radix))
+        obj = GenerateReqInput(text="intro " + chunk("doc " * 10) + " q?", session_params={"id": "s1"})
+        obj.normalize_batch_and_arguments()
+        if radix == "mepic":  # pads would reach the model as tokens: refused with a reason
+            with pytest.raises(IntakeError, match="session"):
+                strip_markup(manager, obj)
+        else:  # not laid out: plain ids, as without markup
+            strip_markup(manager, obj)
+            assert obj.input_ids == [1, 5, 6] + list(range(10, 30)) + [7]
+
+
 def test_slot_positions_and_keys_of_a_laid_out_request():
     from sglang_mepic.request_layout import masked_key, slot_positions
 
