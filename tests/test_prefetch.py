@@ -13,24 +13,8 @@ from sglang_mepic.prefetch import ABSENT, PENDING, Prefetch
 from sglang_mepic.storage import Storage, Unavailable, envelope
 from sglang_mepic.tiers import Tiers
 from test_storage import master, mooncake_storage  # noqa: F401 (master: a fixture)
+from test_tiers import PAGE, kv_pool, slots  # noqa: F401 (kv_pool: a fixture)
 
-PAGE = 16
-
-
-@pytest.fixture()
-def kv_pool():
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-
-    pool = MHATokenToKVPool(64 * PAGE, PAGE, torch.float32, 2, 8, 3, "cpu", False, start_layer=0, end_layer=2)
-    torch.manual_seed(0)
-    for k, v in zip(pool.k_buffer, pool.v_buffer):
-        k.normal_()
-        v.normal_()
-    return pool
-
-
-def slots(first_page: int, pages: int) -> torch.Tensor:
-    return torch.arange(first_page * PAGE, (first_page + pages) * PAGE)
 
 
 def chunk_kv(pages: int) -> torch.Tensor:
