@@ -104,8 +104,8 @@ class Link:
     held_at: float | None = None        # held back for a compile since (time.monotonic; compiles.py)
     waited: float = 0.0                 # seconds it was held back for compiles
     report: dict = field(default_factory=dict)  # per-request figures for its response (figures.py)
-    # (planned, num_slots, positions, real slots before each slot): match, insert and admit ask alike
-    _positions: tuple = (None, -1, None, None)
+    _positions: tuple = (None, -1, None)  # (planned, num_slots, positions): match, insert and admit ask alike
+    _real_before: tuple = (None, None)     # (planned, real prompt slots before each planned slot)
 
     # ---- phases ---------------------------------------------------------------
 
@@ -178,7 +178,7 @@ class Link:
     def positions(self, num_slots: int) -> torch.Tensor:
         """Positions of the first `num_slots` slots in planned order (a chunked prefill's part, or
         the prompt and its output tokens)."""
-        planned, slots, cached, _ = self._positions
+        planned, slots, cached = self._positions
         if planned is self.planned and slots == num_slots:
             return cached
         natural = self.shape.natural_positions(max(num_slots, self.size))
@@ -189,7 +189,7 @@ class Link:
             if num_slots > self.size:
                 index = torch.cat([index, torch.arange(self.size, num_slots)])
             out = natural[index][:num_slots]
-        self._positions = (self.planned, num_slots, out, None)
+        self._positions = (self.planned, num_slots, out)
         return out
 
     def masked(self, token_ids) -> array:
@@ -201,10 +201,9 @@ class Link:
 
     def real_slots(self, start: int, end: int) -> int:
         """Non-pad slots among planned prompt slots [start, end)."""
-        pos = self.positions(self.size)
-        planned, slots, _, before = self._positions
-        if before is None:  # real slots before each slot, for every range asked of this plan
-            before = [0] + torch.cumsum(pos != NO_POSITION, 0).tolist()
-            self._positions = (planned, slots, pos, before)
+        planned, before = self._real_before
+        if planned is not self.planned or before is None:  # once per plan, for every range asked of it
+            before = [0] + torch.cumsum(self.positions(self.size) != NO_POSITION, 0).tolist()
+            self._real_before = (self.planned, before)
         start, end = max(0, min(start, self.size)), max(0, min(end, self.size))
         return before[end] - before[start] if end > start else 0

@@ -33,6 +33,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Sequence
 
+import torch
+
 from sglang_mepic.segments import NO_POSITION
 
 
@@ -59,15 +61,18 @@ class Plan:
     def prefix_slots(self) -> int:
         return len(self.reused) * self.page_size
 
-    def slot_order(self) -> list[int]:
-        """Natural slot of each planned slot."""
-        b = self.page_size
-        return [s for p in self.order for s in range(p * b, min((p + 1) * b, self.size))]
+    def slot_order(self) -> torch.Tensor:
+        """Natural slot of each planned prompt slot, gathered a page at a time."""
+        return _slots(self.order, self.page_size, self.size)
 
-    def reused_slots(self) -> list[int]:
+    def reused_slots(self) -> torch.Tensor:
         """Physical KV slots of the planned prefix, in order."""
-        b = self.page_size
-        return [p * b + i for p in self.reused for i in range(b)]
+        return _slots(self.reused, self.page_size)
+
+
+def _slots(pages, page_size: int, below: int | None = None) -> torch.Tensor:
+    index = (torch.tensor(pages, dtype=torch.long)[:, None] * page_size + torch.arange(page_size)).flatten()
+    return index if below is None else index[index < below]
 
 
 def make_plan(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: dict[str, tuple[int, ...]],
@@ -141,12 +146,6 @@ def private(plan: Plan, owner: str) -> Plan:
     (EPIC), so no other request may match them in the tree."""
     return dataclasses.replace(plan, tags=tuple(page_tag(f"{owner}\x1f{key}", i)
                                                 for i, key in enumerate(plan.tags)))
-
-
-def planned(values: Sequence, plan: Plan) -> list:
-    """`values` (one per natural slot) in planned order; values past the prompt (output tokens) stay last."""
-    order = plan.slot_order()
-    return [values[s] for s in order] + list(values[plan.size:])
 
 
 def sources(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: dict[str, tuple[int, ...]],

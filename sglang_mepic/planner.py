@@ -36,7 +36,7 @@ class Planned:
     @cached_property
     def slot_index(self) -> torch.Tensor:
         """Natural slot of each planned prompt slot, gathered a page at a time."""
-        return _slots(self.plan.order, self.plan.page_size, self.plan.size)
+        return self.plan.slot_order()
 
     @cached_property
     def order(self) -> tuple[int, ...] | None:
@@ -46,7 +46,7 @@ class Planned:
     @cached_property
     def reused_slots(self) -> torch.Tensor:
         """Physical KV slots of the planned prefix, in order."""
-        return _slots(self.plan.reused, self.plan.page_size)
+        return self.plan.reused_slots()
 
     @staticmethod
     def natural_key(token_ids, positions) -> array:
@@ -107,8 +107,3 @@ def plan(shape, resident: dict[str, tuple[int, ...]], mode: config.Mode, page_si
     else:
         return Planned()
     return Planned(p)
-
-
-def _slots(pages, page_size: int, below: int | None = None) -> torch.Tensor:
-    index = (torch.tensor(pages, dtype=torch.long)[:, None] * page_size + torch.arange(page_size)).flatten()
-    return index if below is None else index[index < below]

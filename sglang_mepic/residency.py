@@ -47,10 +47,10 @@ class Residency:
         pending = False
         for (start, end), key in zip(shape.chunk_slots, shape.keys):
             if self.keeps(start, end) and key not in self.store:
-                pending |= self.tiers.want(key, self._slots(start, end)) == PENDING
+                pending |= self.tiers.want(key, self._canonical_slots(start, end)) == PENDING
         return pending
 
-    def _slots(self, start: int, end: int) -> int:
+    def _canonical_slots(self, start: int, end: int) -> int:
         """KV slots of a chunk's canonical pages (its pages after the ones computed in context)."""
         return end - start - self.canonical_from * self.page_size
 
@@ -73,7 +73,7 @@ class Residency:
                 continue
             if not self.keeps(start, end):
                 continue
-            pages, where[i] = self.load(key, self._slots(start, end) // self.page_size)
+            pages, where[i] = self.load(key, self._canonical_slots(start, end) // self.page_size)
             if pages is not None:
                 self.refs.acquire(pages)  # before the next load, which may evict
                 resident[key] = pages

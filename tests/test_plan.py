@@ -1,9 +1,14 @@
 import pytest
 
-from sglang_mepic.plan import ChunkSpan, make_plan, planned, sources
+from sglang_mepic.plan import ChunkSpan, make_plan, sources
 from sglang_mepic.segments import NO_POSITION, Kind, Piece, layout
 
 B = 4
+
+
+def planned(values, plan) -> list:
+    """`values` (one per natural slot) in planned order; values past the prompt (output tokens) stay last."""
+    return [values[s] for s in plan.slot_order().tolist()] + list(values[plan.size:])
 
 
 def request():
@@ -25,7 +30,7 @@ def test_reused_pages_come_first_and_computed_pages_keep_request_order():
     assert plan.reused == (70, 71, 80)
     assert plan.prefix_slots == 3 * B
     assert (plan.hits, plan.misses) == (2, 0)
-    assert plan.reused_slots()[:B + 1] == [280, 281, 282, 283, 284]
+    assert plan.reused_slots()[:B + 1].tolist() == [280, 281, 282, 283, 284]
 
 
 def test_computed_positions_ascend_so_chunked_prefill_sees_its_context_first():
@@ -98,7 +103,7 @@ def test_chunks_past_the_logprob_start_are_computed_and_later_pages_keep_their_p
     plan = make_plan(lay.size, B, spans(lay), {"c": (70, 71), "d": (80,)}, canonical_from=1, reuse_before=d.start + 1)
     assert plan.order == (2, 3, 0, 1, 4, 5, 6, 7) and plan.reused == (70, 71)  # d is a hit, computed
     assert (plan.hits, plan.misses) == (2, 0)
-    assert plan.slot_order()[d.start:] == list(range(d.start, lay.size))
+    assert plan.slot_order()[d.start:].tolist() == list(range(d.start, lay.size))
     src, hits, _ = sources(lay.size, B, spans(lay), {"c": (70, 71, 72), "d": (80, 81)}, lay.slot_positions(),
                            keep_tokens=0, reuse_before=d.start)
     assert all(s == -1 for s in src[d.start:]) and src[lay.chunks[0].start] == 70 * B and hits == 2
