@@ -4,6 +4,9 @@ import collections
 import re
 import string
 
+# Agreement of one run with another lives in the package: the accuracy gate (check_model) uses it too.
+from sglang_mepic.agreement import prefix_agreement, top1_agreement  # noqa: F401
+
 
 def normalize(s: str) -> list[str]:
     """SQuAD's official answer normalisation: lower case, no punctuation or articles."""
@@ -26,15 +29,3 @@ def f1(prediction: str, golds) -> float:
 
 def exact_match(prediction: str, golds) -> float:
     return float(any(normalize(prediction) == normalize(g) for g in golds))
-
-
-def prefix_agreement(out: list[int], ref: list[int], n: int) -> float:
-    """Share of the reference's first n tokens (fewer if it stopped earlier) matched before the first difference."""
-    k = 0
-    while k < min(len(out), len(ref), n) and out[k] == ref[k]:
-        k += 1
-    return k / max(1, min(n, len(ref)))
-
-
-def top1_agreement(out: list[int], ref: list[int]) -> float:
-    return float(out[:1] == ref[:1])

@@ -1,0 +1,88 @@
+"""Accuracy-gate verdicts kept on disk, so a restart with `--mepic-verify` does not pay the check again.
+
+A verdict is kept per model fingerprint (its files' contents, not its path: a
+copied or moved model keeps its verdict, retrained weights in the same folder do
+not) and per everything else the figures depend on: the mode, the other MEPIC
+settings, the server flags, the thresholds, the number of questions and the
+calibration set. The directory is `$SGLANG_MEPIC_CACHE_DIR`, else
+`$XDG_CACHE_HOME/sglang-mepic`, else `~/.cache/sglang-mepic`, under `verdicts/`.
+"""
+
+import hashlib
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+from sglang_mepic import calibration, gate
+
+CACHE_DIR_ENV = "SGLANG_MEPIC_CACHE_DIR"
+# Files of this size or less are hashed whole; larger ones (weight shards) by their size and
+# three 1 MiB samples, so a 100 GB model is not read at every start. Retraining or
+# re-quantizing changes every part of a shard, the samples included.
+WHOLE_FILE_LIMIT = 64 << 20
+SAMPLE = 1 << 20
+
+
+def cache_dir() -> Path:
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "sglang-mepic"
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(str(size).encode())
+    with path.open("rb") as f:
+        if size <= WHOLE_FILE_LIMIT:
+            h.update(f.read())
+        else:
+            for offset in (0, size // 2, size - SAMPLE):
+                f.seek(offset)
+                h.update(f.read(SAMPLE))
+    return h.hexdigest()
+
+
+def model_fingerprint(model_path: str | os.PathLike) -> str:
+    """What the model computes, from its folder's files (names relative to it, and contents)."""
+    folder = Path(model_path).expanduser().resolve()
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        h.update(f"{path.relative_to(folder)}\0{_file_digest(path)}\0".encode())
+    return h.hexdigest()[:32]
+
+
+def key(fingerprint: str, mode: str, questions: int, thresholds: gate.Thresholds, settings: dict) -> dict:
+    return {"model": fingerprint, "mode": mode, "questions": questions, "thresholds": asdict(thresholds),
+            "calibration": hashlib.sha256(calibration.DATA.read_bytes()).hexdigest()[:16],
+            "positions": gate.POSITIONS, "top_k": gate.TOP_K, "settings": settings}
+
+
+def _path(k: dict) -> Path:
+    name = hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:32]
+    return cache_dir() / "verdicts" / f"{name}.json"
+
+
+def load(k: dict) -> gate.Verdict | None:
+    """The verdict stored under this key, or None (none stored, or unreadable)."""
+    try:
+        record = json.loads(_path(k).read_text())
+        if record["key"] != k:
+            return None
+        return gate.Verdict(record["mode"], gate.Figures(**record["figures"]), gate.Thresholds(**record["thresholds"]),
+                            tuple(record["failures"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(k: dict, verdict: gate.Verdict) -> Path:
+    path = _path(k)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"key": k, "mode": verdict.mode, "figures": asdict(verdict.figures),
+              "thresholds": asdict(verdict.thresholds), "failures": list(verdict.failures)}
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    tmp.replace(path)  # atomic: a concurrent start reads the old record or the new one
+    return path
