@@ -1,4 +1,4 @@
-"""Chat messages may carry chunk markup in their content (sglang_mepic.chat_markup)."""
+"""Chat messages may carry chunk markup, the separator, or auto-chunked contents (sglang_mepic.chat_markup)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
@@ -6,8 +6,8 @@ from sglang_mepic import chat_markup
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._process_messages"
-HOOK_TYPE = HookType.AFTER
+HOOK_TYPE = HookType.AROUND
 
 
-def hook(result, serving, request, *args, **kwargs):
-    return chat_markup.mark_rendered(result, request, serving.tokenizer_manager.tokenizer)
+def hook(original, serving, request, *args, **kwargs):
+    return chat_markup.process(original, serving, request, *args, **kwargs)

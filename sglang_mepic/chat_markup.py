@@ -8,12 +8,15 @@ tokenizer side then strips like any marked-up input_ids (request_markup.py).
 A chat whose messages are all empty is refused (intake.py). Each message's
 markup is checked on its own first, so an error names the message
 and a character position within it, not within the templated prompt. With
-`--mepic-text-markup off` the markers are left as text.
+`--mepic-text-markup off` the markers are left as text. The separator and
+auto-chunking (auto_chunk.py) put markup into the messages before they are
+rendered, so from there on they take this same path.
 """
 
-from sglang_mepic import config
+from sglang_mepic import auto_chunk, config
 from sglang_mepic.intake import IntakeError
 from sglang_mepic.markup import CHUNK_BEGIN_ID, CHUNK_END_ID, MarkupError, has_text_markup, split_text, tokenize_text
+from sglang_mepic.request_markup import page_size
 from sglang_mepic.segments import Kind
 
 
@@ -50,11 +53,32 @@ def _has_content(request) -> bool:
     return False
 
 
-def mark_rendered(result, request, tok):
-    """SGLang's processed messages (`result`), their prompt ids re-split at the markup; `tok`: the tokenizer."""
+def process(original, serving, request, *args, **kwargs):
+    """SGLang's `_process_messages`, rendering the messages with the markup the server puts in
+    them (the separator's or auto-chunking's, auto_chunk.py) and re-split at the markup."""
+    manager = serving.tokenizer_manager
+    tok = manager.tokenizer
+    marked = auto_chunk.chat_messages(request.messages, lambda text: len(tok.encode(text, add_special_tokens=False)),
+                                      page_size(manager))
+    if marked is None:
+        return mark_rendered(original(serving, request, *args, **kwargs), request, tok)
+    # SGLang's own changes to the request (template kwargs, skip_special_tokens) must stay on it,
+    # and the client's messages must come back as sent: swap the messages for the rendering only.
+    sent = request.messages
+    request.messages = marked
+    try:
+        return mark_rendered(original(serving, request, *args, **kwargs), request, tok, server_markup=True)
+    finally:
+        request.messages = sent
+
+
+def mark_rendered(result, request, tok, server_markup: bool = False):
+    """SGLang's processed messages (`result`), their prompt ids re-split at the markup; `tok`: the
+    tokenizer. `server_markup`: the server put the markup in the messages, so it marks even with
+    `--mepic-text-markup off` (auto_chunk.chat_messages left alone any request holding markup text)."""
     if not _has_content(request):
         raise IntakeError("every message's content is empty or whitespace: there is no prompt to answer")
-    if not config.text_markup() or not _marked(request):
+    if not (config.text_markup() or server_markup) or not _marked(request):
         return result
     rendered = result.prompt_ids
     if isinstance(rendered, list):

@@ -10,6 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from sglang_mepic.markup import CHUNK_CLOSE, CHUNK_OPEN
 from sglang_mepic.segments import Placement
 
 PLACEMENT_ENV = "SGLANG_MEPIC_PLACEMENT"
@@ -24,6 +25,10 @@ STORAGE_CONFIG_ENV = "SGLANG_MEPIC_STORAGE_CONFIG"
 STORAGE_TIMEOUT_ENV = "SGLANG_MEPIC_STORAGE_TIMEOUT"
 STORAGE_SECRET_ENV = "SGLANG_MEPIC_STORAGE_SECRET"
 MAX_CHUNKS_ENV = "SGLANG_MEPIC_MAX_CHUNKS"
+AUTO_CHUNK_ENV = "SGLANG_MEPIC_AUTO_CHUNK"
+SEPARATOR_ENV = "SGLANG_MEPIC_SEPARATOR"
+AUTO_CHUNKS = ("off", "messages", "tools")
+DEFAULT_AUTO_CHUNK = "off"
 DEFAULT_MAX_CHUNKS = 64
 DEFAULT_STORAGE_TIMEOUT = 0.5
 SINKS = ("bos", "none")
@@ -219,3 +224,28 @@ def canonical_from() -> int | None:
     if m.kind is Kind.MEPIC:
         return recompute_blocks()
     return 0
+
+
+def auto_chunk() -> str:
+    """Which chat contents become chunks without markup (auto_chunk.py): off, messages or tools."""
+    value = os.environ.get(AUTO_CHUNK_ENV, DEFAULT_AUTO_CHUNK)
+    if value not in AUTO_CHUNKS:
+        raise ValueError(f"{AUTO_CHUNK_ENV}={value!r}: choose from {list(AUTO_CHUNKS)}")
+    return value
+
+
+def parse_separator(text: str) -> str:
+    """The string that splits text requests into chunks (auto_chunk.py); kept exactly, spaces included."""
+    if not text.strip():
+        raise ValueError(f"--mepic-separator {text!r}: give a string with a visible character "
+                         "(LMCache's CacheBlend uses ' # # ')")
+    if CHUNK_OPEN in text or CHUNK_CLOSE in text:
+        raise ValueError(f"--mepic-separator {text!r} holds chunk markup ({CHUNK_OPEN} or {CHUNK_CLOSE}); "
+                         "choose a string that markup cannot be confused with")
+    return text
+
+
+def separator() -> str | None:
+    """None: no separator (text is split only by markup)."""
+    value = os.environ.get(SEPARATOR_ENV)
+    return None if value is None else parse_separator(value)

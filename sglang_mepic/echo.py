@@ -5,7 +5,8 @@ decoded). Markers never reach the model, so they must not reach the output
 either: they are removed here, as the tokenizer hook removes them before the
 model. Pads are slots of the KV row, not text, so there is nothing of them to
 remove. With `--mepic-text-markup off` typed markers are text the model saw, and
-stay; id markers always mark (they are not token ids), so they always go.
+stay; id markers always mark (they are not token ids), so they always go. The
+separator (`--mepic-separator`, auto_chunk.py) never reaches the model either.
 """
 
 from sglang_mepic import config
@@ -15,6 +16,10 @@ MARKER_IDS = (CHUNK_BEGIN_ID, CHUNK_END_ID)
 
 
 def _text(text: str) -> str:
+    separator = config.separator()
+    if separator is not None and separator in text:
+        # Text that also held markup was refused (400), so every separator split the prompt.
+        return text.replace(separator, "")
     if not (config.text_markup() and has_text_markup(text)):
         return text
     # Malformed markup was refused (400) before generation, so plain removal is exactly split_text's.

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_mepic import config, models, quiet
+from sglang_mepic import auto_chunk, config, models, quiet
 from sglang_mepic.segments import Placement
 
 CPU_MAX_TOTAL_TOKENS = 65536  # SGLang would otherwise size the pool from free RAM (~14 GB)
@@ -145,6 +145,15 @@ def mepic_parser() -> argparse.ArgumentParser:
     g.add_argument("--mepic-max-chunks", type=_checked(config.parse_max_chunks), default=None, metavar="N",
                    help="most chunks one request may mark for reuse (each is compiled as an internal request); "
                         f"a request with more is refused with a 400. Default: {config.DEFAULT_MAX_CHUNKS}.")
+    g.add_argument("--mepic-auto-chunk", choices=config.AUTO_CHUNKS, default=None,
+                   help="chat requests without markup: 'messages' makes every message content but the last user "
+                        f"turn's a chunk, 'tools' only tool results and documents passed as text content parts "
+                        f"(each text part followed by another), when at least {auto_chunk.MIN_PAGES} pages long. "
+                        f"Default: {config.DEFAULT_AUTO_CHUNK}.")
+    g.add_argument("--mepic-separator", type=_checked(config.parse_separator), default=None, metavar="STR",
+                   help="split text prompts (and chat message contents) into chunks on STR, as LMCache's "
+                        "CacheBlend does with blend_special_str (' # # ' there): instruction STR chunk STR ... "
+                        "STR question; STR never reaches the model. Default: none.")
     return p
 
 
@@ -160,7 +169,9 @@ def mepic_settings(argv: list[str]) -> str:
              ("--mepic-placement", config.placement().value),
              ("--mepic-text-markup", "on" if config.text_markup() else "off"),
              ("--mepic-host-tier-gb", f"{config.host_tier_gb():g}"),
-             ("--mepic-max-chunks", str(config.max_chunks()))]
+             ("--mepic-max-chunks", str(config.max_chunks())),
+             ("--mepic-auto-chunk", config.auto_chunk()),
+             ("--mepic-separator", "none" if config.separator() is None else repr(config.separator()))]
     backend = config.storage_backend()
     shown.append(("--mepic-storage-backend", backend or "none"))
     if backend == "file":
@@ -220,6 +231,10 @@ def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
         env[config.STORAGE_SECRET_ENV] = known.mepic_storage_secret
     if known.mepic_max_chunks:
         env[config.MAX_CHUNKS_ENV] = known.mepic_max_chunks
+    if known.mepic_auto_chunk:
+        env[config.AUTO_CHUNK_ENV] = known.mepic_auto_chunk
+    if known.mepic_separator is not None:
+        env[config.SEPARATOR_ENV] = known.mepic_separator
     check_storage(known.mepic_storage_backend or ("file" if known.mepic_storage_dir else None), known)
     return rest, env
 

@@ -36,11 +36,6 @@ def has_text_markup(text: str) -> bool:
     return CHUNK_OPEN in text or CHUNK_CLOSE in text
 
 
-def any_text_markup(texts) -> bool:
-    """Whether a batch's text (a list of prompts) holds markup anywhere."""
-    return isinstance(texts, list) and any(isinstance(t, str) and has_text_markup(t) for t in texts)
-
-
 def has_id_markup(ids: Sequence[int]) -> bool:
     return any(i < 0 for i in ids)
 
@@ -102,9 +97,15 @@ def split_ids(ids: Sequence[int], vocab_size: int) -> list[Piece]:
 
 
 def tokenize_text(text: str, encode: Callable[[str, bool], list[int]], add_special_tokens: bool = True) -> list[Piece]:
-    """Tokenize each piece on its own; special tokens (BOS) only at the very start."""
+    """Tokenize each piece of marked-up text on its own; special tokens (BOS) only at the very start."""
+    return tokenize_pieces(split_text(text), encode, add_special_tokens)
+
+
+def tokenize_pieces(parts: Sequence[tuple[Kind, str]], encode: Callable[[str, bool], list[int]],
+                    add_special_tokens: bool = True) -> list[Piece]:
+    """Tokenize (kind, text) pieces (split_text's, or a separator's) each on its own."""
     pieces = []
-    for i, (kind, part) in enumerate(split_text(text)):
+    for i, (kind, part) in enumerate(parts):
         tokens = encode(part, add_special_tokens and i == 0)
         if kind is Kind.CHUNK and not tokens:
             raise MarkupError("chunk markup: a chunk tokenizes to no tokens")

@@ -4,10 +4,11 @@ They go under the response's `metadata` (a free-form object SGLang already
 returns; OpenAI clients keep unknown fields aside), as `metadata["mepic"]`:
 
     {"recomputed_tokens": int, "compiled_tokens": int, "chunk_hits": int, "chunk_misses": int,
-     "residency": [str, ...]}
+     "residency": [str, ...], "chunks": [[start, end], ...]}
 
 summed over the request's prompts (each prompt once, however many choices `n`
-asks for). They come from `meta_info`, which carries every figure for every
+asks for); `chunks` (each prompt's chunk spans, response_meta.py) and
+`residency` are joined in prompt order. They come from `meta_info`, which carries every figure for every
 request (`complete`): a request without chunk work (no chunk longer than a page,
 a server in `full` mode or without the mepic cache) reports zero compiled
 tokens, hits and misses and an empty residency, and as recomputed tokens those
@@ -29,6 +30,7 @@ def complete(meta_info: dict) -> None:
     for name in COUNTS:
         meta_info.setdefault(f"mepic_{name}", 0)
     meta_info.setdefault("mepic_residency", [])
+    meta_info.setdefault("mepic_chunks", [])
 
 
 def _count(value) -> int:
@@ -37,12 +39,13 @@ def _count(value) -> int:
 
 def figures(responses: list[dict], n_choices: int = 1) -> dict:
     out = {name: 0 for name in COUNTS}
-    out["residency"] = []
+    out["residency"], out["chunks"] = [], []
     for response in responses[::max(n_choices, 1)]:
         meta = response.get("meta_info") or {}
         for name in COUNTS:
             out[name] += _count(meta.get(f"mepic_{name}", 0))
         out["residency"] += list(meta.get("mepic_residency") or [])
+        out["chunks"] += list(meta.get("mepic_chunks") or [])
     return out
 
 

@@ -1,21 +1,32 @@
 """Tokenizer side: a generate request's chunk markup becomes input ids and its `mepic.chunks` hint.
 
-Marked-up text or input_ids become plain input_ids plus the hint (hint.py) with
-the chunk spans; malformed markup raises a ValueError, which the HTTP layer
-returns as a 400 before the request reaches the scheduler. With the mepic
-attention backend and radix cache the request is laid out in slots (chunks on
-whole pages, pads filled with `PAD_FILL_ID`), and its `logprob_start_len`
-becomes the slot of that token (logprobs.py).
+Marked-up text or input_ids (or text split by the separator, auto_chunk.py)
+become plain input_ids plus the hint (hint.py) with the chunk spans; malformed
+markup raises a ValueError, which the HTTP layer returns as a 400 before the
+request reaches the scheduler. With the mepic attention backend and radix cache
+the request is laid out in slots (chunks on whole pages, pads filled with
+`PAD_FILL_ID`), and its `logprob_start_len` becomes the slot of that token
+(logprobs.py).
 """
 
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
 
-from sglang_mepic import config, hint, intake
+from sglang_mepic import auto_chunk, config, hint, intake
 from sglang_mepic.logprobs import start_slot
-from sglang_mepic.markup import Marked, has_id_markup, has_text_markup, split_ids, split_text, tokenize_text
+from sglang_mepic.markup import Marked, has_id_markup, split_ids, tokenize_pieces
 from sglang_mepic.request_layout import PAD_FILL_ID
 from sglang_mepic.segments import PAD_ID, Layout, layout
+
+# The chunk spans of a request, [start, end) in its real tokens (pads left out), kept on the request
+# object for its responses' meta_info (response_meta.py); like chunk_compiles.COMPILES, it reaches
+# every copy of an n > 1 request.
+CHUNKS_ATTR = "_mepic_chunks"
+
+
+def chunk_spans(obj) -> list[list[int]]:
+    """The chunks a client request marked (by markup, separator or auto-chunking), as [start, end) pairs."""
+    return [list(span) for span in getattr(obj, CHUNKS_ATTR, ())]
 
 
 def page_size(manager) -> int:
@@ -47,10 +58,10 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
     if obj.input_ids is not None and (has_id_markup(obj.input_ids) or max(obj.input_ids, default=0) >= vocab):
         # Also catches plain out-of-vocabulary ids, which would otherwise crash the scheduler.
         pieces = split_ids(obj.input_ids, vocab)
-    elif isinstance(obj.text, str) and config.text_markup() and has_text_markup(obj.text):
-        intake.check_prompt("".join(part for _, part in split_text(obj.text)), None)
+    elif isinstance(obj.text, str) and (parts := auto_chunk.text_pieces(obj.text)) is not None:
+        intake.check_prompt("".join(part for _, part in parts), None)
         tok = manager.tokenizer
-        pieces = tokenize_text(obj.text, lambda s, special: tok.encode(s, add_special_tokens=special))
+        pieces = tokenize_pieces(parts, lambda s, special: tok.encode(s, add_special_tokens=special))
     else:
         return None  # a client's own mepic.chunks hint is refused at validation (intake.py)
     # Rejects a request that no longer fits the context once chunks are padded.
@@ -60,6 +71,7 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
         raise ValueError(f"the request marks {len(lay.chunks)} chunks for reuse, more than the {config.max_chunks()} "
                          "this server allows (--mepic-max-chunks); join small chunks or mark fewer")
     marked = Marked.from_pieces(pieces)
+    setattr(obj, CHUNKS_ATTR, marked.chunks)
     laid_out = lays_out and bool(lay.chunks or lay.pad_runs())
     if laid_out and isinstance(obj.session_params, dict) and obj.session_params.get("id"):
         # SGLang rebuilds a session's request from its history and passes no kv_hints on: the

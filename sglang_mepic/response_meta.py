@@ -4,6 +4,10 @@ The scheduler sends them as request-level customized info, which the tokenizer
 side hands on as one-element lists (and, when streaming, repeats on every chunk
 after the first). Every response a request yields passes through `stream`.
 
+`mepic_chunks` lists the request's chunks as `[start, end)` token spans of its
+prompt (real tokens, as `prompt_tokens` counts them), however they were marked:
+markup, the separator or auto-chunking (auto_chunk.py).
+
 `mepic_residency` lists where each chunk segment of the request was when its
 compile looked it up: device, host, storage (the file tier) or absent
 (chunk_compiles.residency).
@@ -17,7 +21,7 @@ was found.
 
 from sglang.srt.managers.io_struct import GenerateReqInput
 
-from sglang_mepic import chunk_compiles, openai_meta
+from sglang_mepic import chunk_compiles, openai_meta, request_markup
 
 
 def scalars(meta_info: dict) -> None:
@@ -43,5 +47,6 @@ async def stream(original, manager, obj, *args, **kwargs):
             if found is not None:
                 meta["mepic_residency"] = found
             if client:
+                meta["mepic_chunks"] = request_markup.chunk_spans(obj)
                 openai_meta.complete(meta)
         yield out

@@ -253,7 +253,8 @@ def test_debug_log_level_keeps_every_line():
 MEPIC_ENVS = ("SGLANG_MEPIC_MODE", "SGLANG_MEPIC_RECOMPUTE_BLOCKS", "SGLANG_MEPIC_COMPILE_SINK",
               "SGLANG_MEPIC_PLACEMENT", "SGLANG_MEPIC_TEXT_MARKUP", "SGLANG_MEPIC_HOST_TIER_GB",
               "SGLANG_MEPIC_STORAGE_DIR", "SGLANG_MEPIC_STORAGE_BACKEND", "SGLANG_MEPIC_STORAGE_CONFIG",
-              "SGLANG_MEPIC_STORAGE_TIMEOUT", "SGLANG_MEPIC_STORAGE_SECRET", "SGLANG_MEPIC_MAX_CHUNKS")
+              "SGLANG_MEPIC_STORAGE_TIMEOUT", "SGLANG_MEPIC_STORAGE_SECRET", "SGLANG_MEPIC_MAX_CHUNKS",
+              "SGLANG_MEPIC_AUTO_CHUNK", "SGLANG_MEPIC_SEPARATOR")
 
 
 def settings_line(monkeypatch, *flags):
@@ -273,13 +274,16 @@ def test_start_up_line_shows_the_effective_mepic_settings_defaults_included(monk
 
     assert settings_line(monkeypatch) == (
         "--mepic-mode mepic --mepic-recompute-blocks 1 --mepic-compile-sink none --mepic-placement trailing "
-        "--mepic-text-markup on --mepic-host-tier-gb 0 --mepic-max-chunks 64 --mepic-storage-backend none")
+        "--mepic-text-markup on --mepic-host-tier-gb 0 --mepic-max-chunks 64 --mepic-auto-chunk off "
+        "--mepic-separator none --mepic-storage-backend none")
     given = settings_line(monkeypatch, "--mepic-mode", "epic-16", "--mepic-compile-sink", "bos",
                           "--mepic-placement", "leading", "--mepic-text-markup", "off",
                           "--mepic-host-tier-gb", "0.5", "--mepic-storage-dir", str(tmp_path),
-                          "--mepic-max-chunks", "8", "--mepic-storage-secret", "hunter2")
+                          "--mepic-max-chunks", "8", "--mepic-storage-secret", "hunter2",
+                          "--mepic-auto-chunk", "tools", "--mepic-separator", " # # ")
     assert given == ("--mepic-mode epic-16 --mepic-recompute-blocks 1 --mepic-compile-sink bos "
                      "--mepic-placement leading --mepic-text-markup off --mepic-host-tier-gb 0.5 --mepic-max-chunks 8 "
+                     "--mepic-auto-chunk tools --mepic-separator ' # # ' "
                      f"--mepic-storage-backend file --mepic-storage-dir {tmp_path} --mepic-storage-timeout 0.5 "
                      "--mepic-storage-secret (set)")  # never the secret itself
     assert settings_line(monkeypatch, "--mepic-mode", "full").endswith("(full mode: chunks are computed in "
@@ -310,6 +314,20 @@ def test_storage_secret_and_max_chunks_become_settings(tmp_path, capsys):
         with pytest.raises(SystemExit):
             launch_server.split_mepic_flags(["--mepic-max-chunks", bad])
         assert "--mepic-max-chunks" in capsys.readouterr().err
+
+
+def test_auto_chunk_and_separator_become_settings(capsys):
+    _, env = launch_server.split_mepic_flags(["--mepic-auto-chunk", "messages", "--mepic-separator", " # # "])
+    assert env["SGLANG_MEPIC_AUTO_CHUNK"] == "messages" and env["SGLANG_MEPIC_SEPARATOR"] == " # # "  # spaces kept
+    for flags, named in ((["--mepic-auto-chunk", "all"], "--mepic-auto-chunk"),
+                         (["--mepic-separator", ""], "visible character"),
+                         (["--mepic-separator", "  "], "visible character"),
+                         (["--mepic-separator", "<|chunk|>"], "holds chunk markup")):
+        with pytest.raises(SystemExit):
+            launch_server.split_mepic_flags(flags)
+        assert named in capsys.readouterr().err
+    text = " ".join(launch_server.mepic_parser().format_help().split())
+    assert "--mepic-auto-chunk {off,messages,tools}" in text and "--mepic-separator STR" in text
 
 
 @pytest.mark.parametrize("flags, named", [(["--tp-size", "2"], "--tp-size 2"),

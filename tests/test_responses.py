@@ -105,8 +105,11 @@ def test_generate_reports_every_figure_even_without_chunk_work(tiny_server):
         openai = post(tiny_server, "/v1/completions", {"model": "tiny", "prompt": request["text"] + " Again?",
                                                        "max_tokens": 2})
         computed = openai["usage"]["prompt_tokens"] - openai["usage"]["prompt_tokens_details"]["cached_tokens"]
+        marked = metas[0]["mepic_chunks"]  # the chunk it marked, if any
+        assert len(marked) == (request is tiny_chunk)
         assert openai["metadata"]["mepic"] == {"recomputed_tokens": computed, "compiled_tokens": 0,
-                                               "chunk_hits": 0, "chunk_misses": 0, "residency": []}
+                                               "chunk_hits": 0, "chunk_misses": 0, "residency": [],
+                                               "chunks": marked}
 
 
 @pytest.mark.server
@@ -117,4 +120,5 @@ def test_generate_figures_agree_with_openai_metadata_for_a_chunked_request(tiny_
     again = post(tiny_server, "/generate", {"text": text, "sampling_params": GREEDY})["meta_info"]
     openai = post(tiny_server, "/v1/completions", {"model": "tiny", "prompt": text, "max_tokens": 2,
                                                    "temperature": 0})["metadata"]["mepic"]
-    assert openai == {**{k[len("mepic_"):]: again[k] for k in COUNTS}, "residency": again["mepic_residency"]}
+    assert openai == {**{k[len("mepic_"):]: again[k] for k in COUNTS}, "residency": again["mepic_residency"],
+                      "chunks": again["mepic_chunks"]}

@@ -82,7 +82,7 @@ def test_openai_responses_carry_cached_tokens_and_mepic_figures_by_default(tiny_
     usage = plain.json()["usage"]
     computed = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]  # no chunk work
     assert plain.json()["metadata"]["mepic"] == {"recomputed_tokens": computed, "compiled_tokens": 0,
-                                                 "chunk_hits": 0, "chunk_misses": 0, "residency": []}
+                                                 "chunk_hits": 0, "chunk_misses": 0, "residency": [], "chunks": []}
 
 
 def test_cached_tokens_exclude_chunks_compiled_for_the_request(tiny_server):
