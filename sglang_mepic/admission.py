@@ -7,11 +7,15 @@ allocates (patch schedule_batch_prepare_for_extend) and keeps them until it
 releases its row; a request planned in a round but not admitted lets go when
 the round ends (`end_round`), or chunks wanted only by waiting requests could
 fill the pool. EPIC's admitted requests copy their reused pages into pages of
-their own here.
+their own here; CacheBlend's copy the stored KV of their chunk tokens into the
+pages SGLang has just allocated for them (`copy_sources`), so each page is
+charged once, as in EPIC.
 """
 
 import logging
 from collections import Counter
+
+import torch
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
@@ -106,8 +110,32 @@ class Admission:
         link.held = list(pages)
         link.injected = dst
 
+    def copy_sources(self, req, row_slots) -> None:
+        """CacheBlend: SGLang has allocated the request's extend; every token that reads stored
+        KV gets it now, in every layer, in its own slot (the forward keeps it there from the
+        check layer on, for the tokens not selected for recompute: backend.py). Once the whole
+        prompt has its slots, the stored pages are let go: each page is charged once.
+
+        row_slots: the request's row of `req_to_token` (physical slot of each of its slots).
+        """
+        link = getattr(req, "mepic", None)
+        if link is None or link.sources is None or not link.held:
+            return
+        start, end = req.prefix_len, min(req.prefix_len + req.extend_len, len(link.sources))
+        src = torch.as_tensor(link.sources[start:end], dtype=torch.int64)
+        take = torch.nonzero(src >= 0).flatten()
+        if take.numel():
+            dst = row_slots[start:end].to(torch.int64)[take.to(row_slots.device)]
+            c = self.cache
+            # Layers before the check layer are computed for every token and overwrite it.
+            first = min(c.mode.check_layer, len(c.kv_pool.k_buffer) - 1)
+            move_kv_cache_native(c.kv_pool.k_buffer[first:], c.kv_pool.v_buffer[first:], dst,
+                                 src[take].to(dst.device))
+        if end >= len(link.sources):  # chunked prefill: the last part has its slots
+            self.done_with_sources(req)
+
     def done_with_sources(self, req) -> None:
-        """A private-copy request's prefill is over: its copies are made, the sources can go."""
+        """A private-copy request's copies are made: the sources can go."""
         link = getattr(req, "mepic", None)
         if link is not None and link.sources is not None and link.held:
             self.cache.refs.release(link.held)

@@ -203,8 +203,7 @@ class MepicAttnBackend(AttentionBackend):
                 forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
                 forward_batch.positions)
             self.copies = self.positions.copies_for_extend(
-                forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
-                forward_batch.out_cache_loc)
+                forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens)
             if self.use_triton:
                 seq_cpu = getattr(forward_batch, "seq_lens_cpu", None)
                 self._max_seq_len = int(seq_cpu.max()) if seq_cpu is not None else None
@@ -213,39 +212,42 @@ class MepicAttnBackend(AttentionBackend):
                     forward_batch.extend_seq_lens, forward_batch.positions, self._max_seq_len)
 
     def _save(self, layer, forward_batch, k, v, save_kv_cache):
-        if save_kv_cache and k is not None and v is not None:
-            self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
-            if self.copies is not None:
-                self._copy(layer.layer_id)
+        if not (save_kv_cache and k is not None and v is not None):
+            return
+        loc = forward_batch.out_cache_loc
+        if self.copies is not None and self.blend is not None and layer.layer_id >= self.blend.check_layer:
+            fresh = self._select(layer.layer_id, loc, k, v)
+            if layer.layer_id > self.blend.check_layer:
+                loc, k, v = loc[fresh], k[fresh], v[fresh]
+        self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
 
-    def _copy(self, layer_id: int) -> None:
-        """CacheBlend: tokens not recomputed get the chunk store's KV, in the request's own pages.
+    def _select(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """CacheBlend: which extend tokens write their fresh KV after the check layer.
+
+        The tokens that read stored KV found it in their own slots, copied there when they
+        were allocated (admission.copy_sources). At the check layer, which every token computes,
+        the ones whose fresh KV deviates most from it (the `ratio` share per request) are
+        selected for recompute; in the layers after it every other one keeps the stored KV.
 
         Every layer runs every token: SGLang's model runner cannot narrow the token set between
-        layers without forking model code. From the check layer on, the outputs of tokens that
-        are not selected are discarded with their overwritten KV; CacheBlend would not compute
-        them. So this baseline is faithful in what attention sees and in memory, and its compute
-        time is an upper bound on CacheBlend's. (EPIC copies before the forward: radix_cache.py.)
+        layers without forking model code. So this baseline is faithful in what attention sees
+        and in memory, and its compute time is an upper bound on CacheBlend's.
         """
-        keys = self.token_to_kv_pool.get_key_buffer(layer_id)
-        values = self.token_to_kv_pool.get_value_buffer(layer_id)
-        dst, src, batch = self.copies
-        if self.blend is not None:
-            if layer_id < self.blend.check_layer:
-                return
-            if layer_id == self.blend.check_layer:
-                # CacheBlend: the tokens whose fresh KV deviates most from the cached KV are recomputed.
-                deviation = ((keys[dst].float() - keys[src].float()) ** 2).sum((1, 2)) + \
-                            ((values[dst].float() - values[src].float()) ** 2).sum((1, 2))
-                copy = torch.ones_like(dst, dtype=torch.bool)
-                for b in torch.unique(batch).tolist():
-                    idx = torch.nonzero(batch == b).flatten()
-                    n = math.ceil(self.blend.ratio * idx.numel())
-                    copy[idx[deviation[idx].topk(n).indices]] = False
-                self.copies = (dst[copy], src[copy], batch[copy])
-                return
-        keys[dst] = keys[src]
-        values[dst] = values[src]
+        if layer_id == self.blend.check_layer:
+            idx, batch = self.copies
+            keys = self.token_to_kv_pool.get_key_buffer(layer_id)
+            values = self.token_to_kv_pool.get_value_buffer(layer_id)
+            dst = loc[idx].long()
+            deviation = ((k[idx].reshape(-1, *keys.shape[1:]).float() - keys[dst].float()) ** 2).sum((1, 2)) + \
+                        ((v[idx].reshape(-1, *values.shape[1:]).float() - values[dst].float()) ** 2).sum((1, 2))
+            stored = torch.ones_like(idx, dtype=torch.bool)
+            for b in torch.unique(batch).tolist():
+                mine = torch.nonzero(batch == b).flatten()
+                n = math.ceil(self.blend.ratio * mine.numel())
+                stored[mine[deviation[mine].topk(n).indices]] = False
+            self._fresh = torch.ones(k.shape[0], dtype=torch.bool, device=k.device)
+            self._fresh[idx[stored]] = False
+        return self._fresh
 
     def _run(self, q, layer, forward_batch, q_lens, decode=False):
         if layer.is_cross_attention or (layer.sliding_window_size is not None and layer.sliding_window_size > -1):

@@ -18,9 +18,10 @@ positions. Writers:
   and a decoded token follows the row's last real position.
 - `release(row)` for a request without a plan, so a reused row is unplanned.
 
-Private-copy modes (EPIC, CacheBlend) also set `req_to_src`: for each slot, the
-canonical KV slot its keys and values are copied from instead of computed
-(-1: computed). `copies_for_extend` turns that into the copy list of a forward.
+CacheBlend also sets `req_to_src`: for each slot, the stored KV slot its keys and
+values were copied from into the request's own slot when it was allocated
+(-1: computed; the stored slot itself is let go then and never read again).
+`copies_for_extend` turns that into the copied tokens of a forward.
 
 The map of this process's attention backend is `context.current().positions`,
 for the scheduler-side writer.
@@ -62,9 +63,8 @@ class PositionMap:
         self.planned[row] = False
         self.copies[row] = False
 
-    def copies_for_extend(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
-                          out_cache_loc: torch.Tensor):
-        """(destination slots, source slots, batch index) of the extend tokens whose KV is copied."""
+    def copies_for_extend(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor):
+        """(index among the forward's extend tokens, batch index) of the tokens whose slots hold copied KV."""
         rows = rows.long()
         if self.req_to_src is None or not bool(self.copies[rows].any()):
             return None
@@ -76,7 +76,7 @@ class PositionMap:
         keep = (src >= 0) & self.copies[rows[batch]]
         if not bool(keep.any()):
             return None
-        return out_cache_loc[keep].long(), src[keep], batch[keep]
+        return torch.nonzero(keep).flatten(), batch[keep]
 
     def on_extend(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
                   positions: torch.Tensor) -> torch.Tensor:

@@ -295,6 +295,9 @@ class MepicRadixCache(RadixCache):
     def end_round(self) -> None:
         self.admission.end_round()
 
+    def copy_sources(self, req, row_slots) -> None:
+        self.admission.copy_sources(req, row_slots)
+
     def done_with_sources(self, req) -> None:
         self.admission.done_with_sources(req)
 

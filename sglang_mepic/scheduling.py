@@ -68,23 +68,23 @@ def prepare_extend(original, batch, *args, **kwargs):
         # counted as evictable when the admitted ones were checked.
         tree.end_round()
     result = original(batch, *args, **kwargs)
-    if tree is not None:
-        tree.sample()
-        if batch.return_logprob and batch.extend_input_logprob_token_ids is not None:
-            score_real_tokens(batch)
-    position_map = context.current().positions
-    if position_map is None:  # another attention backend: nothing to write
-        return result
+    if tree is not None and batch.return_logprob and batch.extend_input_logprob_token_ids is not None:
+        score_real_tokens(batch)
+    position_map = context.current().positions  # None under another attention backend
     for req in batch.reqs:
         row = req.kv.req_pool_idx
         if row is None:
             continue
         link = getattr(req, "mepic", None)
         if link is not None:
-            # Output tokens count too: a retracted request re-prefills them after its prompt.
-            slots = len(req.origin_input_ids) + len(req.output_ids)
-            device = position_map.req_to_pos.device
-            position_map.assign(row, link.positions(slots).to(device), link.sources)
-        else:
+            if tree is not None:
+                tree.copy_sources(req, batch.req_to_token_pool.req_to_token[row])
+            if position_map is not None:
+                # Output tokens count too: a retracted request re-prefills them after its prompt.
+                slots = len(req.origin_input_ids) + len(req.output_ids)
+                position_map.assign(row, link.positions(slots).to(position_map.req_to_pos.device), link.sources)
+        elif position_map is not None:
             position_map.release(row)
+    if tree is not None:
+        tree.sample()  # after CacheBlend's copies have let their stored pages go
     return result

@@ -251,6 +251,27 @@ def test_other_modes_serve_the_workload_with_their_memory_behaviour(servers, mod
         assert stats["kv_pages_in_use_peak"] > 1.5 * mepic["kv_pages_in_use_peak"]
 
 
+def test_cacheblend_charges_each_page_once_at_light_load(servers, capsys):
+    """CacheBlend copies the stored KV into the request's own slots when they are allocated and
+    lets the stored pages go there. One request at a time, it holds its own laid-out row and
+    its stored pages no more: `full`'s pages plus at most the chunks' padding (a page per
+    chunk), where it held the stored pages too until its first decode step before (twice
+    `full`'s pages)."""
+    work = workload()[:4]
+    blend = [peak_pages(servers("cacheblend-0.15"), [w])[0]["kv_pages_in_use_peak"] for w in work]
+    full = [peak_pages(servers("full"), [w])[0]["kv_pages_in_use_peak"] for w in work]
+    rows = []
+    for order, question, _ in work:
+        pieces = [Piece(Kind.PROMPT, tuple(INSTRUCTION))] + [Piece(Kind.CHUNK, tuple(CHUNKS[j])) for j in order] + \
+            [Piece(Kind.PROMPT, tuple(question))]
+        rows.append(math.ceil((layout(pieces, B).size + MAX_NEW) / B))
+    with capsys.disabled():
+        print(f"\n[memory] one request at a time, peak KV pages: cacheblend-0.15 {blend}, full {full}, "
+              f"cacheblend's laid-out rows {rows}")
+    assert all(b <= f + len(order) for b, f, (order, _, _) in zip(blend, full, work)), (blend, full)
+    assert mepic_stats(servers("cacheblend-0.15"))["kv_pages_in_use"] == 0  # idle: nothing left pinned
+
+
 def test_chunked_prefill_and_mixed_batches_give_the_same_tokens(servers, tiny_model):
     """Requests with and without chunks in one batch, split by chunked prefill, against one at a time."""
     prompts = [p for *_, p in workload()[8:14]] + [ids(300, 77), ids(40, 78)]
