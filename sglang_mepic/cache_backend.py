@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 
-from sglang_mepic import config
+from sglang_mepic import config, metrics
 from sglang_mepic.radix_cache import MepicRadixCache
 
 BACKEND_NAME = "mepic"
@@ -43,6 +43,7 @@ def build(ctx) -> MepicRadixCache:
             raise ValueError(f"--mepic-storage-dir {directory}: not writable")
     mode = config.mode()
     config.canonical_from()
+    metrics.publish_reuse_refused(mode.name, config.reuse_refused())
     if ctx.disable_radix_cache and mode.reuses:
         raise ValueError(f"--mepic-mode {mode.name} needs the radix cache: drop --disable-radix-cache "
                          "or use --mepic-mode full")

@@ -8,14 +8,14 @@ paragraphs marked as chunks, in shuffled orders; calibration.py) on one server
 in the chosen mode, and compares each answer with full recompute on the same
 server: the same input ids without chunk markers, which is exactly what `full`
 computes (markers removed, nothing reused; design.md "Modes"). Greedy, float32
-on CPU unless the server flags say otherwise. Per question, four requests:
+on CPU unless the server flags say otherwise. Per question, three requests:
 
 1. full's greedy answer (up to 16 tokens);
-2. full teacher-forced on that answer: its top-20 next-token log-probabilities at
-   each of those positions (input logprobs);
-3. the mode's own greedy answer, for top-1 and prefix agreement;
-4. the mode teacher-forced on full's answer, with the log-probabilities of the
-   tokens full listed at each position (`token_ids_logprob`), for the KL.
+2. full teacher-forced on that answer (input logprobs): its top-20 next-token
+   log-probabilities at each of those positions;
+3. the mode teacher-forced on full's answer: its argmax at each position (for
+   top-1 and greedy prefix agreement) and its log-probabilities of the tokens full
+   listed there (`token_ids_logprob`, for the KL).
 
 It prints top-1 agreement, mean KL over the first 16 positions and greedy
 prefix agreement (gate.py says how each is computed and why the thresholds are
@@ -46,26 +46,35 @@ def _generate(url: str, ids, new_tokens: int, **logprobs) -> dict:
     return r.json()
 
 
-def _teacher_forced(url: str, ids, prompt_len: int, answer: list[int], **asked) -> list:
-    """Per answer position, the logprob entries of the distribution that predicts it, given
-    the prompt and the answer before it. SGLang's first requested entry is None, so the
-    request starts one token before the answer."""
-    out = _generate(url, [*ids, *answer], 1, return_logprob=True, logprob_start_len=prompt_len - 1, **asked)
-    field = "input_top_logprobs" if "top_logprobs_num" in asked else "input_token_ids_logprobs"
-    return out["meta_info"][field][1:1 + len(answer)]
+def _teacher_forced(url: str, ids, prompt_len: int, answer: list[int], **asked) -> dict:
+    """Input logprobs over the answer appended to the prompt: per answer position, the entries
+    of the distribution that predicts it, given the prompt and the answer before it. SGLang's
+    first requested entry is None, so the request starts one token before the answer."""
+    meta = _generate(url, [*ids, *answer], 1, return_logprob=True, logprob_start_len=prompt_len - 1,
+                     **asked)["meta_info"]
+    return {field: meta[field][1:1 + len(answer)] for field in ("input_top_logprobs", "input_token_ids_logprobs")
+            if meta.get(field)}
 
 
 def compare_one(url: str, prompt: calibration.Prompt) -> tuple[float, float, list[float]]:
-    """(top-1, prefix agreement, KL per position) of one question."""
+    """(top-1, prefix agreement, KL per position) of one question.
+
+    Full's greedy answer, then both forms teacher-forced on it. Where the mode's argmax
+    equals full's token at every position before t, its own greedy answer would be full's
+    up to t, so the leading run of equal argmaxes is its greedy prefix agreement, without
+    decoding it."""
     full = _generate(url, prompt.plain, gate.POSITIONS)["output_ids"][:gate.POSITIONS]
-    reuse = _generate(url, prompt.marked, gate.POSITIONS)["output_ids"]
     if not full:
-        return top1_agreement(reuse, full), prefix_agreement(reuse, full, gate.POSITIONS), []
-    full_top = _teacher_forced(url, prompt.plain, len(prompt.plain), full, top_logprobs_num=gate.TOP_K)
+        return 0.0, 0.0, []
+    full_top = _teacher_forced(url, prompt.plain, len(prompt.plain), full,
+                               top_logprobs_num=gate.TOP_K)["input_top_logprobs"]
     listed = sorted({entry[1] for position in full_top for entry in position})
-    reuse_listed = _teacher_forced(url, prompt.marked, len(prompt.plain), full, token_ids_logprob=listed)
-    kls = [lumped_kl({e[1]: e[0] for e in p}, {e[1]: e[0] for e in q}) for p, q in zip(full_top, reuse_listed)]
-    return top1_agreement(reuse, full), prefix_agreement(reuse, full, gate.POSITIONS), kls
+    reuse = _teacher_forced(url, prompt.marked, len(prompt.plain), full, top_logprobs_num=1,
+                            token_ids_logprob=listed)
+    reuse_argmax = [position[0][1] for position in reuse["input_top_logprobs"]]
+    kls = [lumped_kl({e[1]: e[0] for e in p}, {e[1]: e[0] for e in q})
+           for p, q in zip(full_top, reuse["input_token_ids_logprobs"])]
+    return top1_agreement(reuse_argmax, full), prefix_agreement(reuse_argmax, full, gate.POSITIONS), kls
 
 
 def measure(url: str, tokenizer, questions: int, progress: bool = True) -> gate.Figures:

@@ -38,6 +38,11 @@ TEXT_MARKUP = ("on", "off")
 DEFAULT_PLACEMENT = Placement.TRAILING
 DEFAULT_MODE = "mepic"
 DEFAULT_RECOMPUTE_BLOCKS = 1
+# `--mepic-verify` (verify.py): the launcher runs the accuracy gate before serving; a mode the
+# gate refused is named here for every process to report, while the server runs as `full`.
+VERIFY_ENV = "SGLANG_MEPIC_VERIFY"
+VERIFY_QUESTIONS_ENV = "SGLANG_MEPIC_VERIFY_QUESTIONS"
+REUSE_REFUSED_ENV = "SGLANG_MEPIC_REUSE_REFUSED"
 
 
 class Kind(enum.Enum):
@@ -210,6 +215,23 @@ def parse_max_chunks(text: str) -> int:
 def max_chunks() -> int:
     """Most chunks one request may mark for reuse: each becomes an internal compile request."""
     return parse_max_chunks(os.environ.get(MAX_CHUNKS_ENV) or str(DEFAULT_MAX_CHUNKS))
+
+
+def verify() -> bool:
+    return os.environ.get(VERIFY_ENV, "") == "on"
+
+
+def parse_questions(text: str, most: int) -> int:
+    text = text.strip()
+    if not (text.isdigit() and 1 <= int(text) <= most):
+        raise ValueError(f"--mepic-verify-questions {text!r}: give a whole number from 1 to {most} "
+                         "(the calibration set's size)")
+    return int(text)
+
+
+def reuse_refused() -> str | None:
+    """The mode the accuracy gate refused for this model (the server then runs as `full`), or None."""
+    return os.environ.get(REUSE_REFUSED_ENV) or None
 
 
 def canonical_from() -> int | None:

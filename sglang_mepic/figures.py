@@ -92,6 +92,7 @@ class Figures:
         self.peak_pages_in_use = max(self.peak_pages_in_use, in_use)
         return {
             "mode": c.mode.name,
+            "reuse_refused": config.reuse_refused(),  # the mode --mepic-verify refused (then mode is full)
             "page_size": c.page_size,
             "kv_pages_total": c.pages.allocator.size // c.page_size,
             "kv_pages_free": c.pages.available(),

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_mepic import auto_chunk, config, models, quiet
+from sglang_mepic import auto_chunk, calibration, config, models, quiet, verdict_cache, verify
 from sglang_mepic.segments import Placement
 
 CPU_MAX_TOTAL_TOKENS = 65536  # SGLang would otherwise size the pool from free RAM (~14 GB)
@@ -103,6 +103,16 @@ def mepic_parser() -> argparse.ArgumentParser:
                         f"(first block full of real tokens). Default: {config.DEFAULT_PLACEMENT.value}.")
     g.add_argument("--mepic-mode", type=_checked(config.parse_mode), default=None, metavar="MODE",
                    help=f"how chunks are reused: {config.MODE_HELP}. Default: {config.DEFAULT_MODE}.")
+    g.add_argument("--mepic-verify", action="store_true", default=None,
+                   help="before serving, run the accuracy gate (python -m sglang_mepic.check_model) for this model "
+                        "and mode on a server of its own; a model that fails is served as --mepic-mode full (reuse "
+                        "refused: said in the log, /server_info and /metrics). Verdicts are cached per model "
+                        f"fingerprint, mode and settings (${verdict_cache.CACHE_DIR_ENV}, default "
+                        "~/.cache/sglang-mepic), so a restart does not run it again. Default: off.")
+    g.add_argument("--mepic-verify-questions", default=None, metavar="N",
+                   type=_checked(lambda text: config.parse_questions(text, calibration.size())),
+                   help=f"calibration questions the gate runs for --mepic-verify (1-{calibration.size()}). "
+                        f"Default: all {calibration.size()}.")
     g.add_argument("--mepic-recompute-blocks", type=_checked(config.parse_recompute_blocks), default=None,
                    metavar="N|all",
                    help="mepic mode: leading blocks (pages) of each chunk recomputed per request; 'all' "
@@ -183,6 +193,10 @@ def mepic_settings(argv: list[str]) -> str:
         if config.storage_secret():
             shown.append(("--mepic-storage-secret", "(set)"))
     line = " ".join(f"{flag} {value}" for flag, value in shown)
+    if config.verify():
+        line += f" --mepic-verify --mepic-verify-questions {verify.questions()}"
+    if config.reuse_refused():
+        line += f" (reuse refused: --mepic-mode {config.reuse_refused()} failed the accuracy gate on this model)"
     known = _known_flags(argv)
     if (known.attention_backend, known.radix_cache_backend) != ("mepic", "mepic"):
         line += (" (chunks are not reused: that needs --attention-backend mepic and --radix-cache-backend mepic; "
@@ -211,6 +225,10 @@ def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
         env[config.PLACEMENT_ENV] = known.mepic_placement
     if known.mepic_mode:
         env[config.MODE_ENV] = known.mepic_mode
+    if known.mepic_verify:
+        env[config.VERIFY_ENV] = "on"
+    if known.mepic_verify_questions:
+        env[config.VERIFY_QUESTIONS_ENV] = known.mepic_verify_questions
     if known.mepic_recompute_blocks:
         env[config.RECOMPUTE_ENV] = known.mepic_recompute_blocks
     if known.mepic_compile_sink:
@@ -405,6 +423,21 @@ def _ensure_default_model(model_path: str) -> None:
         models.build(models.DEFAULT_MODEL)
 
 
+def _log(line: str) -> None:
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] sglang-mepic: {line}", file=sys.stderr, flush=True)
+
+
+def verify_model(model_path: str, argv: list[str]) -> None:
+    """`--mepic-verify`: the accuracy gate, where chunks would be reused; serve as full if it fails."""
+    known = _known_flags(argv)
+    if (known.attention_backend, known.radix_cache_backend) != ("mepic", "mepic"):
+        _log("--mepic-verify: chunks are not reused with this attention backend or radix cache: nothing to check")
+        return
+    verdict = verify.verify(model_path, argv, _log)
+    if verdict is not None and not verdict.passed:
+        verify.refuse_reuse(verdict, _log)
+
+
 def _has_cuda() -> bool:
     import torch
 
@@ -437,6 +470,8 @@ def main(argv: list[str] | None = None) -> None:
         _ensure_default_model(known.model_path)
         check_model_path(known.model_path)
         check_port_free(known.host, known.port)
+        if config.verify():
+            verify_model(known.model_path, argv)
         settings = mepic_settings(argv)
         if quiet_start(argv):  # before SGLang's imports, which warn
             quiet.install(cpu=not cuda, argv=" ".join(argv), mepic=settings)

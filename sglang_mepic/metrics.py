@@ -33,6 +33,10 @@ DESCRIPTIONS = {
     "host_chunks": "Chunks in the host tier",
 }
 
+REUSE_REFUSED = "reuse_refused"
+REUSE_REFUSED_DESCRIPTION = ("1: the accuracy gate (--mepic-verify) refused reuse in the labelled mode for this model "
+                             "and the server runs as full; 0: the labelled mode runs")
+
 _gauges = None
 
 
@@ -53,3 +57,14 @@ def publish(stats: dict) -> None:
     for name, gauge in _create().items():
         if name in stats:
             gauge.set(stats[name])
+
+
+def publish_reuse_refused(running_mode: str, refused_mode: str | None) -> None:
+    """Set once at start: the gate's refusal, labelled with the refused mode (else the running one)."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    from prometheus_client import Gauge
+
+    gauge = Gauge(PREFIX + REUSE_REFUSED, REUSE_REFUSED_DESCRIPTION, labelnames=["mode"],
+                  multiprocess_mode="mostrecent")
+    gauge.labels(mode=refused_mode or running_mode).set(1 if refused_mode else 0)

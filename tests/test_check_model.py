@@ -1,0 +1,176 @@
+"""The per-model accuracy gate: check_model's figures, verdicts and exit status, and --mepic-verify.
+
+The tiny model is random, so reuse changes its predictions at chance and it must
+fail; SmolLM2-135M-Instruct passes with the mepic mode (README "Is my model a good fit?").
+"""
+
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from sglang_mepic import calibration, gate, verdict_cache
+from sglang_mepic.agreement import lumped_kl
+from sglang_mepic.server_process import ServerProcess
+
+QUESTIONS = "8"  # the tiny model is at chance on every question: a few show it
+SMOLLM2_QUESTIONS = "16"
+
+
+def check_model(*args: str, env: dict | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sglang_mepic.check_model", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_lumped_kl_is_exact_over_the_buckets():
+    p = {1: math.log(0.5), 2: math.log(0.3)}  # rest 0.2
+    assert lumped_kl(p, p) == 0.0
+    q = {1: math.log(0.25), 2: math.log(0.25)}  # rest 0.5
+    expected = 0.5 * math.log(0.5 / 0.25) + 0.3 * math.log(0.3 / 0.25) + 0.2 * math.log(0.2 / 0.5)
+    assert lumped_kl(p, q) == pytest.approx(expected)
+
+
+def test_verdict_names_each_failed_threshold():
+    figures = gate.Figures(questions=8, top1=0.5, kl=0.01, prefix=0.1, positions=128)
+    verdict = gate.judge("mepic", figures, gate.Thresholds(min_top1=0.9, max_kl=0.5, min_prefix=0.2))
+    assert not verdict.passed
+    assert verdict.failures == ("top-1 0.500 < 0.9", "prefix 0.100 < 0.2")
+    assert verdict.lines()[-1].startswith("verdict: FAIL")
+    assert gate.judge("mepic", figures, gate.Thresholds(0.5, 0.5, 0.1)).passed
+    assert not gate.judge("mepic", gate.Figures(8, 1.0, float("nan"), 1.0, 0), gate.Thresholds()).passed
+
+
+def test_calibration_prompts_mark_the_same_tokens_as_plain(tiny_model):
+    from transformers import AutoTokenizer
+
+    prompts = calibration.prompts(AutoTokenizer.from_pretrained(tiny_model), 3)
+    for p in prompts:
+        assert [t for t in p.marked if t >= 0] == list(p.plain)
+        assert p.marked.count(-100) == p.marked.count(-101) >= 2
+
+
+def test_verdict_cache_is_keyed_by_contents_not_path(tmp_path, monkeypatch, tiny_model):
+    monkeypatch.setenv(verdict_cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in os.listdir(tiny_model):
+        (copy / f).write_bytes(open(os.path.join(tiny_model, f), "rb").read())
+    assert verdict_cache.model_fingerprint(copy) == verdict_cache.model_fingerprint(tiny_model)
+    key = verdict_cache.key(verdict_cache.model_fingerprint(copy), "mepic", 8, gate.Thresholds(), {})
+    assert verdict_cache.load(key) is None
+    verdict = gate.judge("mepic", gate.Figures(8, 0.5, 0.01, 0.1, 128), gate.Thresholds())
+    verdict_cache.store(key, verdict)
+    assert verdict_cache.load(key) == verdict
+    assert verdict_cache.load({**key, "mode": "epic-16"}) is None
+    (copy / "config.json").write_text((copy / "config.json").read_text() + " ")
+    assert verdict_cache.model_fingerprint(copy) != verdict_cache.model_fingerprint(tiny_model)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--questions", "0"], "--questions 0: give 1 to"),
+    (["--questions", "100000"], "--questions 100000: give 1 to"),
+    (["--mode", "bogus"], "--mode 'bogus': choose one of"),
+    (["--min-top1", "1.5"], "--min-top1 '1.5': give a number between 0 and 1"),
+    (["--max-kl", "-1"], "--max-kl '-1': give a number of nats >= 0"),
+    (["--", "--port", "1"], "--port after `--`: the gate sets it itself"),
+])
+def test_bad_arguments_exit_2_with_a_clear_message(tiny_model, args, message):
+    result = check_model("--model-path", tiny_model, *args)
+    assert result.returncode == 2, result
+    assert message in result.stderr
+
+
+def test_missing_model_folder_exits_2(tmp_path):
+    result = check_model("--model-path", str(tmp_path / "nowhere"))
+    assert result.returncode == 2 and "not a local HF model folder" in result.stderr
+
+
+def test_full_mode_has_nothing_to_check(tiny_model):
+    result = check_model("--model-path", tiny_model, "--mode", "full")
+    assert result.returncode == 0 and "nothing to check" in result.stdout
+
+
+@pytest.mark.server
+def test_tiny_random_model_fails(tiny_model):
+    result = check_model("--model-path", tiny_model, "--questions", QUESTIONS)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "verdict: FAIL" in result.stdout
+    assert re.search(r"top-1 agreement \(first token\)\s+0\.\d+", result.stdout)
+    assert "check_model" in result.stderr  # the progress bar
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_smollm2_passes_with_mepic():
+    from sglang_mepic import models
+
+    model = str(models.build(models.DEFAULT_MODEL))
+    result = check_model("--model-path", model, "--questions", SMOLLM2_QUESTIONS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "verdict: PASS" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def verify_cache(tmp_path_factory):
+    return {verdict_cache.CACHE_DIR_ENV: str(tmp_path_factory.mktemp("verdicts"))}
+
+
+@pytest.fixture(scope="module")
+def refused_server(tiny_model, verify_cache):
+    """The tiny model launched with --mepic-verify: it fails the gate and serves as full."""
+    with ServerProcess(tiny_model, "--mepic-verify", "--mepic-verify-questions", QUESTIONS, startup_timeout=900,
+                       env=verify_cache) as server:
+        yield server
+
+
+@pytest.mark.server
+def test_verify_refuses_reuse_and_says_so_in_the_log(refused_server):
+    log = refused_server.log()
+    assert "--mepic-verify: running the accuracy gate for mode mepic" in log
+    assert "--mepic-verify: verdict: FAIL" in log
+    assert "reuse refused for this model: mode mepic failed the accuracy gate, serving as --mepic-mode full" in log
+    assert "--mepic-mode full" in log and "(reuse refused: --mepic-mode mepic failed" in log
+
+
+@pytest.mark.server
+def test_verify_refusal_in_server_info_and_metrics(refused_server):
+    info = requests.get(refused_server.url + "/server_info", timeout=60).json()["internal_states"][0]["mepic"]
+    assert info["mode"] == "full" and info["reuse_refused"] == "mepic"
+    metrics = requests.get(refused_server.url + "/metrics", timeout=60).text
+    assert re.search(r'^sglang_mepic:reuse_refused\{mode="mepic"\} 1\.0$', metrics, re.M), metrics
+    r = requests.post(refused_server.url + "/generate", timeout=120, json={
+        "text": "Read.\n<|chunk|>" + "word " * 40 + "<|/chunk|>\nQuestion: what?",
+        "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+    assert r.status_code == 200 and r.json()["meta_info"].get("mepic_chunk_hits", 0) == 0
+
+
+@pytest.mark.server
+def test_verify_restart_uses_the_cached_verdict(refused_server, tiny_model, verify_cache):
+    refused_server.stop()  # one server at a time on 2 cores
+    with ServerProcess(tiny_model, "--mepic-verify", "--mepic-verify-questions", QUESTIONS, startup_timeout=900,
+                       env=verify_cache) as server:
+        log = server.log()
+        assert "--mepic-verify: cached verdict used for this model" in log
+        assert "running the accuracy gate" not in log
+        info = requests.get(server.url + "/server_info", timeout=60).json()["internal_states"][0]["mepic"]
+        assert info["mode"] == "full" and info["reuse_refused"] == "mepic"
+
+
+def test_verify_has_nothing_to_check_in_full_mode(tiny_model, monkeypatch, capsys):
+    from sglang_mepic import config, verify
+
+    monkeypatch.setenv(config.MODE_ENV, "full")
+    lines = []
+    assert verify.verify(tiny_model, [], lines.append) is None
+    assert "nothing to check" in lines[0]
+
+
+def test_gate_server_drops_the_launch_address_and_key():
+    from sglang_mepic.verify import gate_server_args
+
+    argv = ["--model-path", "m", "--host", "0.0.0.0", "--port=8000", "--api-key", "k", "--dtype", "float32"]
+    assert gate_server_args(argv) == ["--dtype", "float32"]
