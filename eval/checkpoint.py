@@ -19,7 +19,8 @@ NAME = "points.jsonl"
 
 
 def key(record: dict) -> tuple:
-    return record["system"], record["qps"], record["chunks"], record["reuse"]
+    # Points written before repeats existed ran the settings' seed, 0 by default.
+    return record["system"], record["qps"], record["chunks"], record["reuse"], record.get("seed", 0)
 
 
 class Checkpoint:
@@ -63,8 +64,8 @@ class Checkpoint:
                 break  # the line being written when the run stopped
             self.records[key(record)] = record
 
-    def get(self, system: str, qps: float, chunks: int, reuse: float | None) -> dict | None:
-        return self.records.get((system, qps, chunks, reuse))
+    def get(self, system: str, qps: float, chunks: int, reuse: float | None, seed: int = 0) -> dict | None:
+        return self.records.get((system, qps, chunks, reuse, seed))
 
     def add(self, record: dict) -> None:
         self.records[key(record)] = record

@@ -49,7 +49,7 @@ import requests
 from tqdm import tqdm
 
 from eval.checkpoint import Checkpoint
-from eval.scoring import exact_match, f1, prefix_agreement, top1_agreement
+from eval.scoring import contains, exact_match, f1, prefix_agreement, top1_agreement
 from eval.workloads import DATASETS, render, reuse_ratio, with_reuse
 from sglang_mepic import models
 from sglang_mepic.launch_server import CPU_MAX_TOTAL_TOKENS, MEPIC_PAGE_SIZE
@@ -64,14 +64,29 @@ SYSTEMS = {
     "mepic": ["--mepic-mode", "mepic"],
 }
 REFERENCE = "full"  # fidelity is measured against it
+# The position-independent systems: they keep chunk KV, and each gets the same host tier.
+PIC = ("naive", "epic-16", "cacheblend-0.15", "mepic")
+# CacheBlend here runs every token through every layer (SGLang's model runner cannot narrow the
+# token set between layers): its attention and memory are CacheBlend's, its compute is not.
+EMULATED = {"cacheblend-0.15": "every token runs every layer: its TTFT is an upper bound on CacheBlend's, "
+                               "its recomputed tok/req what CacheBlend would compute"}
+# A row whose pinned peak comes this close to the pool was capped by it: SGLang admits a request
+# only when its pages fit, so a saturated pool peaks a little below its size.
+CAPPED_SHARE = 0.95
+DEFAULT_HOST_TIER_GB = 1.0
+# Per-point deltas of the cache's cumulative counters (/server_info), for every PIC row.
+COUNTERS = ("chunks_compiled", "chunk_evictions", "tier_loads_host", "tier_loads_storage", "private_copy_fallbacks")
 QUICK = {"qps": [0.5, 2.0], "chunks": [2, 6], "requests": 8}
 FULL = {"qps": [0.25, 0.5, 1.0, 2.0, 4.0], "chunks": [2, 4, 8, 16], "requests": 24}
 # The paper's sweeps around its SQuAD row (Table 1: 84.9% reused, 2,224 prompt tokens).
 PAPER = {"base": {"qps": 2.0, "chunks": 7, "reuse": 0.85}, "requests": 300,
          "qps": [1.0, 2.0, 4.0, 8.0, 16.0], "chunks": [2, 4, 8, 16], "reuse": [0.3, 0.5, 0.7, 0.85, 0.95]}
 SWEEPS = ("qps", "chunks", "reuse")
+# No system fills it at the sweeps' loads below saturation (the 4-layer tiny model: 2 KiB per token).
+PAPER_POOL_PAGES = 16384
 DEFAULT_POOL_PAGES = CPU_MAX_TOTAL_TOKENS // MEPIC_PAGE_SIZE
 USED_TOKENS = re.compile(r"^sglang:num_used_tokens\{[^}]*\} ([0-9.e+]+)$", re.M)
+AVAILABLE_TOKENS = re.compile(r"^sglang:kv_available_tokens\{[^}]*\} ([0-9.e+]+)$", re.M)
 # The scheduler's line per chunked request it admits (radix_cache.MepicRadixCache.admit).
 COMPILES = re.compile(r"MEPIC request \S+: \d+ chunk\(s\) found ([^;]+); waited ([0-9.]+) s for compiles")
 
@@ -90,6 +105,10 @@ class Point:
     compile_waits: list = field(default_factory=list)  # (every chunk already on the device, seconds) per request
     pool_pages: int = 0  # the KV pool the server reported
     wall: float = 0.0  # seconds since the point before it ended, server start included
+    seed: int = 0  # the workload draw and the arrivals
+    occupied_pages: list = field(default_factory=list)  # sampled pages not free: pinned + tree + chunk store
+    counters: dict = field(default_factory=dict)  # COUNTERS over the point (PIC systems)
+    host_tier_gb: float = 0.0
 
     @classmethod
     def load(cls, record: dict) -> "Point":
@@ -99,25 +118,29 @@ class Point:
 class Sampler(threading.Thread):
     """Polls the used-token gauge while a point runs."""
 
-    def __init__(self, url: str, page_size: int, period: float = 0.1):
+    def __init__(self, url: str, page_size: int, pool_pages: int, period: float = 0.1):
         super().__init__(daemon=True)
-        self.url, self.page_size, self.period = url, page_size, period
-        self.pages: list[float] = []
+        self.url, self.page_size, self.pool_pages, self.period = url, page_size, pool_pages, period
+        self.pages: list[float] = []  # pinned: what eviction cannot free
+        self.occupied: list[float] = []  # not free: pinned, the prefix tree and the chunk store
         self.stop = threading.Event()
 
     def run(self):
         while not self.stop.is_set():
             try:
-                m = USED_TOKENS.search(requests.get(self.url + "/metrics", timeout=5).text)
-                if m:
+                text = requests.get(self.url + "/metrics", timeout=5).text
+                if m := USED_TOKENS.search(text):
                     self.pages.append(float(m.group(1)) / self.page_size)
+                if m := AVAILABLE_TOKENS.search(text):
+                    self.occupied.append(self.pool_pages - float(m.group(1)) / self.page_size)
             except requests.RequestException:
                 pass
             self.stop.wait(self.period)
 
 
 def stream(url: str, text: str, new_tokens: int):
-    """Send one streaming request; returns (output_ids, text, meta_info, ttft, e2e)."""
+    """Send one streaming request; returns (output_ids, text, meta_info, ttft, e2e, sent at (wall clock))."""
+    sent = time.time()
     t0 = time.perf_counter()
     ttft, last = None, None
     with requests.post(url + "/generate", stream=True, timeout=900, json={
@@ -133,18 +156,23 @@ def stream(url: str, text: str, new_tokens: int):
             if ttft is None:
                 ttft = time.perf_counter() - t0
             last = json.loads(data)
-    return last["output_ids"], last["text"], last["meta_info"], ttft, time.perf_counter() - t0
+    return last["output_ids"], last["text"], last["meta_info"], ttft, time.perf_counter() - t0, sent
 
 
-def run_point(server, page_size: int, texts: list[str], qps: float, new_tokens: int, seed: int,
-              bar: tqdm) -> tuple[list, list, int | None, float]:
+def mepic_stats(server) -> dict:
+    return requests.get(server.url + "/server_info", timeout=60).json()["internal_states"][0].get("mepic", {})
+
+
+def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, new_tokens: int, seed: int,
+              bar: tqdm) -> tuple[list, Sampler, int | None, float, dict]:
     requests.post(server.url + "/flush_cache", timeout=60).raise_for_status()
+    before = mepic_stats(server)
     rng = random.Random(seed)
     arrivals, t = [], 0.0
     for _ in texts:
         arrivals.append(t)
         t += rng.expovariate(qps)
-    sampler = Sampler(server.url, page_size)
+    sampler = Sampler(server.url, page_size, pool)
     sampler.start()
     start = time.perf_counter()
 
@@ -160,9 +188,9 @@ def run_point(server, page_size: int, texts: list[str], qps: float, new_tokens: 
     time.sleep(2 * sampler.period)
     sampler.stop.set()
     sampler.join()
-    info = requests.get(server.url + "/server_info", timeout=60).json()["internal_states"][0]
-    exact = info.get("mepic", {}).get("kv_pages_in_use_peak")
-    return outputs, sampler.pages, exact, seconds
+    after = mepic_stats(server)
+    counters = {k: after[k] - before.get(k, 0) for k in COUNTERS if k in after}
+    return outputs, sampler, after.get("kv_pages_in_use_peak"), seconds, counters
 
 
 def pool_pages(server, page_size: int) -> int:
@@ -188,15 +216,26 @@ def kv_bytes_per_token(model_path: str) -> int:
     return 2 * cfg["num_hidden_layers"] * heads * head_dim * 4  # K and V, float32
 
 
+def ttft_parts(output) -> tuple[float, float, float] | None:
+    """(before the queue, queue, prefill forward) seconds of one request, from SGLang's meta_info:
+    before the queue is tokenizing and dispatch; the queue includes any hold for chunk compiles."""
+    meta = output[2]
+    if len(output) < 6 or not all(k in meta for k in ("queue_time", "forward_entry_time", "prefill_finished_time")):
+        return None
+    queue = meta["queue_time"]
+    return (meta["forward_entry_time"] - queue - output[5], queue,
+            meta["prefill_finished_time"] - meta["forward_entry_time"])
+
+
 def summarize(points: list[Point], workloads: dict, new_tokens: int, page_bytes: int) -> list[dict]:
-    """One row per point; `workloads` maps (chunks, reuse) to the requests sent."""
-    ref = {(p.qps, p.chunks, p.reuse): p for p in points if p.system == REFERENCE}
+    """One row per point and seed; `workloads` maps (chunks, reuse, seed) to the requests sent."""
+    ref = {(p.qps, p.chunks, p.reuse, p.seed): p for p in points if p.system == REFERENCE}
     rows = []
     for p in points:
         ids = [o[0] for o in p.outputs]
         metas = [o[2] for o in p.outputs]
-        golds = [r.answers for r in workloads[(p.chunks, p.reuse)]]
-        base = ref.get((p.qps, p.chunks, p.reuse))
+        golds = [r.answers for r in workloads[(p.chunks, p.reuse, p.seed)]]
+        base = ref.get((p.qps, p.chunks, p.reuse, p.seed))
         ref_ids = [o[0] for o in base.outputs] if base else None  # no reference ran: no fidelity figures
         peak = max(p.used_pages, default=0)
         if p.exact_peak is not None:
@@ -204,25 +243,36 @@ def summarize(points: list[Point], workloads: dict, new_tokens: int, page_bytes:
         recomputed = [m.get("mepic_recomputed_tokens", m["prompt_tokens"] - m["cached_tokens"]) for m in metas]
         ttft = [o[3] for o in p.outputs]
         e2e = [o[4] for o in p.outputs]
+        parts = [x for x in map(ttft_parts, p.outputs) if x is not None]
         rows.append({
-            "system": p.system, "qps": p.qps, "chunks": p.chunks, "reuse": p.reuse, "requests": len(ids),
-            "pool_pages": p.pool_pages,
+            "system": p.system, "qps": p.qps, "chunks": p.chunks, "reuse": p.reuse, "seed": p.seed,
+            "requests": len(ids), "pool_pages": p.pool_pages, "host_tier_gb": p.host_tier_gb,
             "peak_kv_pages": round(peak, 1),
+            # The sampler polls at a fixed period, so a percentile of its samples is one over time.
+            "p95_kv_pages": round(pct(p.used_pages, 0.95), 1) if p.used_pages else None,
             "mean_kv_pages": round(statistics.fmean(p.used_pages), 1) if p.used_pages else 0.0,
+            "peak_occupied_pages": round(max(p.occupied_pages), 1) if p.occupied_pages else None,
+            "capped": bool(p.pool_pages) and peak >= CAPPED_SHARE * p.pool_pages,
             "peak_kv_mib": round(peak * page_bytes / 2 ** 20, 2),
             "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99),
+            "tokenize_p50": pct([x[0] for x in parts], 0.5) if parts else None,
+            "queue_p50": pct([x[1] for x in parts], 0.5) if parts else None,
+            "forward_p50": pct([x[2] for x in parts], 0.5) if parts else None,
             "e2e_p50": pct(e2e, 0.5), "e2e_p99": pct(e2e, 0.99),
             # None where the server logged no compiles (a system that compiles nothing)
             "compile_wait_p50": pct([w for _, w in p.compile_waits], 0.5) if p.compile_waits else None,
             "compile_wait_resident_p50": pct([w for resident, w in p.compile_waits if resident], 0.5)
             if any(resident for resident, _ in p.compile_waits) else None,
             "compile_held": statistics.fmean(w > 0 for _, w in p.compile_waits) if p.compile_waits else None,
+            **{k: p.counters.get(k) for k in COUNTERS},
             "throughput_rps": len(ids) / p.seconds if p.seconds else 0.0,
+            "seconds": round(p.seconds, 2),
             "output_tok_s": sum(len(i) for i in ids) / p.seconds if p.seconds else 0.0,
             "prompt_tokens": statistics.fmean(m["prompt_tokens"] for m in metas),
             "recomputed_tokens": statistics.fmean(recomputed),
             "f1": statistics.fmean(f1(o[1], g) for o, g in zip(p.outputs, golds)),
             "em": statistics.fmean(exact_match(o[1], g) for o, g in zip(p.outputs, golds)),
+            "contains": statistics.fmean(contains(o[1], g) for o, g in zip(p.outputs, golds)),
             "agreement": statistics.fmean(prefix_agreement(a, b, new_tokens) for a, b in zip(ids, ref_ids))
             if ref_ids else None,
             "top1": statistics.fmean(top1_agreement(a, b) for a, b in zip(ids, ref_ids)) if ref_ids else None,
@@ -231,22 +281,115 @@ def summarize(points: list[Point], workloads: dict, new_tokens: int, page_bytes:
 
 
 COLUMNS = [("system", "system", "{}"), ("qps", "QPS", "{:g}"), ("chunks", "chunks", "{}"),
-           ("reuse_ratio", "reuse", "{:.2f}"),
-           ("peak_kv_pages", "peak KV pages", "{:.0f}"), ("mean_kv_pages", "mean KV pages", "{:.0f}"),
-           ("peak_kv_mib", "peak KV MiB", "{:.1f}"), ("ttft_p50", "TTFT p50 s", "{:.2f}"),
-           ("ttft_p99", "TTFT p99 s", "{:.2f}"), ("compile_wait_p50", "compile wait p50 s", "{:.2f}"),
+           ("reuse_ratio", "reuse", "{:.2f}"), ("runs", "runs", "{}"),
+           ("peak_kv_pages", "peak KV pages", "{:.0f}"), ("p95_kv_pages", "p95 KV pages", "{:.0f}"),
+           ("mean_kv_pages", "mean KV pages", "{:.0f}"), ("peak_occupied_pages", "peak occupied pages", "{:.0f}"),
+           ("capped", "capped", "{}"), ("peak_kv_mib", "peak KV MiB", "{:.1f}"),
+           ("ttft_p50", "TTFT p50 s", "{:.2f}"), ("ttft_p99", "TTFT p99 s", "{:.2f}"),
+           ("tokenize_p50", "tokenize p50 s", "{:.3f}"), ("queue_p50", "queue p50 s", "{:.2f}"),
+           ("forward_p50", "forward p50 s", "{:.3f}"), ("compile_wait_p50", "compile wait p50 s", "{:.2f}"),
            ("compile_held", "held for compiles", "{:.0%}"),
            ("e2e_p50", "e2e p50 s", "{:.2f}"), ("e2e_p99", "e2e p99 s", "{:.2f}"),
            ("throughput_rps", "req/s", "{:.2f}"), ("recomputed_tokens", "recomputed tok/req", "{:.0f}"),
-           ("prompt_tokens", "prompt tok/req", "{:.0f}"), ("f1", "F1", "{:.3f}"), ("em", "EM", "{:.3f}"),
+           ("prompt_tokens", "prompt tok/req", "{:.0f}"),
+           ("chunks_compiled", "compiles", "{:.0f}"), ("chunk_evictions", "chunk evictions", "{:.0f}"),
+           ("tier_loads_host", "host loads", "{:.0f}"), ("private_copy_fallbacks", "copy fallbacks", "{:.0f}"),
+           ("f1", "F1", "{:.3f}"), ("em", "EM", "{:.3f}"), ("contains", "gold contained", "{:.3f}"),
            ("agreement", "agreement vs full", "{:.3f}"), ("top1", "top-1 vs full", "{:.3f}")]
+POINT = ("system", "qps", "chunks", "reuse")
+
+
+def aggregate(rows: list[dict]) -> list[dict]:
+    """One row per (system, point) over its runs (seeds): the median of each figure, its range
+    in `range`, and `capped` counting the runs whose peak reached the pool."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in POINT), []).append(r)
+    out = []
+    for runs in groups.values():
+        row, spans = {k: runs[0][k] for k in POINT}, {}
+        for k, value in runs[0].items():
+            if k in POINT or k == "capped" or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            values = [r[k] for r in runs if isinstance(r.get(k), (int, float))]
+            if values:
+                row[k] = statistics.median(values)
+                spans[k] = (min(values), max(values))
+        for k in runs[0]:
+            row.setdefault(k, None)
+        row.update(runs=len(runs), capped=sum(bool(r["capped"]) for r in runs), range=spans,
+                   seed=[r["seed"] for r in runs])
+        out.append(row)
+    return out
+
+
+def cell(row: dict, key: str, fmt: str) -> str:
+    value = row.get(key)
+    if key == "system":
+        return value + (" †" if value in EMULATED else "")
+    if key == "capped":
+        return f"{value} of {row['runs']}" if value else "no"
+    if value is None:
+        return "—"
+    text = fmt.format(value)
+    low, high = row.get("range", {}).get(key, (value, value))
+    if row.get("runs", 1) > 1 and key not in ("qps", "chunks", "reuse_ratio", "runs") and \
+            fmt.format(low) != fmt.format(high):
+        text += f" ({fmt.format(low)}–{fmt.format(high)})"
+    return text
 
 
 def table(rows: list[dict]) -> str:
+    """Markdown, one line per aggregated row: the median and, over several runs, the range."""
     lines = ["| " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in sorted(rows, key=lambda r: (r["reuse"] if r["reuse"] is not None else -1, r["chunks"], r["qps"],
                                          list(SYSTEMS).index(r["system"]))):
-        lines.append("| " + " | ".join("—" if r[k] is None else fmt.format(r[k]) for k, _, fmt in COLUMNS) + " |")
+        lines.append("| " + " | ".join(cell(r, k, fmt) for k, _, fmt in COLUMNS) + " |")
+    notes = [f"† {s}: {why}." for s, why in EMULATED.items() if any(r["system"] == s for r in rows)]
+    if any(r["capped"] for r in rows):
+        notes.append(f"capped: runs whose peak reached {CAPPED_SHARE:.0%} of the pool; the pool, not the "
+                     "system, set their peak, and no ratio uses them.")
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+# The ratios a reader takes from the tables: (figure, system, over system).
+RATIOS = [("peak_kv_pages", "mepic", "epic-16"), ("peak_kv_pages", "mepic", "cacheblend-0.15"),
+          ("peak_kv_pages", "mepic", "full"), ("ttft_p50", "mepic", "vanilla"), ("ttft_p50", "mepic", "epic-16")]
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """Per point, each ratio of RATIOS over the runs where both systems ran with the same seed:
+    median and range, and how many runs were left out because a peak was capped by the pool."""
+    by = {(r["system"], r["qps"], r["chunks"], r["reuse"], r["seed"]): r for r in rows}
+    out = []
+    for q, c, reuse in dict.fromkeys((r["qps"], r["chunks"], r["reuse"]) for r in rows):
+        for metric, a, b in RATIOS:
+            values, capped = [], 0
+            for seed in sorted({r["seed"] for r in rows}):
+                x, y = by.get((a, q, c, reuse, seed)), by.get((b, q, c, reuse, seed))
+                if x is None or y is None or not y[metric]:
+                    continue
+                if metric.startswith("peak") and (x["capped"] or y["capped"]):
+                    capped += 1
+                    continue
+                values.append(x[metric] / y[metric])
+            if values or capped:
+                out.append({"qps": q, "chunks": c, "reuse": reuse, "metric": metric, "system": a, "over": b,
+                            "median": statistics.median(values) if values else None,
+                            "low": min(values, default=None), "high": max(values, default=None),
+                            "runs": len(values), "capped_runs": capped})
+    return out
+
+
+def ratio_table(rows: list[dict]) -> str:
+    lines = ["| QPS | chunks | reuse | ratio | median | range | runs | left out (capped) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        name = f"{'peak KV' if r['metric'].startswith('peak') else 'TTFT p50'} {r['system']} / {r['over']}"
+        med = "—" if r["median"] is None else f"{r['median']:.2f}"
+        span = "—" if r["low"] is None else f"{r['low']:.2f}–{r['high']:.2f}"
+        reuse = "—" if r["reuse"] is None else f"{r['reuse']:g}"
+        lines.append(f"| {r['qps']:g} | {r['chunks']} | {reuse} | {name} | {med} | {span} | {r['runs']} | "
+                     f"{r['capped_runs']} |")
     return "\n".join(lines)
 
 
@@ -323,7 +466,8 @@ def main(argv=None) -> None:
                                                           f"and {QUICK['chunks']} chunks per request")
     ap.add_argument("--paper", action="store_true",
                     help=f"the paper's sweeps: {PAPER['requests']} requests per point around {PAPER['base']}, "
-                         f"QPS {PAPER['qps']}, chunks {PAPER['chunks']}, reuse {PAPER['reuse']}; tiny model")
+                         f"QPS {PAPER['qps']}, chunks {PAPER['chunks']}, reuse {PAPER['reuse']}; the 4-layer tiny "
+                         f"model and a pool of {PAPER_POOL_PAGES:,} pages")
     ap.add_argument("--sweeps", default=",".join(SWEEPS),
                     help="with --paper: which of qps,chunks,reuse to sweep ('base': the base point alone)")
     ap.add_argument("--dataset", choices=sorted(DATASETS), default="squad")
@@ -335,28 +479,38 @@ def main(argv=None) -> None:
     ap.add_argument("--reuse", type=float, default=None,
                     help="share of chunks that repeat an earlier one, 0-0.95 (eval.workloads.with_reuse); "
                          "default: the dataset's own draw")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the first run's seed (workload draw and arrivals)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of every point, with seeds --seed, --seed+1, ...; tables show the median and "
+                         "the range over them")
+    ap.add_argument("--host-tier-gb", type=float, default=DEFAULT_HOST_TIER_GB,
+                    help=f"host memory for evicted chunk KV, the same for every position-independent system "
+                         f"({', '.join(PIC)}), as LMCache's CPU tier is in the paper's stack; 0: none. "
+                         f"Default {DEFAULT_HOST_TIER_GB:g}")
     ap.add_argument("--model", default=None, help="HF model folder (default: the embedded SmolLM2-135M-Instruct; "
-                                                  "with --paper the tiny random Llama)")
+                                                  "with --paper the 4-layer tiny random Llama)")
     ap.add_argument("--pool-pages", type=int, default=None,
                     help=f"KV pool size in pages of {MEPIC_PAGE_SIZE} tokens for every server (default: the "
-                         f"launcher's CPU default, {DEFAULT_POOL_PAGES:,} pages); a pool the baselines fill caps "
-                         "their peak, and with it every ratio against them")
+                         f"launcher's CPU default, {DEFAULT_POOL_PAGES:,} pages; with --paper {PAPER_POOL_PAGES:,}); "
+                         "a run whose peak reaches the pool is marked capped and left out of the ratios")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--resume", action="store_true",
                     help="keep the points a stopped run with the same settings saved in --out (points.jsonl) "
-                         "and run only the rest")
+                         "and run only the rest (more --repeats add runs to the kept ones)")
     args = ap.parse_args(argv)
 
     if args.paper and (args.quick or args.qps or args.chunks or args.reuse is not None):
         sys.exit("bad arguments: --paper sets QPS, chunks and reuse itself (choose sweeps with --sweeps)")
     if args.pool_pages is not None and args.pool_pages < 64:
         sys.exit(f"bad arguments: --pool-pages {args.pool_pages} (at least 64)")
+    if args.repeats < 1 or args.host_tier_gb < 0:
+        sys.exit(f"bad arguments: --repeats {args.repeats} (at least 1), --host-tier-gb {args.host_tier_gb:g} (>= 0)")
     if args.paper and not set(args.sweeps.split(",")) <= {*SWEEPS, "base"}:
         sys.exit(f"bad arguments: --sweeps {args.sweeps} (from {', '.join(SWEEPS)}, or base)")
     preset = PAPER if args.paper else QUICK if args.quick else FULL
     points = grid(args, preset)
+    seeds = list(range(args.seed, args.seed + args.repeats))
     n = args.requests or preset["requests"]
     systems = args.systems.split(",")
     unknown = [s for s in systems if s not in SYSTEMS]
@@ -366,97 +520,121 @@ def main(argv=None) -> None:
     kind = "paper" if args.paper else "quick" if args.quick else "full"
     out = args.out or Path("eval/results") / f"{args.dataset}-{kind}"
     out.mkdir(parents=True, exist_ok=True)
+    pool_arg = args.pool_pages or (PAPER_POOL_PAGES if args.paper else None)
 
     from transformers import AutoTokenizer
 
     # Absolute: the server starts in a directory of its own.
     model = (str(Path(args.model).resolve()) if args.model
-             else str(models.build(models.TEST_MODEL if args.paper else models.DEFAULT_MODEL)))
+             else str(models.build(models.EVAL_MODEL if args.paper else models.DEFAULT_MODEL)))
     tokenizer = AutoTokenizer.from_pretrained(model)
     workload = {}
     for c, r in dict.fromkeys((c, r) for _, c, r in points):
-        try:
-            workload[(c, r)] = (with_reuse(args.dataset, n, c, r, seed=args.seed) if r is not None
-                                else DATASETS[args.dataset](n, c, seed=args.seed))
-        except ValueError as e:
-            if not args.paper:
-                sys.exit(f"bad arguments: {e}")
-            print(f"[workload] skipped: {e}")  # a sweep point the dataset cannot supply
-    points = [p for p in points if (p[1], p[2]) in workload]
+        for seed in seeds:
+            try:
+                workload[(c, r, seed)] = (with_reuse(args.dataset, n, c, r, seed=seed) if r is not None
+                                          else DATASETS[args.dataset](n, c, seed=seed))
+            except ValueError as e:
+                if not args.paper:
+                    sys.exit(f"bad arguments: {e}")
+                print(f"[workload] skipped: {e}")  # a sweep point the dataset cannot supply
+    points = [p for p in points if all((p[1], p[2], seed) in workload for seed in seeds)]
     shapes = list(workload)
     texts = {shape: [render(tokenizer, r) for r in reqs] for shape, reqs in workload.items()}
     prompt_tokens = {shape: [len(tokenizer.encode(t, add_special_tokens=False)) for t in ts]
                      for shape, ts in texts.items()}
-    ratios, lengths = {}, {}
-    for (c, r), reqs in workload.items():
-        ratios[(c, r)] = reuse_ratio(reqs, lambda d: tokenizer.encode(d, add_special_tokens=False))
-        lengths[(c, r)] = statistics.fmean(prompt_tokens[(c, r)])
-        print(f"[workload] {args.dataset}: {n} requests x {c} chunks, reuse ratio {ratios[(c, r)]:.3f} "
-              f"(chunk tokens that repeat an earlier chunk), mean prompt {lengths[(c, r)]:.0f} tokens")
+    ratios_of, lengths = {}, {}
+    for (c, r, seed), reqs in workload.items():
+        ratios_of[(c, r, seed)] = reuse_ratio(reqs, lambda d: tokenizer.encode(d, add_special_tokens=False))
+        lengths[(c, r, seed)] = statistics.fmean(prompt_tokens[(c, r, seed)])
+        print(f"[workload] {args.dataset} seed {seed}: {n} requests x {c} chunks, reuse ratio "
+              f"{ratios_of[(c, r, seed)]:.3f} (chunk tokens that repeat an earlier chunk), "
+              f"mean prompt {lengths[(c, r, seed)]:.0f} tokens")
     page_size = MEPIC_PAGE_SIZE
-    extra, env = context_args(model, prompt_tokens, page_size, args.new_tokens)
-    if args.pool_pages:
-        extra += ["--max-total-tokens", str(args.pool_pages * page_size)]
+    extra, env = context_args(model, {(c, r): v for (c, r, _), v in prompt_tokens.items()}, page_size,
+                              args.new_tokens)
+    if pool_arg:
+        extra += ["--max-total-tokens", str(pool_arg * page_size)]
     page_bytes = kv_bytes_per_token(model) * page_size
-    settings = {"dataset": args.dataset, "requests": n, "new_tokens": args.new_tokens, "seed": args.seed,
-                "model": Path(model).name, "pool_pages": args.pool_pages}
+    settings = {"dataset": args.dataset, "requests": n, "new_tokens": args.new_tokens,
+                "model": Path(model).name, "pool_pages": pool_arg, "host_tier_gb": args.host_tier_gb}
     try:
         checkpoint = Checkpoint(out, settings, args.resume)
     except ValueError as e:
         sys.exit(f"bad arguments: --resume: {e}")
     if checkpoint.set_aside:
         print(f"[checkpoint] an earlier run's points were moved to {checkpoint.set_aside} (--resume keeps them)")
-    done = {(s, *p): Point.load(record) for s in systems for p in points if (record := checkpoint.get(s, *p))}
+    runs = [(s, *p, seed) for s in systems for seed in seeds for p in points]
+    done = {run: Point.load(record) for run in runs if (record := checkpoint.get(*run))}
     if done:
-        print(f"[resume] {len(done)} of {len(systems) * len(points)} (system, point) runs kept from {checkpoint.path}")
+        print(f"[resume] {len(done)} of {len(runs)} (system, point, seed) runs kept from {checkpoint.path}")
     print(f"[checkpoint] each finished point goes to {checkpoint.path}; if this run stops, "
           "the same command with --resume goes on from there")
     last = time.perf_counter()
-    with tqdm(total=len(systems) * len(points) * n, initial=len(done) * n, desc="requests", unit="req") as bar:
+    with tqdm(total=len(runs) * n, initial=len(done) * n, desc="requests", unit="req") as bar:
         for system in systems:
-            todo = [p for p in points if (system, *p) not in done]
+            todo = [run for run in runs if run[0] == system and run not in done]
             if not todo:
                 continue
             bar.set_postfix_str(f"{system}: starting server")
+            tier = args.host_tier_gb if system in PIC else 0.0
+            flags = [*SYSTEMS[system], *(["--mepic-host-tier-gb", f"{tier:g}"] if tier else [])]
             # A short decode log interval keeps SGLang's used-token gauge fresh for the sampler.
-            with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *SYSTEMS[system],
+            with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *flags,
                                startup_timeout=600, env=env) as server:
                 pool = pool_pages(server, page_size)
-                for q, c, r in todo:
-                    bar.set_postfix_str(f"{system} qps={q:g} chunks={c}" + (f" reuse={r:g}" if r is not None else ""))
+                for _, q, c, r, seed in todo:
+                    bar.set_postfix_str(f"{system} qps={q:g} chunks={c}" + (f" reuse={r:g}" if r is not None else "")
+                                        + f" seed={seed}")
                     mark = len(server.log())
-                    outputs, pages, exact, seconds = run_point(server, page_size, texts[(c, r)], q,
-                                                               args.new_tokens, args.seed, bar)
-                    point = Point(system, q, c, r, outputs, pages, exact, seconds,
-                                  compile_waits(server.log()[mark:]), pool, time.perf_counter() - last)
+                    outputs, sampler, exact, seconds, counters = run_point(
+                        server, page_size, pool, texts[(c, r, seed)], q, args.new_tokens, seed, bar)
+                    point = Point(system, q, c, r, outputs, sampler.pages, exact, seconds,
+                                  compile_waits(server.log()[mark:]), pool, time.perf_counter() - last,
+                                  seed, sampler.occupied, counters, tier)
                     last = time.perf_counter()
                     checkpoint.add(asdict(point))
-                    done[(system, q, c, r)] = point
-    results = [done[(s, *p)] for s in systems for p in points]
+                    done[(system, q, c, r, seed)] = point
+    results = [done[run] for run in runs]
     minutes = sum(p.wall for p in results) / 60
     invocations = "" if checkpoint.invocations == 1 else f" over {checkpoint.invocations} invocations (--resume)"
 
-    rows = summarize(results, workload, args.new_tokens, page_bytes)
-    for row in rows:
-        row["reuse_ratio"] = round(ratios[(row["chunks"], row["reuse"])], 4)
-        row["mean_prompt_tokens"] = round(lengths[(row["chunks"], row["reuse"])], 1)
+    per_run = summarize(results, workload, args.new_tokens, page_bytes)
+    for row in per_run:
+        shape = (row["chunks"], row["reuse"], row["seed"])
+        row["reuse_ratio"] = round(ratios_of[shape], 4)
+        row["mean_prompt_tokens"] = round(lengths[shape], 1)
+    rows = aggregate(per_run)
+    ratio_rows = ratios(per_run)
     md = table(rows)
     pools = sorted({p.pool_pages for p in results})
     command = "python -m eval.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    shape = ", ".join(f"{ratios[s]:.3f} reused over {lengths[s]:.0f} prompt tokens at {s[0]} chunks"
-                      + (f" (reuse {s[1]:g} asked)" if s[1] is not None else "") for s in shapes)
-    header = (f"{args.dataset}, {n} requests per point, {args.new_tokens} new tokens, greedy, float32, "
-              f"model {Path(model).name}, a KV pool of {' / '.join(f'{size:,}' for size in pools)} pages; "
+    shape = ", ".join(f"{statistics.median(ratios_of[(c, r, s)] for s in seeds):.3f} reused over "
+                      f"{statistics.median(lengths[(c, r, s)] for s in seeds):.0f} prompt tokens at {c} chunks"
+                      + (f" (reuse {r:g} asked)" if r is not None else "")
+                      for c, r in dict.fromkeys((c, r) for c, r, _ in shapes))
+    repeats = f"{len(seeds)} runs per point (seeds {seeds[0]}-{seeds[-1]}; median and range)" if len(seeds) > 1 \
+        else f"1 run per point (seed {seeds[0]})"
+    capped = sum(r["capped"] for r in per_run)
+    header = (f"{args.dataset}, {n} requests per point, {repeats}, {args.new_tokens} new tokens, greedy, float32, "
+              f"model {Path(model).name}, a KV pool of {' / '.join(f'{size:,}' for size in pools)} pages, "
+              f"a host tier of {args.host_tier_gb:g} GB for {', '.join(s for s in PIC if s in systems) or 'none'}; "
               f"fidelity against `{REFERENCE}`. Realised reuse ratio (chunk tokens "
-              f"that repeat an earlier chunk): {shape}. {len(systems) * len(points) * n} requests in "
+              f"that repeat an earlier chunk, median over the runs): {shape}. "
+              f"{capped} of {len(per_run)} runs capped by the pool. {len(runs) * n} requests in "
               f"{minutes:.0f} min on this machine{invocations}.\n\nCommand: `{command}`\n\n")
-    (out / "table.md").write_text(header + md + "\n")
-    (out / "results.json").write_text(json.dumps({"command": command, "model": Path(model).name,
-                                                  "dataset": args.dataset, "minutes": round(minutes, 1),
-                                                  "invocations": checkpoint.invocations,
-                                                  "rows": rows}, indent=2))
+    ratio_md = ratio_table(ratio_rows)
+    (out / "table.md").write_text(header + md + "\n\n## Ratios\n\n" + ratio_md + "\n")
+    (out / "results.json").write_text(json.dumps({
+        "command": command, "model": Path(model).name, "dataset": args.dataset, "minutes": round(minutes, 1),
+        "invocations": checkpoint.invocations, "seeds": seeds, "pool_pages": pools,
+        "host_tier_gb": args.host_tier_gb, "rows": rows, "runs": per_run, "ratios": ratio_rows}, indent=2))
     print(md)
-    print(f"[time] {len(systems) * len(points) * n} requests in {minutes:.1f} min{invocations}")
+    print(ratio_md)
+    print(f"[time] {len(runs) * n} requests in {minutes:.1f} min{invocations}")
+    if capped:
+        print(f"[pool] {capped} of {len(per_run)} runs reached {CAPPED_SHARE:.0%} of the pool: marked capped, "
+              "left out of the ratios (a larger --pool-pages measures them)")
     if not args.no_plots:
         if args.paper:
             base = PAPER["base"]

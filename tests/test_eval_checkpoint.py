@@ -42,7 +42,7 @@ def test_finished_points_survive_a_stop_and_summarize_as_before(tmp_path):
     assert again.get("mepic", 4.0, 3, 0.8) is None  # the cut line is dropped ...
     assert len((tmp_path / NAME).read_text().splitlines()) == 3  # ... from the file too, so appends stay parseable
     loaded = [Point.load(again.get(p.system, p.qps, p.chunks, p.reuse)) for p in points]
-    workload = {(3, 0.8): [Request(docs=(), question="q", answers=("a",))] * 2}
+    workload = {(3, 0.8, 0): [Request(docs=(), question="q", answers=("a",))] * 2}
     assert summarize(loaded, workload, 4, 1024) == summarize(points, workload, 4, 1024)
     assert sum(p.wall for p in loaded) == 120.0
 
@@ -66,3 +66,27 @@ def test_resume_without_a_checkpoint_starts_afresh(tmp_path):
     (tmp_path / NAME).write_text("not json\n")
     with pytest.raises(ValueError, match="not an eval.run checkpoint"):
         Checkpoint(tmp_path, SETTINGS, resume=True)
+
+
+def row(system, seed, peak, ttft, pool=1000):
+    """A per-run row as summarize makes it, with only what aggregate and ratios read."""
+    return {"system": system, "qps": 2.0, "chunks": 7, "reuse": 0.85, "seed": seed, "pool_pages": pool,
+            "peak_kv_pages": peak, "ttft_p50": ttft, "capped": peak >= run.CAPPED_SHARE * pool, "f1": None}
+
+
+def test_repeats_aggregate_to_median_and_range_and_capped_runs_leave_the_ratios():
+    runs = [row("mepic", 0, 100, 0.2), row("mepic", 1, 120, 0.3), row("mepic", 2, 110, 0.1),
+            row("epic-16", 0, 300, 0.4), row("epic-16", 1, 960, 0.5), row("epic-16", 2, 200, 0.2)]
+    (mepic, epic) = sorted(run.aggregate(runs), key=lambda r: r["system"], reverse=True)
+    assert mepic["peak_kv_pages"] == 110 and mepic["range"]["peak_kv_pages"] == (100, 120) and mepic["runs"] == 3
+    assert epic["capped"] == 1 and mepic["capped"] == 0
+    assert run.cell(mepic, "peak_kv_pages", "{:.0f}") == "110 (100–120)"
+    assert run.cell(epic, "capped", "{}") == "1 of 3"
+    (peak,) = [r for r in run.ratios(runs) if r["metric"] == "peak_kv_pages" and r["over"] == "epic-16"]
+    # seed 1's epic-16 peak reached the pool: only seeds 0 and 2 count
+    assert peak["runs"] == 2 and peak["capped_runs"] == 1
+    assert peak["median"] == pytest.approx((100 / 300 + 110 / 200) / 2)
+    assert (peak["low"], peak["high"]) == (pytest.approx(100 / 300), pytest.approx(110 / 200))
+    (ttft,) = [r for r in run.ratios(runs) if r["metric"] == "ttft_p50" and r["over"] == "epic-16"]
+    assert ttft["runs"] == 3 and ttft["median"] == pytest.approx(0.5)  # latency ratios keep capped runs
+    assert "1 of 3" in run.table(run.aggregate(runs)) and "no ratio uses them" in run.table(run.aggregate(runs))

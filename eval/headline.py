@@ -1,0 +1,168 @@
+"""The README's headline table and the paper's Table 2, generated from committed results.
+
+    .venv/bin/python -m eval.headline           # print both
+    .venv/bin/python -m eval.headline --write   # and replace them in README.md and docs/results.md
+
+Nothing is typed in by hand: every figure is read from a `results.json` that
+`eval.run` wrote (its command is in the table beside it), as the median and the
+range over that run's repeats. A source that has not been run yet shows as "not
+run", and a target is judged only on figures that exist.
+"""
+
+import argparse
+import json
+import re
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "eval" / "results"
+# The runs the headline reads: (label, results.json).
+TINY_BASE = RESULTS / "squad-paper" / "base-repeats" / "results.json"
+TINY_QPS = RESULTS / "squad-paper" / "qps-repeats" / "results.json"
+SMOL = {"squad": RESULTS / "smollm2" / "squad" / "results.json",
+        "hotpotqa": RESULTS / "smollm2" / "hotpotqa" / "results.json"}
+TABLE2 = {"squad": RESULTS / "squad-paper" / "base-repeats" / "results.json",
+          "hotpotqa": RESULTS / "hotpotqa-paper" / "base-repeats" / "results.json"}
+# The paper's Table 2 (Mistral-7B, vLLM + LMCache, Ascend 910B): SQuAD only of our datasets.
+PAPER_TABLE2 = {"squad": {"mepic": (116.0, 27.7, 0.74), "cacheblend-0.15": (119.4, 54.5, 0.73),
+                          "epic-16": (114.7, 54.1, 0.72)}}
+BEGIN, END = "<!-- {name}:begin (eval.headline writes this) -->", "<!-- {name}:end -->"
+
+
+def load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def span(values: list[float], fmt: str = "{:.2f}") -> tuple[str, str]:
+    if not values:
+        return "—", "—"
+    return fmt.format(statistics.median(values)), f"{fmt.format(min(values))}–{fmt.format(max(values))}"
+
+
+def ratio(results: dict | None, metric: str, system: str, over: str, qps: float | None = None) -> dict | None:
+    """The ratio row of one run's results (at its only point, or at `qps`)."""
+    if results is None:
+        return None
+    rows = [r for r in results["ratios"] if (r["metric"], r["system"], r["over"]) == (metric, system, over)
+            and (qps is None or r["qps"] == qps)]
+    return rows[0] if rows else None
+
+
+def per_run(results: dict | None, system: str, key: str) -> list[float]:
+    if results is None:
+        return []
+    return [r[key] for r in results["runs"] if r["system"] == system and r.get(key) is not None]
+
+
+def verdict(value: float | None, ok) -> str:
+    return "not run" if value is None else ("met" if ok(value) else "missed")
+
+
+def top_below_saturation(results: dict | None) -> float | None:
+    """The highest QPS of a sweep at which no run of mepic or epic-16 was capped by the pool."""
+    if results is None:
+        return None
+    capped = {r["qps"] for r in results["runs"] if r["system"] in ("mepic", "epic-16") and r["capped"]}
+    fine = [q for q in {r["qps"] for r in results["runs"]} if q not in capped]
+    return max(fine, default=None)
+
+
+def headline() -> str:
+    base, qps = load(TINY_BASE), load(TINY_QPS)
+    smol = {k: load(v) for k, v in SMOL.items()}
+    lines = ["| figure | median | range | runs | target | source |", "|---|---|---|---|---|---|"]
+
+    def add_ratio(name, results, path, metric, a, b, target, ok, q=None):
+        r = ratio(results, metric, a, b, q)
+        med = None if r is None or r["median"] is None else r["median"]
+        cells = ("—", "—", "0") if med is None else (f"{med:.2f}", f"{r['low']:.2f}–{r['high']:.2f}", str(r["runs"]))
+        left = f", {r['capped_runs']} capped left out" if r and r["capped_runs"] else ""
+        judged = target if target == "—" else f"{target}: {verdict(med, ok)}"
+        lines.append(f"| {name} | {' | '.join(cells)}{left} | {judged} | `{rel(path)}` |")
+
+    add_ratio("peak KV mepic / epic-16, SQuAD base point (tiny-4l)", base, TINY_BASE, "peak_kv_pages", "mepic",
+              "epic-16", "≤ 0.5", lambda v: v <= 0.5)
+    top = top_below_saturation(qps)
+    add_ratio(f"peak KV mepic / epic-16, QPS {top if top is not None else '?'} (top of the sweep below "
+              "saturation)", qps, TINY_QPS, "peak_kv_pages", "mepic", "epic-16", "≤ 0.3", lambda v: v <= 0.3, top)
+    add_ratio("peak KV mepic / cacheblend-0.15, SQuAD base point", base, TINY_BASE, "peak_kv_pages", "mepic",
+              "cacheblend-0.15", "—", lambda v: True)
+    add_ratio("peak KV mepic / full, SQuAD base point", base, TINY_BASE, "peak_kv_pages", "mepic", "full",
+              "—", lambda v: True)
+    for ds, results in smol.items():
+        add_ratio(f"TTFT p50 mepic / vanilla, {ds} (SmolLM2)", results, SMOL[ds], "ttft_p50", "mepic", "vanilla",
+                  "≤ 0.5", lambda v: v <= 0.5)
+        add_ratio(f"TTFT p50 mepic / epic-16, {ds} (SmolLM2)", results, SMOL[ds], "ttft_p50", "mepic", "epic-16",
+                  "—", lambda v: True)
+    for ds, results in smol.items():
+        f1 = {s: per_run(results, s, "f1") for s in ("full", "naive", "epic-16", "cacheblend-0.15", "mepic",
+                                                      "vanilla")}
+        for s, values in f1.items():
+            med, rng = span(values, "{:.3f}")
+            target = ""
+            if s == "mepic" and values:
+                m = statistics.median(values)
+                epic, naive = f1["epic-16"], f1["naive"]
+                target = " / ".join(x for x in (
+                    f"≥ epic-16 − 0.02: {verdict(m, lambda v: v >= statistics.median(epic) - 0.02)}" if epic else "",
+                    f"≥ naive + 0.05: {verdict(m, lambda v: v >= statistics.median(naive) + 0.05)}" if naive else "")
+                    if x)
+            lines.append(f"| F1 {s}, {ds} (SmolLM2) | {med} | {rng} | {len(values)} | {target or '—'} | "
+                         f"`{rel(SMOL[ds])}` |")
+    sources = [(p, load(p)) for p in (TINY_BASE, TINY_QPS, *SMOL.values())]
+    notes = [f"- `{rel(p)}`: " + (f"`{r['command']}`, model {r['model']}, {len(r.get('seeds', [0]))} run(s) per "
+                                   f"point, pool {' / '.join(f'{x:,}' for x in r.get('pool_pages', []))} pages, "
+                                   f"{r['minutes']:.0f} min" if r else "not run yet")
+             for p, r in sources]
+    return "\n".join(lines + ["", "Sources:", *notes])
+
+
+def table2() -> str:
+    lines = ["| dataset | system | latency s (ours) | peak KV % of pool (ours) | F1 (ours, SmolLM2) | "
+             "latency s (paper) | peak HBM % (paper) | F1 (paper) |", "|---|---|---|---|---|---|---|---|"]
+    sources = []
+    for ds, path in TABLE2.items():
+        results, smol = load(path), load(SMOL[ds])
+        sources.append((path, results))
+        for system in ("mepic", "cacheblend-0.15", "epic-16"):
+            latency, _ = span(per_run(results, system, "seconds"), "{:.1f}")
+            share = [r["peak_kv_pages"] / r["pool_pages"] * 100 for r in (results or {}).get("runs", [])
+                     if r["system"] == system and r["pool_pages"]]
+            peak, _ = span(share, "{:.1f}")
+            f1, _ = span(per_run(smol, system, "f1"), "{:.3f}")
+            paper = PAPER_TABLE2.get(ds, {}).get(system)
+            theirs = " | ".join(f"{x:g}" for x in paper) if paper else "— | — | —"
+            lines.append(f"| {ds} | {system} | {latency} | {peak} | {f1} | {theirs} |")
+    notes = [f"- `{rel(p)}`: " + (f"`{r['command']}`, model {r['model']}, {len(r.get('seeds', [0]))} run(s), "
+                                   f"{r['minutes']:.0f} min" if r else "not run yet") for p, r in sources]
+    return "\n".join(lines + ["", "Sources (F1 from the SmolLM2 runs of the headline):", *notes])
+
+
+def replace(path: Path, name: str, body: str) -> None:
+    text = path.read_text()
+    begin, end = BEGIN.format(name=name), END.format(name=name)
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"{rel(path)} has no {begin} ... {end} block to replace")
+    path.write_text(pattern.sub(lambda _: f"{begin}\n{body}\n{end}", text))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--write", action="store_true", help="replace the blocks in README.md and docs/results.md")
+    args = ap.parse_args(argv)
+    head, t2 = headline(), table2()
+    print(head, "\n", t2, sep="\n")
+    if args.write:
+        replace(ROOT / "README.md", "headline", head)
+        replace(ROOT / "docs" / "results.md", "table2", t2)
+        print("[headline] README.md and docs/results.md updated")
+
+
+if __name__ == "__main__":
+    main()
