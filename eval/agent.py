@@ -1,0 +1,223 @@
+"""Agent-shaped workload: conversations that re-read the same files and tool outputs at shifting positions.
+
+    .venv/bin/python -m eval.agent                                  # SmolLM2, 2 conversations x 6 turns
+    .venv/bin/python -m eval.agent --model models/tiny --conversations 4 --turns 10
+
+Nobody marks a chunk: the MEPIC server runs with `--mepic-auto-chunk messages`
+and plain OpenAI chat requests, so every long message but the last user turn is
+a chunk. Against it: SGLang's own prefix cache (`vanilla`) and `full` (MEPIC's
+engine, chunks computed in context), the reference for agreement.
+
+A conversation is an agent at work on one task (a SQuAD question). Each turn it
+reads one more thing, a file (a paragraph of the task's SQuAD article) or a tool
+output (a HotpotQA paragraph, as a search result), drawn with Zipf popularity
+from pools every conversation shares, so the same contents come back. The
+context keeps the last `--window` reads (an agent trimming its context), so a
+read shifts to an earlier position each turn and then drops out, and the other
+conversations read the same contents in other orders: the prefix cache loses
+everything after the first message that changed, position-independent reuse
+keeps each read. The assistant's turns are fixed tool calls (`read_file(...)`,
+`search(...)`), so every system is sent the very same prompts.
+
+Turns of a conversation are sequential; conversations run at once. Per system:
+prompt tokens computed per turn (not served from the cache: `prompt_tokens -
+cached_tokens` of the OpenAI usage; for MEPIC that counts its own chunk
+compiles too), peak KV pages in use (the `/metrics` gauge, and MEPIC's exact
+peak from `/server_info`), TTFT p50/p99 (streamed), and agreement with `full`
+over the greedy output tokens (prefix agreement, top-1). Writes table.md and
+results.json under --out.
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+import requests
+from tqdm import tqdm
+
+from eval.run import Sampler, pct
+from eval.scoring import prefix_agreement, top1_agreement
+from eval.workloads import load_json, zipf_weights
+from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
+from sglang_mepic.server_process import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEMS = {
+    "vanilla": ["--attention-backend", "torch_native", "--radix-cache-backend", "sglang"],
+    "full": ["--mepic-mode", "full"],
+    "mepic": ["--mepic-mode", "mepic", "--mepic-auto-chunk", "messages"],
+}
+REFERENCE = "full"
+SYSTEM_PROMPT = "You are a research agent. You read files and search results, then answer the task in a few words."
+
+
+def pools(files: int, results: int, seed: int) -> tuple[list[str], list[str], list[str]]:
+    """(files, tool outputs, tasks): paragraphs of one SQuAD article with its questions, and HotpotQA paragraphs."""
+    article = next(a for a in load_json("squad.json")["data"] if len(a["paragraphs"]) >= files)
+    paragraphs = article["paragraphs"][:files]
+    tasks = [qa["question"] for p in paragraphs for qa in p["qas"] if not qa.get("is_impossible") and qa["answers"]]
+    found = [f"{title}: {''.join(sentences)}" for q in load_json("hotpotqa.json") for title, sentences in q["context"]]
+    rng = random.Random(seed)
+    rng.shuffle(tasks)
+    return [p["context"] for p in paragraphs], list(dict.fromkeys(found))[:results], tasks
+
+
+def conversations(n: int, turns: int, window: int, files: int, results: int, seed: int) -> list[list[list[dict]]]:
+    """n conversations, each a list of `turns` requests (message lists)."""
+    file_pool, result_pool, tasks = pools(files, results, seed)
+    rng = random.Random(seed)
+    out = []
+    for c in range(n):
+        task = tasks[c % len(tasks)]
+        reads: list[tuple[str, str]] = []  # (the assistant's call, the tool's answer)
+        requests_ = []
+        for t in range(turns):
+            if rng.random() < 0.5:
+                i = rng.choices(range(len(file_pool)), zipf_weights(len(file_pool)))[0]
+                reads.append((f"read_file(\"notes/{i}.txt\")", file_pool[i]))
+            else:
+                i = rng.choices(range(len(result_pool)), zipf_weights(len(result_pool)))[0]
+                reads.append((f"search(\"result {i}\")", result_pool[i]))
+            messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": f"Task: {task}"}]
+            for call, answer in reads[-window:]:
+                messages += [{"role": "assistant", "content": call}, {"role": "tool", "content": answer}]
+            messages.append({"role": "user", "content": f"Turn {t + 1}: answer the task if you can, in a few words."})
+            requests_.append(messages)
+        out.append(requests_)
+    return out
+
+
+def chat(url: str, messages: list[dict], new_tokens: int) -> dict:
+    """One streamed greedy chat request: its output tokens, TTFT and usage."""
+    t0 = time.perf_counter()
+    ttft, tokens, usage = None, [], None
+    with requests.post(url + "/v1/chat/completions", stream=True, timeout=900, json={
+            "model": "default", "messages": messages, "max_tokens": new_tokens, "temperature": 0,
+            "logprobs": True, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            data = json.loads(line[5:])
+            usage = data.get("usage") or usage
+            for choice in data.get("choices") or []:
+                content = (choice.get("logprobs") or {}).get("content") or []
+                if content and ttft is None:
+                    ttft = time.perf_counter() - t0
+                tokens += [c["token"] for c in content]
+    details = usage.get("prompt_tokens_details") or {}
+    return {"tokens": tokens, "ttft": ttft, "e2e": time.perf_counter() - t0,
+            "prompt_tokens": usage["prompt_tokens"], "cached_tokens": details.get("cached_tokens") or 0}
+
+
+def run_system(name: str, model: str, convs, new_tokens: int, bar) -> dict:
+    with ServerProcess(model, "--dtype", "float32", *SYSTEMS[name]) as server:
+        sampler = Sampler(server.url, MEPIC_PAGE_SIZE)
+        sampler.start()
+        start = time.perf_counter()
+
+        def converse(turns):
+            out = []
+            for messages in turns:
+                out.append(chat(server.url, messages, new_tokens))
+                bar.update()
+            return out
+
+        with ThreadPoolExecutor(len(convs)) as pool:
+            outputs = list(pool.map(converse, convs))
+        seconds = time.perf_counter() - start
+        time.sleep(2 * sampler.period)
+        sampler.stop.set()
+        sampler.join()
+        info = requests.get(server.url + "/server_info", timeout=60).json()["internal_states"][0]
+    exact = info.get("mepic", {}).get("kv_pages_in_use_peak")
+    return {"outputs": outputs, "peak_pages": max([*sampler.pages, exact or 0], default=0), "seconds": seconds}
+
+
+def summarize(runs: dict, turns: int, new_tokens: int) -> list[dict]:
+    ref = [o for conv in runs[REFERENCE]["outputs"] for o in conv]
+    rows = []
+    for name, run in runs.items():
+        flat = [o for conv in run["outputs"] for o in conv]
+        computed = [o["prompt_tokens"] - o["cached_tokens"] for o in flat]
+        per_turn = [statistics.fmean(conv[t]["prompt_tokens"] - conv[t]["cached_tokens"] for conv in run["outputs"])
+                    for t in range(turns)]
+        rows.append({
+            "system": name, "requests": len(flat),
+            "prompt_tokens": statistics.fmean(o["prompt_tokens"] for o in flat),
+            "computed_tokens": statistics.fmean(computed), "computed_per_turn": per_turn,
+            "peak_kv_pages": run["peak_pages"],
+            "ttft_p50": pct([o["ttft"] for o in flat], 0.5), "ttft_p99": pct([o["ttft"] for o in flat], 0.99),
+            "agreement": statistics.fmean(prefix_agreement(o["tokens"], r["tokens"], new_tokens)
+                                          for o, r in zip(flat, ref)),
+            "top1": statistics.fmean(top1_agreement(o["tokens"], r["tokens"]) for o, r in zip(flat, ref)),
+            "seconds": run["seconds"],
+        })
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| system | prompt tok/turn | computed tok/turn | peak KV pages | TTFT p50 s | TTFT p99 s | "
+             "agreement vs full | top-1 vs full |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['system']} | {r['prompt_tokens']:.0f} | {r['computed_tokens']:.0f} | "
+                     f"{r['peak_kv_pages']:.0f} | {r['ttft_p50']:.2f} | {r['ttft_p99']:.2f} | {r['agreement']:.3f} | "
+                     f"{r['top1']:.3f} |")
+    lines += ["", "Computed prompt tokens per turn (mean over conversations):", "",
+              "| system | " + " | ".join(f"turn {t + 1}" for t in range(len(rows[0]["computed_per_turn"]))) + " |",
+              "|---|" + "---|" * len(rows[0]["computed_per_turn"])]
+    lines += [f"| {r['system']} | " + " | ".join(f"{v:.0f}" for v in r["computed_per_turn"]) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(ROOT / "models" / "smollm2-135m"))
+    ap.add_argument("--conversations", type=int, default=2)
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--window", type=int, default=3, help="reads the context keeps (the latest)")
+    ap.add_argument("--files", type=int, default=6, help="SQuAD paragraphs in the shared file pool")
+    ap.add_argument("--results", type=int, default=6, help="HotpotQA paragraphs in the shared tool-output pool")
+    ap.add_argument("--new-tokens", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "agent"))
+    args = ap.parse_args(argv)
+
+    convs = conversations(args.conversations, args.turns, args.window, args.files, args.results, args.seed)
+    load_before = open("/proc/loadavg").read().split()[:3]
+    started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    runs = {}
+    with tqdm(total=len(SYSTEMS) * args.conversations * args.turns, desc="agent turns") as bar:
+        for name in SYSTEMS:
+            bar.set_postfix_str(name)
+            runs[name] = run_system(name, args.model, convs, args.new_tokens, bar)
+    wall = time.perf_counter() - t0
+    rows = summarize(runs, args.turns, args.new_tokens)
+    load_after = open("/proc/loadavg").read().split()[:3]
+    command = "python -m eval.agent " + " ".join(argv if argv is not None else os.sys.argv[1:])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    scale = (f"{args.conversations} conversations x {args.turns} turns, window {args.window} reads, pools of "
+             f"{args.files} files + {args.results} tool outputs, {args.new_tokens} new tokens, float32, greedy")
+    header = [f"# Agent-shaped workload ({Path(args.model).name})", "",
+              f"- command: `{command.strip()}`", f"- model: {args.model}", f"- scale: {scale}",
+              f"- date: {started.isoformat(timespec='seconds')}", f"- wall time: {wall:.0f} s (three servers started)",
+              f"- machine load (1/5/15 min) before: {' '.join(load_before)}, after: {' '.join(load_after)}",
+              f"- systems: " + "; ".join(f"{k}: `{' '.join(v)}`" for k, v in SYSTEMS.items()), ""]
+    (out / "table.md").write_text("\n".join(header) + table(rows) + "\n")
+    (out / "results.json").write_text(json.dumps({
+        "command": command.strip(), "model": args.model, "scale": scale, "args": vars(args),
+        "date": started.isoformat(), "wall_s": wall, "loadavg_before": load_before, "loadavg_after": load_after,
+        "systems": SYSTEMS, "rows": rows,
+        "outputs": {name: run["outputs"] for name, run in runs.items()}}, indent=1))
+    print("\n".join(header) + table(rows))
+
+
+if __name__ == "__main__":
+    main()
