@@ -49,7 +49,7 @@ def test_eval_harness_produces_table_json_and_plots(tiny_model, tmp_path):
     again = subprocess.run([*done.args, "--resume", "--no-plots"], cwd=ROOT, capture_output=True, text=True,
                            timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "[resume] 1 of 1 (system, point) runs kept" in again.stdout and "starting server" not in again.stderr
+    assert "[resume] 1 of 1 (system, point, seed) runs kept" in again.stdout and "starting server" not in again.stderr
     resumed = json.loads((tmp_path / "results.json").read_text())
     assert resumed["rows"] == [row] and resumed["invocations"] == 2
 
