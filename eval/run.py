@@ -118,7 +118,7 @@ class Point:
 class Sampler(threading.Thread):
     """Polls the used-token gauge while a point runs."""
 
-    def __init__(self, url: str, page_size: int, pool_pages: int, period: float = 0.1):
+    def __init__(self, url: str, page_size: int, pool_pages: int | None = None, period: float = 0.1):
         super().__init__(daemon=True)
         self.url, self.page_size, self.pool_pages, self.period = url, page_size, pool_pages, period
         self.pages: list[float] = []  # pinned: what eviction cannot free
@@ -131,7 +131,7 @@ class Sampler(threading.Thread):
                 text = requests.get(self.url + "/metrics", timeout=5).text
                 if m := USED_TOKENS.search(text):
                     self.pages.append(float(m.group(1)) / self.page_size)
-                if m := AVAILABLE_TOKENS.search(text):
+                if self.pool_pages and (m := AVAILABLE_TOKENS.search(text)):
                     self.occupied.append(self.pool_pages - float(m.group(1)) / self.page_size)
             except requests.RequestException:
                 pass
