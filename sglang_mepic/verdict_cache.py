@@ -6,6 +6,11 @@ not) and per everything else the figures depend on: the mode, the other MEPIC
 settings, the server flags, the thresholds, the number of questions and the
 calibration set. The directory is `$SGLANG_MEPIC_CACHE_DIR`, else
 `$XDG_CACHE_HOME/sglang-mepic`, else `~/.cache/sglang-mepic`, under `verdicts/`.
+
+The directory may be shared storage, so a record is not taken on trust: one that
+this user does not own, or that others may write, is not used (the gate runs
+again), and a record's verdict is judged again from its figures against the
+key's mode and thresholds, never read from its `failures` list.
 """
 
 import hashlib
@@ -65,14 +70,27 @@ def _path(k: dict) -> Path:
     return cache_dir() / "verdicts" / f"{name}.json"
 
 
+def _trusted(path: Path) -> bool:
+    """Whether only this user could have written the file (POSIX; elsewhere, always)."""
+    if not hasattr(os, "getuid"):
+        return True
+    st = path.stat()
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
 def load(k: dict) -> gate.Verdict | None:
-    """The verdict stored under this key, or None (none stored, or unreadable)."""
+    """The verdict stored under this key, or None (none stored, unreadable or untrusted)."""
     try:
-        record = json.loads(_path(k).read_text())
+        path = _path(k)
+        if not _trusted(path):
+            return None
+        record = json.loads(path.read_text())
         if record["key"] != k:
             return None
-        return gate.Verdict(record["mode"], gate.Figures(**record["figures"]), gate.Thresholds(**record["thresholds"]),
-                            tuple(record["failures"]))
+        figures = gate.Figures(**record["figures"])
+        if figures.questions != k["questions"]:
+            return None
+        return gate.judge(k["mode"], figures, gate.Thresholds(**k["thresholds"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -83,6 +101,8 @@ def store(k: dict, verdict: gate.Verdict) -> Path:
     record = {"key": k, "mode": verdict.mode, "figures": asdict(verdict.figures),
               "thresholds": asdict(verdict.thresholds), "failures": list(verdict.failures)}
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:  # its owner's alone
+        f.write(json.dumps(record, indent=1, sort_keys=True))
     tmp.replace(path)  # atomic: a concurrent start reads the old record or the new one
     return path

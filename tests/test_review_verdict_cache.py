@@ -1,0 +1,57 @@
+"""Review: a verdict file is shared storage, so what it says is not taken on trust.
+
+`--mepic-verify` serves with reuse on when the cached verdict passes. A record whose
+figures fail the key's thresholds must not pass because its `failures` list is empty,
+and a record another user wrote (or could have rewritten) must not be used at all:
+the gate then runs again, which costs time, never accuracy.
+"""
+
+import json
+import os
+
+import pytest
+
+from sglang_mepic import gate, verdict_cache
+
+FAILING = gate.Figures(questions=8, top1=0.1, kl=3.0, prefix=0.0, positions=128)
+
+
+@pytest.fixture
+def key(tmp_path, monkeypatch):
+    monkeypatch.setenv(verdict_cache.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    return verdict_cache.key("f" * 32, "mepic", 8, gate.Thresholds(), {"server_args": []})
+
+
+def _rewrite(path, **changes):
+    record = json.loads(path.read_text())
+    record.update(changes)
+    path.write_text(json.dumps(record))
+
+
+def test_a_record_claiming_a_pass_for_failing_figures_is_judged_again(key):
+    path = verdict_cache.store(key, gate.judge("mepic", FAILING, gate.Thresholds()))
+    assert not verdict_cache.load(key).passed
+    _rewrite(path, failures=[])  # the figures still fail
+    loaded = verdict_cache.load(key)
+    assert loaded is None or not loaded.passed, loaded
+    _rewrite(path, failures=[], thresholds={"min_top1": 0.0, "max_kl": 100.0, "min_prefix": 0.0})
+    loaded = verdict_cache.load(key)  # the key's thresholds judge, not the record's
+    assert loaded is None or not loaded.passed, loaded
+
+
+def test_a_record_for_another_mode_is_not_used(key):
+    path = verdict_cache.store(key, gate.judge("mepic", gate.Figures(8, 1.0, 0.0, 1.0, 128), gate.Thresholds()))
+    _rewrite(path, mode="epic-16")
+    loaded = verdict_cache.load(key)
+    assert loaded is None or loaded.mode == "mepic"
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX file modes")
+def test_a_record_others_may_write_is_not_used(key):
+    passing = gate.judge("mepic", gate.Figures(8, 1.0, 0.0, 1.0, 128), gate.Thresholds())
+    path = verdict_cache.store(key, passing)
+    assert path.stat().st_mode & 0o022 == 0  # written for its owner alone
+    assert verdict_cache.load(key) == passing
+    for mode in (0o666, 0o646):
+        path.chmod(mode)
+        assert verdict_cache.load(key) is None, oct(mode)
