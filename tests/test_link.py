@@ -272,6 +272,23 @@ def test_cacheblend_charges_each_page_once_at_light_load(servers, capsys):
     assert mepic_stats(servers("cacheblend-0.15"))["kv_pages_in_use"] == 0  # idle: nothing left pinned
 
 
+def test_cacheblend_selecting_every_token_equals_full_on_four_layers():
+    """On a model with layers after CacheBlend's check layer, copied KV sits in the request's own
+    slots and is overwritten by fresh KV only for selected tokens: selecting all of them
+    (ratio 1) must give full recompute's tokens exactly, chunks first compiled and then reused."""
+    from sglang_mepic import models
+
+    four = str(models.build(models.EVAL_MODEL))
+    prompts = [p for *_, p in workload()[:6]]
+    with start(four, "--mepic-mode", "full") as full:
+        expected = [generate(full, p)["output_ids"] for p in prompts]
+    with start(four, "--mepic-mode", "cacheblend-1.0") as blend:
+        got = [generate(blend, p)["output_ids"] for p in prompts]
+        info = mepic_stats(blend)
+    assert got == expected
+    assert info["chunk_hits"] > 0  # later prompts read stored chunks: the copies ran
+
+
 def test_chunked_prefill_and_mixed_batches_give_the_same_tokens(servers, tiny_model):
     """Requests with and without chunks in one batch, split by chunked prefill, against one at a time."""
     prompts = [p for *_, p in workload()[8:14]] + [ids(300, 77), ids(40, 78)]
