@@ -11,28 +11,35 @@ The figures compare a reuse mode with full recompute on the calibration set
 - prefix: mean share of full's first tokens (up to 16) that the mode's own greedy
   output matches before the first difference.
 
-Why the defaults are what they are (figures measured 2026-11-24, 64 questions;
-README "Is my model a good fit?"):
-- Greedy text is a poor pass/fail signal on its own: a token's argmax flips
-  where two candidates are close, after which the texts part for good.
-  SmolLM2-135M-Instruct, a real model, keeps only a minority of its first 16
-  tokens under reuse (the evaluation's 200 questions: prefix 0.39, with EPIC's
-  recompute the same). So the prefix threshold only catches outputs that part
-  at once, and the verdict rests on top-1 and KL.
-- MIN_TOP1: the first token is where reuse matters most (it is conditioned on
-  the reused chunks and nothing generated yet); a model that keeps it in 9 of
-  10 questions or more is close to full recompute where it counts.
-- MAX_KL: the per-position distributions must stay close on average; the bound
-  lies between SmolLM2's measured KL and the tiny random model's.
+Why the defaults are what they are (README "Is my model a good fit?" has the
+measured figures):
+- MIN_TOP1: the first token is where reuse matters most (it is conditioned on the
+  reused chunks and nothing generated yet). This project's fidelity target for
+  mepic is a top-1 agreement of 0.9, which SmolLM2-135M-Instruct met on the
+  evaluation's 200 questions (0.945). On the gate's 64 questions a share near 0.9
+  has a standard error of sqrt(0.9 * 0.1 / 64) = 0.04, so a bound at the target
+  would fail a model that meets it about one run in two; the default is the
+  target less about three standard errors. A random model (the tiny test model)
+  is at chance, 0.5: its nearly flat distributions break near-ties arbitrarily.
+- MAX_KL: about twice SmolLM2's mean KL under mepic, so a model as good as
+  SmolLM2 passes through sampling noise, while reuse that distorts the
+  distributions as much as reusing chunks with nothing recomputed (`naive`, the
+  error the recomputed first block exists to repair) does on SmolLM2 sits at
+  the bound or above. KL alone cannot catch a random model: its distributions
+  are nearly uniform whatever the context, so their KL is near 0.
+- MIN_PREFIX: reported, not gated (0). One flipped near-tie ends the prefix for
+  good: SmolLM2 keeps 39% of full's first 16 tokens under mepic on the
+  evaluation's 200 questions, the same as EPIC's recompute, so the figure says
+  little about a model's fit on its own.
 """
 
 from dataclasses import dataclass, field
 
 POSITIONS = 16  # generated positions compared per question
 TOP_K = 20      # full's tokens listed per position for the KL (the rest is one bucket)
-MIN_TOP1 = 0.9
-MAX_KL = 0.5
-MIN_PREFIX = 0.2
+MIN_TOP1 = 0.8
+MAX_KL = 0.25
+MIN_PREFIX = 0.0
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,8 @@ class Verdict:
                 f"  top-1 agreement (first token)   {f.top1:.3f}   (pass: >= {t.min_top1:g})",
                 f"  mean KL, first {POSITIONS} positions    {f.kl:<7.4g} (pass: <= {t.max_kl:g} nats; "
                 f"{f.positions} positions)",
-                f"  greedy prefix agreement ({POSITIONS})   {f.prefix:.3f}   (pass: >= {t.min_prefix:g})",
+                f"  greedy prefix agreement ({POSITIONS})   {f.prefix:.3f}   "
+                + (f"(pass: >= {t.min_prefix:g})" if t.min_prefix > 0 else "(reported, not gated: --min-prefix)"),
                 f"verdict: {word}" + (f" ({'; '.join(self.failures)})" if self.failures else "")]
 
 
