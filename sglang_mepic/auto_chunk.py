@@ -162,6 +162,12 @@ def _with_texts(messages, replaced: dict[tuple[int, int | None], str]) -> list:
     return out
 
 
+def separated(messages) -> bool:
+    """Whether any chat text holds the separator."""
+    separator = config.separator()
+    return separator is not None and any(separator in t.text for t in chat_texts(messages))
+
+
 def chat_messages(messages, count_tokens: Callable[[str], int], page_size: int) -> list | None:
     """The chat messages with the server's markup in them (separator or auto-chunking), or None
     to render them as sent. `count_tokens`: a text's token count as a chunk."""

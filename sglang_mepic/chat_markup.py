@@ -10,12 +10,16 @@ markup is checked on its own first, so an error names the message
 and a character position within it, not within the templated prompt. With
 `--mepic-text-markup off` the markers are left as text. The separator and
 auto-chunking (auto_chunk.py) put markup into the messages before they are
-rendered, so from there on they take this same path.
+rendered, so from there on they take this same path. Only the markers the server
+put there are read back: where the rendered prompt holds others (a template renders
+tool definitions and tool-call arguments too), auto-chunking leaves the request as
+sent and the separator is refused (400).
 """
 
 from sglang_mepic import auto_chunk, config
 from sglang_mepic.intake import IntakeError
-from sglang_mepic.markup import CHUNK_BEGIN_ID, CHUNK_END_ID, MarkupError, has_text_markup, split_text, tokenize_text
+from sglang_mepic.markup import (CHUNK_BEGIN_ID, CHUNK_CLOSE, CHUNK_END_ID, CHUNK_OPEN, MarkupError, has_text_markup,
+                                 split_text, tokenize_text)
 from sglang_mepic.request_markup import page_size
 from sglang_mepic.segments import Kind
 
@@ -67,9 +71,27 @@ def process(original, serving, request, *args, **kwargs):
     sent = request.messages
     request.messages = marked
     try:
-        return mark_rendered(original(serving, request, *args, **kwargs), request, tok, server_markup=True)
+        result = original(serving, request, *args, **kwargs)
+        # The template renders more than the contents (tool definitions, tool-call arguments):
+        # markers a client wrote there are not the server's, and must not be read as markup.
+        if _markers(_rendered(result, tok)) != sum(_markers(t.text) for t in auto_chunk.chat_texts(marked)):
+            if auto_chunk.separated(sent):
+                raise MarkupError(f"the request uses the separator {config.separator()!r} and holds chunk markup "
+                                  f"({CHUNK_OPEN}, {CHUNK_CLOSE}) outside its message contents; mark chunks one way")
+            request.messages = sent  # auto-chunking adds chunks only to requests that mark none
+            return mark_rendered(original(serving, request, *args, **kwargs), request, tok)
+        return mark_rendered(result, request, tok, server_markup=True)
     finally:
         request.messages = sent
+
+
+def _markers(text) -> int:
+    return text.count(CHUNK_OPEN) + text.count(CHUNK_CLOSE) if isinstance(text, str) else 0
+
+
+def _rendered(result, tok):
+    rendered = result.prompt_ids
+    return tok.decode(rendered, skip_special_tokens=False) if isinstance(rendered, list) else rendered
 
 
 def mark_rendered(result, request, tok, server_markup: bool = False):
