@@ -97,6 +97,7 @@ def test_full_mode_has_nothing_to_check(tiny_model):
 @pytest.mark.server
 def test_tiny_random_model_fails(tiny_model):
     result = check_model("--model-path", tiny_model, "--questions", QUESTIONS)
+    print(result.stdout)  # the figures, for `pytest -rA`
     assert result.returncode == 1, result.stdout + result.stderr
     assert "verdict: FAIL" in result.stdout
     assert re.search(r"top-1 agreement \(first token\)\s+0\.\d+", result.stdout)
@@ -110,6 +111,7 @@ def test_smollm2_passes_with_mepic():
 
     model = str(models.build(models.DEFAULT_MODEL))
     result = check_model("--model-path", model, "--questions", SMOLLM2_QUESTIONS)
+    print(result.stdout)  # the figures, for `pytest -rA`
     assert result.returncode == 0, result.stdout + result.stderr
     assert "verdict: PASS" in result.stdout
 
