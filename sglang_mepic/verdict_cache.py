@@ -1,10 +1,10 @@
 """Accuracy-gate verdicts kept on disk, so a restart with `--mepic-verify` does not pay the check again.
 
-A verdict is kept per model fingerprint (its files' contents, not its path: a
-copied or moved model keeps its verdict, retrained weights in the same folder do
-not) and per everything else the figures depend on: the mode, the other MEPIC
-settings, the server flags, the thresholds, the number of questions and the
-calibration set. The directory is `$SGLANG_MEPIC_CACHE_DIR`, else
+A verdict is kept per model fingerprint (its files' contents, hashed whole, not
+its path: a copied or moved model keeps its verdict, retrained or fine-tuned
+weights in the same folder do not) and per everything else the figures depend
+on: the mode, the other MEPIC settings, the server flags, the thresholds, the
+number of questions, the calibration set and this package's code. The directory is `$SGLANG_MEPIC_CACHE_DIR`, else
 `$XDG_CACHE_HOME/sglang-mepic`, else `~/.cache/sglang-mepic`, under `verdicts/`.
 
 The directory may be shared storage, so a record is not taken on trust: one that
@@ -22,11 +22,11 @@ from pathlib import Path
 from sglang_mepic import calibration, gate
 
 CACHE_DIR_ENV = "SGLANG_MEPIC_CACHE_DIR"
-# Files of this size or less are hashed whole; larger ones (weight shards) by their size and
-# three 1 MiB samples, so a 100 GB model is not read at every start. Retraining or
-# re-quantizing changes every part of a shard, the samples included.
-WHOLE_FILE_LIMIT = 64 << 20
-SAMPLE = 1 << 20
+# Every file is hashed whole: a fine-tune that changes a few MiB in the middle of a shard
+# must not reuse the original's verdict. The server reads the weights at start anyway, so
+# the page cache usually serves this read, and it is only paid with --mepic-verify.
+BLOCK = 8 << 20
+PACKAGE = Path(__file__).resolve().parent
 
 
 def cache_dir() -> Path:
@@ -38,16 +38,19 @@ def cache_dir() -> Path:
 
 def _file_digest(path: Path) -> str:
     h = hashlib.sha256()
-    size = path.stat().st_size
-    h.update(str(size).encode())
     with path.open("rb") as f:
-        if size <= WHOLE_FILE_LIMIT:
-            h.update(f.read())
-        else:
-            for offset in (0, size // 2, size - SAMPLE):
-                f.seek(offset)
-                h.update(f.read(SAMPLE))
+        while block := f.read(BLOCK):
+            h.update(block)
     return h.hexdigest()
+
+
+def code_fingerprint() -> str:
+    """The code that computes the figures (this package, kernels included): a verdict measured
+    before a change to how KV is reused is not taken after it."""
+    h = hashlib.sha256()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        h.update(f"{path.relative_to(PACKAGE)}\0{_file_digest(path)}\0".encode())
+    return h.hexdigest()[:16]
 
 
 def model_fingerprint(model_path: str | os.PathLike) -> str:
@@ -62,7 +65,7 @@ def model_fingerprint(model_path: str | os.PathLike) -> str:
 def key(fingerprint: str, mode: str, questions: int, thresholds: gate.Thresholds, settings: dict) -> dict:
     return {"model": fingerprint, "mode": mode, "questions": questions, "thresholds": asdict(thresholds),
             "calibration": hashlib.sha256(calibration.DATA.read_bytes()).hexdigest()[:16],
-            "positions": gate.POSITIONS, "top_k": gate.TOP_K, "settings": settings}
+            "positions": gate.POSITIONS, "top_k": gate.TOP_K, "code": code_fingerprint(), "settings": settings}
 
 
 def _path(k: dict) -> Path:

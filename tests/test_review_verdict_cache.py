@@ -55,3 +55,20 @@ def test_a_record_others_may_write_is_not_used(key):
     for mode in (0o666, 0o646):
         path.chmod(mode)
         assert verdict_cache.load(key) is None, oct(mode)
+
+
+def test_changed_bytes_anywhere_in_a_weight_file_change_the_fingerprint(tmp_path):
+    """A fine-tune may change a few MiB in the middle of a large shard: every byte is hashed."""
+    model = tmp_path / "model"
+    model.mkdir()
+    weights = bytearray(os.urandom(3 * verdict_cache.BLOCK + 12345))
+    (model / "model.safetensors").write_bytes(weights)
+    before = verdict_cache.model_fingerprint(model)
+    weights[len(weights) // 2 + 7] ^= 1
+    (model / "model.safetensors").write_bytes(weights)
+    assert verdict_cache.model_fingerprint(model) != before
+
+
+def test_the_key_names_the_code_that_measured_it(key):
+    """A verdict measured before a change to how KV is reused is not taken after it."""
+    assert key["code"] == verdict_cache.code_fingerprint() and len(key["code"]) == 16
