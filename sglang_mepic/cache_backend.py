@@ -7,18 +7,24 @@ import hashlib
 import json
 import os
 
-from sglang_mepic import config, metrics
+from sglang_mepic import config, metrics, weights
 from sglang_mepic.radix_cache import MepicRadixCache
 
 BACKEND_NAME = "mepic"
 
 
 def model_fingerprint(model_config) -> str:
-    """What makes KV reusable: the weights (path, revision), their dtype and the architecture."""
+    """What makes KV reusable: the weights (path, revision), their dtype and the architecture.
+
+    With a storage backend, chunk KV outlives this process: weights replaced in the same
+    folder (a fine-tune saved over the original) must not read the old weights' KV, so the
+    folder's contents are hashed too (weights.py; paid once at start, and only then)."""
     hf = getattr(model_config, "hf_config", None)
     described = json.dumps(hf.to_dict() if hf is not None else {}, sort_keys=True, default=str)
-    parts = [str(getattr(model_config, "model_path", "")), str(getattr(model_config, "revision", "")),
-             str(getattr(model_config, "dtype", "")), described]
+    path = str(getattr(model_config, "model_path", ""))
+    parts = [path, str(getattr(model_config, "revision", "")), str(getattr(model_config, "dtype", "")), described]
+    if config.storage_backend() not in (None, "none") and os.path.isdir(path):
+        parts.append(weights.digest(path))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 

@@ -19,13 +19,9 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from sglang_mepic import calibration, gate
+from sglang_mepic import calibration, gate, weights
 
 CACHE_DIR_ENV = "SGLANG_MEPIC_CACHE_DIR"
-# Every file is hashed whole: a fine-tune that changes a few MiB in the middle of a shard
-# must not reuse the original's verdict. The server reads the weights at start anyway, so
-# the page cache usually serves this read, and it is only paid with --mepic-verify.
-BLOCK = 8 << 20
 PACKAGE = Path(__file__).resolve().parent
 
 
@@ -36,30 +32,17 @@ def cache_dir() -> Path:
     return Path(base) / "sglang-mepic"
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(BLOCK):
-            h.update(block)
-    return h.hexdigest()
-
-
 def code_fingerprint() -> str:
     """The code that computes the figures (this package, kernels included): a verdict measured
     before a change to how KV is reused is not taken after it."""
     h = hashlib.sha256()
     for path in sorted(PACKAGE.rglob("*.py")):
-        h.update(f"{path.relative_to(PACKAGE)}\0{_file_digest(path)}\0".encode())
+        h.update(f"{path.relative_to(PACKAGE)}\0{weights.file_digest(path)}\0".encode())
     return h.hexdigest()[:16]
 
 
 def model_fingerprint(model_path: str | os.PathLike) -> str:
-    """What the model computes, from its folder's files (names relative to it, and contents)."""
-    folder = Path(model_path).expanduser().resolve()
-    h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
-        h.update(f"{path.relative_to(folder)}\0{_file_digest(path)}\0".encode())
-    return h.hexdigest()[:32]
+    return weights.digest(model_path)
 
 
 def key(fingerprint: str, mode: str, questions: int, thresholds: gate.Thresholds, settings: dict) -> dict:

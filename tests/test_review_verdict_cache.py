@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from sglang_mepic import gate, verdict_cache
+from sglang_mepic import gate, verdict_cache, weights
 
 FAILING = gate.Figures(questions=8, top1=0.1, kl=3.0, prefix=0.0, positions=128)
 
@@ -61,14 +61,30 @@ def test_changed_bytes_anywhere_in_a_weight_file_change_the_fingerprint(tmp_path
     """A fine-tune may change a few MiB in the middle of a large shard: every byte is hashed."""
     model = tmp_path / "model"
     model.mkdir()
-    weights = bytearray(os.urandom(3 * verdict_cache.BLOCK + 12345))
-    (model / "model.safetensors").write_bytes(weights)
+    data = bytearray(os.urandom(3 * weights.BLOCK + 12345))
+    (model / "model.safetensors").write_bytes(data)
     before = verdict_cache.model_fingerprint(model)
-    weights[len(weights) // 2 + 7] ^= 1
-    (model / "model.safetensors").write_bytes(weights)
+    data[len(data) // 2 + 7] ^= 1
+    (model / "model.safetensors").write_bytes(data)
     assert verdict_cache.model_fingerprint(model) != before
 
 
 def test_the_key_names_the_code_that_measured_it(key):
     """A verdict measured before a change to how KV is reused is not taken after it."""
     assert key["code"] == verdict_cache.code_fingerprint() and len(key["code"]) == 16
+
+
+def test_stored_chunk_keys_follow_the_weights_not_only_the_path(tmp_path, monkeypatch):
+    """Chunk KV in storage outlives the process: weights saved over the same folder must key apart."""
+    from types import SimpleNamespace
+
+    from sglang_mepic import cache_backend, config
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"\0" * 1000)
+    model_config = SimpleNamespace(model_path=str(model), revision=None, dtype="float32", hf_config=None)
+    monkeypatch.setenv(config.STORAGE_BACKEND_ENV, "mooncake")
+    before = cache_backend.model_fingerprint(model_config)
+    (model / "model.safetensors").write_bytes(b"\1" + b"\0" * 999)
+    assert cache_backend.model_fingerprint(model_config) != before
