@@ -112,9 +112,10 @@ class Admission:
 
     def copy_sources(self, req, row_slots) -> None:
         """CacheBlend: SGLang has allocated the request's extend; every token that reads stored
-        KV gets it now, in every layer, in its own slot (the forward keeps it there from the
-        check layer on, for the tokens not selected for recompute: backend.py). Once the whole
-        prompt has its slots, the stored pages are let go: each page is charged once.
+        KV gets it now in its own slot, in the layers from the check layer on (the forward
+        compares it there and keeps it after it for the tokens not selected for recompute:
+        backend.py). Once the whole prompt has its slots, the stored pages are let go: each
+        page is charged once.
 
         row_slots: the request's row of `req_to_token` (physical slot of each of its slots).
         """
