@@ -109,11 +109,7 @@ def parse_recompute_blocks(text: str) -> int | None:
 
 
 def placement() -> Placement:
-    value = os.environ.get(PLACEMENT_ENV, DEFAULT_PLACEMENT.value)
-    try:
-        return Placement(value)
-    except ValueError:
-        raise ValueError(f"{PLACEMENT_ENV}={value!r}: choose from {[p.value for p in Placement]}") from None
+    return Placement(_choice(PLACEMENT_ENV, DEFAULT_PLACEMENT.value, [p.value for p in Placement]))
 
 
 def mode() -> Mode:
@@ -127,18 +123,20 @@ def recompute_blocks() -> int | None:
 def text_markup() -> bool:
     """Whether `<|chunk|>` ... `<|/chunk|>` in text marks chunks; off, it is text like any other
     (chunks are then marked only by input_ids markers, kv_hints or the frontend's `chunk()`)."""
-    value = os.environ.get(TEXT_MARKUP_ENV, DEFAULT_TEXT_MARKUP)
-    if value not in TEXT_MARKUP:
-        raise ValueError(f"{TEXT_MARKUP_ENV}={value!r}: choose from {list(TEXT_MARKUP)}")
-    return value == "on"
+    return _choice(TEXT_MARKUP_ENV, DEFAULT_TEXT_MARKUP, TEXT_MARKUP) == "on"
+
+
+def _choice(env: str, default: str, choices) -> str:
+    """A setting with a fixed set of values, checked where it is read."""
+    value = os.environ.get(env, default)
+    if value not in choices:
+        raise ValueError(f"{env}={value!r}: choose from {list(choices)}")
+    return value
 
 
 def compile_sink() -> str:
     """What a standalone compile puts before the chunk: the model's BOS as an attention sink, or nothing."""
-    value = os.environ.get(SINK_ENV, DEFAULT_SINK)
-    if value not in SINKS:
-        raise ValueError(f"{SINK_ENV}={value!r}: choose from {list(SINKS)}")
-    return value
+    return _choice(SINK_ENV, DEFAULT_SINK, SINKS)
 
 
 def parse_gigabytes(text: str) -> float:
@@ -250,10 +248,7 @@ def canonical_from() -> int | None:
 
 def auto_chunk() -> str:
     """Which chat contents become chunks without markup (auto_chunk.py): off, messages or tools."""
-    value = os.environ.get(AUTO_CHUNK_ENV, DEFAULT_AUTO_CHUNK)
-    if value not in AUTO_CHUNKS:
-        raise ValueError(f"{AUTO_CHUNK_ENV}={value!r}: choose from {list(AUTO_CHUNKS)}")
-    return value
+    return _choice(AUTO_CHUNK_ENV, DEFAULT_AUTO_CHUNK, AUTO_CHUNKS)
 
 
 def parse_separator(text: str) -> str:
