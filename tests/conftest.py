@@ -68,3 +68,26 @@ def run_prompt_set():
                 [r["output_ids"] for r in conc])
 
     return run
+
+
+@pytest.fixture(scope="session")
+def tok(tiny_model):
+    """The tiny model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """Markup settings cleared for the test; `env(separator=..., auto_chunk=...)` sets them
+    (`config.<NAME>_ENV`), and they are restored after it."""
+    from sglang_mepic import config
+
+    for var in (config.SEPARATOR_ENV, config.AUTO_CHUNK_ENV, config.TEXT_MARKUP_ENV, config.MAX_CHUNKS_ENV):
+        monkeypatch.delenv(var, raising=False)
+
+    def set_(**values):
+        for name, value in values.items():
+            monkeypatch.setenv(getattr(config, name.upper() + "_ENV"), value)
+    return set_

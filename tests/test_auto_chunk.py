@@ -19,20 +19,10 @@ from sglang_mepic.lang import chunk
 from sglang_mepic.markup import Marked, MarkupError, split_text, tokenize_pieces, tokenize_text
 from sglang_mepic.segments import Kind
 from sglang_mepic.server_process import ServerProcess
+from test_chunk_api import post
 
 P, C = Kind.PROMPT, Kind.CHUNK
 SEP = " # # "
-
-
-@pytest.fixture
-def env(monkeypatch):
-    for var in (config.SEPARATOR_ENV, config.AUTO_CHUNK_ENV, config.TEXT_MARKUP_ENV, config.MAX_CHUNKS_ENV):
-        monkeypatch.delenv(var, raising=False)
-
-    def set_(**values):
-        for name, value in values.items():
-            monkeypatch.setenv(getattr(config, name.upper() + "_ENV"), value)
-    return set_
 
 
 @pytest.mark.parametrize("separated, marked", [
@@ -167,19 +157,6 @@ def sep_server(tiny_model):
     with ServerProcess(tiny_model, "--dtype", "float32", "--mepic-separator", SEP,
                        "--mepic-auto-chunk", "messages") as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model)
-
-
-def post(server, path, body, expect=200):
-    r = requests.post(server.url + path, json=body, timeout=120)
-    assert r.status_code == expect, r.text
-    return r.json()
 
 
 def cold(server, ask, prompt):

@@ -22,13 +22,6 @@ DOC_A = " ".join(WORDS[:60])
 DOC_B = " ".join(WORDS[200:290])
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model)
-
-
 def post(server, path, body, expect=200):
     r = requests.post(server.url + path, json=body, timeout=120)
     assert r.status_code == expect, r.text

@@ -23,24 +23,6 @@ SEP = " # # "
 TOOL_TEXT = "pass <|chunk|>x<|/chunk|> to it literally"
 
 
-@pytest.fixture
-def tok(tiny_model):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model)
-
-
-@pytest.fixture
-def env(monkeypatch):
-    for var in (config.SEPARATOR_ENV, config.AUTO_CHUNK_ENV, config.TEXT_MARKUP_ENV, config.MAX_CHUNKS_ENV):
-        monkeypatch.delenv(var, raising=False)
-
-    def set_(**values):
-        for name, value in values.items():
-            monkeypatch.setenv(getattr(config, name.upper() + "_ENV"), value)
-    return set_
-
-
 def _serving(tok):
     return SimpleNamespace(tokenizer_manager=SimpleNamespace(tokenizer=tok, server_args=SimpleNamespace(page_size=16)))
 
