@@ -1,6 +1,5 @@
-"""At each decode step: private-copy requests (EPIC, CacheBlend) let go of the chunk pages they
-copied from (their prefill is over), then the chunk cache's figures are sampled after the step's
-KV allocation (peak pages, /metrics)."""
+"""At each decode step the chunk cache's figures are sampled after the step's KV allocation
+(peak pages, /metrics)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
@@ -14,7 +13,5 @@ HOOK_TYPE = HookType.AFTER
 def hook(result, batch, *args, **kwargs):
     tree = batch.tree_cache
     if isinstance(tree, MepicRadixCache):
-        for req in batch.reqs:
-            tree.done_with_sources(req)
         tree.sample()
     return result

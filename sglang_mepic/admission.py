@@ -133,12 +133,6 @@ class Admission:
             move_kv_cache_native(c.kv_pool.k_buffer[first:], c.kv_pool.v_buffer[first:], dst,
                                  src[take].to(dst.device))
         if end >= len(link.sources):  # chunked prefill: the last part has its slots
-            self.done_with_sources(req)
-
-    def done_with_sources(self, req) -> None:
-        """A private-copy request's copies are made: the sources can go."""
-        link = getattr(req, "mepic", None)
-        if link is not None and link.sources is not None and link.held:
             self.cache.refs.release(link.held)
             link.held = []
 

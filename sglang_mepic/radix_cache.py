@@ -298,9 +298,6 @@ class MepicRadixCache(RadixCache):
     def copy_sources(self, req, row_slots) -> None:
         self.admission.copy_sources(req, row_slots)
 
-    def done_with_sources(self, req) -> None:
-        self.admission.done_with_sources(req)
-
     def pages_in_use(self) -> int:
         return self.figures.pages_in_use()
 
