@@ -241,7 +241,11 @@ def summarize(points: list[Point], workloads: dict, new_tokens: int, page_bytes:
         if p.exact_peak is not None:
             peak = max(peak, p.exact_peak)
         recomputed = [m.get("mepic_recomputed_tokens", m["prompt_tokens"] - m["cached_tokens"]) for m in metas]
+        compiled = [m.get("mepic_compiled_tokens", 0) for m in metas]
         ttft = [o[3] for o in p.outputs]
+        # A request whose compiles computed a chunk waited a prefill round for them; one whose
+        # chunks were all stored did not. Their TTFTs apart say which of the two a median reflects.
+        split = any(compiled) and not all(compiled)
         e2e = [o[4] for o in p.outputs]
         parts = [x for x in map(ttft_parts, p.outputs) if x is not None]
         rows.append({
@@ -255,6 +259,9 @@ def summarize(points: list[Point], workloads: dict, new_tokens: int, page_bytes:
             "capped": bool(p.pool_pages) and peak >= CAPPED_SHARE * p.pool_pages,
             "peak_kv_mib": round(peak * page_bytes / 2 ** 20, 2),
             "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99),
+            "ttft_p50_stored": pct([t for t, c in zip(ttft, compiled) if not c], 0.5) if split else None,
+            "ttft_p50_compiling": pct([t for t, c in zip(ttft, compiled) if c], 0.5) if split else None,
+            "compiling_share": statistics.fmean(c > 0 for c in compiled) if any(compiled) else None,
             "tokenize_p50": pct([x[0] for x in parts], 0.5) if parts else None,
             "queue_p50": pct([x[1] for x in parts], 0.5) if parts else None,
             "forward_p50": pct([x[2] for x in parts], 0.5) if parts else None,
@@ -270,6 +277,8 @@ def summarize(points: list[Point], workloads: dict, new_tokens: int, page_bytes:
             "output_tok_s": sum(len(i) for i in ids) / p.seconds if p.seconds else 0.0,
             "prompt_tokens": statistics.fmean(m["prompt_tokens"] for m in metas),
             "recomputed_tokens": statistics.fmean(recomputed),
+            # chunk tokens the request's own compiles computed (alone, before it): compute it caused
+            "compiled_tokens": statistics.fmean(compiled) if any(compiled) else None,
             "f1": statistics.fmean(f1(o[1], g) for o, g in zip(p.outputs, golds)),
             "em": statistics.fmean(exact_match(o[1], g) for o, g in zip(p.outputs, golds)),
             "contains": statistics.fmean(contains(o[1], g) for o, g in zip(p.outputs, golds)),
@@ -286,11 +295,14 @@ COLUMNS = [("system", "system", "{}"), ("qps", "QPS", "{:g}"), ("chunks", "chunk
            ("mean_kv_pages", "mean KV pages", "{:.0f}"), ("peak_occupied_pages", "peak occupied pages", "{:.0f}"),
            ("capped", "capped", "{}"), ("peak_kv_mib", "peak KV MiB", "{:.1f}"),
            ("ttft_p50", "TTFT p50 s", "{:.2f}"), ("ttft_p99", "TTFT p99 s", "{:.2f}"),
+           ("ttft_p50_stored", "TTFT p50 chunks stored s", "{:.2f}"),
+           ("ttft_p50_compiling", "TTFT p50 compiling s", "{:.2f}"), ("compiling_share", "compiling", "{:.0%}"),
            ("tokenize_p50", "tokenize p50 s", "{:.3f}"), ("queue_p50", "queue p50 s", "{:.2f}"),
            ("forward_p50", "forward p50 s", "{:.3f}"), ("compile_wait_p50", "compile wait p50 s", "{:.2f}"),
            ("compile_held", "held for compiles", "{:.0%}"),
            ("e2e_p50", "e2e p50 s", "{:.2f}"), ("e2e_p99", "e2e p99 s", "{:.2f}"),
            ("throughput_rps", "req/s", "{:.2f}"), ("recomputed_tokens", "recomputed tok/req", "{:.0f}"),
+           ("compiled_tokens", "compiled tok/req", "{:.0f}"),
            ("prompt_tokens", "prompt tok/req", "{:.0f}"),
            ("chunks_compiled", "compiles", "{:.0f}"), ("chunk_evictions", "chunk evictions", "{:.0f}"),
            ("tier_loads_host", "host loads", "{:.0f}"), ("private_copy_fallbacks", "copy fallbacks", "{:.0f}"),

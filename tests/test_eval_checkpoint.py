@@ -90,3 +90,16 @@ def test_repeats_aggregate_to_median_and_range_and_capped_runs_leave_the_ratios(
     (ttft,) = [r for r in run.ratios(runs) if r["metric"] == "ttft_p50" and r["over"] == "epic-16"]
     assert ttft["runs"] == 3 and ttft["median"] == pytest.approx(0.5)  # latency ratios keep capped runs
     assert "1 of 3" in run.table(run.aggregate(runs)) and "no ratio uses them" in run.table(run.aggregate(runs))
+
+
+def test_ttft_splits_by_whether_the_request_compiled_a_chunk():
+    stored = {"prompt_tokens": 100, "cached_tokens": 0, "mepic_recomputed_tokens": 20, "mepic_compiled_tokens": 0}
+    compiling = {**stored, "mepic_compiled_tokens": 60}
+    outputs = [([1], "a", stored, 0.2, 0.3), ([1], "a", stored, 0.4, 0.5), ([1], "a", compiling, 1.5, 1.6)]
+    workload = {(3, 0.8, 0): [Request(docs=(), question="q", answers=("a",))] * 3}
+    (row,) = summarize([Point("mepic", 2.0, 3, 0.8, outputs, [1.0], None, 1.0)], workload, 4, 1024)
+    assert (row["ttft_p50_stored"], row["ttft_p50_compiling"]) == (0.2, 1.5)
+    assert row["compiling_share"] == pytest.approx(1 / 3) and row["compiled_tokens"] == 20
+    # a system that compiles nothing has no split and no compiled tokens
+    (plain,) = summarize([Point("vanilla", 2.0, 3, 0.8, outputs[:2], [1.0], None, 1.0)], workload, 4, 1024)
+    assert plain["ttft_p50_stored"] is None and plain["compiling_share"] is None and plain["compiled_tokens"] is None
