@@ -101,7 +101,7 @@ class Link:
     tree_took: int = 0
     compiled: tuple[int, ...] = ()      # chunk segments this request's compiles computed (known at admission)
     own_reuse: int = 0                  # real tokens it reuses from those (figures.compiled_reuse), at admission
-    held_at: float | None = None        # held back for a compile since (time.monotonic; compiles.py)
+    held_at: float | None = None        # held back since (time.monotonic; compiles.py); a compile: first seen
     waited: float = 0.0                 # seconds it was held back for compiles
     report: dict = field(default_factory=dict)  # per-request figures for its response (figures.py)
     _positions: tuple = (None, -1, None)  # (planned, num_slots, positions): match, insert and admit ask alike

@@ -3,6 +3,8 @@ without a server or a model: the scheduler's calls (match, admit, allocate, inse
 release) are replayed by hand, so planning, injection of shared pages, compile
 publishing, tenant isolation and page ownership are checked page by page."""
 
+import time
+
 import pytest
 import torch
 
@@ -76,6 +78,26 @@ def test_a_request_waits_for_a_compile_only_while_it_lacks_that_chunk(tree):
     assert tree.hold_back([*again, resident]) == [] and resident.mepic.waited == 0
     # A compile that never reached the scheduler (or was aborted) holds nothing back.
     lone = new_request(*laid_out(request(C1, tuple(range(300, 340))), compiles=["c1", "gone"]), rid="s")
+    assert tree.hold_back([lone]) == []
+
+
+def test_compiles_wait_briefly_for_the_request_they_were_sent_for(tree):
+    # Received a moment before their request, compiles of stored chunks would take a prefill
+    # round of their own ahead of it; they wait for it and go in its round.
+    tree.compiles.grace = 60.0
+    lay = request(C1, C2)
+    compile_all(tree, lay)
+    c1, c2 = (new_request(*compiled(seg), rid=rid) for seg, rid in zip(lay.chunks, ("c1", "c2")))
+    other = new_request(*laid_out(request(C2)), rid="other")
+    assert tree.hold_back([c1, c2, other]) == [c1, c2]  # their request not yet received
+    parent = new_request(*laid_out(lay, compiles=["c1", "c2"]), rid="p")
+    assert tree.hold_back([c1, c2, other, parent]) == []  # it is: all go in one round
+
+    # A request that never comes (aborted on the way) keeps its compiles back no longer than the grace.
+    tree.compiles.grace = 0.05
+    lone = new_request(*compiled(request(tuple(range(300, 340))).chunks[0]), rid="lone")
+    assert tree.hold_back([lone]) == [lone]
+    time.sleep(0.06)
     assert tree.hold_back([lone]) == []
 
 
