@@ -98,7 +98,7 @@ class Point:
     qps: float
     chunks: int
     reuse: float | None = None  # the requested share of repeating chunks (None: the dataset's own draw)
-    outputs: list = field(default_factory=list)  # (output_ids, text, meta_info, ttft, e2e) per request
+    outputs: list = field(default_factory=list)  # (output_ids, text, meta_info, ttft, e2e, sent) per request
     used_pages: list = field(default_factory=list)  # sampled KV pages in use
     exact_peak: int | None = None
     seconds: float = 0.0
@@ -138,6 +138,15 @@ class Sampler(threading.Thread):
             self.stop.wait(self.period)
 
 
+# The meta_info a request keeps (the checkpoint is committed: SGLang's other fields tripled its size).
+META = ("prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "queue_time",
+        "forward_entry_time", "prefill_finished_time")
+
+
+def kept_meta(meta: dict) -> dict:
+    return {k: v for k, v in meta.items() if k in META or (k.startswith("mepic_") and k != "mepic_chunks")}
+
+
 def stream(url: str, text: str, new_tokens: int):
     """Send one streaming request; returns (output_ids, text, meta_info, ttft, e2e, sent at (wall clock))."""
     sent = time.time()
@@ -156,7 +165,7 @@ def stream(url: str, text: str, new_tokens: int):
             if ttft is None:
                 ttft = time.perf_counter() - t0
             last = json.loads(data)
-    return last["output_ids"], last["text"], last["meta_info"], ttft, time.perf_counter() - t0, sent
+    return last["output_ids"], last["text"], kept_meta(last["meta_info"]), ttft, time.perf_counter() - t0, sent
 
 
 def mepic_stats(server) -> dict:

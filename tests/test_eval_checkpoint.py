@@ -103,3 +103,21 @@ def test_ttft_splits_by_whether_the_request_compiled_a_chunk():
     # a system that compiles nothing has no split and no compiled tokens
     (plain,) = summarize([Point("vanilla", 2.0, 3, 0.8, outputs[:2], [1.0], None, 1.0)], workload, 4, 1024)
     assert plain["ttft_p50_stored"] is None and plain["compiling_share"] is None and plain["compiled_tokens"] is None
+
+
+def test_a_request_keeps_the_meta_info_the_tables_read_and_drops_the_rest():
+    # SGLang's meta_info for one streamed request (trimmed), as the server sent it in an eval run.
+    sent = {"id": "4e10", "finish_reason": {"type": "length", "length": 16}, "prompt_tokens": 2074,
+            "weight_version": "default", "forward_entry_time": 5.0, "prefill_finished_time": 5.25,
+            "queue_time": 0.09, "completion_tokens": 16, "cached_tokens": 0,
+            "cached_tokens_details": {"device": 0, "host": 0}, "e2e_latency": 0.26, "request_received_ts": 4.9,
+            "decode_throughput": 135.3, "mepic_recomputed_tokens": 186, "mepic_compiled_tokens": 1888,
+            "mepic_residency": ["absent"], "mepic_chunks": [[33, 164]]}
+    kept = run.kept_meta(sent)
+    assert set(kept) == {"finish_reason", "prompt_tokens", "forward_entry_time", "prefill_finished_time",
+                         "queue_time", "completion_tokens", "cached_tokens", "mepic_recomputed_tokens",
+                         "mepic_compiled_tokens", "mepic_residency"}
+    full = Point("mepic", 2.0, 3, 0.8, [([1], "a", sent, 0.4, 0.6, 4.5)], [10.0], None, 1.0, [], 512, 1.0)
+    slim = Point("mepic", 2.0, 3, 0.8, [([1], "a", kept, 0.4, 0.6, 4.5)], [10.0], None, 1.0, [], 512, 1.0)
+    workload = {(3, 0.8, 0): [Request(docs=(), question="q", answers=("a",))]}
+    assert summarize([slim], workload, 4, 1024) == summarize([full], workload, 4, 1024)
