@@ -3,7 +3,8 @@
 **A prefill round** (`Scheduler.get_new_batch_prefill`). A request whose chunk is
 neither stored nor done compiling is held out of the waiting queue for the round
 (compiles.py), so SGLang neither plans nor admits it before the compile's pages
-are stored; it goes back to the head of the queue when the round ends. Requests
+are stored; so, briefly, is a compile whose request has not arrived yet. Both go
+back to the head of the queue when the round ends. Requests
 planned in the round but not admitted let go of their chunks at its end
 (admission.py). The batch's prefill stats (the log's `#new-token` and
 `#cached-token`, the cache-hit metrics) count slots; for laid-out requests they are
