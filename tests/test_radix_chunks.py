@@ -84,9 +84,9 @@ def test_a_request_waits_for_a_compile_only_while_it_lacks_that_chunk(tree):
 def test_compiles_wait_briefly_for_the_request_they_were_sent_for(tree):
     # Received a moment before their request, compiles of stored chunks would take a prefill
     # round of their own ahead of it; they wait for it and go in its round.
-    tree.compiles.grace = 60.0
     lay = request(C1, C2)
-    compile_all(tree, lay)
+    compile_all(tree, lay)  # replays send compiles alone: with no wait (tests/replay.py)
+    tree.compiles.grace = 60.0
     c1, c2 = (new_request(*compiled(seg), rid=rid) for seg, rid in zip(lay.chunks, ("c1", "c2")))
     other = new_request(*laid_out(request(C2)), rid="other")
     assert tree.hold_back([c1, c2, other]) == [c1, c2]  # their request not yet received
