@@ -20,6 +20,7 @@ Figures per mode, against `full` (no reuse):
   (over full's length when it stopped earlier);
 - EOS first: the share of outputs whose first token is the end of text (an empty answer);
 - F1, EM: SQuAD token F1 and exact match of the answer against the gold answers (max over them);
+- gold contained: a gold answer appears in the output (a verbose answer that holds it);
 - recomputed: mean tokens computed per request in context (meta_info), and the
   server's peak KV pages in use.
 """
@@ -35,7 +36,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval.scoring import exact_match, f1, prefix_agreement
+from eval.scoring import contains, exact_match, f1, prefix_agreement
 from eval.workloads import Request, load_json, render
 from sglang_mepic import models
 from sglang_mepic.server_process import ServerProcess
@@ -137,6 +138,7 @@ def main(argv=None) -> None:
             "eos_first": sum(not o["output_ids"] or o["output_ids"][0] == tokenizer.eos_token_id for o in outs) / n,
             "f1": sum(f1(o["text"], p.answers) for o, p in zip(outs, prompts)) / n,
             "em": sum(exact_match(o["text"], p.answers) for o, p in zip(outs, prompts)) / n,
+            "contains": sum(contains(o["text"], p.answers) for o, p in zip(outs, prompts)) / n,
             "recomputed": sum(o["meta_info"].get("mepic_recomputed_tokens",
                                                  o["meta_info"]["prompt_tokens"] - o["meta_info"]["cached_tokens"])
                               for o in outs) / n,
@@ -146,15 +148,15 @@ def main(argv=None) -> None:
         }
         r = results[mode]
         print(f"  {mode:<16} top-1 {r['top1']:.3f}  prefix {r['prefix']:.3f}  EOS first {r['eos_first']:.3f}  "
-              f"F1 {r['f1']:.3f}  EM {r['em']:.3f}  "
+              f"F1 {r['f1']:.3f}  EM {r['em']:.3f}  contained {r['contains']:.3f}  "
               f"recomputed {r['recomputed']:.0f}/{r['prompt_tokens']:.0f} tokens  ({r['seconds']} s)", flush=True)
 
-    print(f"\n| mode | top-1 agreement | prefix agreement ({args.new_tokens}) | EOS first | F1 | EM "
+    print(f"\n| mode | top-1 agreement | prefix agreement ({args.new_tokens}) | EOS first | F1 | EM | gold contained "
           "| tokens recomputed / prompt | peak KV pages |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for mode, r in results.items():
         print(f"| {mode} | {r['top1']:.3f} | {r['prefix']:.3f} | {r['eos_first']:.3f} | {r['f1']:.3f} | "
-              f"{r['em']:.3f} | {r['recomputed']:.0f} / {r['prompt_tokens']:.0f} | {r['peak_pages']} |")
+              f"{r['em']:.3f} | {r['contains']:.3f} | {r['recomputed']:.0f} / {r['prompt_tokens']:.0f} | {r['peak_pages']} |")
     if args.json:
         args.json.write_text(json.dumps({"questions": len(prompts), "chunks": args.chunks,
                                          "new_tokens": args.new_tokens, "prompt": args.prompt, "results": results}, indent=2))
