@@ -59,6 +59,18 @@ def per_run(results: dict | None, system: str, key: str) -> list[float]:
     return [r[key] for r in results["runs"] if r["system"] == system and r.get(key) is not None]
 
 
+def runs_per_point(results: dict) -> str:
+    """How many runs each point has: one count, or one per system where a stopped run's tables
+    (eval.run --tables-only) kept fewer for some."""
+    kept = {}
+    for r in results["runs"]:
+        kept.setdefault(r["system"], set()).add(r["seed"])
+    counts = {system: len(seeds) for system, seeds in kept.items()}
+    if len(set(counts.values())) <= 1:
+        return f"{max(counts.values(), default=0)} run(s) per point"
+    return "runs per point: " + ", ".join(f"{system} {n}" for system, n in counts.items())
+
+
 def verdict(value: float | None, ok) -> str:
     return "not run" if value is None else ("met" if ok(value) else "missed")
 
@@ -115,8 +127,8 @@ def headline() -> str:
             lines.append(f"| F1 {s}, {ds} (SmolLM2) | {med} | {rng} | {len(values)} | {target or '—'} | "
                          f"`{rel(SMOL[ds])}` |")
     sources = [(p, load(p)) for p in (TINY_BASE, TINY_QPS, *SMOL.values())]
-    notes = [f"- `{rel(p)}`: " + (f"`{r['command']}`, model {r['model']}, {len(r.get('seeds', [0]))} run(s) per "
-                                   f"point, pool {' / '.join(f'{x:,}' for x in r.get('pool_pages', []))} pages, "
+    notes = [f"- `{rel(p)}`: " + (f"`{r['command']}`, model {r['model']}, {runs_per_point(r)}, "
+                                   f"pool {' / '.join(f'{x:,}' for x in r.get('pool_pages', []))} pages, "
                                    f"{r['minutes']:.0f} min" if r else "not run yet")
              for p, r in sources]
     return "\n".join(lines + ["", "Sources:", *notes])

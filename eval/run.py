@@ -28,7 +28,8 @@ Output (under --out, default eval/results/<dataset>-quick, -full or -paper): tab
 results.json (every figure, the command and the model) and PNG plots: peak KV
 pages and TTFT p50 (with --paper also p99) against each swept variable. Each
 finished (system, point) is saved to points.jsonl there as it ends; if a run
-stops, the same command with --resume runs only what is missing.
+stops, the same command with --resume runs only what is missing, and with
+--tables-only writes the tables from what it kept, running nothing.
 """
 
 import argparse
@@ -519,7 +520,12 @@ def main(argv=None) -> None:
     ap.add_argument("--resume", action="store_true",
                     help="keep the points a stopped run with the same settings saved in --out (points.jsonl) "
                          "and run only the rest (more --repeats add runs to the kept ones)")
+    ap.add_argument("--tables-only", action="store_true",
+                    help="write table.md and results.json from the runs kept in --out (as --resume) and run "
+                         "nothing: a system may then have fewer runs than --repeats (the header and each row say "
+                         "how many); for a long run stopped partway")
     args = ap.parse_args(argv)
+    args.resume = args.resume or args.tables_only
 
     if args.paper and (args.quick or args.qps or args.chunks or args.reuse is not None):
         sys.exit("bad arguments: --paper sets QPS, chunks and reuse itself (choose sweeps with --sweeps)")
@@ -589,6 +595,10 @@ def main(argv=None) -> None:
     done = {run: Point.load(record) for run in runs if (record := checkpoint.get(*run))}
     if done:
         print(f"[resume] {len(done)} of {len(runs)} (system, point, seed) runs kept from {checkpoint.path}")
+    if args.tables_only:
+        runs = [run for run in runs if run in done]
+        if not runs:
+            sys.exit(f"bad arguments: --tables-only: {checkpoint.path} holds none of these runs")
     print(f"[checkpoint] each finished point goes to {checkpoint.path}; if this run stops, "
           "the same command with --resume goes on from there")
     last = time.perf_counter()
@@ -636,6 +646,11 @@ def main(argv=None) -> None:
                       for c, r in dict.fromkeys((c, r) for c, r, _ in shapes))
     repeats = f"{len(seeds)} runs per point (seeds {seeds[0]}-{seeds[-1]}; median and range)" if len(seeds) > 1 \
         else f"1 run per point (seed {seeds[0]})"
+    kept = {s: sorted({run[-1] for run in runs if run[0] == s}) for s in systems}
+    if any(k != seeds for k in kept.values()):  # --tables-only over a run stopped partway
+        repeats = ("runs per point (median and range): " + ", ".join(
+            f"{s} {len(k)} (seed{'s' if len(k) > 1 else ''} {', '.join(map(str, k))})" for s, k in kept.items() if k)
+            + ", as kept when the run stopped")
     capped = sum(r["capped"] for r in per_run)
     header = (f"{args.dataset}, {n} requests per point, {repeats}, {args.new_tokens} new tokens, greedy, float32, "
               f"model {Path(model).name}, a KV pool of {' / '.join(f'{size:,}' for size in pools)} pages, "

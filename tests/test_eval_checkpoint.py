@@ -4,7 +4,7 @@ import importlib
 import importlib.util
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -121,3 +121,21 @@ def test_a_request_keeps_the_meta_info_the_tables_read_and_drops_the_rest():
     slim = Point("mepic", 2.0, 3, 0.8, [([1], "a", kept, 0.4, 0.6, 4.5)], [10.0], None, 1.0, [], 512, 1.0)
     workload = {(3, 0.8, 0): [Request(docs=(), question="q", answers=("a",))]}
     assert summarize([slim], workload, 4, 1024) == summarize([full], workload, 4, 1024)
+
+
+def test_tables_only_writes_the_tables_from_the_kept_runs_and_starts_no_server(tmp_path, tiny_model, monkeypatch):
+    # A long run stopped partway: full kept one seed, mepic two, epic-16 none of the three asked for.
+    monkeypatch.setattr(run, "ServerProcess", lambda *a, **k: pytest.fail("--tables-only started a server"))
+    settings = {"dataset": "squad", "requests": 2, "new_tokens": 4, "model": Path(tiny_model).name,
+                "pool_pages": None, "host_tier_gb": run.DEFAULT_HOST_TIER_GB}
+    kept = Checkpoint(tmp_path, settings, resume=False)
+    for system, seed in (("full", 0), ("mepic", 0), ("mepic", 1)):
+        kept.add(asdict(replace(point(system, 2.0, 0.1 * (seed + 1)), seed=seed)))
+    args = ["--model", tiny_model, "--dataset", "squad", "--qps", "2", "--chunks", "3", "--reuse", "0.8",
+            "--requests", "2", "--new-tokens", "4", "--repeats", "3", "--systems", "full,mepic,epic-16",
+            "--out", str(tmp_path), "--no-plots", "--tables-only"]
+    run.main(args)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert sorted((r["system"], r["seed"]) for r in results["runs"]) == [("full", 0), ("mepic", 0), ("mepic", 1)]
+    assert {r["system"]: r["runs"] for r in results["rows"]} == {"full": 1, "mepic": 2}
+    assert "full 1 (seed 0), mepic 2 (seeds 0, 1)" in (tmp_path / "table.md").read_text()
