@@ -58,8 +58,9 @@ def main(argv=None) -> None:
     systems, lengths = args.systems.split(","), [int(n) for n in args.tokens.split(",")]
     if unknown := [s for s in systems if s not in SYSTEMS]:
         raise SystemExit(f"bad arguments: unknown systems {unknown}")
-    if args.repeats < 1 or min(lengths) < 1:
-        raise SystemExit(f"bad arguments: --repeats {args.repeats}, --tokens {args.tokens} (each at least 1)")
+    if args.repeats < 1 or min(lengths) < 1 or len(set(lengths)) < 2:
+        raise SystemExit(f"bad arguments: --repeats {args.repeats}, --tokens {args.tokens} (each at least 1; "
+                         "two lengths or more, to fit a line)")
     model = str(Path(args.model).resolve()) if args.model else str(models.build(models.DEFAULT_MODEL))
     rng = random.Random(args.seed)
     print(f"model {Path(model).name}, float32, one request at a time, 1 new token, {args.repeats} per length"
