@@ -139,3 +139,11 @@ def test_tables_only_writes_the_tables_from_the_kept_runs_and_starts_no_server(t
     assert sorted((r["system"], r["seed"]) for r in results["runs"]) == [("full", 0), ("mepic", 0), ("mepic", 1)]
     assert {r["system"]: r["runs"] for r in results["rows"]} == {"full": 1, "mepic": 2}
     assert "full 1 (seed 0), mepic 2 (seeds 0, 1)" in (tmp_path / "table.md").read_text()
+
+
+def test_the_headline_names_the_runs_each_system_has_when_they_differ():
+    headline = importlib.import_module("eval.headline")
+    even = {"seeds": [0, 1], "runs": [{"system": s, "seed": k} for s in ("mepic", "full") for k in (0, 1)]}
+    assert headline.runs_per_point(even) == "2 run(s) per point"
+    stopped = {"seeds": [0, 1, 2], "runs": [*even["runs"], {"system": "mepic", "seed": 2}]}
+    assert headline.runs_per_point(stopped) == "runs per point: mepic 3, full 2"
