@@ -17,9 +17,9 @@ spends on it is taken from the forward's threads.
 """
 
 import argparse
+import json
 import random
 import statistics
-import time
 from pathlib import Path
 
 import requests
@@ -29,21 +29,13 @@ from sglang_mepic import models
 from sglang_mepic.server_process import ServerProcess
 
 
-def forward(server, ids: list[int]) -> tuple[float, float]:
-    """One request alone: (forward s, time to its one token s)."""
-    t0 = time.perf_counter()
+def forward(server, ids: list[int]) -> float:
+    """One request alone: its forward in seconds."""
     r = requests.post(server.url + "/generate", timeout=600, json={
         "input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
     r.raise_for_status()
     meta = r.json()["meta_info"]
-    return meta["prefill_finished_time"] - meta["forward_entry_time"], time.perf_counter() - t0
-
-
-def fit(xs: list[int], ys: list[float]) -> tuple[float, float]:
-    """Least squares y = a + b x."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - b * mx, b
+    return meta["prefill_finished_time"] - meta["forward_entry_time"]
 
 
 def main(argv=None) -> None:
@@ -63,25 +55,27 @@ def main(argv=None) -> None:
                          "two lengths or more, to fit a line)")
     model = str(Path(args.model).resolve()) if args.model else str(models.build(models.DEFAULT_MODEL))
     rng = random.Random(args.seed)
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    low, high = min(1000, vocab // 2), min(20000, vocab)  # ordinary tokens, within any vocabulary
     print(f"model {Path(model).name}, float32, one request at a time, 1 new token, {args.repeats} per length"
           + (", /metrics polled at 10 Hz meanwhile" if args.poll_metrics else ""))
     print("| system | " + " | ".join(f"{n} tok" for n in lengths) + " | fixed a (s) | per token b (ms) |")
     print("|---|" + "---|" * (len(lengths) + 2))
     for system in systems:
         with ServerProcess(model, "--dtype", "float32", *SYSTEMS[system], startup_timeout=600) as server:
-            forward(server, [rng.randrange(1000, 20000) for _ in range(lengths[0])])  # warm-up
+            forward(server, [rng.randrange(low, high) for _ in range(lengths[0])])  # warm-up
             sampler = Sampler(server.url, page_size=1)
             if args.poll_metrics:
                 sampler.start()
             xs, ys, cells = [], [], []
             for n in lengths:
-                times = [forward(server, [rng.randrange(1000, 20000) for _ in range(n)])[0]
+                times = [forward(server, [rng.randrange(low, high) for _ in range(n)])
                          for _ in range(args.repeats)]
                 xs += [n] * len(times)
                 ys += times
                 cells.append(f"{statistics.median(times):.3f}")
             sampler.stop.set()
-            a, b = fit(xs, ys)
+            b, a = statistics.linear_regression(xs, ys)
             print(f"| {system} | " + " | ".join(cells) + f" | {a:.3f} | {b * 1e3:.2f} |", flush=True)
 
 
