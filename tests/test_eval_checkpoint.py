@@ -147,3 +147,24 @@ def test_the_headline_names_the_runs_each_system_has_when_they_differ():
     assert headline.runs_per_point(even) == "2 run(s) per point"
     stopped = {"seeds": [0, 1, 2], "runs": [*even["runs"], {"system": "mepic", "seed": 2}]}
     assert headline.runs_per_point(stopped) == "runs per point: mepic 3, full 2"
+
+
+def test_compare_pairs_the_requests_two_systems_ran_with_the_same_seed(tmp_path):
+    compare = importlib.import_module("eval.compare")
+
+    def timed(system, forwards, compiled):
+        # (before 0.01 s, queue 0, forward f); sent at 100 s; TTFT = before + forward
+        outputs = [([1], "a", {"prompt_tokens": 10, "cached_tokens": 0, "queue_time": 0.0,
+                               "forward_entry_time": 100.01, "prefill_finished_time": 100.01 + f,
+                               "mepic_compiled_tokens": c}, 0.01 + f, 1.0, 100.0)
+                   for f, c in zip(forwards, compiled)]
+        return replace(point(system, 2.0, 0.1), outputs=outputs)
+
+    store = Checkpoint(tmp_path, SETTINGS, resume=False)
+    store.add(asdict(timed("mepic", [0.5, 0.6, 1.0], [0, 0, 40])))
+    store.add(asdict(timed("epic-16", [0.4, 0.4, 2.0], [0, 0, 0])))
+    store.add(asdict(replace(timed("mepic", [0.5], [0]), qps=4.0)))  # no epic-16 run to pair with
+    [row] = compare.compare(compare.load(tmp_path), "mepic", "epic-16")
+    assert row["qps"] == 2.0 and row["paired"] == 2  # the request mepic compiled for is left out
+    assert row["forward_diff"][1] == pytest.approx(0.15)
+    assert row["p50"] == pytest.approx((0.61, 0.41)) and row["mean"][0] < row["mean"][1]
