@@ -9,7 +9,10 @@ request's forward, or only in where the median of a two-mode distribution
 (requests whose chunks were stored, requests that waited for a compile) falls?
 Prints, per seed: TTFT p50 and mean of each system and their ratios, and over
 the requests neither system held for a compile, the paired difference of the
-prefill forward (deciles 10 / 50 / 90).
+prefill forward (deciles 10 / 50 / 90). Then, per system and seed, the forward
+of those requests split by whether another request was in flight meanwhile:
+a request alone is what eval.forward_cost measures, so the two can be set side
+by side.
 """
 
 import argparse
@@ -56,13 +59,31 @@ def compare(records: dict[tuple, dict], a: str, b: str) -> list[dict]:
     return rows
 
 
+def alone(outputs) -> tuple[list, list]:
+    """(forward, tokens computed) of the requests not held for a compile: those during whose wait
+    and forward no other request was in flight, and the others."""
+    spans = [(o[5], o[5] + o[4]) for o in outputs]
+    solo, shared = [], []
+    for i, o in enumerate(outputs):
+        parts = ttft_parts(o)
+        if compiled(o) or parts is None:
+            continue
+        meta = o[2]
+        start, end = o[5], meta["prefill_finished_time"]
+        busy = any(j != i and s < end and e > start for j, (s, e) in enumerate(spans))
+        done = meta.get("mepic_recomputed_tokens", meta["prompt_tokens"] - meta["cached_tokens"])
+        (shared if busy else solo).append((parts[2], done))
+    return solo, shared
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folder", type=Path, help="an eval.run --out folder (its points.jsonl)")
     ap.add_argument("a")
     ap.add_argument("b")
     args = ap.parse_args(argv)
-    rows = compare(load(args.folder), args.a, args.b)
+    records = load(args.folder)
+    rows = compare(records, args.a, args.b)
     if not rows:
         sys.exit(f"no (point, seed) run by both {args.a} and {args.b} in {args.folder / NAME}")
     a, b = args.a, args.b
@@ -75,6 +96,18 @@ def main(argv=None) -> None:
         print(f"| {r['qps']:g} | {r['chunks']} | {r['reuse'] if r['reuse'] is not None else '—'} | {r['seed']} "
               f"| {pa:.3f} / {pb:.3f} | {pa / pb:.2f} | {ma:.3f} / {mb:.3f} | {ma / mb:.2f} "
               f"| {r['paired']} of {r['requests']} | {diff} |")
+    print(f"\n| system | QPS | chunks | seed | alone: requests, forward p50 s, computed tok p50 "
+          f"| with others in flight: requests, forward p50 s, computed tok p50 |")
+    print("|---" * 6 + "|")
+    for system in (a, b):
+        for k, rec in sorted(records.items(), key=lambda kv: kv[0][1:]):
+            if k[0] != system:
+                continue
+            cells = []
+            for group in alone(rec["outputs"]):
+                cells.append(f"{len(group)}, {pct([f for f, _ in group], 0.5):.3f}, "
+                             f"{pct([d for _, d in group], 0.5):.0f}" if group else "0")
+            print(f"| {system} | {k[1]:g} | {k[2]} | {k[4]} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

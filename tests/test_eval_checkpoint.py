@@ -168,3 +168,10 @@ def test_compare_pairs_the_requests_two_systems_ran_with_the_same_seed(tmp_path)
     assert row["qps"] == 2.0 and row["paired"] == 2  # the request mepic compiled for is left out
     assert row["forward_diff"][1] == pytest.approx(0.15)
     assert row["p50"] == pytest.approx((0.61, 0.41)) and row["mean"][0] < row["mean"][1]
+    # All three were sent at once: none ran alone. Sent 10 s later, the second does.
+    outputs = timed("epic-16", [0.4, 0.4, 2.0], [0, 0, 0]).outputs
+    assert [len(g) for g in compare.alone(outputs)] == [0, 3]
+    later = [*outputs[1][:5], 110.0]
+    later[2] = {**later[2], "forward_entry_time": 110.01, "prefill_finished_time": 110.41}
+    solo, shared = compare.alone([outputs[0], later])
+    assert solo == [(pytest.approx(0.4), 10), (pytest.approx(0.4), 10)] and shared == []
