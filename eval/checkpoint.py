@@ -24,7 +24,9 @@ def key(record: dict) -> tuple:
 
 
 class Checkpoint:
-    def __init__(self, out: Path, settings: dict, resume: bool):
+    def __init__(self, out: Path, settings: dict, resume: bool, read_only: bool = False):
+        """read_only: load the kept points and leave the file as it is (tables from a checkpoint:
+        no run is added, so the count of invocations that ran points stays)."""
         self.path = out / NAME
         self.settings = settings
         self.records: dict[tuple, dict] = {}
@@ -32,6 +34,9 @@ class Checkpoint:
         self.set_aside = None
         if resume and self.path.exists():
             self._load()
+            if read_only:
+                self.invocations -= 1
+                return
         elif self.path.exists():
             # Kept once, so that a rerun without --resume does not wipe an hour of points.
             self.set_aside = self.path.with_name("points.prev.jsonl")

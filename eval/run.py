@@ -586,7 +586,7 @@ def main(argv=None) -> None:
     settings = {"dataset": args.dataset, "requests": n, "new_tokens": args.new_tokens,
                 "model": Path(model).name, "pool_pages": pool_arg, "host_tier_gb": args.host_tier_gb}
     try:
-        checkpoint = Checkpoint(out, settings, args.resume)
+        checkpoint = Checkpoint(out, settings, args.resume, read_only=args.tables_only)
     except ValueError as e:
         sys.exit(f"bad arguments: --resume: {e}")
     if checkpoint.set_aside:

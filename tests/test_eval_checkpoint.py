@@ -134,7 +134,9 @@ def test_tables_only_writes_the_tables_from_the_kept_runs_and_starts_no_server(t
     args = ["--model", tiny_model, "--dataset", "squad", "--qps", "2", "--chunks", "3", "--reuse", "0.8",
             "--requests", "2", "--new-tokens", "4", "--repeats", "3", "--systems", "full,mepic,epic-16",
             "--out", str(tmp_path), "--no-plots", "--tables-only"]
+    before = (tmp_path / NAME).read_text()
     run.main(args)
+    assert (tmp_path / NAME).read_text() == before  # read, not rewritten: it ran nothing
     results = json.loads((tmp_path / "results.json").read_text())
     assert sorted((r["system"], r["seed"]) for r in results["runs"]) == [("full", 0), ("mepic", 0), ("mepic", 1)]
     assert {r["system"]: r["runs"] for r in results["rows"]} == {"full": 1, "mepic": 2}
