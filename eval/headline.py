@@ -100,7 +100,7 @@ def headline() -> str:
     add_ratio("peak KV mepic / epic-16, SQuAD base point (tiny-4l)", base, TINY_BASE, "peak_kv_pages", "mepic",
               "epic-16", "≤ 0.5", lambda v: v <= 0.5)
     top = top_below_saturation(qps)
-    add_ratio(f"peak KV mepic / epic-16, QPS {top if top is not None else '?'} (top of the sweep below "
+    add_ratio(f"peak KV mepic / epic-16, QPS {f'{top:g}' if top is not None else '?'} (top of the sweep below "
               "saturation)", qps, TINY_QPS, "peak_kv_pages", "mepic", "epic-16", "≤ 0.3", lambda v: v <= 0.3, top)
     add_ratio("peak KV mepic / cacheblend-0.15, SQuAD base point", base, TINY_BASE, "peak_kv_pages", "mepic",
               "cacheblend-0.15", "—", lambda v: True)
