@@ -18,3 +18,16 @@ def test_bad_arguments_are_refused_clearly(args, message, tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and message in done.stderr
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+@pytest.mark.parametrize("args, message", [
+    (["eval.forward_cost", "--context", "0,100"],
+     "bad arguments: --context 0,100 (two lengths or more, each a multiple of 128)"),
+    (["eval.forward_cost", "--context", "0,128", "--head", "-1"], "--head -1 (>= 0)"),
+    (["eval.compare", "nowhere", "mepic", "epic-16"], "nowhere/points.jsonl does not exist"),
+])
+def test_the_probes_refuse_bad_arguments_before_starting_a_server(args, message, tiny_model):
+    model = ["--model", tiny_model] if args[0] == "eval.forward_cost" else []
+    done = subprocess.run([sys.executable, "-m", *args, *model], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0 and message in done.stderr
