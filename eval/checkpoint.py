@@ -32,11 +32,13 @@ class Checkpoint:
         self.records: dict[tuple, dict] = {}
         self.invocations = 1
         self.set_aside = None
+        if read_only:
+            if self.path.exists():
+                self._load()
+                self.invocations -= 1
+            return
         if resume and self.path.exists():
             self._load()
-            if read_only:
-                self.invocations -= 1
-                return
         elif self.path.exists():
             # Kept once, so that a rerun without --resume does not wipe an hour of points.
             self.set_aside = self.path.with_name("points.prev.jsonl")

@@ -119,7 +119,8 @@ def main(argv=None) -> None:
     low, high = min(1000, vocab // 2), min(20000, vocab)  # ordinary tokens, within any vocabulary
     if args.context is not None:
         contexts = [int(c) for c in args.context.split(",")]
-        if len(set(contexts)) < 2 or any(c < 0 or c % CHUNK_TOKENS for c in contexts) or args.question < 1 or args.head < 0:
+        if (len(set(contexts)) < 2 or any(c < 0 or c % CHUNK_TOKENS for c in contexts) or args.question < 1
+                or args.head < 0):
             raise SystemExit(f"bad arguments: --context {args.context} (two lengths or more, each a multiple of "
                              f"{CHUNK_TOKENS}), --question {args.question} (at least 1), --head {args.head} (>= 0)")
         from transformers import AutoTokenizer

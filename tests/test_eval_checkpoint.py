@@ -123,6 +123,15 @@ def test_a_request_keeps_the_meta_info_the_tables_read_and_drops_the_rest():
     assert summarize([slim], workload, 4, 1024) == summarize([full], workload, 4, 1024)
 
 
+def test_a_read_only_checkpoint_writes_nothing(tmp_path):
+    assert Checkpoint(tmp_path, SETTINGS, resume=True, read_only=True).records == {}
+    assert not (tmp_path / NAME).exists()
+    Checkpoint(tmp_path, SETTINGS, resume=False).add(asdict(point("full", 2.0, 0.1)))
+    before = (tmp_path / NAME).read_text()
+    kept = Checkpoint(tmp_path, SETTINGS, resume=True, read_only=True)
+    assert kept.get("full", 2.0, 3, 0.8) and kept.invocations == 1 and (tmp_path / NAME).read_text() == before
+
+
 def test_tables_only_writes_the_tables_from_the_kept_runs_and_starts_no_server(tmp_path, tiny_model, monkeypatch):
     # A long run stopped partway: full kept one seed, mepic two, epic-16 none of the three asked for.
     monkeypatch.setattr(run, "ServerProcess", lambda *a, **k: pytest.fail("--tables-only started a server"))
