@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from eval.checkpoint import NAME, key
-from eval.run import pct, ttft_parts
+from eval.run import computed_tokens, pct, ttft_parts
 
 
 def load(folder: Path) -> dict[tuple, dict]:
@@ -71,8 +71,7 @@ def alone(outputs) -> tuple[list, list]:
         meta = o[2]
         start, end = o[5], meta["prefill_finished_time"]
         busy = any(j != i and s < end and e > start for j, (s, e) in enumerate(spans))
-        done = meta.get("mepic_recomputed_tokens", meta["prompt_tokens"] - meta["cached_tokens"])
-        (shared if busy else solo).append((parts[2], done))
+        (shared if busy else solo).append((parts[2], computed_tokens(meta)))
     return solo, shared
 
 

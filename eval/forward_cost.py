@@ -37,7 +37,7 @@ from pathlib import Path
 
 import requests
 
-from eval.run import SYSTEMS, Sampler
+from eval.run import SYSTEMS, Sampler, computed_tokens
 from sglang_mepic import models
 from sglang_mepic.lang import chunk
 from sglang_mepic.server_process import ServerProcess
@@ -60,8 +60,7 @@ def text_forward(server, text: str) -> tuple[float, int, int]:
         "text": text, "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
     r.raise_for_status()
     meta = r.json()["meta_info"]
-    computed = meta.get("mepic_recomputed_tokens", meta["prompt_tokens"] - meta["cached_tokens"])
-    return meta["prefill_finished_time"] - meta["forward_entry_time"], meta["prompt_tokens"], computed
+    return meta["prefill_finished_time"] - meta["forward_entry_time"], meta["prompt_tokens"], computed_tokens(meta)
 
 
 def context_cost(model: str, systems: list[str], contexts: list[int], question: int, head: int, repeats: int,

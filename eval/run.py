@@ -226,6 +226,11 @@ def kv_bytes_per_token(model_path: str) -> int:
     return 2 * cfg["num_hidden_layers"] * heads * head_dim * 4  # K and V, float32
 
 
+def computed_tokens(meta: dict) -> int:
+    """Prompt tokens a request computed: MEPIC's count, or what SGLang's prefix cache did not hold."""
+    return meta.get("mepic_recomputed_tokens", meta["prompt_tokens"] - meta["cached_tokens"])
+
+
 def ttft_parts(output) -> tuple[float, float, float] | None:
     """(before the queue, queue, prefill forward) seconds of one request, from SGLang's meta_info:
     before the queue is tokenizing and dispatch; the queue includes any hold for chunk compiles."""
@@ -250,7 +255,7 @@ def summarize(points: list[Point], workloads: dict, new_tokens: int, page_bytes:
         peak = max(p.used_pages, default=0)
         if p.exact_peak is not None:
             peak = max(peak, p.exact_peak)
-        recomputed = [m.get("mepic_recomputed_tokens", m["prompt_tokens"] - m["cached_tokens"]) for m in metas]
+        recomputed = [computed_tokens(m) for m in metas]
         compiled = [m.get("mepic_compiled_tokens", 0) for m in metas]
         ttft = [o[3] for o in p.outputs]
         # A request whose compiles computed a chunk waited a prefill round for them; one whose
