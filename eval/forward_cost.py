@@ -2,7 +2,7 @@
 
     .venv/bin/python -m eval.forward_cost [--model models/smollm2-135m] [--systems vanilla,mepic]
                                           [--tokens 16,64,128,256,512,1024] [--repeats 5] [--poll-metrics]
-    .venv/bin/python -m eval.forward_cost --context 0,256,512,1024 [--question 64] [--head 16] [...]
+    .venv/bin/python -m eval.forward_cost --context 0,256,512,1024 [--question 64] [--head 16] [--poll-metrics] [...]
 
 One server per system (eval.run's flags, float32). Requests go one at a time, so
 each prefill is alone in its batch: prompts of random token ids (a fresh draw per
@@ -64,11 +64,12 @@ def text_forward(server, text: str) -> tuple[float, int, int]:
 
 
 def context_cost(model: str, systems: list[str], contexts: list[int], question: int, head: int, repeats: int,
-                 words) -> None:
+                 words, poll: bool) -> None:
     """Forward p50 against the stored context each prompt attends to (see the module's doc)."""
     print(f"model {Path(model).name}, float32, one request at a time, 1 new token, {repeats} per context; "
           + (f"{head} fresh head tokens, " if head else "")
-          + f"stored chunks of {CHUNK_TOKENS} random tokens, then {question} fresh question tokens")
+          + f"stored chunks of {CHUNK_TOKENS} random tokens, then {question} fresh question tokens"
+          + ("; /metrics polled at 10 Hz meanwhile" if poll else ""))
     print("| system | " + " | ".join(f"{c} ctx" for c in contexts)
           + " | computed tok/req | fixed a (s) | per context token b (ms) |")
     print("|---|" + "---|" * (len(contexts) + 3))
@@ -77,6 +78,9 @@ def context_cost(model: str, systems: list[str], contexts: list[int], question: 
     for system in systems:
         with ServerProcess(model, "--dtype", "float32", *SYSTEMS[system], startup_timeout=600) as server:
             text_forward(server, words(question))  # warm-up
+            sampler = Sampler(server.url, page_size=1)
+            if poll:
+                sampler.start()
             xs, ys, cells, computed = [], [], [], []
             for c in contexts:
                 draw = lambda: (words(head) if head else "") + docs[c] + words(question)  # noqa: E731
@@ -86,6 +90,7 @@ def context_cost(model: str, systems: list[str], contexts: list[int], question: 
                 ys += [f for f, _, _ in runs]
                 cells.append(f"{statistics.median(f for f, _, _ in runs):.3f}")
                 computed.append(f"{statistics.median(done for _, _, done in runs):.0f}")
+            sampler.stop.set()
             # With --head, vanilla reuses nothing: no line to fit.
             b, a = statistics.linear_regression(xs, ys) if len(set(xs)) > 1 else (None, None)
             fit = f"{a:.3f} | {b * 1e3:.3f}" if b is not None else "— | —"
@@ -128,7 +133,7 @@ def main(argv=None) -> None:
         def words(n: int) -> str:
             return tokenizer.decode([rng.randrange(low, high) for _ in range(n)])
 
-        context_cost(model, systems, contexts, args.question, args.head, args.repeats, words)
+        context_cost(model, systems, contexts, args.question, args.head, args.repeats, words, args.poll_metrics)
         return
     print(f"model {Path(model).name}, float32, one request at a time, 1 new token, {args.repeats} per length"
           + (", /metrics polled at 10 Hz meanwhile" if args.poll_metrics else ""))
