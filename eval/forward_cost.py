@@ -30,6 +30,7 @@ spends on it is taken from the forward's threads.
 """
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -63,6 +64,18 @@ def text_forward(server, text: str) -> tuple[float, int, int]:
     return meta["prefill_finished_time"] - meta["forward_entry_time"], meta["prompt_tokens"], computed_tokens(meta)
 
 
+@contextlib.contextmanager
+def polled(server, poll: bool):
+    """With `poll`, /metrics is polled at 10 Hz while the block runs, as eval.run's KV sampler does."""
+    sampler = Sampler(server.url, page_size=1)
+    if poll:
+        sampler.start()
+    try:
+        yield
+    finally:
+        sampler.stop.set()
+
+
 def context_cost(model: str, systems: list[str], contexts: list[int], question: int, head: int, repeats: int,
                  words, poll: bool) -> None:
     """Forward p50 against the stored context each prompt attends to (see the module's doc)."""
@@ -78,19 +91,16 @@ def context_cost(model: str, systems: list[str], contexts: list[int], question: 
     for system in systems:
         with ServerProcess(model, "--dtype", "float32", *SYSTEMS[system], startup_timeout=600) as server:
             text_forward(server, words(question))  # warm-up
-            sampler = Sampler(server.url, page_size=1)
-            if poll:
-                sampler.start()
             xs, ys, cells, computed = [], [], [], []
-            for c in contexts:
-                draw = lambda: (words(head) if head else "") + docs[c] + words(question)  # noqa: E731
-                text_forward(server, draw())  # stores the chunks (compiles, or the prefix)
-                runs = [text_forward(server, draw()) for _ in range(repeats)]
-                xs += [prompt - done for _, prompt, done in runs]  # the tokens reused
-                ys += [f for f, _, _ in runs]
-                cells.append(f"{statistics.median(f for f, _, _ in runs):.3f}")
-                computed.append(f"{statistics.median(done for _, _, done in runs):.0f}")
-            sampler.stop.set()
+            with polled(server, poll):
+                for c in contexts:
+                    draw = lambda: (words(head) if head else "") + docs[c] + words(question)  # noqa: E731
+                    text_forward(server, draw())  # stores the chunks (compiles, or the prefix)
+                    runs = [text_forward(server, draw()) for _ in range(repeats)]
+                    xs += [prompt - done for _, prompt, done in runs]  # the tokens reused
+                    ys += [f for f, _, _ in runs]
+                    cells.append(f"{statistics.median(f for f, _, _ in runs):.3f}")
+                    computed.append(f"{statistics.median(done for _, _, done in runs):.0f}")
             # With --head, vanilla reuses nothing: no line to fit.
             b, a = statistics.linear_regression(xs, ys) if len(set(xs)) > 1 else (None, None)
             fit = f"{a:.3f} | {b * 1e3:.3f}" if b is not None else "— | —"
@@ -142,17 +152,14 @@ def main(argv=None) -> None:
     for system in systems:
         with ServerProcess(model, "--dtype", "float32", *SYSTEMS[system], startup_timeout=600) as server:
             forward(server, [rng.randrange(low, high) for _ in range(lengths[0])])  # warm-up
-            sampler = Sampler(server.url, page_size=1)
-            if args.poll_metrics:
-                sampler.start()
             xs, ys, cells = [], [], []
-            for n in lengths:
-                times = [forward(server, [rng.randrange(low, high) for _ in range(n)])
-                         for _ in range(args.repeats)]
-                xs += [n] * len(times)
-                ys += times
-                cells.append(f"{statistics.median(times):.3f}")
-            sampler.stop.set()
+            with polled(server, args.poll_metrics):
+                for n in lengths:
+                    times = [forward(server, [rng.randrange(low, high) for _ in range(n)])
+                             for _ in range(args.repeats)]
+                    xs += [n] * len(times)
+                    ys += times
+                    cells.append(f"{statistics.median(times):.3f}")
             b, a = statistics.linear_regression(xs, ys)
             print(f"| {system} | " + " | ".join(cells) + f" | {a:.3f} | {b * 1e3:.2f} |", flush=True)
 
