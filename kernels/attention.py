@@ -435,14 +435,17 @@ def whole_wave_splits(programs_per_split: int, capacity: int, max_splits: int = 
 
     capacity is the CTAs the GPU runs at once (CTAs per SM of the compiled kernel x SMs).
     Time ~ waves rounded up x keys per program, so the cost of s splits is
-    ceil(P s / capacity) / s, with 3% per extra split for its merge and prologue; more
-    splits are taken only for a gain of 10% at least.
+    ceil(P s / capacity) / s, with 1% per extra split for its merge and prologue; more
+    splits are taken for a gain of 2% at least. Calibrated on an H200
+    (eval/results/gpu/h200.md, `eval/gpu/sweep_decode.py`): it picks the fastest
+    measured count, or one within 2% of it, at batch 1/8/64 and 4k/32k context;
+    the former 3% and 10% kept batch 64 at 2 splits, 9% slower than 3.
     """
     p, cap = max(programs_per_split, 1), max(capacity, 1)
     best, best_cost = 1, float("inf")
     for s in range(1, max_splits + 1):
-        cost = -(-p * s // cap) / s * (1 + 0.03 * (s - 1))
-        if cost < 0.9 * best_cost:
+        cost = -(-p * s // cap) / s * (1 + 0.01 * (s - 1))
+        if cost < 0.98 * best_cost:
             best, best_cost = s, cost
     return best
 
@@ -507,7 +510,10 @@ def launch_config(kind: str, head_dim: int, dtype: torch.dtype, arch: int = 90) 
     measured on a GPU (`eval/bench_attention.py --device cuda`), not here.
     """
     if kind == "decode":  # on sm_80, 4 warps spill (partial rotary, table)
-        return dict(block_n=32, block_h=16, num_warps=4 if arch >= 90 else 8, num_stages=2,
+        # 64-key tiles on sm_90 in 16 bits: 1.1-1.5x faster than 32 at every measured point (H200 sweep,
+        # eval/results/gpu/h200.md); fp32 and sm_80 keep 32, not measured with 64.
+        wide = arch >= 90 and dtype in (torch.bfloat16, torch.float16)
+        return dict(block_n=64 if wide else 32, block_h=16, num_warps=4 if arch >= 90 else 8, num_stages=2,
                     ctas_per_sm=DECODE_CTAS_PER_SM.get(arch, 2))
     if dtype == torch.float32:  # 8 warps: ptxas caps at 128 registers and spills 16 bytes
         return dict(block_m=32, block_n=16, num_warps=4, num_stages=1, ctas_per_sm=1)
@@ -517,12 +523,11 @@ def launch_config(kind: str, head_dim: int, dtype: torch.dtype, arch: int = 90) 
 
 
 # CTAs per SM of the decode kernel where none is compiled (CPU, the interpreter, the static model's
-# fallback): the default variant's (on-chip cos/sin), head dim 128, bf16, as the venv's Triton 3.7.1
-# compiles it (128 registers: sm_90 4 warps, 4 CTAs/SM; sm_80 8 warps, 2). tests/test_kernels.py keeps it
-# equal to the compiled kernel's. On a GPU the backend sizes splits from the kernel compiled there
-# (`decode_ctas_per_sm`): the H100 run's Triton 3.6.0 had compiled the previous source to 109 registers,
-# 4 CTAs/SM, where this table said 3 (eval/results/gpu/after.md).
-DECODE_CTAS_PER_SM = {90: 4, 80: 2}
+# fallback): the default variant's (on-chip cos/sin, 64-key tiles on sm_90), head dim 128, bf16, as the
+# venv's Triton 3.7.1 compiles it (sm_90: 168 registers, 4 warps, 3 CTAs/SM; sm_80: 128 registers, 8 warps,
+# 2). tests/test_kernels.py keeps it equal to the compiled kernel's. On a GPU the backend sizes splits from
+# the kernel compiled there (`decode_ctas_per_sm`): the H200 run's Triton 3.6.0 also fits 3 CTAs/SM of it.
+DECODE_CTAS_PER_SM = {90: 3, 80: 2}
 EXTEND_TILE_90 = (128, 32)  # rows x keys of the sm_90 extend tile (eval/results/gpu/model.md: 128 x 64 sits at
 # 255 registers and spills in two of its four variants; 64-row tiles cost twice the rotation per score)
 # The backend computes cos/sin on chip (where the model's cache is cos(p * inv_freq) * mscale;

@@ -1,0 +1,148 @@
+"""Decode launch sweep: which tile, warps, pipeline depth and split count run fastest, beside SGLang's decode.
+
+Device machine, with .gpu_carry carried (eval/gpu/make_carry.sh builds it):
+    cd .gpu_carry && PYTHONPATH=proj:sgl python3 sweep_decode.py [--budget SECONDS] [--json PATH]
+CPU check of the script (Triton interpreter, tiny shapes; times meaningless):
+    cd .gpu_carry && PYTHONPATH=proj:sgl python3 sweep_decode.py --device cpu --tiny
+
+Why: on an H200 (eval/results/gpu/h200.md) our decode at batch 64, 32k context ran 1.48x SGLang's while
+every other decode point was within 1.10x; ncu showed 136 registers, 3 CTAs/SM (18.75% occupancy) and 40% of
+DRAM throughput. This times `decode(...)` over block_n x num_warps x num_stages x splits (the count
+`num_kv_splits` picks for that variant's compiled capacity, and fixed counts) on the bench's shapes
+(Llama-3-8B heads 32/8/128, bf16, shuffled pages of 16, cos/sin on chip), and SGLang 0.5.23's
+`decode_attention_fwd` with its own split heuristic on the same pool. Every variant is checked against
+the first variant's output before it is timed. Timer: triton.testing.do_bench median (L2 flushed).
+"""
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--device", default="cuda")
+ap.add_argument("--tiny", action="store_true")
+ap.add_argument("--budget", type=float, default=240, help="seconds; cases stop being swept after it")
+ap.add_argument("--json", help="default $OUT/sweep_decode.json")
+args = ap.parse_args()
+DEV = args.device
+if DEV == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+import check_kernels as ck  # noqa: E402
+from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd  # noqa: E402
+from sglang.kernels.ops.attention.metadata import get_num_kv_splits_triton  # noqa: E402
+from sglang_mepic.kernels import attention as K  # noqa: E402
+from sglang_mepic.rope import Rope, cos_sin_cache  # noqa: E402
+
+ck.dev = DEV
+DTYPE = torch.bfloat16 if DEV == "cuda" else torch.float16
+D, HQ, HKV = (64, 4, 2) if args.tiny else (128, 32, 8)
+SMS = K.sm_count(DEV)
+CASES = [(2, 256)] if args.tiny else [(64, 32768), (8, 32768), (64, 4096), (1, 32768)]
+VARIANTS = [dict(block_n=32, num_warps=4, num_stages=2)] if args.tiny else [
+    dict(block_n=bn, num_warps=w, num_stages=s) for bn, w, s in itertools.product((32, 64), (4, 8), (2, 3, 4))]
+FIXED_SPLITS = [1, 2] if args.tiny else [1, 2, 3, 4, 6, 8, 12, 16]
+START = time.perf_counter()
+
+
+def timed(fn):
+    if DEV != "cuda":
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=10, rep=60, return_mode="median")
+
+
+def main():
+    table = cos_sin_cache(D, ck.MAX_POS)
+    freqs = Rope(table, D, D, True).frequencies()
+    chip = dict(inv_freq=freqs[0].float().contiguous().to(DEV), mscale=freqs[1])
+    cache, scale = table.to(DEV), D ** -0.5
+    info = dict(device=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__,
+                triton=triton.__version__, sms=SMS, project_commit=open("proj/COMMIT").read().strip()
+                if os.path.exists("proj/COMMIT") else "?", dtype=str(DTYPE), heads=[HQ, HKV, D])
+    print(json.dumps(info), flush=True)
+    rows = []
+    for b, L in CASES:
+        if time.perf_counter() - START > args.budget:
+            print(f"budget spent: case {b}x{L} skipped", flush=True)
+            continue
+        kp, vp, r2t, r2p, ri = ck.make_batch([L] * b, [1] * b, HQ, HKV, D, 16, DTYPE, seed=1, identity=True,
+                                             pool_device=DEV)
+        seq = torch.full((b,), L, dtype=torch.int32, device=DEV)
+        qpos = torch.full((b,), L - 1, dtype=torch.int32, device=DEV)
+        q = torch.randn(b, HQ, D, device=DEV, dtype=DTYPE)
+        ws = K.DecodeWorkspace(b, HQ, D, DEV)
+        out = torch.empty(b, HQ, D, device=DEV, dtype=DTYPE)
+        # SGLang's decode on the same pool (slot lists as its kv_indices), its own split heuristic.
+        slots = r2t[ri.long(), :L].long()
+        auto = torch.full((b,), 8, dtype=torch.int32, device=DEV)
+        try:
+            get_num_kv_splits_triton[(1,)](auto, seq, b, 1, HQ, HKV, 8, SMS, MAX_NUM_SEQ=max(256, triton.next_power_of_2(b)))
+        except Exception:
+            pass
+        o, logits = torch.empty_like(q), torch.empty(b, HQ, 8, D, dtype=torch.float32, device=DEV)
+        lse = torch.empty(b, HQ, 8, dtype=torch.float32, device=DEV)
+        indptr = torch.arange(b + 1, dtype=torch.int32, device=DEV) * L
+        pdl = DEV == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+        sgl = timed(lambda: decode_attention_fwd(q, kp, vp, o, indptr, slots.flatten(), logits, lse, auto, 8, scale,
+                                                 1.0, 1.0, use_pdl=pdl))
+        print(json.dumps(dict(batch=b, ctx=L, sglang_ms=round(sgl, 4), sglang_splits=int(auto[0]))), flush=True)
+        ref = None
+        for v in VARIANTS:
+            if time.perf_counter() - START > args.budget:
+                break
+            tensors = (q, kp, vp, r2t, r2p, ri, seq, qpos, cache)
+            try:
+                ctas = K.decode_ctas_per_sm(*tensors, D, True, scale, workspace=ws, **v, **chip)
+            except Exception as e:
+                print(json.dumps(dict(batch=b, ctx=L, **v, error=f"{type(e).__name__}: {str(e)[-200:]}")), flush=True)
+                continue
+            picked = K.whole_wave_splits(K.decode_programs_per_split(b, HQ, HKV), SMS * ctas)
+            for s in sorted(set(FIXED_SPLITS) | {picked}):
+                splits = K.num_kv_splits(seq, K.decode_programs_per_split(b, HQ, HKV), SMS, ctas_per_sm=ctas) \
+                    if s == picked else torch.full((b,), s, dtype=torch.int32, device=DEV)
+                if s != picked and (L + s - 1) // s < 32:
+                    continue
+
+                def run():
+                    return K.decode(*tensors, D, True, scale, out=out, splits=splits, workspace=ws, **v, **chip)
+                try:
+                    res = run().float()
+                    if ref is None:
+                        ref = res.clone()
+                    err = (res - ref).abs().max().item()
+                    ms = timed(run)
+                except Exception as e:
+                    print(json.dumps(dict(batch=b, ctx=L, **v, splits=s, error=f"{type(e).__name__}: {str(e)[-200:]}")),
+                          flush=True)
+                    continue
+                row = dict(batch=b, ctx=L, **v, ctas_per_sm=ctas, splits=int(splits[0]), picked=s == picked,
+                           ms=round(ms, 4), vs_sglang=round(ms / sgl, 3), err=round(err, 5))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print("\n## best per case (ours / SGLang)\n")
+    for b, L in CASES:
+        mine = [r for r in rows if r["batch"] == b and r["ctx"] == L]
+        if not mine:
+            continue
+        best = min(mine, key=lambda r: r["ms"])
+        default = [r for r in mine if r["picked"] and (r["block_n"], r["num_warps"], r["num_stages"]) == (32, 4, 2)]
+        print(f"B={b} ctx={L}: best {best['ms']} ms ({best['vs_sglang']}x) block_n {best['block_n']} warps "
+              f"{best['num_warps']} stages {best['num_stages']} splits {best['splits']} ctas/SM {best['ctas_per_sm']}"
+              + (f"; default {default[0]['ms']} ms ({default[0]['vs_sglang']}x, splits {default[0]['splits']})"
+                 if default else ""))
+    path = args.json or os.path.join(os.environ.get("OUT", "."), "sweep_decode.json")
+    json.dump(dict(info=info, rows=rows), open(path, "w"), indent=1)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
