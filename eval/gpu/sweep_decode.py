@@ -6,12 +6,15 @@ CPU check of the script (Triton interpreter, tiny shapes; times meaningless):
     cd .gpu_carry && PYTHONPATH=proj:sgl python3 sweep_decode.py --device cpu --tiny
 
 Why: on an H200 (eval/results/gpu/h200.md) our decode at batch 64, 32k context ran 1.48x SGLang's while
-every other decode point was within 1.10x; ncu showed 136 registers, 3 CTAs/SM (18.75% occupancy) and 40% of
-DRAM throughput. This times `decode(...)` over block_n x num_warps x num_stages x splits (the count
-`num_kv_splits` picks for that variant's compiled capacity, and fixed counts) on the bench's shapes
-(Llama-3-8B heads 32/8/128, bf16, shuffled pages of 16, cos/sin on chip), and SGLang 0.5.23's
-`decode_attention_fwd` with its own split heuristic on the same pool. Every variant is checked against
-the first variant's output before it is timed. Timer: triton.testing.do_bench median (L2 flushed).
+every other decode point was within 1.10x; ncu showed 136 registers, 3 CTAs/SM (18.75% occupancy) and 40%
+of DRAM throughput. This sweep led 36d19a8 to 64-key tiles and a recalibrated split rule.
+
+It times `decode(...)` over block_n x num_warps x num_stages x splits (the count `num_kv_splits` picks for
+that variant's compiled capacity, and fixed counts) on the bench's shapes (Llama-3-8B heads 32/8/128, bf16,
+shuffled pages of 16, cos/sin on chip), and SGLang 0.5.23's `decode_attention_fwd` with its own split
+heuristic on the same pool. Every variant is checked against the first variant's output before it is
+timed. Timer: triton.testing.do_bench median (L2 flushed). "default" in the summary is what `decode(...)`
+launches when not told (`launch_config`, `num_kv_splits`).
 """
 
 import argparse
@@ -134,7 +137,9 @@ def main():
         if not mine:
             continue
         best = min(mine, key=lambda r: r["ms"])
-        default = [r for r in mine if r["picked"] and (r["block_n"], r["num_warps"], r["num_stages"]) == (32, 4, 2)]
+        cfg = K.launch_config("decode", D, DTYPE, K.device_arch(DEV))  # what decode(...) launches unasked
+        default = [r for r in mine if r["picked"] and (r["block_n"], r["num_warps"], r["num_stages"]) ==
+                   (cfg["block_n"], cfg["num_warps"], cfg["num_stages"])]
         print(f"B={b} ctx={L}: best {best['ms']} ms ({best['vs_sglang']}x) block_n {best['block_n']} warps "
               f"{best['num_warps']} stages {best['num_stages']} splits {best['splits']} ctas/SM {best['ctas_per_sm']}"
               + (f"; default {default[0]['ms']} ms ({default[0]['vs_sglang']}x, splits {default[0]['splits']})"
