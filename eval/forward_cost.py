@@ -46,11 +46,17 @@ from sglang_mepic.server_process import ServerProcess
 CHUNK_TOKENS = 128
 
 
+def refused(r, what: str) -> None:
+    """Stop with the server's reason (a prompt past the context length, say), not only its status."""
+    if not r.ok:
+        raise SystemExit(f"forward_cost: {what} refused: HTTP {r.status_code}: {r.text[:300]}")
+
+
 def forward(server, ids: list[int]) -> float:
     """One request alone: its forward in seconds."""
     r = requests.post(server.url + "/generate", timeout=600, json={
         "input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
-    r.raise_for_status()
+    refused(r, f"{len(ids)}-token prompt")
     meta = r.json()["meta_info"]
     return meta["prefill_finished_time"] - meta["forward_entry_time"]
 
@@ -59,7 +65,7 @@ def text_forward(server, text: str) -> tuple[float, int, int]:
     """One text request alone: its forward in seconds, its prompt tokens, and the tokens it computed."""
     r = requests.post(server.url + "/generate", timeout=600, json={
         "text": text, "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
-    r.raise_for_status()
+    refused(r, f"{len(text)}-character prompt")
     meta = r.json()["meta_info"]
     return meta["prefill_finished_time"] - meta["forward_entry_time"], meta["prompt_tokens"], computed_tokens(meta)
 
