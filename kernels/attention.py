@@ -510,7 +510,7 @@ def launch_config(kind: str, head_dim: int, dtype: torch.dtype, arch: int = 90) 
     measured on a GPU (`eval/bench_attention.py --device cuda`), not here.
     """
     if kind == "decode":  # on sm_80, 4 warps spill (partial rotary, table)
-        # 64-key tiles on sm_90 in 16 bits: 1.1-1.5x faster than 32 at every measured point (H200 sweep,
+        # 64-key tiles on sm_90 in 16 bits: 1.3-1.4x faster than 32 at equal splits at every point (H200 sweep,
         # eval/results/gpu/h200.md); fp32 and sm_80 keep 32, not measured with 64.
         wide = arch >= 90 and dtype in (torch.bfloat16, torch.float16)
         return dict(block_n=64 if wide else 32, block_h=16, num_warps=4 if arch >= 90 else 8, num_stages=2,
