@@ -17,22 +17,14 @@ timed. Timer: triton.testing.do_bench median (L2 flushed). "default" in the summ
 launches when not told (`launch_config`, `num_kv_splits`).
 """
 
-import argparse
 import itertools
 import json
-import os
 import sys
-import time
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--device", default="cuda")
-ap.add_argument("--tiny", action="store_true")
-ap.add_argument("--budget", type=float, default=240, help="seconds; cases stop being swept after it")
-ap.add_argument("--json", help="default $OUT/sweep_decode.json")
-args = ap.parse_args()
+import sweep_setup as setup
+
+args = setup.parse("sweep_decode", 240)
 DEV = args.device
-if DEV == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -41,7 +33,6 @@ import check_kernels as ck  # noqa: E402
 from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd  # noqa: E402
 from sglang.kernels.ops.attention.metadata import get_num_kv_splits_triton  # noqa: E402
 from sglang_mepic.kernels import attention as K  # noqa: E402
-from sglang_mepic.rope import Rope, cos_sin_cache  # noqa: E402
 
 ck.dev = DEV
 DTYPE = torch.bfloat16 if DEV == "cuda" else torch.float16
@@ -51,30 +42,15 @@ CASES = [(2, 256)] if args.tiny else [(64, 32768), (8, 32768), (64, 4096), (1, 3
 VARIANTS = [dict(block_n=32, num_warps=4, num_stages=2)] if args.tiny else [
     dict(block_n=bn, num_warps=w, num_stages=s) for bn, w, s in itertools.product((32, 64), (4, 8), (2, 3, 4))]
 FIXED_SPLITS = [1, 2] if args.tiny else [1, 2, 3, 4, 6, 8, 12, 16]
-START = time.perf_counter()
-
-
-def timed(fn):
-    if DEV != "cuda":
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    from triton.testing import do_bench
-    return do_bench(fn, warmup=10, rep=60, return_mode="median")
 
 
 def main():
-    table = cos_sin_cache(D, ck.MAX_POS)
-    freqs = Rope(table, D, D, True).frequencies()
-    chip = dict(inv_freq=freqs[0].float().contiguous().to(DEV), mscale=freqs[1])
-    cache, scale = table.to(DEV), D ** -0.5
-    info = dict(device=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__,
-                triton=triton.__version__, sms=SMS, project_commit=open("proj/COMMIT").read().strip()
-                if os.path.exists("proj/COMMIT") else "?", dtype=str(DTYPE), heads=[HQ, HKV, D])
-    print(json.dumps(info), flush=True)
+    cache, chip = setup.rope(D, DEV, ck.MAX_POS)
+    scale = D ** -0.5
+    info = setup.info(DEV, DTYPE, (HQ, HKV, D), SMS)
     rows = []
     for b, L in CASES:
-        if time.perf_counter() - START > args.budget:
+        if setup.spent(args):
             print(f"budget spent: case {b}x{L} skipped", flush=True)
             continue
         kp, vp, r2t, r2p, ri = ck.make_batch([L] * b, [1] * b, HQ, HKV, D, 16, DTYPE, seed=1, identity=True,
@@ -95,18 +71,18 @@ def main():
         lse = torch.empty(b, HQ, 8, dtype=torch.float32, device=DEV)
         indptr = torch.arange(b + 1, dtype=torch.int32, device=DEV) * L
         pdl = DEV == "cuda" and torch.cuda.get_device_capability()[0] >= 9
-        sgl = timed(lambda: decode_attention_fwd(q, kp, vp, o, indptr, slots.flatten(), logits, lse, auto, 8, scale,
-                                                 1.0, 1.0, use_pdl=pdl))
+        sgl = setup.timed(lambda: decode_attention_fwd(q, kp, vp, o, indptr, slots.flatten(), logits, lse, auto, 8, scale,
+                                                 1.0, 1.0, use_pdl=pdl), DEV)
         print(json.dumps(dict(batch=b, ctx=L, sglang_ms=round(sgl, 4), sglang_splits=int(auto[0]))), flush=True)
-        ref = None
+        ref = []
         for v in VARIANTS:
-            if time.perf_counter() - START > args.budget:
+            if setup.spent(args):
                 break
             tensors = (q, kp, vp, r2t, r2p, ri, seq, qpos, cache)
             try:
                 ctas = K.decode_ctas_per_sm(*tensors, D, True, scale, workspace=ws, **v, **chip)
             except Exception as e:
-                print(json.dumps(dict(batch=b, ctx=L, **v, error=f"{type(e).__name__}: {str(e)[-200:]}")), flush=True)
+                setup.failed(e, batch=b, ctx=L, **v)
                 continue
             picked = K.whole_wave_splits(K.decode_programs_per_split(b, HQ, HKV), SMS * ctas)
             for s in sorted(set(FIXED_SPLITS) | {picked}):
@@ -118,14 +94,9 @@ def main():
                 def run():
                     return K.decode(*tensors, D, True, scale, out=out, splits=splits, workspace=ws, **v, **chip)
                 try:
-                    res = run().float()
-                    if ref is None:
-                        ref = res.clone()
-                    err = (res - ref).abs().max().item()
-                    ms = timed(run)
+                    ms, err = setup.measure(run, ref, DEV)
                 except Exception as e:
-                    print(json.dumps(dict(batch=b, ctx=L, **v, splits=s, error=f"{type(e).__name__}: {str(e)[-200:]}")),
-                          flush=True)
+                    setup.failed(e, batch=b, ctx=L, **v, splits=s)
                     continue
                 row = dict(batch=b, ctx=L, **v, ctas_per_sm=ctas, splits=int(splits[0]), picked=s == picked,
                            ms=round(ms, 4), vs_sglang=round(ms / sgl, 3), err=round(err, 5))
@@ -144,9 +115,7 @@ def main():
               f"{best['num_warps']} stages {best['num_stages']} splits {best['splits']} ctas/SM {best['ctas_per_sm']}"
               + (f"; default {default[0]['ms']} ms ({default[0]['vs_sglang']}x, splits {default[0]['splits']})"
                  if default else ""))
-    path = args.json or os.path.join(os.environ.get("OUT", "."), "sweep_decode.json")
-    json.dump(dict(info=info, rows=rows), open(path, "w"), indent=1)
-    print("wrote", path)
+    setup.write(args, "sweep_decode", info, rows)
 
 
 if __name__ == "__main__":

@@ -14,22 +14,14 @@ same pool. Every variant is checked against the first variant's output before it
 triton.testing.do_bench median (L2 flushed). "default" in the summary is what `extend(...)` launches unasked.
 """
 
-import argparse
 import itertools
 import json
-import os
 import sys
-import time
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--device", default="cuda")
-ap.add_argument("--tiny", action="store_true")
-ap.add_argument("--budget", type=float, default=150, help="seconds; variants stop being timed after it")
-ap.add_argument("--json", help="default $OUT/sweep_extend.json")
-args = ap.parse_args()
+import sweep_setup as setup
+
+args = setup.parse("sweep_extend", 150)
 DEV = args.device
-if DEV == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -37,7 +29,6 @@ import triton  # noqa: E402
 import check_kernels as ck  # noqa: E402
 from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd  # noqa: E402
 from sglang_mepic.kernels import attention as K  # noqa: E402
-from sglang_mepic.rope import Rope, cos_sin_cache  # noqa: E402
 
 ck.dev = DEV
 DTYPE = torch.bfloat16 if DEV == "cuda" else torch.float16
@@ -46,28 +37,13 @@ CASES = [(64, 64), (96, 16)] if args.tiny else [(4096, 4096), (2048, 2048), (219
 VARIANTS = [dict(block_m=32, block_n=16, num_warps=4, num_stages=1)] if args.tiny else [
     dict(block_m=m, block_n=n, num_warps=w, num_stages=s)
     for m, n, w, s in itertools.product((64, 128), (32, 64), (4, 8), (2, 3))]
-START = time.perf_counter()
-
-
-def timed(fn):
-    if DEV != "cuda":
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    from triton.testing import do_bench
-    return do_bench(fn, warmup=10, rep=60, return_mode="median")
 
 
 def main():
-    table = cos_sin_cache(D, ck.MAX_POS)
-    freqs = Rope(table, D, D, True).frequencies()
-    chip = dict(inv_freq=freqs[0].float().contiguous().to(DEV), mscale=freqs[1])
-    cache, scale = table.to(DEV), D ** -0.5
+    cache, chip = setup.rope(D, DEV, ck.MAX_POS)
+    scale = D ** -0.5
     sms = K.sm_count(DEV)
-    info = dict(device=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__,
-                triton=triton.__version__, sms=sms, project_commit=open("proj/COMMIT").read().strip()
-                if os.path.exists("proj/COMMIT") else "?", dtype=str(DTYPE), heads=[HQ, HKV, D])
-    print(json.dumps(info), flush=True)
+    info = setup.info(DEV, DTYPE, (HQ, HKV, D), sms)
     cfg = K.launch_config("extend", D, DTYPE, K.device_arch(DEV))
     rows, sgl_ms = [], {}
     for L, E in CASES:
@@ -86,13 +62,13 @@ def main():
         kv_indptr = torch.tensor([0, P], dtype=torch.int32, device=DEV)
         qo_indptr = torch.tensor([0, E], dtype=torch.int32, device=DEV)
         o = torch.empty_like(q)
-        sgl_ms[(L, E)] = sgl = timed(lambda: extend_attention_fwd(
+        sgl_ms[(L, E)] = sgl = setup.timed(lambda: extend_attention_fwd(
             q, ke, ve, o, kp, vp, qo_indptr, kv_indptr, kv_indices, None, True, None, E, 1.0, 1.0, scale,
-            extend_seq_lens_cpu=[E]))
+            extend_seq_lens_cpu=[E]), DEV)
         print(json.dumps(dict(ctx=L, new=E, sglang_ms=round(sgl, 4))), flush=True)
-        ref = None
+        ref = []
         for v in VARIANTS:
-            if time.perf_counter() - START > args.budget:
+            if setup.spent(args):
                 print(f"budget spent: {L}/{E} {v} skipped", flush=True)
                 continue
             blocks = triton.cdiv(E, K.extend_tile(HQ // HKV, v["block_m"])[1])
@@ -102,14 +78,9 @@ def main():
                     return K.extend(q, kp, vp, r2t, r2p, ri, seq, qs, el, pos, cache, D, True, scale, E, out=out,
                                     kv_end=kv_end, max_seq_len=L, splits=splits, **v, **chip)
                 try:
-                    res = run().float()
-                    if ref is None:
-                        ref = res.clone()
-                    err = (res - ref).abs().max().item()
-                    ms = timed(run)
+                    ms, err = setup.measure(run, ref, DEV)
                 except Exception as e:
-                    print(json.dumps(dict(ctx=L, new=E, **v, splits=splits,
-                                          error=f"{type(e).__name__}: {str(e)[-200:]}")), flush=True)
+                    setup.failed(e, ctx=L, new=E, **v, splits=splits)
                     continue
                 row = dict(ctx=L, new=E, **v, splits=splits, picked=splits == picked, ms=round(ms, 4),
                            vs_sglang=round(ms / sgl, 3), err=round(err, 5))
@@ -128,9 +99,7 @@ def main():
               f"{best['block_n']} warps {best['num_warps']} stages {best['num_stages']} splits {best['splits']}"
               + (f"; default {default[0]['ms']} ms ({default[0]['vs_sglang']}x, splits {default[0]['splits']})"
                  if default else "") + f"; SGLang {round(sgl_ms[(L, E)], 4)} ms")
-    path = args.json or os.path.join(os.environ.get("OUT", "."), "sweep_extend.json")
-    json.dump(dict(info=info, rows=rows), open(path, "w"), indent=1)
-    print("wrote", path)
+    setup.write(args, "sweep_extend", info, rows)
 
 
 if __name__ == "__main__":
