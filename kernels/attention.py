@@ -457,7 +457,8 @@ def num_kv_splits(seq_lens: torch.Tensor, programs_per_split: int, sm_count: int
     The count for the longest request fills the decode kernel's real capacity
     (`ctas_per_sm`: on a GPU, the compiled kernel's, `decode_ctas_per_sm`; when not
     given, `launch_config`'s static figure) in whole waves
-    (`whole_wave_splits`); never a split shorter than MIN_SPLIT_LEN keys,
+    (`whole_wave_splits`); splits of about MIN_SPLIT_LEN keys at least (whole key
+    tiles, so a request's last split may be shorter),
     and each request's splits in proportion to its length, so a short request in
     a long batch is not cut into slivers.
     """
@@ -511,8 +512,8 @@ def launch_config(kind: str, head_dim: int, dtype: torch.dtype, arch: int = 90) 
     """
     if kind == "decode":  # on sm_80, 4 warps spill (partial rotary, table)
         # 64-key tiles on sm_90 in 16 bits: 1.3-1.4x faster than 32 at equal splits at every point (H200 sweep,
-        # eval/results/gpu/h200.md); fp32 and sm_80 keep 32, not measured with 64.
-        wide = arch >= 90 and dtype in (torch.bfloat16, torch.float16)
+        # eval/results/gpu/h200.md); fp32, sm_80 and newer chips keep 32, not measured with 64.
+        wide = arch == 90 and dtype in (torch.bfloat16, torch.float16)
         return dict(block_n=64 if wide else 32, block_h=16, num_warps=4 if arch >= 90 else 8, num_stages=2,
                     ctas_per_sm=DECODE_CTAS_PER_SM.get(arch, 2))
     if dtype == torch.float32:  # 8 warps: ptxas caps at 128 registers and spills 16 bytes
@@ -605,8 +606,8 @@ def decode_ctas_per_sm(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq
 
     On a GPU: of the kernel Triton builds for them on this device (`JITFunction.warmup`: compiled, or taken
     from Triton's cache, and not launched), from its registers, warps and shared memory and the device's
-    limits (`occupancy`). So split counts follow the Triton version and GPU actually running: the same
-    source compiled to 138 registers with Triton 3.7.1 and to 109 with the H100 run's 3.6.0. Elsewhere
+    limits (`occupancy`). So split counts follow the Triton version and GPU actually running: the previous
+    32-key source compiled to 138 registers with Triton 3.7.1 and to 109 with the H100 run's 3.6.0. Elsewhere
     (CPU, the interpreter) `launch_config`'s static figure. Host work only, no stream sync; the backend
     asks once, at start-up.
     """

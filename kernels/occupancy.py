@@ -3,8 +3,8 @@
 The occupancy arithmetic of CUDA's calculator, from the compiled kernel's own
 resources (registers per thread, warps, shared memory) and the device's limits.
 The same kernel source compiles to different register counts under different
-Triton versions (3.7.1: 138 registers, 3 CTAs/SM on sm_90; the H100 run's 3.6.0:
-109, 4 CTAs/SM, eval/results/gpu/after.md), so on a GPU the capacity comes from
+Triton versions (the previous 32-key decode source: 3.7.1, 138 registers, 3 CTAs/SM
+on sm_90; the H100 run's 3.6.0, 109, 4 CTAs/SM, eval/results/gpu/after.md), so on a GPU the capacity comes from
 the kernel Triton actually built there (`compiled_ctas_per_sm`), not from a table.
 """
 
