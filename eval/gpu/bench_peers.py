@@ -48,18 +48,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.attention.bias import causal_lower_right  # noqa: E402
 
 import check_kernels as ck  # noqa: E402
-from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd  # noqa: E402
 from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd  # noqa: E402
-from sglang.kernels.ops.attention.metadata import get_num_kv_splits_triton  # noqa: E402
 from sglang_mepic.kernels import attention as K  # noqa: E402
 from sglang_mepic.rope import Rope, cos_sin_cache  # noqa: E402
+from sglang_decode import PDL, SglangDecode  # noqa: E402
 
 ck.dev = DEV
 DTYPE = getattr(torch, args.dtype or ("bfloat16" if DEV == "cuda" else "float16"))
 D, HQ, HKV = (64, 4, 2) if args.tiny else (128, 32, 8)
 PAGE = 16
-SGL_MAX_SPLITS = 8  # SGLang's --triton-attention-num-kv-splits default
-PDL = [DEV == "cuda" and torch.cuda.get_device_capability()[0] >= 9]  # SGLang: use_pdl = is_arch_support_pdl()
 SMS = K.sm_count(DEV)
 
 
@@ -142,32 +139,12 @@ def bench_decode(grid, rope, chip):
         measure(row, "ours_table", lambda: K.decode(q, kp, vp, r2t, r2p, ri, seq, qpos, cache, D, True, scale,
                                                     out=out, splits=splits, workspace=ws),
                 lambda o: o[:n], ref_rot, 100)
-        auto = torch.full((b,), SGL_MAX_SPLITS, dtype=torch.int32, device=DEV)
-        try:
-            get_num_kv_splits_triton[(1,)](auto, seq, b, 1, HQ, HKV, SGL_MAX_SPLITS, SMS,
-                                           MAX_NUM_SEQ=max(256, triton.next_power_of_2(b)))
-        except Exception as e:  # the interpreter cannot run it under numpy 2: SGLang's max splits then
-            row["sglang_splits_note"] = f"{type(e).__name__}: heuristic not run, {SGL_MAX_SPLITS} splits"
-        row["sglang_splits"] = int(auto[0])
-        o = torch.empty_like(q)
-        logits = torch.empty(b, HQ, SGL_MAX_SPLITS, D, dtype=torch.float32, device=DEV)
-        lse = torch.empty(b, HQ, SGL_MAX_SPLITS, dtype=torch.float32, device=DEV)
-        kv_indptr = torch.arange(b + 1, dtype=torch.int32, device=DEV) * L
-        kv_indices = slots.flatten()
-
-        def sglang():
-            try:
-                decode_attention_fwd(q, kp, vp, o, kv_indptr, kv_indices, logits, lse, auto, SGL_MAX_SPLITS, scale,
-                                     1.0, 1.0, use_pdl=PDL[0])
-            except Exception as e:
-                if not PDL[0]:
-                    raise
-                PDL[0] = False  # this triton cannot launch it with PDL: without, and say so
-                print(f"sglang decode: no PDL ({type(e).__name__}: {str(e)[-200:]})", flush=True)
-                return sglang()
-            return o
+        sglang = SglangDecode(q, kp, vp, slots, seq, SMS, scale)
+        if sglang.note:
+            row["sglang_splits_note"] = sglang.note
+        row["sglang_splits"] = int(sglang.splits[0])
         measure(row, "sglang", sglang, lambda o: o[:n], ref_pre, 100)
-        row["sglang_pdl"] = PDL[0]
+        row["sglang_pdl"] = sglang.pdl
         kc, vc = (p[slots].transpose(1, 2).contiguous() for p in (kp, vp))  # [b, Hkv, L, D]
         qc = q.view(b, HQ, 1, D)
         measure(row, "flash", lambda: sdpa(qc, kc, vc, [SDPBackend.FLASH_ATTENTION]), lambda o: o[:n, :, 0],
@@ -175,7 +152,7 @@ def bench_decode(grid, rope, chip):
         kv_bytes = 2 * b * L * HKV * D * DTYPE.itemsize
         row["kv_bytes"] = kv_bytes
         row["TBps"] = {k: round(kv_bytes / v / 1e9, 3) for k, v in row["ms"].items() if v == v}
-        del kp, vp, kc, vc
+        del kp, vp, kc, vc, sglang  # it holds the pools too
         finish(row, res)
     return res
 

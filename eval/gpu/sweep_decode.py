@@ -27,11 +27,9 @@ args = setup.parse("sweep_decode", 240)
 DEV = args.device
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 import check_kernels as ck  # noqa: E402
-from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd  # noqa: E402
-from sglang.kernels.ops.attention.metadata import get_num_kv_splits_triton  # noqa: E402
+from sglang_decode import SglangDecode  # noqa: E402
 from sglang_mepic.kernels import attention as K  # noqa: E402
 
 ck.dev = DEV
@@ -61,19 +59,10 @@ def main():
         ws = K.DecodeWorkspace(b, HQ, D, DEV)
         out = torch.empty(b, HQ, D, device=DEV, dtype=DTYPE)
         # SGLang's decode on the same pool (slot lists as its kv_indices), its own split heuristic.
-        slots = r2t[ri.long(), :L].long()
-        auto = torch.full((b,), 8, dtype=torch.int32, device=DEV)
-        try:
-            get_num_kv_splits_triton[(1,)](auto, seq, b, 1, HQ, HKV, 8, SMS, MAX_NUM_SEQ=max(256, triton.next_power_of_2(b)))
-        except Exception:
-            pass
-        o, logits = torch.empty_like(q), torch.empty(b, HQ, 8, D, dtype=torch.float32, device=DEV)
-        lse = torch.empty(b, HQ, 8, dtype=torch.float32, device=DEV)
-        indptr = torch.arange(b + 1, dtype=torch.int32, device=DEV) * L
-        pdl = DEV == "cuda" and torch.cuda.get_device_capability()[0] >= 9
-        sgl = setup.timed(lambda: decode_attention_fwd(q, kp, vp, o, indptr, slots.flatten(), logits, lse, auto, 8, scale,
-                                                 1.0, 1.0, use_pdl=pdl), DEV)
-        print(json.dumps(dict(batch=b, ctx=L, sglang_ms=round(sgl, 4), sglang_splits=int(auto[0]))), flush=True)
+        sglang = SglangDecode(q, kp, vp, r2t[ri.long(), :L].long(), seq, SMS, scale)
+        sgl = setup.timed(sglang, DEV)
+        print(json.dumps(dict(batch=b, ctx=L, sglang_ms=round(sgl, 4), sglang_splits=int(sglang.splits[0]),
+                              sglang_pdl=sglang.pdl)), flush=True)
         ref = []
         for v in VARIANTS:
             if setup.spent(args):
