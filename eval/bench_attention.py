@@ -259,7 +259,7 @@ class Peers:
                                                                     enable_gqa=True)
 
     def decode(self, batch, ctx):
-        from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+        from gpu.sglang_decode import SglangDecode  # eval/gpu: the harness without SGLang times it the same way
 
         hq, hkv, d, dev = self.hq, self.hkv, self.d, self.dev
         kp, vp, r2t, r2p, ri = paged_pool([ctx] * batch, hkv, d, self.dtype, dev, seed=1)
@@ -283,38 +283,13 @@ class Peers:
         self.measure(row, "ours", lambda: self.kernels.decode(q, kp, vp, r2t, r2p, ri, seq, qpos, cache, d, True,
                                                              d ** -0.5, splits=splits, workspace=ws,
                                                              **self.rope_args), lambda o: o[:n], ref_rot, 50)
-        # SGLang's default: at most 8 splits, per request from its own heuristic (get_num_kv_splits_triton).
-        max_splits = 8
-        auto = torch.full((batch,), max_splits, dtype=torch.int32, device=dev)
-        try:
-            from sglang.kernels.ops.attention.metadata import get_num_kv_splits_triton
-
-            get_num_kv_splits_triton[(1,)](auto, seq, batch, 1, hq, hkv, max_splits, self.sms,
-                                           MAX_NUM_SEQ=max(256, 1 << (batch - 1).bit_length()))
-        except Exception as e:  # the interpreter cannot run it under numpy 2: SGLang's max splits then
-            row["sglang_splits_note"] = f"{type(e).__name__}: heuristic not run, {max_splits} splits"
-        row["sglang_splits"] = int(auto[0])
-        o = torch.empty_like(q)
-        logits = torch.empty(batch, hq, max_splits, d, dtype=torch.float32, device=dev)
-        lse = torch.empty(batch, hq, max_splits, dtype=torch.float32, device=dev)
-        kv_indptr = torch.arange(batch + 1, dtype=torch.int32, device=dev) * ctx
-        kv_indices = slots.flatten()
-
-        # As SGLang's triton backend launches it: PDL on sm90+ (fallback without, if this triton cannot).
-        pdl = [dev == "cuda" and torch.cuda.get_device_capability()[0] >= 9]
-
-        def sglang():
-            try:
-                decode_attention_fwd(q, kp, vp, o, kv_indptr, kv_indices, logits, lse, auto, max_splits, d ** -0.5,
-                                     1.0, 1.0, use_pdl=pdl[0])
-            except Exception:
-                if not pdl[0]:
-                    raise
-                pdl[0] = False
-                row["sglang_pdl"] = False
-                return sglang()
-            return o
+        # As SGLang's triton backend launches it: its own split heuristic, PDL on sm90+.
+        sglang = SglangDecode(q, kp, vp, slots, seq, self.sms, d ** -0.5)
+        if sglang.note:
+            row["sglang_splits_note"] = sglang.note
+        row["sglang_splits"] = int(sglang.splits[0])
         self.measure(row, "sglang", sglang, lambda o: o[:n], ref_pre, 50)
+        row["sglang_pdl"] = sglang.pdl
         kc, vc = (p[slots].transpose(1, 2).contiguous() for p in (kp, vp))
         flash = [self.SDPBackend.FLASH_ATTENTION]
         self.measure(row, "flash", lambda: self.sdpa(q.view(batch, hq, 1, d), kc, vc, flash),
