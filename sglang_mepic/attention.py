@@ -15,6 +15,8 @@ from torch.nn.functional import scaled_dot_product_attention
 from sglang_mepic.rope import Rope
 from sglang_mepic.segments import NO_POSITION
 
+# attend_causal pads n queries over m keys to m when REDUNDANT_QUERIES * n >= m (see there).
+REDUNDANT_QUERIES = 3
 
 def attend(q: torch.Tensor, q_pos: torch.Tensor, k_nope: torch.Tensor, v: torch.Tensor,
            kv_pos: torch.Tensor, rope: Rope, scaling: float) -> torch.Tensor:
@@ -80,6 +82,17 @@ def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: fl
         out = scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scaling, enable_gqa=gqa)
     elif n == m:
         out = scaled_dot_product_attention(qh, kh, vh, scale=scaling, enable_gqa=gqa, is_causal=True)
+    elif REDUNDANT_QUERIES * n >= m:
+        # An explicit mask sends CPU SDPA down its math path: 21 ms for 1,411 queries over 1,590
+        # keys against 7 ms on the causal flash path (tiny-4l's heads), and the mepic backend's
+        # forward 1.65x torch_native's under eval.overload. As SGLang's torch_native does, pad
+        # the queries to m (zeros for the prefix) and keep the last n rows, each computed as a
+        # fresh request's would be. Below m / 3 the math path over n x m costs less (1.8 against
+        # 6.9 ms for 193 queries over 1,590 keys).
+        padded = qh.new_zeros((1, qh.shape[1], m, qh.shape[3]))
+        padded[:, :, m - n:] = qh
+        out = scaled_dot_product_attention(padded, kh, vh, scale=scaling, enable_gqa=gqa,
+                                           is_causal=True)[:, :, m - n:]
     else:
         mask = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n)
         out = scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[None, None], scale=scaling, enable_gqa=gqa)

@@ -105,7 +105,8 @@ def test_unsupported_rope_is_refused():
         Rope.from_module(module)
 
 
-@pytest.mark.parametrize("n", [1, 7, 40])
+# 7: the masked path; 20 and 33: queries padded to the keys (attention.REDUNDANT_QUERIES).
+@pytest.mark.parametrize("n", [1, 7, 20, 33, 40])
 def test_fast_paths_equal_the_reference(n):
     from sglang_mepic.attention import attend_paged, attend_plain
 
