@@ -18,6 +18,7 @@ from sglang_mepic.segments import NO_POSITION
 # attend_causal pads n queries over m keys to m when REDUNDANT_QUERIES * n >= m (see there).
 REDUNDANT_QUERIES = 3
 
+
 def attend(q: torch.Tensor, q_pos: torch.Tensor, k_nope: torch.Tensor, v: torch.Tensor,
            kv_pos: torch.Tensor, rope: Rope, scaling: float) -> torch.Tensor:
     """q [n, Hq, D] already rotated at q_pos [n]; k_nope, v [m, Hkv, D]; kv_pos [m]. Returns [n, Hq, Dv]."""
