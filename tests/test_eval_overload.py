@@ -1,0 +1,33 @@
+"""eval.overload reads SGLang's log lines and eval.run's outputs; no server here."""
+
+import inspect
+
+from eval import overload
+from eval.run import run_point
+
+
+def test_report_reads_batches_steps_and_forward():
+    log = ("Prefill batch, #new-seq: 1, #new-token: 1400, #cached-token: 190, token usage: 0.01, \n"
+           "Prefill batch, #new-seq: 3, #new-token: 4200, #cached-token: 570, token usage: 0.02, \n"
+           "Prefill batch, #new-seq: 1, #new-token: 1500, #cached-token: 190, token usage: 0.03, \n"
+           "Decode batch, #running-req: 4, #token: 6000, token usage: 0.02, gen throughput (token/s): 400.00, \n"
+           "Decode batch, #running-req: 2, #token: 3000, token usage: 0.01, gen throughput (token/s): 100.00, \n")
+    meta = {"queue_time": 0.01, "forward_entry_time": 100.02, "prefill_finished_time": 100.12}
+    outputs = [([1], "a", meta, 0.15, 0.4, 100.0)]
+    line = overload.report("full", outputs, 2.0, log)
+    assert "prefill batches 3, requests 1 and new tokens 1500 per batch" in line
+    assert "running batch median 3, max 4" in line
+    assert "decode step 15.0 ms" in line  # 4 / 400 and 2 / 100 s per step: 10 and 20 ms
+    assert "forward p50 0.100 s" in line and "queue p50 0.010 s" in line
+
+
+def test_calls_run_point_as_eval_run_defines_it():
+    # eval.overload once called run_point with an older signature and broke unnoticed.
+    call = inspect.getsource(overload.main).split("run_point(", 1)[1].split(")", 1)[0]
+    assert len([a for a in call.split(",") if a.strip()]) == len(inspect.signature(run_point).parameters)
+
+
+def test_variants_take_full_apart():
+    assert set(overload.VARIANTS) == {"vanilla-page16", "mepic-attention"}
+    assert "--page-size" in overload.VARIANTS["vanilla-page16"]
+    assert overload.VARIANTS["mepic-attention"][:2] == ["--attention-backend", "mepic"]
