@@ -30,7 +30,7 @@ from pathlib import Path
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from eval.run import (DEFAULT_HOST_TIER_GB, PAPER_POOL_PAGES, PIC, SYSTEMS, context_args, pool_pages, run_point,
+from eval.run import (DEFAULT_HOST_TIER_GB, PAPER_POOL_PAGES, SYSTEMS, context_args, pool_pages, run_point, tiered,
                       ttft_parts)
 from eval.workloads import render, with_reuse
 from sglang_mepic import models
@@ -92,9 +92,9 @@ def main() -> None:
     print(f"[overload] {args.dataset}, {len(texts)} requests x {args.chunks} chunks, reuse {args.reuse:g}, "
           f"QPS {args.qps:g}, model {Path(model).name}, pool {args.pool_pages:,} pages")
     for system in systems:
-        tier = ["--mepic-host-tier-gb", f"{DEFAULT_HOST_TIER_GB:g}"] if system in PIC else []
-        with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *CHOICES[system],
-                           *tier, startup_timeout=600, env=env) as server:
+        flags, _ = tiered(system, CHOICES[system], DEFAULT_HOST_TIER_GB)
+        with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *flags,
+                           startup_timeout=600, env=env) as server:
             pool = pool_pages(server, MEPIC_PAGE_SIZE)
             mark = len(server.log())
             outputs, _, _, seconds, _ = run_point(server, MEPIC_PAGE_SIZE, pool, texts, args.qps, 16, 0,

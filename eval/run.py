@@ -173,6 +173,12 @@ def mepic_stats(server) -> dict:
     return requests.get(server.url + "/server_info", timeout=60).json()["internal_states"][0].get("mepic", {})
 
 
+def tiered(system: str, flags: list[str], host_tier_gb: float) -> tuple[list[str], float]:
+    """A system's server flags with the host tier it gets (every PIC system the same), and the tier's size."""
+    tier = host_tier_gb if system in PIC else 0.0
+    return [*flags, *(["--mepic-host-tier-gb", f"{tier:g}"] if tier else [])], tier
+
+
 def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, new_tokens: int, seed: int,
               bar: tqdm) -> tuple[list, Sampler, int | None, float, dict]:
     requests.post(server.url + "/flush_cache", timeout=60).raise_for_status()
@@ -613,8 +619,7 @@ def main(argv=None) -> None:
             if not todo:
                 continue
             bar.set_postfix_str(f"{system}: starting server")
-            tier = args.host_tier_gb if system in PIC else 0.0
-            flags = [*SYSTEMS[system], *(["--mepic-host-tier-gb", f"{tier:g}"] if tier else [])]
+            flags, tier = tiered(system, SYSTEMS[system], args.host_tier_gb)
             # A short decode log interval keeps SGLang's used-token gauge fresh for the sampler.
             with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *flags,
                                startup_timeout=600, env=env) as server:

@@ -31,3 +31,12 @@ def test_variants_take_full_apart():
     assert set(overload.VARIANTS) == {"vanilla-page16", "mepic-attention"}
     assert "--page-size" in overload.VARIANTS["vanilla-page16"]
     assert overload.VARIANTS["mepic-attention"][:2] == ["--attention-backend", "mepic"]
+
+
+def test_every_position_independent_system_gets_the_same_host_tier():
+    from eval.run import PIC, SYSTEMS, tiered
+
+    for system in SYSTEMS:
+        flags, tier = tiered(system, SYSTEMS[system], 1.0)
+        assert (tier, flags[-2:] == ["--mepic-host-tier-gb", "1"]) == ((1.0, True) if system in PIC else (0.0, False))
+    assert tiered("mepic", SYSTEMS["mepic"], 0.0) == (SYSTEMS["mepic"], 0.0)
