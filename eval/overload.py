@@ -66,6 +66,17 @@ def report(system: str, outputs: list, seconds: float, log: str) -> str:
             f"{len(re.findall('etract', log))}")
 
 
+def measure(system: str, model: str, extra: list, env: dict, texts: list[str], qps: float) -> tuple:
+    """One system on a fresh server: (outputs, seconds, the log lines of the run)."""
+    flags, _ = tiered(system, CHOICES[system], DEFAULT_HOST_TIER_GB)
+    with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *flags,
+                       startup_timeout=600, env=env) as server:
+        pool = pool_pages(server, MEPIC_PAGE_SIZE)
+        mark = len(server.log())
+        outputs, _, _, seconds, _ = run_point(server, MEPIC_PAGE_SIZE, pool, texts, qps, 16, 0, tqdm(disable=True))
+        return outputs, seconds, server.log()[mark:]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default="vanilla,mepic", help="comma-separated, from " + ", ".join(CHOICES))
@@ -92,15 +103,7 @@ def main() -> None:
     print(f"[overload] {args.dataset}, {len(texts)} requests x {args.chunks} chunks, reuse {args.reuse:g}, "
           f"QPS {args.qps:g}, model {Path(model).name}, pool {args.pool_pages:,} pages")
     for system in systems:
-        flags, _ = tiered(system, CHOICES[system], DEFAULT_HOST_TIER_GB)
-        with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *flags,
-                           startup_timeout=600, env=env) as server:
-            pool = pool_pages(server, MEPIC_PAGE_SIZE)
-            mark = len(server.log())
-            outputs, _, _, seconds, _ = run_point(server, MEPIC_PAGE_SIZE, pool, texts, args.qps, 16, 0,
-                                                  tqdm(disable=True))
-            log = server.log()[mark:]
-        print(report(system, outputs, seconds, log), flush=True)
+        print(report(system, *measure(system, model, extra, env, texts, args.qps)), flush=True)
 
 
 if __name__ == "__main__":

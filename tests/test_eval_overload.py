@@ -21,10 +21,35 @@ def test_report_reads_batches_steps_and_forward():
     assert "forward p50 0.100 s" in line and "queue p50 0.010 s" in line
 
 
-def test_calls_run_point_as_eval_run_defines_it():
+def test_measure_calls_run_point_as_eval_run_defines_it(monkeypatch):
     # eval.overload once called run_point with an older signature and broke unnoticed.
-    call = inspect.getsource(overload.main).split("run_point(", 1)[1].split(")", 1)[0]
-    assert len([a for a in call.split(",") if a.strip()]) == len(inspect.signature(run_point).parameters)
+    started = []
+
+    class Server:
+        def __init__(self, model, *flags, **kwargs):
+            started.append(flags)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def log(self):
+            return "before\n" if not started[1:] else "before\nafter\n"
+
+    def fake_run_point(*args, **kwargs):
+        inspect.signature(run_point).bind(*args, **kwargs)  # raises on a stale call
+        started.append("ran")
+        return [([1], "a", {}, 0.1, 0.2, 0.0)], None, None, 1.5, {}
+
+    monkeypatch.setattr(overload, "ServerProcess", Server)
+    monkeypatch.setattr(overload, "pool_pages", lambda server, page_size: 1024)
+    monkeypatch.setattr(overload, "run_point", fake_run_point)
+    outputs, seconds, log = overload.measure("mepic", "m", ["--x"], {}, ["t"], 4.0)
+    assert started[1] == "ran" and seconds == 1.5 and len(outputs) == 1
+    assert log == "after\n"  # only what the run logged
+    assert "--mepic-host-tier-gb" in started[0]
 
 
 def test_variants_take_full_apart():
