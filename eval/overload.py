@@ -30,12 +30,10 @@ from pathlib import Path
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from eval.run import (DEFAULT_HOST_TIER_GB, PAPER_POOL_PAGES, SYSTEMS, context_args, pool_pages, run_point, tiered,
-                      ttft_parts)
+from eval.run import DEFAULT_HOST_TIER_GB, PAPER_POOL_PAGES, SYSTEMS, context_args, run_point, serve, tiered, ttft_parts
 from eval.workloads import render, with_reuse
 from sglang_mepic import models
 from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
-from sglang_mepic.server_process import ServerProcess
 
 VARIANTS = {
     "vanilla-page16": [*SYSTEMS["vanilla"], "--page-size", str(MEPIC_PAGE_SIZE)],
@@ -69,9 +67,7 @@ def report(system: str, outputs: list, seconds: float, log: str) -> str:
 def measure(system: str, model: str, extra: list, env: dict, texts: list[str], qps: float) -> tuple:
     """One system on a fresh server: (outputs, seconds, the log lines of the run)."""
     flags, _ = tiered(system, CHOICES[system], DEFAULT_HOST_TIER_GB)
-    with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *flags,
-                       startup_timeout=600, env=env) as server:
-        pool = pool_pages(server, MEPIC_PAGE_SIZE)
+    with serve(model, extra, flags, env, MEPIC_PAGE_SIZE) as (server, pool):
         mark = len(server.log())
         outputs, _, _, seconds, _ = run_point(server, MEPIC_PAGE_SIZE, pool, texts, qps, 16, 0, tqdm(disable=True))
         return outputs, seconds, server.log()[mark:]

@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -212,6 +213,15 @@ def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, n
 def pool_pages(server, page_size: int) -> int:
     """The KV pool the server allocated (SGLang's `max_total_num_tokens`), in pages."""
     return requests.get(server.url + "/server_info", timeout=60).json()["max_total_num_tokens"] // page_size
+
+
+@contextmanager
+def serve(model: str, extra: list[str], flags: list[str], env: dict, page_size: int):
+    """One system's server as every eval run starts it, with the pool it allocated in pages."""
+    # A short decode log interval keeps SGLang's used-token gauge fresh for the sampler.
+    with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *flags,
+                       startup_timeout=600, env=env) as server:
+        yield server, pool_pages(server, page_size)
 
 
 def compile_waits(log: str) -> list[tuple[bool, float]]:
@@ -620,10 +630,7 @@ def main(argv=None) -> None:
                 continue
             bar.set_postfix_str(f"{system}: starting server")
             flags, tier = tiered(system, SYSTEMS[system], args.host_tier_gb)
-            # A short decode log interval keeps SGLang's used-token gauge fresh for the sampler.
-            with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *flags,
-                               startup_timeout=600, env=env) as server:
-                pool = pool_pages(server, page_size)
+            with serve(model, extra, flags, env, page_size) as (server, pool):
                 for _, q, c, r, seed in todo:
                     bar.set_postfix_str(f"{system} qps={q:g} chunks={c}" + (f" reuse={r:g}" if r is not None else "")
                                         + f" seed={seed}")

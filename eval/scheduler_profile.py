@@ -60,10 +60,9 @@ import psutil
 from tqdm import tqdm
 
 import sglang_mepic
-from eval.run import PAPER, SYSTEMS, context_args, run_point
+from eval.run import DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, context_args, run_point, serve, tiered
 from eval.workloads import render, with_reuse
 from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
-from sglang_mepic.server_process import ServerProcess
 
 # The issue's target: mepic's share of busy scheduler time outside the forward at most this times vanilla's.
 TARGET_RATIO = 1.5
@@ -279,13 +278,13 @@ def profile(system: str, model: str, extra: list[str], env: dict, texts: list[st
             raw: Path, rate: int, bar: tqdm) -> tuple[float, str]:
     """Serve `texts` on a fresh server of `system` under py-spy; returns (seconds, py-spy's summary line)."""
     bar.set_postfix_str(f"{system}: starting server")
-    with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *SYSTEMS[system],
-                       startup_timeout=600, env=env) as server:
+    flags, _ = tiered(system, SYSTEMS[system], DEFAULT_HOST_TIER_GB)
+    with serve(model, extra, flags, env, MEPIC_PAGE_SIZE) as (server, pool):
         spy = PySpy(scheduler_pid(server), raw, rate)
         spy.start()
         try:
             bar.set_postfix_str(f"{system}: QPS {qps:g}")
-            _, _, _, seconds = run_point(server, MEPIC_PAGE_SIZE, texts, qps, new_tokens, 0, bar)
+            _, _, _, seconds, _ = run_point(server, MEPIC_PAGE_SIZE, pool, texts, qps, new_tokens, 0, bar)
         finally:
             spy.stop()
     return seconds, spy.summary

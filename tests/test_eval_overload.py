@@ -1,9 +1,11 @@
-"""eval.overload reads SGLang's log lines and eval.run's outputs; no server here."""
+"""eval.overload reads SGLang's log lines and eval.run's outputs; the eval scripts start servers as eval.run does. No server here."""
 
 import inspect
 
-from eval import overload
-from eval.run import run_point
+import pytest
+from tqdm import tqdm
+
+from eval import overload, run, scheduler_profile
 
 
 def test_report_reads_batches_steps_and_forward():
@@ -21,8 +23,31 @@ def test_report_reads_batches_steps_and_forward():
     assert "forward p50 0.100 s" in line and "queue p50 0.010 s" in line
 
 
-def test_measure_calls_run_point_as_eval_run_defines_it(monkeypatch):
-    # eval.overload once called run_point with an older signature and broke unnoticed.
+def _measure(monkeypatch, system):
+    return overload.measure(system, "m", ["--x"], {}, ["t"], 4.0)
+
+
+def _profile(monkeypatch, system):
+    class Spy:
+        summary = "Samples: 0"
+
+        def __init__(self, *args):
+            pass
+
+        def start(self):
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(scheduler_profile, "PySpy", Spy)
+    monkeypatch.setattr(scheduler_profile, "scheduler_pid", lambda server: 1)
+    return scheduler_profile.profile(system, "m", ["--x"], {}, ["t"], 4.0, 16, None, 100, tqdm(disable=True))
+
+
+@pytest.mark.parametrize("caller", [_measure, _profile], ids=["overload.measure", "scheduler_profile.profile"])
+def test_eval_scripts_serve_and_call_run_point_as_eval_run_defines_it(monkeypatch, caller):
+    # eval.overload, then eval.scheduler_profile, once called run_point with an older signature and broke unnoticed.
     started = []
 
     class Server:
@@ -39,17 +64,22 @@ def test_measure_calls_run_point_as_eval_run_defines_it(monkeypatch):
             return "before\n" if not started[1:] else "before\nafter\n"
 
     def fake_run_point(*args, **kwargs):
-        inspect.signature(run_point).bind(*args, **kwargs)  # raises on a stale call
+        inspect.signature(run.run_point).bind(*args, **kwargs)  # raises on a stale call
         started.append("ran")
         return [([1], "a", {}, 0.1, 0.2, 0.0)], None, None, 1.5, {}
 
-    monkeypatch.setattr(overload, "ServerProcess", Server)
-    monkeypatch.setattr(overload, "pool_pages", lambda server, page_size: 1024)
-    monkeypatch.setattr(overload, "run_point", fake_run_point)
-    outputs, seconds, log = overload.measure("mepic", "m", ["--x"], {}, ["t"], 4.0)
-    assert started[1] == "ran" and seconds == 1.5 and len(outputs) == 1
-    assert log == "after\n"  # only what the run logged
-    assert "--mepic-host-tier-gb" in started[0]
+    monkeypatch.setattr(run, "ServerProcess", Server)  # eval.run.serve starts every eval server
+    monkeypatch.setattr(run, "pool_pages", lambda server, page_size: 1024)
+    for script in (overload, scheduler_profile):
+        monkeypatch.setattr(script, "run_point", fake_run_point)
+    result = caller(monkeypatch, "mepic")
+    assert started[1] == "ran" and "--decode-log-interval" in started[0]
+    assert "--mepic-host-tier-gb" in started[0]  # the sweeps' host tier, so the runs cannot drift from them
+    if caller is _measure:
+        outputs, seconds, log = result
+        assert seconds == 1.5 and len(outputs) == 1 and log == "after\n"  # only what the run logged
+    else:
+        assert result == (1.5, "Samples: 0")
 
 
 def test_variants_take_full_apart():
