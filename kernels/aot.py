@@ -254,11 +254,11 @@ def configs(arch: int):
                                launch=launch)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, nargs="+", default=[90, 80])
     parser.add_argument("--only", choices=("decode", "extend", "merge"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET: the interpreter replaces the kernels the compiler needs", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""eval.overload reads SGLang's log lines and eval.run's outputs; the eval scripts start servers as eval.run does. No server here."""
+"""eval.overload reads SGLang's log lines and eval.run's outputs; the eval scripts serve as eval.run does. No server."""
 
 import inspect
 
@@ -23,30 +23,9 @@ def test_report_reads_batches_steps_and_forward():
     assert "forward p50 0.100 s" in line and "queue p50 0.010 s" in line
 
 
-def _measure(monkeypatch, system):
-    return overload.measure(system, "m", ["--x"], {}, ["t"], 4.0)
-
-
-def _profile(monkeypatch, system):
-    class Spy:
-        summary = "Samples: 0"
-
-        def __init__(self, *args):
-            pass
-
-        def start(self):
-            pass
-
-        def stop(self):
-            pass
-
-    monkeypatch.setattr(scheduler_profile, "PySpy", Spy)
-    monkeypatch.setattr(scheduler_profile, "scheduler_pid", lambda server: 1)
-    return scheduler_profile.profile(system, "m", ["--x"], {}, ["t"], 4.0, 16, None, 100, tqdm(disable=True))
-
-
-@pytest.mark.parametrize("caller", [_measure, _profile], ids=["overload.measure", "scheduler_profile.profile"])
-def test_eval_scripts_serve_and_call_run_point_as_eval_run_defines_it(monkeypatch, caller):
+@pytest.fixture
+def served(monkeypatch):
+    """eval.run.serve on a fake server; run_point checked against eval.run's signature. Yields what ran."""
     # eval.overload, then eval.scheduler_profile, once called run_point with an older signature and broke unnoticed.
     started = []
 
@@ -72,14 +51,33 @@ def test_eval_scripts_serve_and_call_run_point_as_eval_run_defines_it(monkeypatc
     monkeypatch.setattr(run, "pool_pages", lambda server, page_size: 1024)
     for script in (overload, scheduler_profile):
         monkeypatch.setattr(script, "run_point", fake_run_point)
-    result = caller(monkeypatch, "mepic")
+    yield started
     assert started[1] == "ran" and "--decode-log-interval" in started[0]
     assert "--mepic-host-tier-gb" in started[0]  # the sweeps' host tier, so the runs cannot drift from them
-    if caller is _measure:
-        outputs, seconds, log = result
-        assert seconds == 1.5 and len(outputs) == 1 and log == "after\n"  # only what the run logged
-    else:
-        assert result == (1.5, "Samples: 0")
+
+
+def test_measure_serves_as_eval_run_does(served):
+    outputs, seconds, log = overload.measure("mepic", "m", ["--x"], {}, ["t"], 4.0)
+    assert seconds == 1.5 and len(outputs) == 1 and log == "after\n"  # only what the run logged
+
+
+def test_profile_serves_as_eval_run_does(served, monkeypatch):
+    class Spy:
+        summary = "Samples: 0"
+
+        def __init__(self, *args):
+            pass
+
+        def start(self):
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(scheduler_profile, "PySpy", Spy)
+    monkeypatch.setattr(scheduler_profile, "scheduler_pid", lambda server: 1)
+    result = scheduler_profile.profile("mepic", "m", ["--x"], {}, ["t"], 4.0, 16, None, 100, tqdm(disable=True))
+    assert result == (1.5, "Samples: 0")
 
 
 def test_variants_take_full_apart():

@@ -6,8 +6,6 @@ Here (the venv's Triton): .venv/bin/python eval/gpu/aot_warps.py
 Why: sweep_extend.py found 128 x 32 tiles on 4 warps faster than the shipped 8, and `kernels.aot` refuses any
 spill; this tells whether that Triton spills them (eval/results/gpu/h100.md).
 """
-import sys
-
 import triton
 
 import sglang_mepic.kernels.attention as k
@@ -18,5 +16,4 @@ for warps in (None, 4):
     k.launch_config = (shipped if warps is None else
                        lambda *a, **kw: {**shipped(*a, **kw), **({"num_warps": warps} if a[0] == "extend" else {})})
     print(f"\n## triton {triton.__version__}, extend warps: {'shipped' if warps is None else warps}", flush=True)
-    sys.argv = ["aot", "--only", "extend", "--arch", "90"]
-    aot.main()
+    aot.main(["--only", "extend", "--arch", "90"])
