@@ -1,4 +1,5 @@
-"""Refuse an empty prompt or a client-made layout hint before SGLang's own checks (intake.py).
+"""Refuse a request outside the scheduler's bounds (request_limits.py), an empty prompt or a
+client-made layout hint (intake.py), before SGLang's own checks.
 
 Every tokenization path (single, batch, n > 1, OpenAI) ends here with the
 request's final input_ids, markup already removed.
@@ -6,7 +7,7 @@ request's final input_ids, markup already removed.
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import intake
+from sglang_mepic import intake, request_limits
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
@@ -14,4 +15,8 @@ HOOK_TYPE = HookType.BEFORE
 
 
 def hook(manager, obj, input_ids, *args, **kwargs):
+    try:
+        request_limits.check(manager, obj, input_ids)
+    except ValueError as e:
+        raise intake.relabel(obj, e) from None
     intake.check(obj, input_ids)

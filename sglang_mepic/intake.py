@@ -48,11 +48,13 @@ def check_hints(kv_hints) -> None:
 
 
 def check_prompt(text, input_ids, session_params=None, multimodal: bool = False) -> None:
-    if multimodal or (isinstance(session_params, dict) and session_params.get("id")):
-        return  # a processor or the session's history supplies the prompt
-    if isinstance(text, str) and not text.strip():
+    if isinstance(session_params, dict) and session_params.get("id"):
+        return  # the session's history supplies the prompt
+    if not multimodal and isinstance(text, str) and not text.strip():
         raise IntakeError("the prompt is empty or only whitespace" if not text else
                           "the prompt is only whitespace")
+    # On the tokens the scheduler will see, whatever media fields say: a processor that added no
+    # token left an empty extend all the same (media on a text-only model are refused before, request_limits.py).
     if input_ids is not None and len(input_ids) == 0:
         raise IntakeError("the prompt has no tokens (empty text, or chunk markers with nothing in them)")
 

@@ -23,7 +23,11 @@ def accept(original, accumulator, *args, req, **kwargs):
     before = len(accumulator.rids)
     result = original(accumulator, *args, req=req, **kwargs)
     if link is not None and len(accumulator.rids) > before:
-        accumulator.prompt_tokens[-1] -= sum(count for _, count in link.pads)
+        # Only the pads among the slots the request still holds: SGLang replaces the ids of a request
+        # it refuses at intake by one token, and a count less its pads was negative (a Prometheus
+        # counter refuses that, and the exception took the tokenizer process down).
+        held = accumulator.prompt_tokens[-1]
+        accumulator.prompt_tokens[-1] -= sum(count for start, count in link.pads if start + count <= held)
         if CACHED in link.report:
             cached = accumulator.cached_tokens[-1] = link.report[CACHED]
             details = accumulator.cached_tokens_details

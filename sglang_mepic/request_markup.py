@@ -12,7 +12,7 @@ the request is laid out in slots (chunks on whole pages, pads filled with
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
 
-from sglang_mepic import auto_chunk, config, hint, intake
+from sglang_mepic import auto_chunk, config, hint, intake, request_limits
 from sglang_mepic.logprobs import start_slot
 from sglang_mepic.markup import Marked, has_id_markup, split_ids, tokenize_pieces
 from sglang_mepic.request_layout import PAD_FILL_ID
@@ -64,8 +64,9 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
         pieces = tokenize_pieces(parts, lambda s, special: tok.encode(s, add_special_tokens=special))
     else:
         return None  # a client's own mepic.chunks hint is refused at validation (intake.py)
-    # Rejects a request that no longer fits the context once chunks are padded.
-    lay = layout(pieces, page_size(manager), config.placement(), max_slots=manager.context_len)
+    # Rejects a request that no longer fits once chunks are padded, before any compile is sent: the
+    # scheduler would refuse it only after its compiles had run.
+    lay = layout(pieces, page_size(manager), config.placement(), max_slots=request_limits.max_input_slots(manager))
     lays_out = _lays_out_slots(manager)
     if len(lay.chunks) > config.max_chunks() and lays_out:  # each would be a compile request
         raise ValueError(f"the request marks {len(lay.chunks)} chunks for reuse, more than the {config.max_chunks()} "

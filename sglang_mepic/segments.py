@@ -156,7 +156,8 @@ def layout(pieces: Sequence[Piece], page_size: int, placement: Placement = Place
     if max_slots is not None and result.size > max_slots:
         raise SegmentationError(
             f"request needs {result.size} KV slots after chunk padding "
-            f"({len(result.real_tokens())} real tokens), more than the context length {max_slots}"
+            f"({len(result.real_tokens())} real tokens), more than the {max_slots} this server accepts in one request "
+            "(the smaller of the context length and the KV pool's input limit)"
         )
     return result
 

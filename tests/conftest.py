@@ -31,6 +31,14 @@ def tiny_server(tiny_model):
 
 
 @pytest.fixture(scope="session")
+def smollm2_server():
+    """One real server on the default model (SmolLM2-135M, float32): its tokenizer adds no BOS,
+    so an empty text is a prompt of no tokens, which the tiny model's tokenizer never sends."""
+    with ServerProcess(models.build("smollm2-135m"), "--dtype", "float32") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def exact_server(tiny_model):
     """The mepic cache with every chunk block recomputed: chunked requests take the whole
     reuse path (layout, pads, planning) but share nothing, so outputs equal the plain prompt's."""

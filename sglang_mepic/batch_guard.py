@@ -1,0 +1,148 @@
+"""Scheduler side: a batch whose forward raises ends its requests with an error, not the server.
+
+SGLang's scheduler loop has no per-request error handling: an exception in
+`run_batch` (the forward, the sampler, the logprob gathering) leaves the
+scheduler process, and the whole server exits. Intake (intake.py,
+request_limits.py) refuses every request known to do that; this is the last
+line of defence for the ones nobody has found yet.
+
+When `run_batch` raises, every request of the batch is finished with a 500 that
+names the error, through SGLang's own finishing path: a stand-in result with no
+logits goes to `process_batch_result`, which releases each request's KV (and so
+MEPIC's page holders) as for any finished request and streams the error to its
+client. Requests in the waiting queue are untouched; the server goes on.
+
+Under the overlap scheduler (SGLang's default, on CPU too) the next batch reads
+each request's next token from the future map before this batch's result is
+processed: the stand-in's tokens (0) are published there as a forward would
+publish its samples. Those requests are finished when the stand-in is processed
+one round later, and that round's output for them is dropped, as it is for any
+request that finishes under overlap.
+
+The whole batch fails together: SGLang cannot tell which request made a forward
+raise, so the other requests of that batch (for a decode batch, every running
+request) end with the same error.
+
+What stays fatal, because the process's state can no longer be trusted or the
+result is consumed elsewhere (the exception is re-raised, as before):
+- device faults: CUDA errors, device-side asserts, out-of-memory;
+- speculative decoding, pipeline parallelism and disaggregated serving, whose
+  results carry draft and transfer state a stand-in cannot give;
+- batches other than prefill (extend) and decode, and embedding models;
+- a sampler delayed past `run_batch` (grammar-constrained batches under
+  overlap) and anything that raises in result processing.
+"""
+
+import logging
+import os
+import traceback
+from contextlib import contextmanager
+from http import HTTPStatus
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# A test's way to make a batch fail: every batch holding a request whose rid starts with this raises
+# in its forward (injected_fault). Unset, nothing is injected.
+FAULT_ENV = "SGLANG_MEPIC_TEST_FAIL_RID_PREFIX"
+
+_DEVICE_FAULTS = ("cuda", "out of memory", "device-side assert", "cublas", "cudnn", "nccl", "hip error")
+
+
+class InjectedFault(RuntimeError):
+    """Raised for a batch holding a request named by FAULT_ENV."""
+
+
+def _fault_prefixes(decode: bool) -> list[str]:
+    specs = [spec.strip() for spec in os.environ.get(FAULT_ENV, "").split(",") if spec.strip()]
+    return [spec.removeprefix("decode:") for spec in specs if decode or not spec.startswith("decode:")]
+
+
+@contextmanager
+def injected_fault(scheduler, batch):
+    """Where FAULT_ENV names a request of this batch, its forward raises where a real one would: in the
+    model worker, after run_batch's own bookkeeping. `decode:<prefix>` fails only decode batches,
+    `<prefix>` every batch (so the request's prefill); several are separated by commas."""
+    prefix = next((p for p in _fault_prefixes(batch.forward_mode.is_decode())
+                   if any(str(req.rid).startswith(p) for req in batch.reqs)), None)
+    if prefix is None:
+        yield
+        return
+
+    def forward(*args, **kwargs):
+        raise InjectedFault(f"fault injected for a request whose rid starts with {prefix!r} ({FAULT_ENV})")
+
+    worker = scheduler.model_worker
+    worker.forward_batch_generation = forward  # shadows the method on this instance only
+    try:
+        yield
+    finally:
+        del worker.forward_batch_generation
+
+
+def recoverable(scheduler, batch, error: BaseException) -> bool:
+    if not isinstance(error, Exception) or isinstance(error, torch.cuda.OutOfMemoryError):
+        return False
+    text = f"{type(error).__name__} {error}".lower()
+    if any(fault in text for fault in _DEVICE_FAULTS):
+        return False
+    mode = batch.forward_mode
+    return (scheduler.is_generation and batch.spec_algorithm.is_none()
+            and (mode.is_extend() or mode.is_decode()) and not mode.is_split_prefill()
+            and _pipeline_stages() == 1
+            and str(getattr(scheduler.disaggregation_mode, "value", "null")) == "null")
+
+
+def _pipeline_stages() -> int:
+    from sglang.srt.runtime_context import get_parallel
+
+    return get_parallel().pp_size
+
+
+def run(original, scheduler, batch, *args, **kwargs):
+    """`Scheduler.run_batch`, with a raising batch turned into finished requests where that is safe."""
+    try:
+        with injected_fault(scheduler, batch):
+            return original(scheduler, batch, *args, **kwargs)
+    except Exception as error:
+        if not recoverable(scheduler, batch, error):
+            raise
+        return _fail_batch(scheduler, batch, error)
+
+
+def _fail_batch(scheduler, batch, error: Exception):
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    rids = [req.rid for req in batch.reqs]
+    logger.error("MEPIC: %s batch raised; its %d request(s) end with an error and the server goes on "
+                 "(rids %s):\n%s", "a decode" if batch.forward_mode.is_decode() else "a prefill", len(rids), rids[:8],
+                 "".join(traceback.format_exception(error)))
+    message = (f"the server failed to run this request ({type(error).__name__}: {error}); "
+               "it was ended and the server goes on")
+    for req in batch.reqs:
+        if req.finished():
+            continue
+        reason = FINISH_ABORT(message, HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")
+        if batch.forward_mode.is_extend():
+            req.discard_output_reason = reason  # finished without committing this forward's output
+        else:
+            req.to_finish = reason
+        req.return_logprob = False
+    # Nothing of the forward is read: no logits, no logprobs, no hidden states.
+    batch.return_logprob = False
+    batch.return_hidden_states = False
+    n = len(batch.reqs)
+    result = GenerationBatchResult(
+        logits_output=None, next_token_ids=torch.zeros(n, dtype=torch.int64, device=batch.seq_lens.device),
+        extend_input_len_per_req=list(getattr(batch, "extend_lens", None) or [0] * n),
+        extend_logprob_start_len_per_req=[0] * n)
+    if scheduler.enable_overlap:
+        # What run_batch leaves for the next round after a forward: lengths and tokens in the future map.
+        future_indices = batch.req_pool_indices
+        scheduler.future_map.publish(future_indices, batch.seq_lens + 1)
+        scheduler._relay_forward_payload(batch, future_indices, result)
+        batch.input_ids = None
+    result.next_token_ids = result.next_token_ids.cpu()
+    return result

@@ -1,0 +1,77 @@
+"""Tokenizer side: the bounds SGLang's scheduler assumes of a request, checked before it is sent.
+
+SGLang validates a request's length against the model's context in the
+tokenizer process, but several limits it applies only later, inside the
+scheduler, where a request that breaks one takes the whole server down or is
+refused after its chunk compiles have run:
+
+- **The input limit the KV pool sets.** The scheduler refuses inputs of
+  `max_req_input_len` tokens or more (from the pool size when the pool holds
+  fewer tokens than the context). A laid-out request is checked against the
+  smaller of the two limits when its layout is made (`max_input_slots`), before
+  any compile is sent; any other request here, as SGLang itself would refuse it.
+- **Fields that size a tensor.** `top_logprobs_num` is the `k` of a top-k over
+  the vocabulary: above the vocabulary's size the sampler raised in the
+  scheduler and the process exited.
+- **Media on a text-only model.** SGLang ignores `image_data`, `audio_data` and
+  `video_data` when the model has no processor for them, so a media field only
+  hid an empty prompt from the empty-prompt rule (intake.py). It is refused.
+"""
+
+MEDIA_FIELDS = ("image_data", "video_data", "audio_data")
+
+
+class LimitError(ValueError):
+    """A request outside a bound the scheduler relies on (SGLang's HTTP layer answers a ValueError with 400)."""
+
+
+def max_input_slots(manager) -> int:
+    """The most input slots SGLang serves in one request: it refuses `len + reserved >= context_len` in
+    the tokenizer and `len >= max_req_input_len` in the scheduler (which is set from the pool)."""
+    limit = manager.context_len - int(getattr(manager, "num_reserved_tokens", 0) or 0)
+    pool_limit = getattr(manager, "max_req_input_len", None)
+    if isinstance(pool_limit, int) and pool_limit > 0:
+        limit = min(limit, pool_limit)
+    return max(0, limit - 1)
+
+
+def allows_truncation(manager) -> bool:
+    return bool(getattr(manager.server_args, "allow_auto_truncate", False))
+
+
+def has_media(obj) -> bool:
+    return any(_given(getattr(obj, f, None)) for f in MEDIA_FIELDS)
+
+
+def _given(value) -> bool:
+    return value is not None and value != "" and value != []
+
+
+def check(manager, obj, input_ids) -> None:
+    """Refuse a generate request (one item of a batch) outside the scheduler's bounds."""
+    _check_media(manager, obj)
+    _check_top_logprobs(obj, manager.model_config.vocab_size)
+    if input_ids is not None and not allows_truncation(manager):
+        limit = max_input_slots(manager)
+        if len(input_ids) > limit:
+            raise LimitError(f"the input is {len(input_ids)} tokens, more than the {limit} this server accepts "
+                             f"in one request (context length {manager.context_len}, "
+                             f"KV pool input limit {getattr(manager, 'max_req_input_len', None)})")
+
+
+def _check_media(manager, obj) -> None:
+    if getattr(manager, "mm_processor", None) is not None:
+        return
+    given = [f for f in MEDIA_FIELDS if _given(getattr(obj, f, None))]
+    if given:
+        raise LimitError(f"this model takes text only: {', '.join(given)} cannot be used with it")
+
+
+def _check_top_logprobs(obj, vocab_size: int) -> None:
+    num = getattr(obj, "top_logprobs_num", None)
+    if num is None:
+        return
+    if isinstance(num, bool) or not isinstance(num, int):
+        raise LimitError(f"top_logprobs_num must be an integer, got {type(num).__name__}")
+    if not 0 <= num <= vocab_size:
+        raise LimitError(f"top_logprobs_num must be in [0, {vocab_size}] (the vocabulary size), got {num}")

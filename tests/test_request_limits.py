@@ -1,0 +1,194 @@
+"""Requests outside a bound the scheduler relies on are a 400, and the server keeps serving
+(sglang_mepic/request_limits.py).
+
+Each of these took a whole server down: a top-logprobs count above the vocabulary
+(the sampler's top-k raised in the scheduler), an empty prompt beside a media field
+on a model whose tokenizer adds no BOS (an extend of no tokens), and a chunked
+request over the input limit that a small KV pool sets (refused by the scheduler
+after its compiles, then reported with a negative prompt size, which a Prometheus
+counter refused in the tokenizer process).
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+import requests
+
+from sglang_mepic import request_limits
+from sglang_mepic.server_process import ServerProcess
+
+pytestmark = pytest.mark.server
+GREEDY = {"max_new_tokens": 2, "temperature": 0}
+HUGE = 100000
+
+
+def manager(context=4096, pool=None, reserved=0, vocab=300, mm=None, truncate=False):
+    return SimpleNamespace(context_len=context, max_req_input_len=pool, num_reserved_tokens=reserved,
+                           model_config=SimpleNamespace(vocab_size=vocab), mm_processor=mm,
+                           server_args=SimpleNamespace(allow_auto_truncate=truncate))
+
+
+def request(**fields):
+    return SimpleNamespace(**{"top_logprobs_num": 0, "image_data": None, "audio_data": None, "video_data": None,
+                              **fields})
+
+
+def test_the_smaller_of_context_and_pool_limits_the_input():
+    assert request_limits.max_input_slots(manager(context=4096)) == 4095
+    assert request_limits.max_input_slots(manager(context=4096, pool=2042)) == 2041
+    assert request_limits.max_input_slots(manager(context=1000, pool=2042, reserved=10)) == 989
+    request_limits.check(manager(pool=2042), request(), [1] * 2041)
+    with pytest.raises(request_limits.LimitError, match="2042 tokens, more than the 2041"):
+        request_limits.check(manager(pool=2042), request(), [1] * 2042)
+    request_limits.check(manager(pool=2042, truncate=True), request(), [1] * 3000)  # SGLang truncates it
+
+
+def test_top_logprobs_are_bounded_by_the_vocabulary():
+    request_limits.check(manager(vocab=300), request(top_logprobs_num=300), [1])
+    for bad in (301, HUGE, -1, 1.5, "3", True):
+        with pytest.raises(request_limits.LimitError, match="top_logprobs_num"):
+            request_limits.check(manager(vocab=300), request(top_logprobs_num=bad), [1])
+
+
+def test_media_only_where_the_model_has_a_processor():
+    for field, value in (("image_data", "x"), ("audio_data", ["a"]), ("video_data", "v"), ("image_data", [[]])):
+        with pytest.raises(request_limits.LimitError, match=f"text only: {field}"):
+            request_limits.check(manager(), request(**{field: value}), [1])
+        request_limits.check(manager(mm=object()), request(**{field: value}), [1])
+    for absent in (None, "", []):
+        request_limits.check(manager(), request(image_data=absent), [1])
+
+
+def alive(server) -> None:
+    r = requests.post(server.url + "/generate", timeout=60, json={"text": "still there?", "sampling_params": GREEDY})
+    assert r.status_code == 200, r.text
+
+
+TOP_LOGPROBS = [
+    ("/generate", {"text": "hello there", "return_logprob": True, "top_logprobs_num": HUGE, "sampling_params": GREEDY}),
+    ("/generate", {"text": ["a", "b"], "return_logprob": True, "top_logprobs_num": HUGE, "sampling_params": GREEDY}),
+    ("/generate", {"text": "hi", "return_logprob": True, "top_logprobs_num": HUGE,
+                   "sampling_params": {**GREEDY, "n": 2}}),
+    ("/v1/completions", {"model": "m", "prompt": "hello", "max_tokens": 2, "logprobs": HUGE}),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2,
+                              "logprobs": True, "top_logprobs": HUGE}),
+]
+
+
+@pytest.mark.parametrize("path, body", TOP_LOGPROBS, ids=[f"{p}-{i}" for i, (p, _) in enumerate(TOP_LOGPROBS)])
+def test_top_logprobs_beyond_the_vocabulary(tiny_server, path, body):
+    r = requests.post(tiny_server.url + path, json=body, timeout=60)
+    assert 400 <= r.status_code < 500, r.text
+    assert "top_logprobs_num" in r.text or "logprobs" in r.text, r.text
+    alive(tiny_server)
+
+
+def test_top_logprobs_up_to_the_vocabulary_are_served(tiny_server, tiny_model):
+    import json
+    from pathlib import Path
+
+    vocab = json.loads((Path(tiny_model) / "config.json").read_text())["vocab_size"]
+    r = requests.post(tiny_server.url + "/generate", timeout=60, json={
+        "text": "hello there", "return_logprob": True, "top_logprobs_num": vocab, "sampling_params": GREEDY})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["meta_info"]["output_top_logprobs"][0]) == vocab
+
+
+MEDIA = [("image_data", "x"), ("audio_data", "x"), ("video_data", "x"), ("image_data", [[]])]
+
+
+@pytest.mark.parametrize("text", ["", " ", "hello"])
+@pytest.mark.parametrize("field, value", MEDIA)
+def test_media_on_a_text_only_model(smollm2_server, text, field, value):
+    r = requests.post(smollm2_server.url + "/generate", timeout=60,
+                      json={"text": text, field: value, "sampling_params": GREEDY})
+    assert r.status_code == 400, r.text
+    assert "text only" in r.text, r.text
+    alive(smollm2_server)
+
+
+def test_an_empty_prompt_on_smollm2_is_refused(smollm2_server):
+    for body in ({"text": ""}, {"text": "<|chunk|><|/chunk|>"}, {"input_ids": []}, {"text": "", "image_data": []}):
+        r = requests.post(smollm2_server.url + "/generate", timeout=60, json={**body, "sampling_params": GREEDY})
+        assert r.status_code == 400, (body, r.text)
+    alive(smollm2_server)
+
+
+# The pool, not the model (context 4,096), sets the input limit: SGLang allows inputs below 2,042 tokens.
+POOL_TOKENS = 2048
+
+
+def record(i: int, pairs: int = 130) -> str:
+    return f"Record {i}: " + " ".join(f"entry{i}x{k} weight {k % 9}" for k in range(pairs))
+
+
+def chunked(records, question="Which record lists entry1x5?") -> str:
+    return "Records:" + "".join(f"<|chunk|>{record(i, pairs)}<|/chunk|>" for i, pairs in records) + " " + question
+
+
+@pytest.fixture(scope="module")
+def small_pool_server(tiny_model):
+    with ServerProcess(tiny_model, "--dtype", "float32", "--max-total-tokens", str(POOL_TOKENS)) as server:
+        yield server
+
+
+def generate(server, text, n=4):
+    return requests.post(server.url + "/generate", timeout=300, json={
+        "text": text, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
+
+
+def test_a_chunked_request_over_the_pool_limit_is_refused_before_its_compiles(small_pool_server):
+    server = small_pool_server
+    batches = server.log().count("Prefill batch")
+    r = generate(server, chunked([(i, 130) for i in range(3)]))  # about 3,000 tokens: the context takes it
+    assert r.status_code == 400, r.text
+    assert "this server accepts in one request" in r.text, r.text
+    assert server.log().count("Prefill batch") == batches, "a compile ran for a request that cannot be served"
+    alive(server)
+
+
+def test_a_full_small_pool_makes_requests_wait_and_answers_as_alone(small_pool_server):
+    """Concurrent chunked requests that together exceed the pool all answer, each as it does alone
+    on an empty cache; the server stays up, and a flush gives every page back."""
+    server = small_pool_server
+    texts = [chunked([(i, 40), (i + 1, 40)], question=f"Question {i}?") for i in range(6)]  # about 700 tokens each
+    alone = []
+    for text in texts:
+        assert requests.post(server.url + "/flush_cache", timeout=60).status_code == 200
+        r = generate(server, text, n=8)
+        assert r.status_code == 200, r.text
+        alone.append(r.json()["output_ids"])
+    assert requests.post(server.url + "/flush_cache", timeout=60).status_code == 200
+    with ThreadPoolExecutor(len(texts)) as pool:
+        together = list(pool.map(lambda t: generate(server, t, n=8), texts))
+    assert [r.status_code for r in together] == [200] * len(texts), [r.text[:200] for r in together]
+    assert [r.json()["output_ids"] for r in together] == alone
+    assert requests.post(server.url + "/flush_cache", timeout=60).status_code == 200
+    state = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]["mepic"]
+    assert state["kv_pages_free"] == state["kv_pages_total"], state
+    assert "Traceback" not in server.log()
+    alive(server)
+
+
+def test_a_refused_laid_out_request_reports_no_negative_prompt_size():
+    """SGLang replaces the ids of a request its scheduler refuses by one token; the pads of the
+    layout it had are not among them, so its prompt size is that token, not 1 less the pads."""
+    from sglang_mepic import output_counts
+
+    class Accumulator:
+        def __init__(self):
+            self.rids, self.prompt_tokens, self.cached_tokens, self.cached_tokens_details = [], [], [], []
+
+    def accept(acc, *, req):
+        acc.rids.append(req.rid)
+        acc.prompt_tokens.append(len(req.origin_input_ids))
+        acc.cached_tokens.append(0)
+
+    link = SimpleNamespace(report={}, pads=((5, 11), (32, 15)))
+    laid_out = SimpleNamespace(rid="a", mepic=link, customized_info=None, origin_input_ids=[7] * 64)
+    refused = SimpleNamespace(rid="b", mepic=link, customized_info=None, origin_input_ids=[0])
+    acc = Accumulator()
+    output_counts.accept(accept, acc, req=laid_out)
+    output_counts.accept(accept, acc, req=refused)
+    assert acc.prompt_tokens == [64 - 26, 1]
