@@ -10,9 +10,10 @@ refused after its chunk compiles have run:
   fewer tokens than the context). A laid-out request is checked against the
   smaller of the two limits when its layout is made (`max_input_slots`), before
   any compile is sent; any other request here, as SGLang itself would refuse it.
-- **Fields that size a tensor.** `top_logprobs_num` is the `k` of a top-k over
-  the vocabulary: above the vocabulary's size the sampler raised in the
-  scheduler and the process exited.
+- **Fields that size or fill a tensor.** `top_logprobs_num` is the `k` of a
+  top-k over the vocabulary: above the vocabulary's size the sampler raised in
+  the scheduler and the process exited. Integer sampling parameters become
+  int64 tensors when a batch is built (`top_k: 2**63` raised there).
 - **Media on a text-only model.** SGLang ignores `image_data`, `audio_data` and
   `video_data` when the model has no processor for them, so a media field only
   hid an empty prompt from the empty-prompt rule (intake.py). It is refused.
@@ -51,6 +52,7 @@ def check(manager, obj, input_ids) -> None:
     """Refuse a generate request (one item of a batch) outside the scheduler's bounds."""
     _check_media(manager, obj)
     _check_top_logprobs(obj, manager.model_config.vocab_size)
+    _check_sampling_numbers(getattr(obj, "sampling_params", None))
     if input_ids is not None and not allows_truncation(manager):
         limit = max_input_slots(manager)
         if len(input_ids) > limit:
@@ -75,3 +77,17 @@ def _check_top_logprobs(obj, vocab_size: int) -> None:
         raise LimitError(f"top_logprobs_num must be an integer, got {type(num).__name__}")
     if not 0 <= num <= vocab_size:
         raise LimitError(f"top_logprobs_num must be in [0, {vocab_size}] (the vocabulary size), got {num}")
+
+
+INT64 = 2**63
+
+
+def _check_sampling_numbers(params) -> None:
+    """Sampling parameters become int64 and float32 tensors when the scheduler batches the request: an
+    integer beyond 64 bits raised there (`top_k: 2**63`), outside any request's error handling."""
+    if not isinstance(params, dict):
+        return
+    for key, value in params.items():
+        for number in (value if isinstance(value, list) else [value]):
+            if isinstance(number, int) and not isinstance(number, bool) and not -INT64 <= number < INT64:
+                raise LimitError(f"sampling parameter {key!r} must fit in 64 bits, got {number}")

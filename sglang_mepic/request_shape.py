@@ -23,6 +23,8 @@ MODELS = {
     "/v1/embeddings": "EmbeddingRequest",
 }
 SHAPE_ERRORS = (AttributeError, TypeError, IndexError, KeyError)
+# The most samples of one prompt (`n`), OpenAI's own bound for chat completions.
+MAX_SAMPLES = 128
 
 
 def normalize(original, obj, *args, **kwargs):
@@ -32,9 +34,10 @@ def normalize(original, obj, *args, **kwargs):
     except SHAPE_ERRORS as e:
         raise ValueError(f"malformed request: {type(e).__name__}: {e}") from None
     n = getattr(obj, "parallel_sample_num", 1)
-    if not isinstance(n, int) or n < 1:
-        # SGLang splits a batch into n copies per prompt; n = 0 indexed an empty list (a 500)
-        raise ValueError(f"n (samples per prompt) must be a whole number of at least 1, not {n!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES:
+        # SGLang splits a batch into n copies per prompt; n = 0 indexed an empty list (a 500), and
+        # n = 10**6 queued a million copies, which kept the server from answering anyone for minutes
+        raise ValueError(f"n (samples per prompt) must be a whole number from 1 to {MAX_SAMPLES}, not {n!r}")
     return result
 
 

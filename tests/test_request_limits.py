@@ -95,6 +95,26 @@ def test_top_logprobs_up_to_the_vocabulary_are_served(tiny_server, tiny_model):
     assert len(r.json()["meta_info"]["output_top_logprobs"][0]) == vocab
 
 
+TENSOR_FIELDS = [
+    ("/generate", {"text": "hi", "sampling_params": {**GREEDY, "temperature": 0.7, "top_k": 2**63}}, "64 bits"),
+    ("/generate", {"text": "hi", "sampling_params": {**GREEDY, "max_new_tokens": 2**63}}, "64 bits"),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2, "top_k": 2**63}, "64 bits"),
+    ("/generate", {"text": "hi", "sampling_params": {**GREEDY, "n": 10**6}}, "from 1 to 128"),
+    ("/generate", {"text": ["a", "b"], "sampling_params": {**GREEDY, "n": 129}}, "from 1 to 128"),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                              "n": 5000}, "from 1 to 128"),
+]
+
+
+@pytest.mark.parametrize("path, body, message", TENSOR_FIELDS, ids=[f"{p}-{i}" for i, (p, _, _) in enumerate(TENSOR_FIELDS)])
+def test_numbers_the_scheduler_cannot_hold(tiny_server, path, body, message):
+    """`top_k: 2**63` overflowed an int64 tensor while the scheduler built a batch (the server died);
+    `n: 10**6` queued a million copies and the server answered nobody for minutes."""
+    r = requests.post(tiny_server.url + path, json=body, timeout=60)
+    assert r.status_code == 400 and message in r.text, r.text
+    alive(tiny_server)
+
+
 MEDIA = [("image_data", "x"), ("audio_data", "x"), ("video_data", "x"), ("image_data", [[]])]
 
 
