@@ -14,6 +14,7 @@ MODULES = (
     "tokenizer_manager_tokenize_one_request",
     "tokenizer_manager_should_use_batch_tokenization",
     "tokenizer_manager_validate_one_request",
+    "request_logger_compute_metadata",
     "generate_req_input_getitem",
     "generate_req_input_normalize_batch_and_arguments",
     "http_server_setup_and_run_http_server",

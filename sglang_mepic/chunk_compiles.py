@@ -56,7 +56,7 @@ async def prepare(manager, obj) -> None:
     if compiles is not None:
         setattr(obj, COMPILES, compiles)
         named = dataclasses.replace(hint.decode(obj.kv_hints), compiles=tuple(c.rid for c in compiles))
-        obj.kv_hints = with_hint(obj.kv_hints, obj.rid, hint.encode(named))
+        obj.kv_hints = with_hint(obj.kv_hints, obj.rid, hint.encode(named), obj.input_ids)
 
 
 def compile_request(seg: Segment, parent: GenerateReqInput, page_size: int, sink: int | None) -> GenerateReqInput:
@@ -72,14 +72,15 @@ def compile_request(seg: Segment, parent: GenerateReqInput, page_size: int, sink
     pads = ([(1, page_size - 1)] if head and page_size > 1 else []) + \
         ([(at, seg.lead_pad)] if seg.lead_pad else []) + [(at + size - seg.tail_pad, seg.tail_pad + 1)]
     action = hint.encode(hint.Hint(chunks=((at, at + size),), pads=tuple(pads), compile=True))
+    input_ids = head + [PAD_FILL_ID if t == PAD_ID else t for t in seg.padded_tokens()] + [PAD_FILL_ID]
     req = GenerateReqInput(
         rid=f"mepic-compile-{uuid.uuid4().hex}",
-        input_ids=head + [PAD_FILL_ID if t == PAD_ID else t for t in seg.padded_tokens()] + [PAD_FILL_ID],
+        input_ids=input_ids,
         # Greedy: the token it samples is dropped, and one non-greedy request sends its whole
         # prefill batch down SGLang's top-k/top-p sampler instead of argmax.
         sampling_params={"max_new_tokens": 0, "temperature": 0},
         extra_key=parent.extra_key, cache_salt=parent.cache_salt, lora_path=parent.lora_path,
-        kv_hints=with_hint(None, None, action),
+        kv_hints=with_hint(None, None, action, input_ids),
     )
     setattr(req, COMPILE_FLAG, True)
     return req

@@ -12,16 +12,18 @@ Shapes of one versioned message:
 - **A compile** (`compile`): the standalone computation of one chunk, laid out,
   whose pages the scheduler stores for every request to reuse.
 
-Only the server makes one: the tokenizer side stamps each action with its mark
-(`MARK_KEY`, intake.py), and a request whose action lacks it is refused before
-it reaches the scheduler. This module owns the wire format, not the trust check.
+Only the server makes one: the tokenizer side seals each action with its mark
+(`MARK_KEY`, an HMAC of the payload and the request's ids, intake.py), and a
+request whose action does not carry the seal of its own payload and ids is
+refused before it reaches the scheduler. This module owns the wire format, not
+the trust check.
 """
 
 from dataclasses import dataclass
 
 HINT_TYPE = "mepic.chunks"
 VERSION = "1"
-MARK_KEY = "by"  # the server's mark (intake.stamp); decoding ignores it
+MARK_KEY = "by"  # the server's seal (intake.stamp); decoding ignores it
 
 _ACTION_ID = {False: "mepic-chunks", True: "mepic-compile"}
 _KEYS = {"chunks", "pads", "compile", "compiles", MARK_KEY}

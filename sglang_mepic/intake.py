@@ -12,37 +12,65 @@ batch, n > 1 and OpenAI paths all go through):
   action tells the planner where chunks and pads are and whether a request
   compiles a chunk for everyone to reuse. A client that could send one could
   store KV computed after its own prefix under a chunk's key (cache
-  poisoning). The tokenizer side stamps every action it creates with a mark
-  random to this process; an action without it is refused, whatever path the
-  request came by.
+  poisoning). The tokenizer side seals every action it creates: its mark is an
+  HMAC, under a key random to this process that never leaves it, of the
+  action's payload and the request's final input ids. An action whose mark is
+  not the seal of its own payload and ids is refused, whatever path the request
+  came by. A mark is no bearer token: one copied from a log or a response
+  authorises only the identical request, which the server itself made.
 """
 
+import hashlib
+import hmac
+import json
 import secrets
+from array import array
 
 from sglang_mepic.hint import HINT_TYPE, MARK_KEY
 
-# Random per tokenizer process; it never leaves the server (the scheduler ignores it).
-_SERVER_MARK = secrets.token_hex(16)
+# Random per tokenizer process; it never leaves the process (the scheduler ignores the mark).
+_KEY = secrets.token_bytes(32)
 
 
 class IntakeError(ValueError):
     """A request the server refuses (SGLang's HTTP layer answers a ValueError with 400)."""
 
 
-def stamp(action: dict) -> dict:
-    """Mark an encoded `mepic.chunks` action (hint.encode) as made by this server."""
-    action["payload"][MARK_KEY] = _SERVER_MARK
+def _ids_bytes(input_ids) -> bytes:
+    if input_ids is None:
+        return b"none"
+    try:
+        return array("q", input_ids).tobytes()
+    except (TypeError, OverflowError):  # not plain integers: refused later, but sealed all the same
+        return repr(list(input_ids)).encode()
+
+
+def seal(version, payload: dict, input_ids) -> str:
+    """The mark of a `mepic.chunks` payload (its own mark left out) on a request of these ids."""
+    body = json.dumps({"version": version, "payload": {k: v for k, v in payload.items() if k != MARK_KEY}},
+                      sort_keys=True, separators=(",", ":"), default=repr)
+    mac = hmac.new(_KEY, body.encode(), hashlib.sha256)
+    mac.update(b"\0")
+    mac.update(_ids_bytes(input_ids))
+    return mac.hexdigest()
+
+
+def stamp(action: dict, input_ids) -> dict:
+    """Seal an encoded `mepic.chunks` action (hint.encode) as made by this server for a request whose
+    final input ids are `input_ids`."""
+    action["payload"][MARK_KEY] = seal(action["action_version"], action["payload"], input_ids)
     return action
 
 
-def _is_ours(action) -> bool:
+def _is_ours(action, input_ids) -> bool:
     payload = action.payload if isinstance(action.payload, dict) else {}
-    return payload.get(MARK_KEY) == _SERVER_MARK
+    mark = payload.get(MARK_KEY)
+    return isinstance(mark, str) and hmac.compare_digest(mark, seal(action.action_version, payload, input_ids))
 
 
-def check_hints(kv_hints) -> None:
+def check_hints(kv_hints, input_ids) -> None:
     for action in kv_hints.actions if kv_hints is not None else []:
-        if action.action_type == HINT_TYPE and not _is_ours(action):
+        if action.action_type == HINT_TYPE and not _is_ours(action, input_ids):
             raise IntakeError(f"kv_hints action {HINT_TYPE!r} is made by the server, not sent by clients: "
                               f"mark chunks with <|chunk|>...<|/chunk|> in text, or ids -100 ... -101 in input_ids")
 
@@ -64,7 +92,7 @@ def check(obj, input_ids) -> None:
     try:
         check_prompt(getattr(obj, "text", None), input_ids, getattr(obj, "session_params", None),
                      multimodal=_multimodal(obj))
-        check_hints(getattr(obj, "kv_hints", None))
+        check_hints(getattr(obj, "kv_hints", None), input_ids)
     except IntakeError as e:
         raise IntakeError(labelled(obj, str(e))) from None
 

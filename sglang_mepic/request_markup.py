@@ -41,13 +41,13 @@ def _lays_out_slots(manager) -> bool:
     return args.attention_backend == "mepic" and args.radix_cache_backend == "mepic" and config.mode().reuses
 
 
-def with_hint(envelope: KvHintsEnvelope | None, rid, action: dict) -> KvHintsEnvelope:
-    """The request's envelope carrying the encoded hint `action` (hint.encode), stamped as this
-    server's, in place of any earlier one."""
+def with_hint(envelope: KvHintsEnvelope | None, rid, action: dict, input_ids) -> KvHintsEnvelope:
+    """The request's envelope carrying the encoded hint `action` (hint.encode), sealed as this
+    server's for a request of these final `input_ids` (intake.stamp), in place of any earlier one."""
     others = [a for a in (envelope.actions if envelope else []) if a.action_type != hint.HINT_TYPE]
     return KvHintsEnvelope(protocol_version=envelope.protocol_version if envelope else "1",
                            message_id=envelope.message_id if envelope else str(rid or ""),
-                           actions=[*others, KvHintAction(**intake.stamp(action))])
+                           actions=[*others, KvHintAction(**intake.stamp(action, input_ids))])
 
 
 def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
@@ -91,5 +91,5 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
         obj.input_ids = marked.input_ids
         action = marked.hint_action()
     obj.text = None
-    obj.kv_hints = with_hint(obj.kv_hints, obj.rid, action)
+    obj.kv_hints = with_hint(obj.kv_hints, obj.rid, action, obj.input_ids)
     return lay if laid_out else None

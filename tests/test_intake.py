@@ -20,7 +20,7 @@ GREEDY = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
 
 
 def action(payload):
-    return SimpleNamespace(action_type="mepic.chunks", payload=payload)
+    return SimpleNamespace(action_type="mepic.chunks", action_version="1", payload=payload)
 
 
 def test_empty_prompts_are_refused():
@@ -33,15 +33,35 @@ def test_empty_prompts_are_refused():
     intake.check_prompt("", None, multimodal=True)
 
 
-def test_only_hints_the_server_stamped_pass():
-    ours = intake.stamp({"payload": {"chunks": [[0, 32]], "pads": []}})
-    intake.check_hints(SimpleNamespace(actions=[action(ours["payload"])]))
+IDS = list(range(100, 140))
+
+
+def sealed(payload, ids=IDS):
+    return intake.stamp({"action_version": "1", "payload": dict(payload)}, ids)["payload"]
+
+
+def test_only_hints_the_server_sealed_pass():
+    ours = sealed({"chunks": [[0, 32]], "pads": []})
+    intake.check_hints(SimpleNamespace(actions=[action(ours)]), IDS)
     for forged in ({"chunks": [[0, 32]]}, {"chunks": [[16, 48]], "pads": [[48, 1]], "compile": True},
                    {"chunks": [[0, 32]], intake.MARK_KEY: "guess"}, "not a dict"):
         with pytest.raises(intake.IntakeError, match="made by the server"):
-            intake.check_hints(SimpleNamespace(actions=[action(forged)]))
+            intake.check_hints(SimpleNamespace(actions=[action(forged)]), IDS)
     other = SimpleNamespace(action_type="other.vendor", payload={})
-    intake.check_hints(SimpleNamespace(actions=[other]))  # other hint types are SGLang's business
+    intake.check_hints(SimpleNamespace(actions=[other]), IDS)  # other hint types are SGLang's business
+
+
+def test_a_seal_authorises_only_its_own_payload_and_ids():
+    """A mark copied from a log is no bearer token: on another payload, or on the same payload over
+    other ids (an attacker's prefix), it is refused."""
+    ours = sealed({"chunks": [[0, 32]], "pads": [[32, 8]]})
+    mark = ours[intake.MARK_KEY]
+    poisoning = {"chunks": [[16, 48]], "pads": [[48, 1]], "compile": True, intake.MARK_KEY: mark}
+    for payload, ids in ((poisoning, IDS), (ours, [7] * 16 + IDS), (ours, IDS[:-1]), (ours, None),
+                         ({**ours, "compile": True}, IDS)):
+        with pytest.raises(intake.IntakeError, match="made by the server"):
+            intake.check_hints(SimpleNamespace(actions=[action(payload)]), ids)
+    intake.check_hints(SimpleNamespace(actions=[action(dict(ours))]), list(IDS))
 
 
 def test_an_empty_media_list_is_no_prompt():
