@@ -15,8 +15,10 @@ Every flag is passed on to SGLang. What this wrapper adds:
   `--device cpu`, a bounded `--max-total-tokens`, `--sleep-on-idle`, and
   `--dtype float32` where the CPU has no native bf16);
 - each default only where the flag is not given;
-- clear errors, before anything heavy loads, for a missing model folder, a
-  port that is taken, or tensor/pipeline/data parallelism with the mepic cache;
+- clear one-line errors and exit status 2, before anything heavy loads, for a
+  missing model folder, a port that is taken, tensor/pipeline/data parallelism
+  or SGLang's hierarchical cache with the mepic cache, a page size below 1, a
+  pool below 1 token, and a flag SGLang's own argument checks refuse;
 - a quiet start-up: SGLang's ~20 KB `server_args=` line becomes the command
   line and the effective MEPIC settings (defaults included), and on CPU its CUDA-only notices are replaced by one line saying so
   (`--log-level debug` keeps everything; quiet.py).
@@ -59,8 +61,11 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
 
 
 class LaunchError(SystemExit):
+    """A start-up refused with a one-line reason; `main` prints it and exits with status 2 (as argparse does)."""
+
     def __init__(self, message: str):
-        super().__init__(f"sglang_mepic.launch_server: error: {message}")
+        self.message = f"sglang_mepic.launch_server: error: {message}"
+        super().__init__(self.message)
 
 
 def _known_flags(argv: list[str]) -> argparse.Namespace:
@@ -86,6 +91,9 @@ def _known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dp-size", "--data-parallel-size", type=int, default=1)
     p.add_argument("--attn-dp-size", "--attention-data-parallel-size", type=int, default=1)
     p.add_argument("--enable-dp-attention", action="store_true")
+    p.add_argument("--enable-hierarchical-cache", action="store_true")
+    p.add_argument("--context-length")
+    p.add_argument("--chunked-prefill-size")
     known, _ = p.parse_known_args(argv)
     return known
 
@@ -321,6 +329,48 @@ def check_parallelism(argv: list[str]) -> None:
                           "sglang_mepic.launch_cluster) or use --radix-cache-backend sglang")
 
 
+def check_combinations(argv: list[str]) -> None:
+    """Refuse, before anything loads, the flags and combinations this server cannot serve (each
+    ended in a traceback from a child process, or no start at all)."""
+    check_parallelism(argv)
+    known = _known_flags(argv)
+    if known.page_size is not None:
+        try:
+            size = int(known.page_size)
+        except ValueError:
+            raise LaunchError(f"--page-size {known.page_size}: must be a whole number of tokens") from None
+        if size < 1:
+            raise LaunchError(f"--page-size {size}: a page holds at least 1 token (the mepic cache uses "
+                              f"{MEPIC_PAGE_SIZE}, one MEPIC block per page)")
+    if known.max_total_tokens is not None:
+        try:
+            total = int(known.max_total_tokens)
+        except ValueError:
+            raise LaunchError(f"--max-total-tokens {known.max_total_tokens}: must be a whole number") from None
+        if total < 1:
+            raise LaunchError(f"--max-total-tokens {total}: the KV pool needs at least 1 token")
+    for flag, value, least in (("--context-length", known.context_length, 1),
+                               ("--chunked-prefill-size", known.chunked_prefill_size, -1)):
+        if value is not None and (not value.lstrip("-").isdigit() or int(value) < least or int(value) == 0):
+            raise LaunchError(f"{flag} {value}: must be a whole number of tokens of at least 1"
+                              + (" (or -1 to turn chunked prefill off)" if least < 1 else ""))
+    if known.radix_cache_backend not in (None, "mepic"):
+        raise LaunchError(f"--radix-cache-backend {known.radix_cache_backend}: this server offers mepic (chunk "
+                          "reuse, the default) and sglang (SGLang's own prefix cache)")
+    if known.enable_hierarchical_cache and known.radix_cache_backend == "mepic":
+        raise LaunchError("--enable-hierarchical-cache: SGLang's HiCache does not work with --radix-cache-backend "
+                          "mepic; the mepic cache has its own host tier (--mepic-host-tier-gb GB) and shared "
+                          "storage (--mepic-storage-backend), or use --radix-cache-backend sglang")
+
+
+def _from_argument_checks(error: BaseException) -> bool:
+    """Whether SGLang's own validation of its flags raised `error` (before any process started)."""
+    import traceback
+
+    return any(frame.name in ("prepare_server_args", "check_server_args", "__post_init__")
+               for frame in traceback.extract_tb(error.__traceback__))
+
+
 def check_storage_dir(path: str) -> str:
     """The file tier's directory, created if missing; refused if it cannot be written."""
     path = os.path.abspath(path)
@@ -453,6 +503,14 @@ def _drop_checkout_root_from_path() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except LaunchError as e:
+        print(e.message, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _main(argv: list[str] | None) -> None:
     _drop_checkout_root_from_path()
     argv = sys.argv[1:] if argv is None else list(argv)
     argv, mepic_env = split_mepic_flags(argv)
@@ -463,7 +521,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         cuda = _has_cuda()
         argv, env = with_defaults(argv, cuda=cuda)
-        check_parallelism(argv)
+        check_combinations(argv)
         for key, value in env.items():
             os.environ.setdefault(key, value)
         known = _known_flags(argv)
@@ -488,9 +546,13 @@ def main(argv: list[str] | None = None) -> None:
     from sglang.srt.utils import kill_process_tree
 
     load_plugins()
-    server_args = prepare_server_args(argv)
     try:
+        server_args = prepare_server_args(argv)
         run_server(server_args)
+    except (ValueError, AssertionError) as e:
+        if not _from_argument_checks(e):
+            raise
+        raise LaunchError(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
 

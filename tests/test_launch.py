@@ -349,3 +349,38 @@ def test_tp_size_2_is_refused_before_anything_loads(tiny_model):
     out = run_launcher("--model-path", tiny_model, "--tp-size", "2", timeout=60)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "--tp-size 2: --radix-cache-backend mepic runs on one GPU per server" in out.stderr
+
+
+REFUSED = [
+    (["--enable-hierarchical-cache"], "--enable-hierarchical-cache: SGLang's HiCache does not work"),
+    (["--page-size", "0"], "--page-size 0: a page holds at least 1 token"),
+    (["--page-size", "-3"], "--page-size -3"),
+    (["--page-size", "x"], "--page-size x: must be a whole number"),
+    (["--max-total-tokens", "0"], "--max-total-tokens 0"),
+    (["--context-length", "0"], "--context-length 0"),
+    (["--chunked-prefill-size", "0"], "--chunked-prefill-size 0"),
+    (["--radix-cache-backend", "nope"], "--radix-cache-backend nope"),
+    (["--tp-size", "2"], "--tp-size 2"),
+]
+
+
+@pytest.mark.parametrize("flags, reason", REFUSED, ids=[" ".join(f) for f, _ in REFUSED])
+def test_unservable_flags_are_one_line_and_status_2(tiny_model, flags, reason):
+    """Each of these ended in a traceback from a child process (or a ZeroDivisionError); now the
+    launcher refuses it before anything loads."""
+    out = run_launcher("--model-path", tiny_model, "--port", "1", *flags, timeout=60)
+    errors = [line for line in out.stderr.splitlines() if "error" in line.lower()]
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert len(errors) == 1 and errors[0].startswith("sglang_mepic.launch_server: error: ") and reason in errors[0], \
+        out.stderr[-2000:]
+
+
+def test_a_flag_sglang_refuses_is_one_line_and_status_2(tiny_model):
+    """SGLang's own argument checks (here: the chunked prefill size must be a multiple of the page)."""
+    from sglang_mepic.server_process import free_port
+
+    out = run_launcher("--model-path", tiny_model, "--port", str(free_port()), "--page-size", "7", timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert "sglang_mepic.launch_server: error: chunked_prefill_size must be divisible by page_size" in out.stderr
