@@ -59,8 +59,9 @@ def split_text(text: str) -> list[tuple[Kind, str]]:
             raise MarkupError(f"chunk markup: nested {CHUNK_OPEN} at character {nested}; chunks cannot nest")
         if close_at == -1:
             raise MarkupError(f"chunk markup: {CHUNK_OPEN} at character {open_at} is never closed")
-        if close_at == start:
-            raise MarkupError(f"chunk markup: empty chunk at character {open_at}")
+        if not text[start:close_at].strip():  # one rule on every path: nothing to reuse, nothing to answer
+            raise MarkupError(f"chunk markup: empty chunk at character {open_at}"
+                              + (" (only whitespace)" if close_at > start else ""))
         pieces.append((Kind.CHUNK, text[start:close_at]))
         pos = close_at + len(CHUNK_CLOSE)
     return [(k, t) for k, t in pieces if t or k is Kind.CHUNK]

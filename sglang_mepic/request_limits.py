@@ -91,3 +91,12 @@ def _check_sampling_numbers(params) -> None:
         for number in (value if isinstance(value, list) else [value]):
             if isinstance(number, int) and not isinstance(number, bool) and not -INT64 <= number < INT64:
                 raise LimitError(f"sampling parameter {key!r} must fit in 64 bits, got {number}")
+
+
+def check_token_ids(tokens) -> None:
+    """Token ids a client asks to decode (`/v1/detokenize`): the tokenizer raises on a negative one."""
+    rows = tokens if isinstance(tokens, list) and tokens and isinstance(tokens[0], list) else [tokens]
+    for row in rows:
+        for token in row if isinstance(row, list) else []:
+            if isinstance(token, int) and not 0 <= token < INT64:
+                raise LimitError(f"token id {token} is not a token id (they are whole numbers from 0)")

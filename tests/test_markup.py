@@ -22,6 +22,7 @@ def test_split_text():
     ("a <|chunk|> b", "never closed"),
     ("<|chunk|>a<|chunk|>b<|/chunk|><|/chunk|>", "nested"),
     ("x<|chunk|><|/chunk|>y", "empty chunk"),
+    ("x<|chunk|> \n\t <|/chunk|>y", "empty chunk at character 1 \\(only whitespace\\)"),
     ("<|chunk|>a<|/chunk|><|/chunk|>", "no matching"),
 ])
 def test_malformed_text(text, message):

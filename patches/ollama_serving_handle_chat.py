@@ -1,0 +1,13 @@
+"""`/api/chat` answers a request the intake refuses with a 400, not a 500 (ollama_routes.py)."""
+
+from sglang.srt.plugins.hook_registry import HookType
+
+from sglang_mepic import ollama_routes
+
+WRITTEN_FOR = "0.5.23"
+TARGET = "sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_chat"
+HOOK_TYPE = HookType.AROUND
+
+
+async def hook(original, serving, request, *args, **kwargs):
+    return await ollama_routes.handle_chat(original, serving, request, *args, **kwargs)
