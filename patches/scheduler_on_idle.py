@@ -5,11 +5,13 @@ The MEPIC gauges are sampled after allocations (`prepare_for_extend`,
 allocation, so without this the gauges kept their busy values (pages in use,
 pages free) while `/server_info` showed the pool empty. `sample` publishes only
 when one of the O(1) counts it compares changed, so repeated idle polls cost one
-comparison.
+comparison. SGLang's own usage gauges had the same staleness; they are published
+at the idle pass where the pool's use changed (`metrics.refresh_sglang_usage_when_stale`).
 """
 
 from sglang.srt.plugins.hook_registry import HookType
 
+from sglang_mepic import metrics
 from sglang_mepic.radix_cache import MepicRadixCache
 
 WRITTEN_FOR = "0.5.23"
@@ -18,6 +20,7 @@ HOOK_TYPE = HookType.AROUND
 
 
 def hook(original, scheduler, *args, **kwargs):
+    metrics.refresh_sglang_usage_when_stale(scheduler)  # SGLang's own gauges, published by the original
     result = original(scheduler, *args, **kwargs)
     tree = getattr(scheduler, "tree_cache", None)
     if isinstance(tree, MepicRadixCache):

@@ -68,3 +68,19 @@ def publish_reuse_refused(running_mode: str, refused_mode: str | None) -> None:
     gauge = Gauge(PREFIX + REUSE_REFUSED, REUSE_REFUSED_DESCRIPTION, labelnames=["mode"],
                   multiprocess_mode="mostrecent")
     gauge.labels(mode=refused_mode or running_mode).set(1 if refused_mode else 0)
+
+
+def refresh_sglang_usage_when_stale(scheduler) -> None:
+    """Make SGLang publish its own usage gauges (`sglang:num_used_tokens`, `sglang:token_usage`) at this
+    idle pass when the pool's use changed since they were last published.
+
+    SGLang refreshes them with each batch and, when idle, only every 30 s: after the last requests
+    finished, or a flush, a dashboard read a busy pool for up to 30 s while these gauges read it
+    empty. The comparison reads two counters; SGLang's own `last_log_time = 0` forces the publication.
+    """
+    reporter = getattr(scheduler, "metrics_reporter", None)
+    if reporter is None or not getattr(reporter, "current_scheduler_metrics_enabled", False):
+        return
+    used, _ = scheduler.pool_stats_observer.get_pool_stats().get_kv_token_stats()
+    if used != reporter.stats.num_used_tokens:
+        reporter.metrics_collector.last_log_time = 0.0
