@@ -1,32 +1,92 @@
-"""Fuzz every client path of a real server with requests drawn over its schema.
+"""Fuzz every route of a real server with requests drawn over its schema (issues 48, 53).
 
-Bodies are drawn from what clients get wrong: empty and whitespace prompts,
-markers in every field (text, ids, chat content, stop strings, rid), wrong
-types, unicode, huge and negative numbers, forged kv_hints, prompts longer than
-the context, batches, streams. Every response must be a 2xx or a 4xx that says
-what is wrong (a 5xx, a dropped connection or a timeout fails), and the server
-must answer a plain request afterwards.
+The routes are those SGLang's HTTP app registers (`app.routes`, read in this process, hidden
+ones included) and those the live server lists (`/openapi.json`), so a route a new SGLang adds
+is fuzzed too. Only the routes in SKIP are left out: each changes the server by design in a way
+that breaks the run, and each must exist (the list cannot go stale). Every route is sent at
+least one request; the rest of the run draws the routes that build a prompt most often.
 
-CI runs a fixed seed, so a failure replays as is; MEPIC_REQUEST_FUZZ_SEED=<n> runs
-another and MEPIC_REQUEST_FUZZ_SEED=random draws one. The seed is printed and
-named in every failure. MEPIC_REQUEST_FUZZ_SECONDS bounds the run (default 120).
+A body is a well-formed request with one to three fields replaced by what clients get wrong:
+numbers from their whole range (0, negative, the vocabulary's size and its neighbours, the
+context's length, 2**31, 2**63, 10**18, floats, NaN, strings), token ids in and out of the
+vocabulary, media fields ("x", [[]], [], "") beside empty, whitespace and normal prompts,
+chunk markup in every text field, unicode and lone surrogates, wrong types, prompts longer
+than the context, batches, streams, sessions, forged kv_hints. Routes without a drawer of
+their own get bodies drawn from their OpenAPI schema, or generic ones (no body, {}, a JSON
+that is not an object, a prompt, chat messages).
+
+Every response must be a 2xx or a 4xx that says what is wrong (a 5xx, an error event with a
+5xx code inside a stream, a dropped connection or a request that does not end in
+REQUEST_TIMEOUT fails), and after every request the server must still answer GET /health (a
+generation is probed every PROBE_EVERY requests): a death is blamed on the request just sent,
+with the server log's traceback.
+
+It runs on the tiny test model and on SmolLM2-135M (whose tokenizer adds no BOS, so an empty
+text is a prompt of no tokens), each on a server of its own, started here and always stopped.
+CI runs a fixed seed, so a failure replays as is; MEPIC_REQUEST_FUZZ_SEED=<n> runs another and
+MEPIC_REQUEST_FUZZ_SEED=random draws one. The seed is printed and named in every failure.
+MEPIC_REQUEST_FUZZ_SECONDS bounds each model's run (default 120). The run stops at the first
+failure; MEPIC_REQUEST_FUZZ_KEEP_GOING=1 (for exploring) restarts a dead server, shrinks each
+failure's body and reports every distinct failure at the end.
 """
 
 import json
+import math
 import os
 import random
+import re
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import requests
 
+from sglang_mepic import models
+from sglang_mepic.server_process import ServerProcess
+
 pytestmark = pytest.mark.server
 SEED = 20261124
 SECONDS = float(os.environ.get("MEPIC_REQUEST_FUZZ_SECONDS", 120))
-MAX_REQUESTS = int(os.environ.get("MEPIC_REQUEST_FUZZ_REQUESTS", 1500))
+MAX_REQUESTS = int(os.environ.get("MEPIC_REQUEST_FUZZ_REQUESTS", 3000))
+KEEP_GOING = os.environ.get("MEPIC_REQUEST_FUZZ_KEEP_GOING", "") not in ("", "0")
+REQUEST_TIMEOUT = 60.0  # a whole request, stream included: the drawn generations are a few tokens
+HEALTH_TIMEOUT = 10.0
+PROBE_EVERY = 10
 
 OPEN, CLOSE = "<|chunk|>", "<|/chunk|>"
 DOC = " ".join(f"fact{i} is {i * 7 % 13}." for i in range(12))  # about 3 pages
+
+# Routes not fuzzed: each changes the server by design in a way that breaks the run.
+SKIP = {
+    "/start_profile": "profiles every forward until stopped and writes traces (the run slows to a crawl)",
+    "/slow_down": "sleeps every forward for a drawn time (10**18 s wedges the scheduler by design)",
+    "/pause_generation": "stops the scheduler until /continue_generation: every later request waits",
+    "/release_memory_occupation": "frees the weights and KV pool until resumed: every later request fails",
+    "/configure_logging": "sets the log level and dumps requests to drawn folders: the log the failures are "
+                          "read from changes",
+    "/update_weights_from_disk": "loads other weights (or none) into the model",
+    "/update_weights_from_tensor": "replaces the model's weights",
+    "/update_weights_from_distributed": "replaces weights from a process group",
+    "/update_weights_from_ipc": "replaces weights from another process",
+    "/begin_weight_update": "starts a weight update: generation waits for its end",
+    "/end_weight_update": "ends a weight update (the pair of /begin_weight_update)",
+    "/init_weights_update_group": "joins a process group at a drawn address: waits for peers that never come",
+    "/destroy_weights_update_group": "tears down the weight-update group (the pair of the one above)",
+    "/init_weights_send_group_for_remote_instance": "joins a process group at a drawn address",
+    "/send_weights_to_remote_instance": "sends the weights to a drawn address",
+    "/pd_role_switch": "switches the server's prefill/decode disaggregation role",
+    "/scale_elastic_ep": "rescales expert parallelism: rebuilds the parallel groups",
+    "/v1/realtime": "a WebSocket, not an HTTP route",
+}
+
+# The routes that build a prompt, drawn most often (relative weights; each has a drawer below).
+PROMPTED = {"/generate": 8, "/v1/completions": 5, "/v1/chat/completions": 5, "/api/generate": 3, "/api/chat": 3,
+            "/v1/messages": 2, "/v1/messages/count_tokens": 1, "/v1/score": 2, "/v1/rerank": 1, "/v1/tokenize": 2,
+            "/tokenize": 1, "/v1/detokenize": 2, "/detokenize": 1, "/v1/embeddings": 1, "/encode": 1,
+            "/v1/responses": 1, "/invocations": 1, "/vertex_generate": 1, "/open_session": 1, "/api/show": 1}
+PROMPTED_SHARE = 0.75  # of the requests after every route was sent one
 
 
 def seed() -> int:
@@ -34,126 +94,610 @@ def seed() -> int:
     return random.randrange(2**32) if value == "random" else int(value)
 
 
-class Draw:
-    """One random request body per path, from a seeded generator."""
+# ---------------------------------------------------------------------------------------------
+# The routes
 
-    def __init__(self, rng: random.Random):
-        self.rng = rng
+
+def _app_routes() -> tuple[set[tuple[str, str]], dict]:
+    """(path, method) of every route SGLang's app registers, and its OpenAPI schema."""
+    from sglang.srt.entrypoints.http_server import app
+
+    found: set[tuple[str, str]] = set()
+
+    def walk(routes):
+        for route in routes:
+            inner = getattr(route, "original_router", None) or getattr(route, "router", None)
+            if inner is not None and hasattr(inner, "routes") and not hasattr(route, "path"):
+                walk(inner.routes)
+                continue
+            path = getattr(route, "path", None)
+            if path is None:
+                continue
+            methods = getattr(route, "methods", None) or {"WEBSOCKET"}
+            found.update((path, m) for m in methods)
+
+    walk(app.routes)
+    return found, app.openapi()
+
+
+@pytest.fixture(scope="module")
+def registered() -> Future:
+    """The import of SGLang's app takes seconds: it runs while the servers start."""
+    pool = ThreadPoolExecutor(1)
+    yield pool.submit(_app_routes)
+    pool.shutdown(wait=False)
+
+
+def routes_of(server, registered: Future) -> tuple[list[tuple[str, str]], dict]:
+    found, schema = registered.result(timeout=300)
+    live = requests.get(server.url + "/openapi.json", timeout=30).json()
+    for path, ops in live.get("paths", {}).items():
+        found.update((path, m.upper()) for m in ops if m in ("get", "post", "put", "delete", "patch", "head"))
+    schema = {**schema, "paths": {**schema.get("paths", {}), **live.get("paths", {})},
+              "components": {"schemas": {**schema.get("components", {}).get("schemas", {}),
+                                         **live.get("components", {}).get("schemas", {})}}}
+    paths = {p for p, _ in found}
+    stale = set(SKIP) - paths
+    assert not stale, f"SKIP names routes the server does not register: {sorted(stale)}"
+    missing = set(PROMPTED) - paths
+    assert not missing, f"drawers for routes the server does not register: {sorted(missing)}"
+    return sorted((p, m) for p, m in found if p not in SKIP and m != "WEBSOCKET"), schema
+
+
+# ---------------------------------------------------------------------------------------------
+# What is drawn
+
+
+class Draw:
+    """Request bodies for one model, from a seeded generator."""
+
+    def __init__(self, rng: random.Random, vocab: int, context: int, cheap: int, schema: dict):
+        self.rng, self.vocab, self.context, self.cheap, self.schema = rng, vocab, context, cheap, schema
+        self.long_ok = cheap >= context  # prompts and generations the whole context long take seconds, not minutes
+        self.sessions: list[str] = []  # ids the server gave /open_session
+        self.rids: list[str] = []
 
     def pick(self, *options):
         return self.rng.choice(options)
 
-    def text(self):
+    def chance(self, p: float) -> bool:
+        return self.rng.random() < p
+
+    # -- values
+
+    def int_(self):
+        """An integer from the whole range, the edges of this model's vocabulary and context included."""
+        v, c = self.vocab, self.context
+        return self.pick(0, -1, 1, 2, 3, 5, 20, 21, 100, 128, 129, v - 1, v, v + 1, c - 1, c, c + 1, 100000,
+                         2**31 - 1, 2**31, 2**32, 2**53 + 1, 2**63 - 1, 2**63, 2**64, 10**18, -(2**31), -(2**63) - 1,
+                         -(10**18))
+
+    def float_(self):
+        return self.pick(0.0, 0.5, 1.0, 1.5, -0.5, -1.0, 1e-9, 2.0, 100.0, 1e308, -1e308, math.nan, math.inf,
+                         -math.inf, 1e-320)
+
+    def length(self):
+        """A generation length from the whole range: the context's edges, the vocabulary's, huge, floats."""
+        v, c = self.vocab, self.context
+        return self.pick(0, -1, 1, 2, 4, c, c + 1, v - 1, v, v + 1, 2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64,
+                         10**18, -(2**63) - 1, 1.5, 2.0, 1e308, math.nan, "3", None, True,
+                         *((c - 1, c - 2, 100) if self.long_ok else ()))
+
+    def num(self):
+        """A number from anywhere, or a value of the wrong type where a number belongs."""
+        return self.pick(self.int_, self.int_, self.int_, self.float_, self.float_, self.junk)()
+
+    def junk(self):
+        return self.pick(None, "", "x", "3", " ", [], [[]], {}, {"a": 1}, True, False, OPEN, [1, "a"], "NaN")
+
+    def any_(self):
+        return self.pick(self.num, self.junk, self.text, self.ids)()
+
+    def short(self) -> str:
+        """A prompt that reaches the model cheaply."""
+        return self.pick("hello", "What is 2+2?", "Answer: " + OPEN + DOC + CLOSE + " why?", "naïve 日本語 🚀",
+                         DOC, "a", "The quick brown fox")
+
+    def text(self) -> str:
         r = self.rng
         return self.pick(
-            "", " ", "\n\t ", "hello", "Answer: " + OPEN + DOC + CLOSE + " why?",
-            OPEN + DOC + CLOSE, OPEN, CLOSE, CLOSE + OPEN, OPEN + OPEN + "x" + CLOSE + CLOSE, OPEN + CLOSE,
-            OPEN + " " + CLOSE, "x" * r.randint(1, 3000), "naïve 日本語 🚀 " * r.randint(1, 30), "\x00\x01\u202e",
-            "word " * 5000, OPEN + "a" + CLOSE + OPEN + DOC + CLOSE, DOC + OPEN + DOC * 3 + CLOSE,
-            OPEN + "é" * 40 + CLOSE + "?", "<|im_start|>user\nhi<|im_end|>")
+            "", " ", "\n\t ", "\u3000", "hello", "Answer: " + OPEN + DOC + CLOSE + " why?", OPEN + DOC + CLOSE,
+            OPEN, CLOSE, CLOSE + OPEN, OPEN + OPEN + "x" + CLOSE + CLOSE, OPEN + CLOSE, OPEN + " " + CLOSE,
+            "x" * r.randint(1, 600), "naïve 日本語 🚀 " * r.randint(1, 20), "\x00\x01\u202e", "\ud800 lone",
+            "word " * r.randint(1, self.cheap), "word " * (self.context + r.randint(1, 50)),
+            OPEN + "a" + CLOSE + OPEN + DOC + CLOSE, DOC + OPEN + DOC * 3 + CLOSE, OPEN + "é" * 40 + CLOSE + "?",
+            "<|im_start|>user\nhi<|im_end|>", "<s></s><|endoftext|>", "{{ messages }}{% for %}", "<image>",
+            "<|image|>", "%s%n", "\\u0000")
 
-    def ids(self):
-        r = self.rng
-        plain = [r.randrange(0, 300) for _ in range(r.randint(0, 40))]
+    def ids(self) -> list:
+        """Token ids in and out of the vocabulary, markers, wrong types."""
+        r, v = self.rng, self.vocab
+        plain = [r.randrange(0, v) for _ in range(r.randint(0, 40))]
         return self.pick(
-            [], plain, [-100, -101], [-100, *plain, -101], [1, -100, 5] + plain, [-101, 5, -100], [-100, -100, 5, -101],
-            [1, -100, *range(100, 140), -101, 7], [10**12], [-1], [1.5, 2], ["a", "b"], [[1, 2], [3]], [True],
-            [5] * r.randint(3000, 9000), [None])
+            [], plain, plain, [0], [v - 1], [v], [v + 1], [-1], [2**31], [2**63], [10**18], [-100, -101],
+            [-100, *plain, -101], [1, -100, 5] + plain, [-101, 5, -100], [-100, -100, 5, -101],
+            [1, -100, *range(100, 140), -101, 7], [1.5, 2], ["a", "b"], [[1, 2], [3]], [True], [None],
+            [5] * r.randint(1, self.cheap), [5] * (self.context + r.randint(0, 20)),
+            [5] * (self.context - 2 if self.long_ok else self.cheap))
 
-    def value(self):
-        return self.pick(None, -1, 0, 1, 2**31, 2**64, 1e308, float("-inf"), "x", "", [], {}, True, -0.5, 3)
+    def valid_ids(self) -> list:
+        return [self.rng.randrange(2, self.vocab) for _ in range(self.rng.randint(1, 12))]
 
-    def sampling(self):
-        r = self.rng
-        # No unbounded lengths: a request may rightly generate up to the context's end, which proves nothing
-        params = {"max_new_tokens": self.pick(1, 2, 4, 0, -1, "3", 10**9), "temperature": self.pick(0, 0.7, -1, "hot")}
-        for key in r.sample(["top_p", "top_k", "min_p", "stop", "stop_token_ids", "n", "ignore_eos", "regex", "json_schema",
-                             "frequency_penalty", "sampling_seed", "skip_special_tokens", "no_such_key"], r.randint(0, 3)):
-            params[key] = self.pick(self.value(), OPEN, [OPEN, CLOSE], "[a-z]+", '{"type": "object"}', 0.5, 2)
-        return self.pick(params, params, params, "not a dict", None, [])
+    def logprob_ids(self):
+        """token_ids_logprob: ids in and out of the vocabulary."""
+        v = self.vocab
+        return self.pick([0], [v - 1], [v], [v + 1], [-1], [], [2**63], [0, v - 1, v], list(range(200)), [[1]],
+                         [[v]], "x", None, [1.5])
+
+    def media(self):
+        return self.pick("x", [[]], [], "", [""], ["x"], [[""]], None, 5, {"url": "x"}, "data:image/png;base64,",
+                         "data:image/png;base64,iVBORw0KGgo=", "file:///nonexistent.png",
+                         "http://127.0.0.1:9/x.png", ["x", "y"], [["x"]], [None], " ")
+
+    def prompt_field(self):
+        """A generate prompt: text (one or a batch) or ids."""
+        return self.pick(lambda: ("text", self.text()), lambda: ("text", self.short()),
+                         lambda: ("input_ids", self.ids()), lambda: ("input_ids", self.valid_ids()),
+                         lambda: ("text", [self.text() for _ in range(self.rng.randint(0, 3))]),
+                         lambda: ("input_ids", [self.ids() for _ in range(self.rng.randint(1, 3))]))()
+
+    def sampling_value(self, key):
+        if key in ("stop", "stop_regex"):
+            return self.pick(self.text(), [OPEN, CLOSE], ["", ""], [], "[", ["a"] * 200, 5)
+        if key == "stop_token_ids":
+            return self.pick(self.ids(), self.logprob_ids())
+        if key in ("regex", "ebnf", "json_schema", "structural_tag"):
+            return self.pick("[a-z]+", "(", "*", '{"type": "object"}', '{"type": "nope"}', "{", "root ::= ", "",
+                             5, {"type": "object"}, OPEN)
+        if key == "logit_bias":
+            v = self.vocab
+            return self.pick({"0": 100}, {str(v - 1): -100}, {str(v): 1}, {str(v + 1): 1}, {"-1": 1}, {"x": 1},
+                             {str(2**63): 1}, {"5": math.nan}, {"5": 1e308}, [], "x")
+        if key in ("max_new_tokens", "min_new_tokens"):
+            return self.length()
+        if key in ("custom_params", "watermark"):
+            return self.pick({}, {"a": 1}, "x", [], None, {"gamma": self.num()})
+        if key in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+            return self.pick(True, False, self.junk())
+        return self.num()
+
+    SAMPLING = ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
+                "presence_penalty", "repetition_penalty", "n", "stop", "stop_token_ids", "stop_regex", "ignore_eos",
+                "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "regex", "ebnf",
+                "json_schema", "structural_tag", "stream_interval", "logit_bias", "sampling_seed", "custom_params",
+                "watermark", "beam_width", "no_such_key")
 
     def hints(self):
         payload = self.pick({"chunks": [[0, 2]]}, {"chunks": [[16, 48]], "pads": [[48, 1]], "compile": True},
-                            {"chunks": "x"}, {}, {"pads": [[-1, 10**9]]})
+                            {"chunks": "x"}, {}, {"pads": [[-1, 10**9]]}, {"chunks": [[0, 2**63]]})
         return self.pick({"protocol_version": "1", "message_id": "m", "actions": [
-            {"action_id": "a", "action_type": "mepic.chunks", "action_version": self.pick("1", "2", 1), "payload": payload}]},
-            {"actions": "nope"}, "string", None)
+            {"action_id": "a", "action_type": "mepic.chunks", "action_version": self.pick("1", "2", 1),
+             "payload": payload}]}, {"actions": "nope"}, "string", None, {"actions": [None]})
+
+    def mutate(self, body: dict, fields: dict, k: int | None = None) -> dict:
+        """`body` with k of `fields` (name -> drawer) set to drawn values or removed."""
+        k = self.rng.randint(1, 3) if k is None else k
+        for key in self.rng.sample(sorted(fields), min(k, len(fields))):
+            if self.chance(0.08):
+                body.pop(key, None)
+            else:
+                body[key] = fields[key]()
+        return body
+
+    def schema_extras(self, route: str, body: dict, k: int = 2) -> dict:
+        """Up to k more fields of the route's request schema, drawn from their types."""
+        props = self.properties(route)
+        for key in self.rng.sample(sorted(props), min(k, len(props))):
+            body[key] = self.from_schema(props[key])
+        return body
+
+    # -- route drawers: a well-formed body, then fields replaced
 
     def generate(self) -> dict:
         r = self.rng
-        body = {"sampling_params": self.sampling()}
-        prompt = r.random()
-        if prompt < 0.45:
-            body["text"] = self.text()
-        elif prompt < 0.7:
-            body["input_ids"] = self.ids()
-        elif prompt < 0.85:
-            body["text"] = [self.text() for _ in range(r.randint(0, 3))]
-        elif prompt < 0.92:
-            body["input_ids"] = [self.ids() for _ in range(r.randint(1, 3))]
-        else:
-            body.update(text=self.text(), input_ids=self.ids())  # both: SGLang refuses
-        for key in r.sample(["stream", "return_logprob", "logprob_start_len", "top_logprobs_num", "rid", "kv_hints",
-                             "cache_salt", "extra_key", "lora_path", "input_embeds", "return_text_in_logprobs"],
-                            r.randint(0, 3)):
-            body[key] = self.hints() if key == "kv_hints" else self.pick(True, False, self.value(), OPEN + "r" + CLOSE)
+        body = {"text": self.short(), "sampling_params": {"max_new_tokens": r.randint(1, 4),
+                                                          "temperature": self.pick(0, 0.7)}}
+        if self.chance(0.3):
+            body = {"input_ids": self.valid_ids(), "sampling_params": body["sampling_params"]}
+        if self.chance(0.25):
+            body["stream"] = True
+        sp = body["sampling_params"]
+        if self.chance(0.4):  # a sampling parameter or two from its whole range
+            self.mutate(sp, {k: (lambda k=k: self.sampling_value(k)) for k in self.SAMPLING})
+            if self.chance(0.8) and not isinstance(sp.get("max_new_tokens"), int):
+                sp["max_new_tokens"] = 2
+        fields = {
+            "text": self.text, "input_ids": self.ids, "image_data": self.media, "audio_data": self.media,
+            "video_data": self.media, "return_logprob": lambda: self.pick(True, False, "x", 1),
+            "logprob_start_len": self.num, "top_logprobs_num": self.num, "token_ids_logprob": self.logprob_ids,
+            "return_text_in_logprobs": lambda: self.pick(True, False), "stream": lambda: self.pick(True, False, "x"),
+            "rid": lambda: self.pick("r", "", OPEN + "r" + CLOSE, ["a", "b"], 5, None,
+                                     *(self.rids[-3:] or ["x"])),
+            "kv_hints": self.hints, "session_params": self.session_params, "lora_path": self.any_,
+            "input_embeds": lambda: self.pick([], [[]], [[0.0] * 8], [[math.nan] * 128], "x", [[1e308] * 576]),
+            "custom_logit_processor": lambda: self.pick("x", "{}", '{"callable": "os.system"}', 5),
+            "return_hidden_states": lambda: self.pick(True, "x"), "priority": self.num,
+            "data_parallel_rank": self.num, "routed_dp_rank": self.num, "bootstrap_room": self.num,
+            "modalities": lambda: self.pick(["image"], ["x"], "x", [], ["multi-images", "video"]),
+            "sampling_params": lambda: self.pick("not a dict", None, [], {}, {"max_new_tokens": self.length()}),
+            "cache_salt": self.any_, "extra_key": self.any_, "return_entropy": lambda: self.pick(True, "x"),
+            "log_metrics": lambda: self.pick(True, False), "max_thinking_tokens": self.num,
+            "return_prompt_token_ids": lambda: True, "return_routed_experts": lambda: True,
+            "routed_experts_start_len": self.num, "positional_embed_overrides": self.any_,
+        }
+        if self.chance(0.6):
+            self.mutate(body, fields)
+        if any(f in body for f in ("logprob_start_len", "top_logprobs_num", "token_ids_logprob")) and self.chance(0.8):
+            body["return_logprob"] = True
+        if self.chance(0.15):  # a prompt field beside the media
+            key, value = self.prompt_field()
+            body.pop("text", None), body.pop("input_ids", None)
+            body[key] = value
+            body[self.pick("image_data", "audio_data", "video_data")] = self.media()
+        if self.chance(0.05):  # a prompt that fills the context to a drawn edge, and a length against it
+            n = self.context - self.pick(1, 2, 3, 4, 5) if self.long_ok else self.cheap
+            body = {"input_ids": [5] * n, "sampling_params": {"max_new_tokens": self.pick(
+                1, 2, self.context - n, self.context - n + 1)}}
+        return self.tame(body, "max_new_tokens")
+
+    LENGTHS = ("max_new_tokens", "max_tokens", "max_completion_tokens", "num_predict", "max_output_tokens")
+    TOP_K = ("top_logprobs_num", "logprobs", "top_logprobs")
+
+    def tame(self, body, length: str):
+        """Keep each request to seconds: no long generation where it is slow or multiplied by n, and a
+        short prompt under a large top-k of logprobs (a k over the vocabulary per token answers megabytes)."""
+        if not isinstance(body, dict):
+            return body
+
+        def count(x):
+            return x if isinstance(x, int) and not isinstance(x, bool) else 1 if x is None else 0
+
+        inner = [body] + [v for v in body.values() if isinstance(v, dict)]
+        n = max([count(d.get(k)) for d in inner for k in ("n", "best_of")] or [1])
+        top = max([count(d.get(k)) for d in inner for k in self.TOP_K] + [
+            len(body["token_ids_logprob"]) if isinstance(body.get("token_ids_logprob"), list) else 0])
+        for d in inner:
+            for k in self.LENGTHS:
+                v = d.get(k)
+                if count(v) > 8 and v <= self.context and (n > 4 or top > 20 or not self.long_ok):
+                    d[k] = self.pick(2, 4)
+        if not self.long_ok:  # an absent length is the rest of the context
+            target = body.get("sampling_params") if length == "max_new_tokens" else body.get("options") \
+                if length == "num_predict" else body
+            if isinstance(target, dict) and length not in target:
+                target[length] = 4
+        if top > 20:
+            for k, short in (("text", "hello"), ("prompt", "hello"), ("input_ids", [5, 6]),
+                             ("messages", [{"role": "user", "content": "hi"}])):
+                if k in body:
+                    body[k] = short
+            for d in inner:
+                if "n" in d:
+                    d["n"] = 1
         return body
+
+    def session_params(self):
+        sid = self.pick(*(self.sessions[-3:] or ["nope"]), "nope", "", None)
+        return self.pick({"id": sid}, {"id": sid, "rid": self.pick("r", None, *(self.rids[-2:] or ["x"])),
+                                       "offset": self.num(), "replace": self.pick(True, False)},
+                         {"id": sid, "offset": -1}, "x", {}, {"id": 5})
+
+    def open_session(self) -> dict:
+        return self.mutate({"capacity_of_str_len": self.pick(10, 1000)},
+                           {"capacity_of_str_len": self.num, "session_id": lambda: self.pick("s", "", OPEN, 5),
+                            "streaming": lambda: self.pick(True, "x"), "timeout": self.num}, self.pick(0, 0, 1, 2))
 
     def completions(self) -> dict:
-        r = self.rng
-        body = {"model": self.pick("tiny", "", None), "prompt": self.pick(self.text(), [self.text()], self.ids(), None, 5),
-                "max_tokens": self.pick(1, 3, 0, -2, "4", 10**9)}
-        for key in r.sample(["echo", "n", "logprobs", "stream", "stop", "temperature", "suffix", "best_of", "seed"],
-                            r.randint(0, 3)):
-            body[key] = self.pick(True, False, 2, 0, -1, OPEN, self.value())
-        return body
+        body = {"model": "m", "prompt": self.short(), "max_tokens": self.rng.randint(1, 4), "temperature": 0}
+        fields = {
+            "prompt": lambda: self.pick(self.text(), [self.text()], self.ids(), [self.ids()], None, 5, [], [[]]),
+            "max_tokens": self.length, "n": self.num, "best_of": self.num, "logprobs": self.num,
+            "echo": lambda: self.pick(True, False, "x"), "stream": lambda: self.pick(True, False),
+            "stream_options": lambda: self.pick({"include_usage": True}, {"continuous_usage_stats": True}, "x"),
+            "suffix": self.text, "stop": lambda: self.sampling_value("stop"), "top_k": self.num, "top_p": self.num,
+            "min_p": self.num, "seed": self.num, "logit_bias": lambda: self.sampling_value("logit_bias"),
+            "frequency_penalty": self.num, "presence_penalty": self.num, "repetition_penalty": self.num,
+            "min_tokens": self.num, "temperature": self.num, "regex": lambda: self.sampling_value("regex"),
+            "json_schema": lambda: self.sampling_value("json_schema"), "response_format": self.response_format,
+            "stop_token_ids": lambda: self.sampling_value("stop_token_ids"), "rid": self.any_, "user": self.any_,
+            "lora_path": self.any_, "return_hidden_states": lambda: True, "model": self.junk,
+        }
+        return self.shaped("/v1/completions", body, fields, "max_tokens")
 
-    def chat(self) -> dict:
-        r = self.rng
+    def response_format(self):
+        return self.pick({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+                         {"type": "json_schema"}, {"type": "text"}, {"type": "nope"}, "x", {},
+                         {"type": "structural_tag", "structures": [], "triggers": []})
 
+    def content(self):
+        """A chat message's content: text, parts (media among them), wrong types."""
+        part = self.pick(
+            lambda: {"type": "text", "text": self.text()},
+            lambda: {"type": "image_url", "image_url": {"url": self.media()}},
+            lambda: {"type": "image_url", "image_url": self.media()},
+            lambda: {"type": "audio_url", "audio_url": {"url": self.media()}},
+            lambda: {"type": "video_url", "video_url": {"url": self.media()}},
+            lambda: {"type": "input_audio", "input_audio": {"data": self.media(), "format": "wav"}},
+            lambda: {"type": "bogus"}, lambda: {"type": "text", "text": OPEN + DOC + CLOSE}, lambda: {})
+        return self.pick(self.text, self.short, lambda: "", lambda: " ", lambda: None, lambda: 7,
+                         lambda: [part() for _ in range(self.rng.randint(0, 3))], lambda: [part()])()
+
+    def messages(self):
         def message():
-            content = self.pick(self.text(), "", None, [{"type": "text", "text": self.text()}], [{"type": "bogus"}], 7,
-                                [{"type": "text", "text": OPEN + DOC + CLOSE}])
-            return {"role": self.pick("user", "system", "assistant", "tool", "nobody"), "content": content}
+            role = self.pick("user", "user", "system", "assistant", "tool", "developer", "nobody", "", None)
+            m = {"role": role, "content": self.content()}
+            if self.chance(0.1):
+                m[self.pick("tool_calls", "name", "tool_call_id", "reasoning_content", "images")] = self.any_()
+            return m
+        return self.pick(lambda: [message() for _ in range(self.rng.randint(0, 4))], lambda: [message()],
+                         lambda: "hi", lambda: None, lambda: [], lambda: [{}], lambda: [None], lambda: [[]])()
 
-        body = {"model": "tiny", "messages": self.pick([message() for _ in range(r.randint(0, 4))], "hi", None),
-                "max_tokens": self.pick(1, 3, 0, -1, 10**9)}
-        for key in r.sample(["n", "stream", "logprobs", "top_logprobs", "stop", "temperature", "tools", "response_format"],
-                            r.randint(0, 3)):
-            body[key] = self.pick(True, False, 2, 0, -1, OPEN, self.value(), {"type": "json_object"})
+    def chat(self, route: str = "/v1/chat/completions") -> dict:
+        body = {"model": "m", "max_tokens": self.rng.randint(1, 4), "temperature": 0,
+                "messages": [{"role": "user", "content": self.short()}]}
+        fields = {
+            "messages": self.messages, "max_tokens": self.length, "max_completion_tokens": self.length, "n": self.num,
+            "logprobs": lambda: self.pick(True, False, "x", 1), "top_logprobs": self.num,
+            "stream": lambda: self.pick(True, False), "stream_options": lambda: self.pick({"include_usage": True}, "x"),
+            "tools": lambda: self.pick([], [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                                       [{"type": "function"}], "x", [{}]),
+            "tool_choice": lambda: self.pick("auto", "required", "none", "x", {"type": "function",
+                                                                             "function": {"name": "nope"}}),
+            "response_format": self.response_format, "stop": lambda: self.sampling_value("stop"),
+            "temperature": self.num, "top_p": self.num, "top_k": self.num, "min_p": self.num, "seed": self.num,
+            "logit_bias": lambda: self.sampling_value("logit_bias"), "frequency_penalty": self.num,
+            "presence_penalty": self.num, "repetition_penalty": self.num, "min_tokens": self.num,
+            "continue_final_message": lambda: self.pick(True, "x"),
+            "chat_template_kwargs": lambda: self.pick({"enable_thinking": True}, {"x": OPEN}, "x", []),
+            "separate_reasoning": lambda: self.pick(True, "x"), "reasoning_effort": lambda: self.pick("low", "x", 5),
+            "return_hidden_states": lambda: True, "rid": self.any_, "regex": lambda: self.sampling_value("regex"),
+            "ebnf": lambda: self.sampling_value("ebnf"), "model": self.junk,
+        }
+        body = self.shaped(route, body, fields, "max_tokens")
+        if body.get("logprobs") is not True and "top_logprobs" in body and self.chance(0.7):
+            body["logprobs"] = True
         return body
 
-    def well_formed(self, path: str) -> dict:
-        """Right types and bounds, edgy content: these reach the model (markup, unicode, streams, n)."""
-        r = self.rng
-        if path == "/generate":
-            prompt = {"text": self.text()} if r.random() < 0.7 else {"input_ids": [r.randrange(0, 300) for _ in range(
-                r.randint(1, 40))] + self.pick([], [-100, *range(100, 140), -101], [-100, *range(100, 120), -101, 5])}
-            return {**prompt, "stream": r.random() < 0.3, "return_logprob": r.random() < 0.2,
-                    "sampling_params": {"max_new_tokens": r.randint(1, 4), "temperature": self.pick(0, 0.7),
-                                        "n": self.pick(1, 1, 2)}}
-        if path == "/v1/completions":
-            return {"model": "tiny", "prompt": self.text(), "max_tokens": r.randint(1, 4), "echo": r.random() < 0.3,
-                    "stream": r.random() < 0.3, "n": self.pick(1, 2)}
-        return {"model": "tiny", "max_tokens": r.randint(1, 4), "stream": r.random() < 0.3,
-                "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": self.text()}]}
+    def shaped(self, route: str, body: dict, fields: dict, length: str = "") -> dict:
+        """Mostly one to three fields replaced; sometimes fields of the route's schema drawn as well."""
+        if self.chance(0.75):
+            self.mutate(body, fields)
+        if self.chance(0.25):
+            self.schema_extras(route, body, self.rng.randint(1, 2))
+        return self.tame(body, length)
 
-    def request(self) -> tuple[str, object]:
-        path = self.pick("/generate", "/generate", "/v1/completions", "/v1/chat/completions")
-        if self.rng.random() < 0.03:
-            return path, self.pick("{not json", "[]", "null", '"text"', "")
-        if self.rng.random() < 0.4:
-            return path, self.well_formed(path)
-        return path, {"/generate": self.generate, "/v1/completions": self.completions,
-                      "/v1/chat/completions": self.chat}[path]()
+    def options(self):
+        return self.mutate({"num_predict": self.rng.randint(1, 4), "temperature": 0},
+                           {"num_predict": self.length, "temperature": self.num, "top_p": self.num, "top_k": self.num,
+                            "seed": self.num, "stop": lambda: self.sampling_value("stop"), "num_ctx": self.num,
+                            "repeat_penalty": self.num, "min_p": self.num, "frequency_penalty": self.num},
+                           self.pick(0, 0, 1, 2))
+
+    def ollama_generate(self) -> dict:
+        body = {"model": "m", "prompt": self.short(), "stream": self.pick(False, True), "options": self.options()}
+        fields = {"prompt": lambda: self.pick(self.text(), None, 5, [], ["x"]), "system": self.text,
+                  "template": self.text, "raw": lambda: self.pick(True, "x"), "images": self.media,
+                  "stream": lambda: self.pick(True, False, "x", None),
+                  "format": lambda: self.pick("json", "x", {"type": "object"}, ""),
+                  "options": lambda: self.pick(self.options(), "x", None, {"num_predict": self.length()}),
+                  "keep_alive": self.any_, "context": self.ids, "suffix": self.text, "model": self.junk,
+                  "think": lambda: self.pick(True, "x")}
+        return self.shaped("/api/generate", body, fields, "num_predict")
+
+    def ollama_chat(self) -> dict:
+        def message():
+            m = {"role": self.pick("user", "user", "system", "assistant", "tool", "nobody", ""),
+                 "content": self.pick(self.text(), self.short(), "", " ", None, 5, [{"type": "text", "text": "x"}])}
+            if self.chance(0.15):
+                m["images"] = self.media()
+            return m
+        body = {"model": "m", "messages": [{"role": "user", "content": self.short()}],
+                "stream": self.pick(False, True), "options": self.options()}
+        fields = {"messages": lambda: self.pick([message() for _ in range(self.rng.randint(0, 3))], [message()],
+                                                "hi", None, [], [{}]),
+                  "stream": lambda: self.pick(True, False, "x", None),
+                  "format": lambda: self.pick("json", "x", {"type": "object"}),
+                  "tools": lambda: self.pick([], [{"type": "function", "function": {"name": "f"}}], "x"),
+                  "options": lambda: self.pick(self.options(), "x", None), "keep_alive": self.any_,
+                  "model": self.junk, "think": lambda: self.pick(True, "x")}
+        return self.shaped("/api/chat", body, fields, "num_predict")
+
+    def ollama_show(self) -> dict:
+        return self.pick({"model": "m"}, {"name": "m"}, {"model": self.any_()}, {}, {"name": OPEN})
+
+    def anthropic(self, route: str = "/v1/messages") -> dict:
+        def block():
+            return self.pick({"type": "text", "text": self.text()},
+                             {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                          "data": self.pick("", "x", "iVBORw0KGgo=")}},
+                             {"type": "image", "source": {"type": "url", "url": self.media()}},
+                             {"type": "tool_result", "tool_use_id": "x", "content": self.text()},
+                             {"type": "bogus"}, {})
+        body = {"model": "m", "messages": [{"role": "user", "content": self.short()}]}
+        if route == "/v1/messages":
+            body["max_tokens"] = self.rng.randint(1, 4)
+        fields = {"messages": lambda: self.pick(
+                      [{"role": self.pick("user", "assistant", "system", "x"),
+                        "content": self.pick(self.text(), [block() for _ in range(self.rng.randint(0, 3))], None, 5)}
+                       for _ in range(self.rng.randint(0, 3))], "hi", None, [{}]),
+                  "max_tokens": self.length, "system": lambda: self.pick(self.text(), [block()], 5),
+                  "stop_sequences": lambda: self.sampling_value("stop"), "temperature": self.num, "top_k": self.num,
+                  "top_p": self.num, "stream": lambda: self.pick(True, False),
+                  "tools": lambda: self.pick([], [{"name": "f", "input_schema": {}}], [{}], "x"),
+                  "tool_choice": lambda: self.pick({"type": "auto"}, {"type": "tool", "name": "nope"}, "x"),
+                  "metadata": self.any_, "thinking": lambda: self.pick({"type": "enabled", "budget_tokens": self.num()},
+                                                                       "x"), "model": self.junk}
+        return self.shaped(route, body, fields, "max_tokens" if route == "/v1/messages" else "")
+
+    def score(self) -> dict:
+        body = {"model": "m", "query": self.short(), "items": [" a", " b"], "label_token_ids": [5, 6],
+                "apply_softmax": True}
+        fields = {"query": lambda: self.pick(self.text(), self.ids(), None, 5, []),
+                  "items": lambda: self.pick([self.text()], [self.ids()], [], [[]], "x", None, [self.text()] * 40),
+                  "label_token_ids": lambda: self.pick(self.ids(), self.logprob_ids()),
+                  "apply_softmax": lambda: self.pick(True, False, "x"), "item_first": lambda: self.pick(True, "x"),
+                  "model": self.junk}
+        return self.shaped("/v1/score", body, fields)
+
+    def rerank(self) -> dict:
+        body = {"query": self.short(), "documents": ["a", "b"]}
+        fields = {"query": lambda: self.pick(self.text(), None, 5), "documents": lambda: self.pick(
+            [self.text()], [], "x", None, [5]), "top_n": self.num, "return_documents": lambda: self.pick(True, "x")}
+        return self.shaped("/v1/rerank", body, fields)
+
+    def tokenize(self, route: str = "/v1/tokenize") -> dict:
+        body = {"model": "m", "prompt": self.short()}
+        fields = {"prompt": lambda: self.pick(self.text(), [self.text(), self.text()], [], None, 5, self.ids()),
+                  "add_special_tokens": lambda: self.pick(True, False, "x"), "model": self.junk}
+        return self.shaped(route, body, fields)
+
+    def detokenize(self, route: str = "/v1/detokenize") -> dict:
+        body = {"model": "m", "tokens": self.valid_ids()}
+        fields = {"tokens": lambda: self.pick(self.ids(), self.logprob_ids(), [self.ids(), self.ids()], "x", None,
+                                              [[]], list(range(self.vocab + 2))),
+                  "skip_special_tokens": lambda: self.pick(True, False, "x"), "model": self.junk}
+        return self.shaped(route, body, fields)
+
+    def embeddings(self, route: str = "/v1/embeddings") -> dict:
+        body = {"model": "m", "input": self.short()} if route != "/encode" else {"text": self.short()}
+        fields = {"input": lambda: self.pick(self.text(), [self.text()], self.ids(), [self.ids()], [], [[]], None),
+                  "text": self.text, "dimensions": self.num, "encoding_format": lambda: self.pick("float", "base64", "x"),
+                  "image_data": self.media, "input_ids": self.ids}
+        return self.shaped(route, body, fields)
+
+    def responses(self) -> dict:
+        body = {"model": "m", "input": self.short(), "max_output_tokens": 2}
+        fields = {"input": lambda: self.pick(self.text(), [{"role": "user", "content": self.content()}], [], None),
+                  "instructions": self.text, "max_output_tokens": self.length, "temperature": self.num,
+                  "top_p": self.num, "top_logprobs": self.num, "stream": lambda: self.pick(True, False),
+                  "previous_response_id": lambda: self.pick("resp_x", "", 5), "store": lambda: self.pick(True, "x"),
+                  "background": lambda: self.pick(True, "x"), "tools": lambda: self.pick([], "x", [{}])}
+        return self.shaped("/v1/responses", body, fields, "max_output_tokens")
+
+    def vertex(self) -> dict:
+        body = {"instances": [{"text": self.short()}],
+                "parameters": {"sampling_params": {"max_new_tokens": 2, "temperature": 0}}}
+        fields = {"instances": lambda: self.pick([], [{}], [{"text": self.text()}], [{"text": "", "image_data": "x"}],
+                                                 [{"input_ids": self.ids()}], "x", None, [self.generate()]),
+                  "parameters": lambda: self.pick({}, "x", None, {"sampling_params": {"max_new_tokens": self.length()}},
+                                                  {"return_logprob": True, "top_logprobs_num": self.num()})}
+        return self.shaped("/vertex_generate", body, fields)
+
+    def drawers(self):
+        return {"/generate": self.generate, "/v1/completions": self.completions, "/v1/chat/completions": self.chat,
+                "/invocations": lambda: self.chat("/invocations"), "/api/generate": self.ollama_generate,
+                "/api/chat": self.ollama_chat, "/api/show": self.ollama_show, "/v1/messages": self.anthropic,
+                "/v1/messages/count_tokens": lambda: self.anthropic("/v1/messages/count_tokens"),
+                "/v1/score": self.score, "/v1/rerank": self.rerank, "/v1/tokenize": self.tokenize,
+                "/tokenize": lambda: self.tokenize("/tokenize"), "/v1/detokenize": self.detokenize,
+                "/detokenize": lambda: self.detokenize("/detokenize"), "/v1/embeddings": self.embeddings,
+                "/encode": lambda: self.embeddings("/encode"), "/v1/responses": self.responses,
+                "/vertex_generate": self.vertex, "/open_session": self.open_session}
+
+    # -- any route: its schema, or generic bodies
+
+    def resolve(self, schema: dict) -> dict:
+        while isinstance(schema, dict) and "$ref" in schema:
+            schema = self.schema.get("components", {}).get("schemas", {}).get(schema["$ref"].rsplit("/", 1)[-1], {})
+        return schema if isinstance(schema, dict) else {}
+
+    def body_schema(self, route: str, method: str = "post") -> dict:
+        op = self.schema.get("paths", {}).get(route, {}).get(method.lower()) or {}
+        content = (op.get("requestBody") or {}).get("content") or {}
+        media = content.get("application/json") or next(iter(content.values()), {})
+        return self.resolve(media.get("schema") or {})
+
+    def properties(self, route: str) -> dict:
+        return self.body_schema(route).get("properties") or {}
+
+    def from_schema(self, schema: dict, depth: int = 0):
+        """A value of the schema's type, mostly; else any value."""
+        s = self.resolve(schema)
+        if depth > 3 or self.chance(0.2):
+            return self.any_()
+        options = s.get("anyOf") or s.get("oneOf") or s.get("allOf")
+        if options:
+            return self.from_schema(self.rng.choice(options), depth + 1)
+        if "enum" in s:
+            return self.rng.choice(s["enum"])
+        kind = s.get("type")
+        if kind == "integer":
+            return self.int_()
+        if kind == "number":
+            return self.pick(self.int_, self.float_)()
+        if kind == "boolean":
+            return self.pick(True, False)
+        if kind == "string":
+            return self.pick(self.text, self.short, lambda: "m")()
+        if kind == "array":
+            return [self.from_schema(s.get("items") or {}, depth + 1) for _ in range(self.rng.randint(0, 3))]
+        if kind == "object" or "properties" in s:
+            return self.object_from(s, depth + 1)
+        return self.any_()
+
+    def object_from(self, s: dict, depth: int = 0) -> dict:
+        props, required = s.get("properties") or {}, set(s.get("required") or ())
+        return {k: self.from_schema(v, depth) for k, v in props.items() if k in required or self.chance(0.3)}
+
+    def generic(self, route: str, method: str):
+        """A body for a route without a drawer: from its schema, or one of the generic bodies."""
+        schema = self.body_schema(route, method if method != "PUT" else "put") or self.body_schema(route)
+        if schema and self.chance(0.6):
+            return self.object_from(schema)
+        return self.pick(
+            None, None, "", "{not json", "[]", "null", '"text"', "0", {}, {}, {"text": self.text()},
+            {"prompt": self.text()}, {"input": self.text()}, {"messages": self.messages()}, {"model": "m"},
+            {"rid": self.any_()}, {"abort_all": True}, {"name": self.any_()}, {"x": self.any_()},
+            [self.any_()], {"text": self.text(), "image_data": self.media()}, {"input_ids": self.ids()},
+            {"session_id": self.pick(*(self.sessions[-2:] or ["s"]))}, {self.pick("rid", "id", "session_id"): None})
+
+    def fill(self, path: str) -> str:
+        """A route's path with its parameters drawn."""
+        def value(_):
+            return quote(str(self.pick("m", "x", "0", "resp_1", "a/b", "..", "%", OPEN, "é" * 3, "x" * 3000, " ")),
+                         safe="/")
+        return re.sub(r"\{[^}]+\}", value, path)
+
+    def request(self, route: str, method: str):
+        """(method, url path, body) for one request to `route`; a str body is sent as is."""
+        drawer = self.drawers().get(route)
+        if method in ("GET", "HEAD", "DELETE") or drawer is None or self.chance(0.04):
+            body = self.generic(route, method) if method not in ("GET", "HEAD") or self.chance(0.1) else None
+        else:
+            body = drawer()
+        if isinstance(body, (dict, list)) and self.chance(0.03):
+            body = self.pick("{not json", "[]", "null", '"text"', "", json.dumps(body)[:-1])
+        return method, self.fill(route), body
 
 
-def send(server, path: str, body) -> tuple[int, str]:
-    data = body if isinstance(body, str) else json.dumps(body)
-    stream = isinstance(body, dict) and body.get("stream") is True
-    with requests.post(server.url + path, data=data, headers={"content-type": "application/json"},
-                       timeout=120, stream=stream) as r:
-        return r.status_code, r.text  # reading a stream to its end: every event must arrive
+# ---------------------------------------------------------------------------------------------
+# Sending, judging
+
+
+class Failure(Exception):
+    def __init__(self, kind: str, detail: str, key: str):
+        super().__init__(detail)
+        self.kind, self.detail, self.key = kind, detail, key
+
+
+def send(server, method: str, path: str, body) -> tuple[int, str]:
+    """The status and the whole answer (a stream read to its end), in REQUEST_TIMEOUT."""
+    data = None if body is None else body if isinstance(body, str) else json.dumps(body)
+    deadline = time.monotonic() + REQUEST_TIMEOUT
+    try:
+        with requests.request(method, server.url + path, data=None if data is None else data.encode("utf-8",
+                              "surrogatepass"), headers={"content-type": "application/json"}, stream=True,
+                              timeout=REQUEST_TIMEOUT) as r:
+            chunks = []
+            for chunk in r.iter_content(65536):
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise Failure("hang", f"the answer did not end in {REQUEST_TIMEOUT:.0f} s", "hang")
+            return r.status_code, b"".join(chunks).decode("utf-8", "replace")
+    except requests.Timeout:
+        raise Failure("hang", f"no answer in {REQUEST_TIMEOUT:.0f} s", "hang") from None
+    except requests.RequestException as e:
+        raise Failure("dropped", f"no answer ({type(e).__name__}: {str(e)[:200]})", "dropped") from None
 
 
 def explains(text: str) -> bool:
@@ -161,32 +705,205 @@ def explains(text: str) -> bool:
         body = json.loads(text)
     except ValueError:
         return False
-    found = body.get("error") or body.get("message") or body.get("detail") if isinstance(body, dict) else None
-    return bool(found)
+    return bool(body.get("error") or body.get("message") or body.get("detail")) if isinstance(body, dict) else False
 
 
-def test_request_fuzz(tiny_server):
+STREAMED_5XX = re.compile(r'"(?:code|status_code)"\s*:\s*5\d\d|Internal Server Error')
+
+
+def judge(method: str, status: int, text: str) -> None:
+    """Raise Failure unless the answer is a 2xx or a 4xx that says what is wrong."""
+    head = text[:600]
+    if status >= 500:
+        raise Failure("5xx", f"{status} {head}", f"{status} {_gist(text)}")
+    if 400 <= status < 500 and method != "HEAD" and not explains(text):
+        raise Failure("4xx without a message", f"{status} without a message: {head}", f"{status} bare")
+    if status < 300 and STREAMED_5XX.search(text[:200000]):
+        at = STREAMED_5XX.search(text).start()
+        raise Failure("5xx in the answer", f"{status} with a 5xx inside: {text[max(0, at - 300):at + 300]}",
+                      f"{status} streamed 5xx {_gist(text[max(0, at - 300):at + 300])}")
+
+
+def _gist(text: str) -> str:
+    """An error's message with its numbers dropped: failures that differ only there are one failure."""
+    try:
+        body = json.loads(text)
+        if isinstance(body, dict):
+            found = body.get("error") or body.get("message") or body.get("detail") or body
+            text = json.dumps(found.get("message", found) if isinstance(found, dict) else found)
+    except ValueError:
+        pass
+    return re.sub(r"\d+", "#", text)[:80]
+
+
+def last_traceback(log: str, lines: int = 30) -> str:
+    """The log's last traceback (or its last lines)."""
+    rows = log.splitlines()
+    starts = [i for i, row in enumerate(rows) if "Traceback (most recent call last)" in row]
+    if starts:
+        tail = rows[starts[-1]:]
+        end = next((i + 1 for i, row in enumerate(tail[1:], 1)
+                    if re.match(r"^\s*[\w.]+(Error|Exception|Exit|Interrupt)\b", row)), len(tail))
+        return "\n".join(tail[:end][-lines:])
+    return "\n".join(rows[-lines:])
+
+
+def check_alive(server, probe: bool) -> None:
+    """Raise Failure("death") unless the server process lives and answers GET /health (and, if `probe`,
+    a one-token generation)."""
+    why = None
+    if server.proc.poll() is not None:
+        why = f"the server exited with code {server.proc.returncode}"
+    else:
+        try:
+            r = requests.get(server.url + "/health", timeout=HEALTH_TIMEOUT)
+            if r.status_code != 200:
+                why = f"GET /health answered {r.status_code}"
+            elif probe:
+                r = requests.post(server.url + "/generate", timeout=REQUEST_TIMEOUT, json={
+                    "input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+                if r.status_code != 200:
+                    why = f"a one-token generation answered {r.status_code}: {r.text[:200]}"
+        except requests.RequestException as e:
+            why = f"no answer to the health check ({type(e).__name__})"
+    if why is None:
+        return
+    time.sleep(1.0)  # the log's last lines land as the process group dies
+    tb = last_traceback(server.log())
+    last = next((row for row in reversed(tb.splitlines()) if row.strip()), "")
+    raise Failure("death", f"{why}\n--- server log ({server.log_path}) ---\n{tb}",
+                  "death " + re.sub(r"\d+", "#", last)[-120:])
+
+
+def shown(body) -> str:
+    return body if isinstance(body, str) else json.dumps(body)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+MODELS = {"tiny": (models.TEST_MODEL, 4000), "smollm2": ("smollm2-135m", 200)}  # name, cheap prompt tokens
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def fuzzed(request, registered):
+    """A server of the fuzzer's own (it calls every route, administration included), always stopped."""
+    name, cheap = MODELS[request.param]
+    path = models.build(name)
+    server = ServerProcess(path, "--dtype", "float32")
+    try:
+        server.start()
+        yield server, Path(path), cheap
+    finally:
+        server.stop()
+
+
+def _model_sizes(path: Path) -> tuple[int, int]:
+    config = json.loads((path / "config.json").read_text())
+    return int(config["vocab_size"]), int(config["max_position_embeddings"])
+
+
+def _shrink(server, method: str, path: str, body, key: str):
+    """A smaller body that fails the same way (keys of the body and of the dicts in it dropped, one at a time)."""
+    def fails(candidate) -> bool:
+        try:
+            judge(method, *send(server, method, path, candidate))
+        except Failure as f:
+            return f.key == key
+        return False
+
+    def drops(value):
+        if isinstance(value, dict):
+            for k in list(value):
+                yield {x: y for x, y in value.items() if x != k}
+                for smaller in drops(value[k]):
+                    yield {**value, k: smaller}
+        elif isinstance(value, list) and len(value) > 1:
+            yield value[:1]
+            yield value[: len(value) // 2]
+
+    tries = 0
+    improved = True
+    while improved and tries < 60:
+        improved = False
+        for candidate in drops(body):
+            tries += 1
+            if fails(candidate):
+                body, improved = candidate, True
+                break
+            if tries >= 60:
+                break
+    return body
+
+
+def test_request_fuzz(fuzzed, registered):
+    server, model_path, cheap = fuzzed
     s = seed()
-    print(f"[request-fuzz] seed {s} (MEPIC_REQUEST_FUZZ_SEED={s} replays it)")
-    draw = Draw(random.Random(s))
-    deadline = time.monotonic() + SECONDS
+    vocab, context = _model_sizes(model_path)
+    routes, schema = routes_of(server, registered)
+    rng = random.Random(s)
+    draw = Draw(rng, vocab, context, cheap, schema)
+    print(f"\n[request-fuzz] {model_path.name}: seed {s} (MEPIC_REQUEST_FUZZ_SEED={s} replays it), vocabulary {vocab}, "
+          f"context {context}, {len(routes)} routes fuzzed, {len(SKIP)} skipped")
+
+    first = routes[:]
+    rng.shuffle(first)  # every route once, then the prompted routes most often
+    prompted = [(p, "POST") for p in PROMPTED]
+    weights = list(PROMPTED.values())
+    start = time.monotonic()
+    deadline = start + SECONDS
     counts: dict[int, int] = {}
+    failures: dict[str, tuple[int, str, str, str, object, str]] = {}
     sent = 0
     while sent < MAX_REQUESTS and time.monotonic() < deadline:
-        path, body = draw.request()
-        where = f"seed {s}, request {sent}: POST {path} {json.dumps(body)[:400]}"
+        if first:
+            route, method = first.pop()
+        elif rng.random() < PROMPTED_SHARE:
+            route, method = rng.choices(prompted, weights)[0]
+        else:
+            route, method = rng.choice(routes)
+        method, path, body = draw.request(route, method)
+        where = f"seed {s}, {model_path.name}, request {sent}: {method} {path} {shown(body)[:1500]}"
         try:
-            status, text = send(tiny_server, path, body)
-        except requests.RequestException as e:
-            raise AssertionError(f"{where}: no answer ({e})") from None
-        sent += 1
-        counts[status] = counts.get(status, 0) + 1
-        assert status < 500, f"{where}: {status} {text[:400]}"
-        if status >= 400:
-            assert explains(text), f"{where}: {status} without a message: {text[:400]}"
-    ok = requests.post(tiny_server.url + "/generate", timeout=60,
-                       json={"text": "still there?", "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
-    assert ok.status_code == 200, f"seed {s}: the server no longer serves after {sent} requests: {ok.text[:300]}"
-    print(f"[request-fuzz] seed {s}: {sent} requests in {SECONDS - max(0.0, deadline - time.monotonic()):.0f} s, "
+            try:
+                status, text = send(server, method, path, body)
+            finally:
+                sent += 1
+            counts[status] = counts.get(status, 0) + 1
+            judge(method, status, text)
+            if status < 300 and route == "/open_session":
+                draw.sessions.append(json.loads(text) if text.startswith('"') else text)
+            if status < 300 and isinstance(body, dict) and isinstance(body.get("rid"), str):
+                draw.rids.append(body["rid"])
+            check_alive(server, probe=sent % PROBE_EVERY == 0)
+        except Failure as failure:
+            if failure.kind in ("hang", "dropped"):
+                try:
+                    check_alive(server, probe=True)
+                except Failure as death:
+                    failure = Failure("death", f"{failure.detail}; {death.detail}", death.key)
+            if not KEEP_GOING:
+                raise AssertionError(f"{where}\n=> {failure.kind}: {failure.detail}") from None
+            dead = failure.kind == "death"
+            key = f"{method} {route} {failure.kind}: {failure.key}"
+            print(f"[request-fuzz] FAILURE {key}\n  {where}\n  {failure.detail[:3000]}", flush=True)
+            if dead or server.proc.poll() is not None:
+                server.stop()
+                server.start()
+            if key not in failures:
+                small = body if dead or isinstance(body, str) else _shrink(server, method, path, body, failure.key)
+                failures[key] = (sent - 1, method, path, failure.kind, small, failure.detail)
+            if server.proc.poll() is not None:
+                server.stop()
+                server.start()
+    took = time.monotonic() - start
+    print(f"[request-fuzz] {model_path.name}, seed {s}: {sent} requests in {took:.0f} s, "
           f"status counts {dict(sorted(counts.items()))}")
-    assert sent >= 50, f"seed {s}: only {sent} requests in {SECONDS} s; the run checked too little"
+    if failures:
+        report = "\n\n".join(f"#{i} {key}\n  request {n}: {m} {p} {shown(b)[:1500]}\n  {d[:2500]}"
+                             for key, (n, m, p, _, b, d) in failures.items() for i in [list(failures).index(key)])
+        print(f"[request-fuzz] {len(failures)} distinct failures:\n{report}")
+        raise AssertionError(f"seed {s}, {model_path.name}: {len(failures)} distinct failures:\n{report}")
+    check_alive(server, probe=True)
+    assert sent >= 50 + len(routes), f"seed {s}: only {sent} requests in {SECONDS} s; the run checked too little"
