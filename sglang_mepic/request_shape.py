@@ -20,6 +20,7 @@ import json
 MODELS = {
     "/v1/completions": "CompletionRequest",
     "/v1/chat/completions": "ChatCompletionRequest",
+    "/invocations": "ChatCompletionRequest",  # SageMaker's route to the same handler
     "/v1/embeddings": "EmbeddingRequest",
 }
 SHAPE_ERRORS = (AttributeError, TypeError, IndexError, KeyError)
