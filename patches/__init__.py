@@ -15,6 +15,7 @@ MODULES = (
     "tokenizer_manager_should_use_batch_tokenization",
     "tokenizer_manager_validate_one_request",
     "request_logger_compute_metadata",
+    "request_logger_log_received_request",
     "generate_req_input_getitem",
     "generate_req_input_normalize_batch_and_arguments",
     "http_server_setup_and_run_http_server",

@@ -68,9 +68,23 @@ def _is_ours(action, input_ids) -> bool:
     return isinstance(mark, str) and hmac.compare_digest(mark, seal(action.action_version, payload, input_ids))
 
 
-def check_hints(kv_hints, input_ids) -> None:
+# Set (request_markup.CHUNKS_ATTR) on a request whose markup this server turned into its hint; no
+# client can set it (a request body sets declared fields only).
+MARKED_ATTR = "_mepic_chunks"
+
+
+def check_hints(kv_hints, input_ids, marked_here: bool = False) -> None:
+    """Refuse a `mepic.chunks` action that is not sealed for its own payload and these final ids.
+
+    `marked_here`: the server made this request's hint from its markup, so a broken seal means its
+    ids changed after the layout was made (a multimodal processor expanding media placeholders),
+    which would put every span in the wrong place."""
     for action in kv_hints.actions if kv_hints is not None else []:
         if action.action_type == HINT_TYPE and not _is_ours(action, input_ids):
+            if marked_here:
+                raise IntakeError("the prompt's token ids changed after its chunks were laid out (the model's "
+                                  "processor expands media placeholders): chunk markup cannot be used with this "
+                                  "request's image, audio or video data")
             raise IntakeError(f"kv_hints action {HINT_TYPE!r} is made by the server, not sent by clients: "
                               f"mark chunks with <|chunk|>...<|/chunk|> in text, or ids -100 ... -101 in input_ids")
 
@@ -92,7 +106,7 @@ def check(obj, input_ids) -> None:
     try:
         check_prompt(getattr(obj, "text", None), input_ids, getattr(obj, "session_params", None),
                      multimodal=_multimodal(obj))
-        check_hints(getattr(obj, "kv_hints", None), input_ids)
+        check_hints(getattr(obj, "kv_hints", None), input_ids, marked_here=hasattr(obj, MARKED_ATTR))
     except IntakeError as e:
         raise IntakeError(labelled(obj, str(e))) from None
 

@@ -21,7 +21,7 @@ from sglang_mepic.segments import PAD_ID, Layout, layout
 # The chunk spans of a request, [start, end) in its real tokens (pads left out), kept on the request
 # object for its responses' meta_info (response_meta.py); like chunk_compiles.COMPILES, it reaches
 # every copy of an n > 1 request.
-CHUNKS_ATTR = "_mepic_chunks"
+CHUNKS_ATTR = intake.MARKED_ATTR  # also tells intake the server made the request's hint
 
 
 def chunk_spans(obj) -> list[list[int]]:

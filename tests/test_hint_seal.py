@@ -6,19 +6,150 @@ which SGLang's request log wrote out: whoever read the log could forge any layou
 including a compile of a chunk after their own prefix (cache poisoning).
 """
 
+import json
+import logging
 import re
 
+import msgspec
 import pytest
 import requests
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.kv_hints import decode_kv_hints_envelope
+from sglang.srt.utils.request_logger import RequestLogger
 
+from sglang_mepic import hint, intake
 from sglang_mepic.hint import MARK_KEY
+from sglang_mepic.markup import CHUNK_BEGIN_ID as BEG
+from sglang_mepic.markup import CHUNK_END_ID as END
+from sglang_mepic.patches import request_logger_compute_metadata as log_patch
+from sglang_mepic.request_markup import CHUNKS_ATTR, with_hint
 from sglang_mepic.server_process import ServerProcess
 
-pytestmark = pytest.mark.server
 GREEDY = {"max_new_tokens": 2, "temperature": 0}
 DOC = " ".join(f"fact{i} is {i * 7 % 13}." for i in range(24))
 ATTACK_IDS = [7] * 16 + list(range(100, 132)) + [0]
 MARK = re.compile(r"""['"]%s['"]:\s*['"]([0-9a-f]{16,})['"]""" % MARK_KEY)
+
+IDS = list(range(200, 264))
+LAYOUT = hint.Hint(chunks=((16, 48),), pads=((48, 16),), compile=True)
+
+
+def made(ids=IDS, layout=LAYOUT) -> GenerateReqInput:
+    """A request as the tokenizer side leaves it: final ids and the hint it sealed for them."""
+    obj = GenerateReqInput(input_ids=list(ids), sampling_params=dict(GREEDY))
+    obj.kv_hints = with_hint(None, "r", hint.encode(layout), obj.input_ids)
+    return obj
+
+
+def replayed(obj: GenerateReqInput, ids=None, payload_changes=None) -> GenerateReqInput:
+    """A client's request carrying `obj`'s hint as a log would show it (JSON), seal and all."""
+    envelope = json.loads(msgspec.json.encode(obj.kv_hints))
+    envelope["actions"][0]["payload"].update(payload_changes or {})
+    return GenerateReqInput(input_ids=list(obj.input_ids if ids is None else ids),
+                            kv_hints=decode_kv_hints_envelope(envelope))
+
+
+def test_the_untouched_request_passes():
+    obj = made()
+    intake.check(obj, obj.input_ids)
+    same = replayed(obj)  # an identical request: exactly what the server made, so harmless
+    intake.check(same, same.input_ids)
+    reordered = replayed(obj)  # the seal is over canonical JSON: key order is not part of it
+    payload = reordered.kv_hints.actions[0].payload
+    items = list(payload.items())
+    payload.clear()
+    payload.update(reversed(items))
+    assert list(payload) != [k for k, _ in items]
+    intake.check(reordered, reordered.input_ids)
+
+
+@pytest.mark.parametrize("ids, changes", [
+    ([7] * 16 + IDS[16:], None),                                        # an attacker's prefix
+    (IDS + [1], None), (IDS[:-1], None), (list(reversed(IDS)), None),   # any other ids
+    (None, {"chunks": [[0, 48]]}),                                      # another layout
+    (None, {"pads": [[48, 15]]}),
+    (None, {"compile": False}),
+    (None, {"compiles": ["mepic-compile-x"]}),
+    (None, {MARK_KEY: "0" * 64}),                                       # a mark-shaped guess
+])
+def test_a_seal_copied_onto_another_payload_or_other_ids_is_refused(ids, changes):
+    forged = replayed(made(), ids, changes)
+    with pytest.raises(intake.IntakeError, match="made by the server"):
+        intake.check(forged, forged.input_ids)
+
+
+def test_a_seal_made_for_other_ids_does_not_pass_on_these():
+    """The server's own compile of a chunk after one prefix authorises no compile after another."""
+    other = made([7] * 16 + IDS[16:])
+    forged = replayed(other, ids=IDS)
+    with pytest.raises(intake.IntakeError, match="made by the server"):
+        intake.check(forged, forged.input_ids)
+
+
+def test_ids_changed_after_the_server_laid_out_a_request_are_named():
+    """A multimodal processor that expands media placeholders changes the ids after the layout (and its
+    seal) was made: refused, saying so, instead of sent with every span in the wrong place."""
+    obj = made()
+    setattr(obj, CHUNKS_ATTR, ((16, 48),))
+    with pytest.raises(intake.IntakeError, match="changed after its chunks were laid out"):
+        intake.check(obj, obj.input_ids[:20] + [9] * 8 + obj.input_ids[20:])
+
+
+class _Captured(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_no_log_level_writes_a_layout_or_a_mark(level, fmt):
+    def logged(hooked: bool) -> str:
+        request_log = RequestLogger(True, level, fmt, None)
+        if hooked:
+            request_log.metadata = log_patch.hook(request_log.metadata, request_log)
+        captured = _Captured()
+        target = logging.getLogger(f"test_hint_seal.{level}.{fmt}.{hooked}")
+        target.propagate = False
+        target.setLevel(logging.INFO)
+        target.addHandler(captured)
+        request_log.targets = [target]
+        obj = made()
+        request_log.log_received_request(obj)
+        request_log.log_finished_request(obj, {"text": "x", "meta_info": {"e2e_latency": 0.1}})
+        assert len(captured.lines) == 2
+        return "\n".join(captured.lines)
+
+    mark = made().kv_hints.actions[0].payload[MARK_KEY]
+    assert mark in logged(hooked=False), "SGLang's own request log writes kv_hints (this test would prove nothing)"
+    log = logged(hooked=True)
+    assert hint.HINT_TYPE not in log and mark not in log and "kv_hints" not in log
+    assert "sampling_params" in log or level == 0  # the rest of the request is still logged
+
+
+def test_the_request_log_does_not_decode_chunk_markers():
+    """Level 2 and up decoded a request's ids for the log, and raised on the markers (a 500)."""
+    from sglang_mepic.patches import request_logger_log_received_request as decode_patch
+
+    class Tokenizer:
+        def decode(self, ids, **kwargs):
+            if any(t < 0 for t in ids):
+                raise OverflowError("out of range integral type conversion attempted")
+            return " ".join(map(str, ids))
+
+    request_log = RequestLogger(True, 3, "text", None)
+    request_log.targets = []
+    marked = GenerateReqInput(input_ids=[5, BEG, 6, 7, END, 8])
+    with pytest.raises(OverflowError):
+        request_log.log_received_request(marked, Tokenizer())
+    decode_patch.hook(RequestLogger.log_received_request, request_log, marked, Tokenizer())
+    assert marked.text is None
+    plain = GenerateReqInput(input_ids=[5, 6])
+    decode_patch.hook(RequestLogger.log_received_request, request_log, plain, Tokenizer())
+    assert plain.text == "5 6"  # decodable ids are still decoded, as SGLang does
 
 
 @pytest.fixture(scope="module")
@@ -38,19 +169,32 @@ def mepic(server) -> dict:
     return requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]["mepic"]
 
 
+@pytest.mark.server
 def test_the_request_log_holds_no_layout_and_no_mark(server):
     for body in ({"text": "Read: <|chunk|>" + DOC + "<|/chunk|> What is fact3?"},
                  {"text": ["<|chunk|>" + DOC + "<|/chunk|> a?", "<|chunk|>" + DOC + "<|/chunk|> b?"]},
-                 {"text": "<|chunk|>" + DOC + "<|/chunk|> n?", "sampling_params": {**GREEDY, "n": 2}}):
+                 {"text": "<|chunk|>" + DOC + "<|/chunk|> n?", "sampling_params": {**GREEDY, "n": 2}},
+                 {"input_ids": [5, BEG, *range(100, 160), END, 6]}):  # id markup: logged undecoded
         r = requests.post(server.url + "/generate", json={"sampling_params": GREEDY, **body}, timeout=120)
         assert r.status_code == 200, r.text
-        assert MARK_KEY not in str(r.json()) or not MARK.search(r.text), "a response carries a mark"
+        assert "mepic_chunks" in r.text, "the request was not chunked"
+        assert hint.HINT_TYPE not in r.text and not MARK.search(r.text), "a response carries a hint or its mark"
+    # Chat markup reaches the tokenizer as ids with chunk markers, which level 2 and up decoded for the
+    # log, and raised on (a 500; patches/request_logger_log_received_request.py).
+    for path, body in (("/v1/completions", {"prompt": "<|chunk|>" + DOC + "<|/chunk|> c?"}),
+                       ("/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "<|chunk|>" + DOC + "<|/chunk|> d?"}]})):
+        r = requests.post(server.url + path, json={"model": "tiny", "max_tokens": 2, **body}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert hint.HINT_TYPE not in r.text and not MARK.search(r.text), "a response carries a hint or its mark"
+    assert mepic(server)["chunks_compiled"] >= 1, "no chunk was compiled: the log was not put to the test"
     log = server.log()
     assert "Finish: obj=" in log and "Receive: obj=" in log, "the request log is not on"
     assert "mepic.chunks" not in log, "the request log writes layout hints"
     assert not MARK.search(log), "the request log writes a hint's mark"
 
 
+@pytest.mark.server
 def test_a_mark_replayed_on_a_forged_hint_is_refused_on_every_path(server):
     """Marks found anywhere in the log (none, now) and mark-shaped guesses, on every path a
     kv_hints field reaches: a 400 each, nothing compiled, nothing stored."""
@@ -62,6 +206,7 @@ def test_a_mark_replayed_on_a_forged_hint_is_refused_on_every_path(server):
         for body in ({"input_ids": ATTACK_IDS, "kv_hints": hints},
                      {"input_ids": [ATTACK_IDS, ATTACK_IDS[1:]], "kv_hints": hints},
                      {"text": ["plain one", "plain two"], "kv_hints": hints},  # batch tokenization
+                     {"text": "plain", "kv_hints": hints},
                      {"input_ids": ATTACK_IDS, "kv_hints": hints, "sampling_params": {**GREEDY, "n": 2}},
                      {"input_embeds": [[0.0] * 64] * 4, "kv_hints": hints}):
             r = requests.post(server.url + "/generate", json={"sampling_params": GREEDY, **body}, timeout=120)
