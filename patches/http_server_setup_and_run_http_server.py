@@ -1,8 +1,9 @@
-"""Put the request-shape check (sglang_mepic.request_shape) in front of SGLang's HTTP app before it starts."""
+"""Put the request-shape check (sglang_mepic.request_shape) and the answer for routes SGLang did not
+start (sglang_mepic.unserved_routes) in front of SGLang's HTTP app before it starts."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import request_shape
+from sglang_mepic import request_shape, unserved_routes
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
@@ -11,3 +12,4 @@ HOOK_TYPE = HookType.BEFORE
 
 def hook(*args, **kwargs):
     request_shape.install()
+    unserved_routes.install()

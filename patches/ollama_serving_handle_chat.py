@@ -1,4 +1,6 @@
-"""`/api/chat` answers a request the intake refuses with a 400, not a 500 (ollama_routes.py)."""
+"""`/api/chat` takes the intake of `/v1/chat/completions` (chunk markup in message contents, the
+separator, auto-chunking, no chat with nothing to say) and answers a refusal with a 400, not a 500
+(ollama_routes.py)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 

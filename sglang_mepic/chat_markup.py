@@ -57,6 +57,12 @@ def _has_content(request) -> bool:
     return False
 
 
+def check_content(request) -> None:
+    """A chat whose messages say nothing is refused: there is no prompt to answer."""
+    if not _has_content(request):
+        raise IntakeError("every message's content is empty or whitespace: there is no prompt to answer")
+
+
 def process(original, serving, request, *args, **kwargs):
     """SGLang's `_process_messages`, rendering the messages with the markup the server puts in
     them (the separator's or auto-chunking's, auto_chunk.py) and re-split at the markup."""
@@ -98,8 +104,7 @@ def mark_rendered(result, request, tok, server_markup: bool = False):
     """SGLang's processed messages (`result`), their prompt ids re-split at the markup; `tok`: the
     tokenizer. `server_markup`: the server put the markup in the messages, so it marks even with
     `--mepic-text-markup off` (auto_chunk.chat_messages left alone any request holding markup text)."""
-    if not _has_content(request):
-        raise IntakeError("every message's content is empty or whitespace: there is no prompt to answer")
+    check_content(request)
     if not (config.text_markup() or server_markup) or not _marked(request):
         return result
     rendered = result.prompt_ids

@@ -1,5 +1,6 @@
-"""Tokenizer side: the Ollama-compatible routes (`/api/generate`, `/api/chat`) refuse what
-`/generate` refuses, with a 400 in Ollama's error shape, instead of a 500.
+"""Tokenizer side: the Ollama-compatible routes (`/api/generate`, `/api/chat`) take the
+intake `/generate` and `/v1/chat/completions` take, and refuse with a 400 in Ollama's
+error shape instead of a 500.
 
 SGLang's Ollama handlers call the tokenizer manager directly and catch nothing, so
 a request the intake refuses (malformed chunk markup, markers around nothing, any
@@ -8,15 +9,20 @@ Error`; a streamed one as a 200 whose stream broke off. The first event of a
 stream is awaited before the response starts, so a refusal is a 400 there too.
 
 `/api/generate` reads chunk markup in its prompt as `/generate` does. `/api/chat`
-tokenizes its messages with the chat template itself, so markup in a message is
-plain text there (as on `/v1/tokenize`); a chat whose messages are all empty or
-whitespace is refused, as on `/v1/chat/completions` (chat_markup.py), instead of
-being answered with up to 2,048 generated tokens.
+renders its messages as `/v1/chat/completions` does (chat_markup.process): markup
+in a message content marks chunks, is checked message by message (an error names
+`messages[i].content`), and the separator and auto-chunking apply; SGLang's own
+handler tokenized the rendered template whole, so the markers were text to the
+model and malformed or blank chunks were served. A chat whose messages are all
+empty or whitespace is refused, as on `/v1/chat/completions`, instead of being
+answered with up to 2,048 generated tokens (Ollama's default here; over 120 s).
 """
 
 from http import HTTPStatus
 
 from fastapi.responses import ORJSONResponse, StreamingResponse
+
+from sglang_mepic import auto_chunk, chat_markup, config
 
 
 def _refusal(error: Exception) -> ORJSONResponse:
@@ -42,16 +48,53 @@ async def _checked_stream(response: StreamingResponse):
                              headers={k: v for k, v in response.headers.items() if k.lower() != "content-length"})
 
 
-async def handle(original, serving, request, *args, **kwargs):
+async def _answered(answer):
+    """An Ollama handler's awaitable answer, a refusal made a 400."""
     try:
-        response = await original(serving, request, *args, **kwargs)
+        response = await answer
     except ValueError as e:
         return _refusal(e)
     return await _checked_stream(response) if isinstance(response, StreamingResponse) else response
 
 
-async def handle_chat(original, serving, request, *args, **kwargs):
-    messages = getattr(request, "messages", None) or []
-    if not any(isinstance(m.content, str) and m.content.strip() for m in messages):
-        return _refusal(ValueError("every message's content is empty or whitespace: there is no prompt to answer"))
-    return await handle(original, serving, request, *args, **kwargs)
+async def handle(original, serving, request, *args, **kwargs):
+    return await _answered(original(serving, request, *args, **kwargs))
+
+
+class _Rendered:
+    """What `chat_markup.process` takes from SGLang's `_process_messages`: the prompt ids."""
+
+    def __init__(self, ids):
+        self.prompt_ids = self.plain_ids = ids
+
+
+def _render(serving, request, *args, **kwargs) -> _Rendered:
+    """The prompt ids of the messages, rendered as SGLang's `OllamaServing.handle_chat` renders them."""
+    messages = [{"role": m.role, "content": m.content} for m in request.messages]
+    return _Rendered(serving.tokenizer_manager.tokenizer.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=True, return_dict=False))
+
+
+def _plain(request) -> bool:
+    """Nothing for the markup path to do: no markup or separator in any content, no auto-chunking."""
+    return config.auto_chunk() == "off" and not any(auto_chunk.may_split(t.text)
+                                                    for t in auto_chunk.chat_texts(request.messages))
+
+
+async def handle_chat(original, serving, request, raw_request, *args, **kwargs):
+    """`/api/chat`: SGLang's handler, with the prompt `/v1/chat/completions` builds from the messages."""
+    try:
+        if _plain(request):
+            chat_markup.check_content(request)
+            return await handle(original, serving, request, raw_request, *args, **kwargs)
+        prompt = chat_markup.process(_render, serving, request)
+    except ValueError as e:
+        return _refusal(e)
+    if prompt.prompt_ids is prompt.plain_ids:  # markup left as text (--mepic-text-markup off)
+        return await handle(original, serving, request, raw_request, *args, **kwargs)
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    marked = GenerateReqInput(input_ids=prompt.prompt_ids, stream=request.stream,
+                              sampling_params=serving._convert_options_to_sampling_params(request.options))
+    respond = serving._stream_chat_response if request.stream else serving._generate_chat_response
+    return await _answered(respond(marked, raw_request, serving.tokenizer_manager.served_model_name))
