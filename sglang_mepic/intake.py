@@ -104,8 +104,10 @@ def check_prompt(text, input_ids, session_params=None, multimodal: bool = False)
 def check(obj, input_ids) -> None:
     """Refuse what must not reach the scheduler; the message names the batch item, if any."""
     try:
-        check_prompt(getattr(obj, "text", None), input_ids, getattr(obj, "session_params", None),
-                     multimodal=_multimodal(obj))
+        # A client's ids are the prompt: SGLang's request log (level >= 2) writes their decoding into
+        # `text`, which must not decide what is refused.
+        text = getattr(obj, "text", None) if getattr(obj, "input_ids", None) is None else None
+        check_prompt(text, input_ids, getattr(obj, "session_params", None), multimodal=_multimodal(obj))
         check_hints(getattr(obj, "kv_hints", None), input_ids, marked_here=hasattr(obj, MARKED_ATTR))
     except IntakeError as e:
         raise IntakeError(labelled(obj, str(e))) from None

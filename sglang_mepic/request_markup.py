@@ -58,7 +58,9 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
     if obj.input_ids is not None and (has_id_markup(obj.input_ids) or max(obj.input_ids, default=0) >= vocab):
         # Also catches plain out-of-vocabulary ids, which would otherwise crash the scheduler.
         pieces = split_ids(obj.input_ids, vocab)
-    elif isinstance(obj.text, str) and (parts := auto_chunk.text_pieces(obj.text)) is not None:
+    elif obj.input_ids is None and isinstance(obj.text, str) \
+            and (parts := auto_chunk.text_pieces(obj.text)) is not None:
+        # (ids given are the prompt: a `text` beside them is SGLang's request log's decoding of them)
         intake.check_prompt("".join(part for _, part in parts), None)
         tok = manager.tokenizer
         pieces = tokenize_pieces(parts, lambda s, special: tok.encode(s, add_special_tokens=special))

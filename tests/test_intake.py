@@ -70,6 +70,15 @@ def test_an_empty_media_list_is_no_prompt():
         intake.check(item, [])
 
 
+def test_text_beside_ids_does_not_decide():
+    """SGLang's request log (level >= 2) writes the decoding of a client's ids into `text`: ids that
+    decode to whitespace are a prompt all the same."""
+    item = SimpleNamespace(text="  ", input_ids=[220, 220], kv_hints=None)
+    intake.check(item, [220, 220])
+    with pytest.raises(intake.IntakeError):
+        intake.check(SimpleNamespace(text="  ", input_ids=None, kv_hints=None), [220, 220])
+
+
 def test_errors_name_the_batch_item():
     item = SimpleNamespace(text="", input_ids=[], kv_hints=None, _mepic_item=2)
     with pytest.raises(intake.IntakeError, match="^batch item 2: "):
