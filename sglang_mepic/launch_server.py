@@ -15,20 +15,28 @@ Every flag is passed on to SGLang. What this wrapper adds:
   `--device cpu`, a bounded `--max-total-tokens`, `--sleep-on-idle`, and
   `--dtype float32` where the CPU has no native bf16);
 - each default only where the flag is not given;
-- clear one-line errors and exit status 2, before anything heavy loads, for a
-  missing model folder, a port that is taken, tensor/pipeline/data parallelism
-  or SGLang's hierarchical cache with the mepic cache, a page size below 1, a
-  pool below 1 token, and a flag SGLang's own argument checks refuse;
+- clear one-line errors and exit status 2, before any server process starts
+  (`check_combinations`, `check_model_fits`), for a missing model folder, a
+  port that is taken or out of range, tensor/pipeline/data parallelism,
+  SGLang's hierarchical cache or `--disable-radix-cache` (in a reusing mode)
+  with the mepic cache, HiCache or a GPU attention backend on the CPU, a
+  quantized KV cache or speculative decoding with the mepic attention backend,
+  a model it cannot serve (architecture, sliding window: from config.json),
+  sizes below 1 (page, pool, context, chunked prefill, parallel ranks), a bad
+  flag value (no usage block), and what SGLang's own argument checks refuse
+  (`--log-level debug` keeps their traceback);
 - a quiet start-up: SGLang's ~20 KB `server_args=` line becomes the command
   line and the effective MEPIC settings (defaults included), and on CPU its CUDA-only notices are replaced by one line saying so
   (`--log-level debug` keeps everything; quiet.py).
 """
 
 import argparse
+import json
 import os
 import socket
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from sglang_mepic import auto_chunk, calibration, config, models, quiet, verdict_cache, verify
@@ -40,6 +48,14 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
 MEPIC_PAGE_SIZE = 16  # one MEPIC block = one SGLang page
 SGLANG_CACHE = "sglang"  # `--radix-cache-backend sglang`: SGLang's built-in tree, no chunk reuse
+PROG = "sglang_mepic.launch_server"
+# backend.SUPPORTED_ARCHITECTURES, named here without importing SGLang before its environment is set
+# (tests/test_launch.py checks that the two agree).
+MEPIC_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# KV cache dtypes the mepic attention kernels read: the model's own, or bf16 (no k/v scales are applied).
+MEPIC_KV_DTYPES = ("auto", "bf16", "bfloat16")
+# Attention backends SGLang offers for a CPU (`--device cpu`), and ours; the others need a GPU or an accelerator.
+CPU_ATTENTION_BACKENDS = ("mepic", "torch_native", "intel_amx", "flex_attention")
 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
@@ -64,13 +80,20 @@ class LaunchError(SystemExit):
     """A start-up refused with a one-line reason; `main` prints it and exits with status 2 (as argparse does)."""
 
     def __init__(self, message: str):
-        self.message = f"sglang_mepic.launch_server: error: {message}"
+        self.message = f"{PROG}: error: {message}"
         super().__init__(self.message)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a refused flag is one line (no usage block) and exit status 2, as `LaunchError`."""
+
+    def error(self, message: str):
+        self.exit(2, f"{PROG}: error: {message}\n")
 
 
 def _known_flags(argv: list[str]) -> argparse.Namespace:
     """The few flags this wrapper reads; everything else is SGLang's business."""
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p = _Parser(add_help=False, allow_abbrev=False)
     p.add_argument("--model-path", "--model")
     p.add_argument("--host", default=DEFAULT_HOST)
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
@@ -92,6 +115,9 @@ def _known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--attn-dp-size", "--attention-data-parallel-size", type=int, default=1)
     p.add_argument("--enable-dp-attention", action="store_true")
     p.add_argument("--enable-hierarchical-cache", action="store_true")
+    p.add_argument("--disable-radix-cache", action="store_true")
+    p.add_argument("--kv-cache-dtype")
+    p.add_argument("--speculative-algorithm")
     p.add_argument("--context-length")
     p.add_argument("--chunked-prefill-size")
     known, _ = p.parse_known_args(argv)
@@ -104,7 +130,7 @@ def quiet_start(argv: list[str]) -> bool:
 
 
 def mepic_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p = _Parser(add_help=False, allow_abbrev=False)
     g = p.add_argument_group("sglang-mepic options (consumed here, not passed to SGLang)")
     g.add_argument("--mepic-placement", choices=[x.value for x in Placement], default=None,
                    help=f"where a chunk's pads go: 'leading' (as in the paper) or 'trailing' "
@@ -329,11 +355,19 @@ def check_parallelism(argv: list[str]) -> None:
                           "sglang_mepic.launch_cluster) or use --radix-cache-backend sglang")
 
 
-def check_combinations(argv: list[str]) -> None:
+def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
     """Refuse, before anything loads, the flags and combinations this server cannot serve (each
-    ended in a traceback from a child process, or no start at all)."""
-    check_parallelism(argv)
+    ended in a traceback from a child process, or no start at all).
+
+    argv: after `with_defaults`; cuda: whether this machine has a CUDA device (None: not checked)."""
     known = _known_flags(argv)
+    if not 1 <= known.port <= 65535:
+        raise LaunchError(f"--port {known.port}: a TCP port is 1-65535")
+    for flag, value in (("--tp-size", known.tp_size), ("--pp-size", known.pp_size), ("--dp-size", known.dp_size),
+                        ("--attn-dp-size", known.attn_dp_size)):
+        if value < 1:
+            raise LaunchError(f"{flag} {value}: must be at least 1")
+    check_parallelism(argv)
     if known.page_size is not None:
         try:
             size = int(known.page_size)
@@ -361,13 +395,70 @@ def check_combinations(argv: list[str]) -> None:
         raise LaunchError("--enable-hierarchical-cache: SGLang's HiCache does not work with --radix-cache-backend "
                           "mepic; the mepic cache has its own host tier (--mepic-host-tier-gb GB) and shared "
                           "storage (--mepic-storage-backend), or use --radix-cache-backend sglang")
+    if known.enable_hierarchical_cache and known.device == "cpu":
+        raise LaunchError("--enable-hierarchical-cache: SGLang's HiCache registers its host pool with CUDA and "
+                          "needs a GPU")
+    if known.speculative_algorithm and known.attention_backend == "mepic":
+        raise LaunchError(f"--speculative-algorithm {known.speculative_algorithm}: --attention-backend mepic has "
+                          "no draft or verify path (no tree masks); serve without speculative decoding or with "
+                          "another --attention-backend")
+    if known.disable_radix_cache and known.radix_cache_backend == "mepic" and config.mode().reuses:
+        raise LaunchError(f"--disable-radix-cache: --mepic-mode {config.mode().name} reuses chunks through the "
+                          "radix cache; drop --disable-radix-cache, or use --mepic-mode full or "
+                          "--radix-cache-backend sglang")
+    if known.attention_backend == "mepic" and (known.kv_cache_dtype or "auto") not in MEPIC_KV_DTYPES:
+        raise LaunchError(f"--kv-cache-dtype {known.kv_cache_dtype}: --attention-backend mepic reads the KV cache "
+                          "unscaled, in the model's dtype or bf16; use --kv-cache-dtype auto or bf16")
+    if cuda is False and (known.device or "").startswith("cuda"):
+        raise LaunchError(f"--device {known.device}: this machine has no CUDA device (torch.cuda.is_available() "
+                          "is False); leave --device out to serve on the CPU")
+    if known.device == "cpu" and known.attention_backend not in CPU_ATTENTION_BACKENDS:
+        raise LaunchError(f"--attention-backend {known.attention_backend}: needs a GPU; on the CPU use one of "
+                          f"{', '.join(CPU_ATTENTION_BACKENDS)}")
+
+
+def check_model_fits(folder: Path, argv: list[str]) -> None:
+    """Refuse a model the mepic attention backend would refuse only once loaded (in a child process):
+    what `backend.MepicAttnBackend._take_over_rotary` checks that config.json already tells."""
+    try:
+        hf = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise LaunchError(f"{folder / 'config.json'}: cannot be read as JSON ({e})") from None
+    if not isinstance(hf, dict):
+        raise LaunchError(f"{folder / 'config.json'}: not a JSON object")
+    if _known_flags(argv).attention_backend != "mepic":
+        return
+    archs = hf.get("architectures") or []
+    other = "serve it with another --attention-backend (and --radix-cache-backend sglang)"
+    if not any(a in MEPIC_ARCHITECTURES for a in archs):
+        raise LaunchError(f"--attention-backend mepic supports {', '.join(MEPIC_ARCHITECTURES)} (RoPE models); "
+                          f"this model is {', '.join(archs) or 'of no stated architecture'}: {other}")
+    if hf.get("sliding_window") and hf.get("use_sliding_window", True):
+        raise LaunchError(f"--attention-backend mepic does not support sliding-window attention (this model's "
+                          f"sliding_window is {hf['sliding_window']}): {other}")
+
+
+@contextmanager
+def _one_line_argument_errors():
+    """SGLang's own parser refuses a flag with its whole usage block (some 300 lines) and exit status 2:
+    here, one line and status 2."""
+    def error(self, message):
+        raise LaunchError(message)
+
+    original = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = error
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = original
 
 
 def _from_argument_checks(error: BaseException) -> bool:
-    """Whether SGLang's own validation of its flags raised `error` (before any process started)."""
+    """Whether SGLang's own validation of its flags raised `error` (before any process started):
+    `prepare_server_args`, or the resolution `run_server` begins with (`ServerArgs.resolve_once`)."""
     import traceback
 
-    return any(frame.name in ("prepare_server_args", "check_server_args", "__post_init__")
+    return any(frame.name in ("prepare_server_args", "check_server_args", "__post_init__", "resolve_once")
                for frame in traceback.extract_tb(error.__traceback__))
 
 
@@ -444,7 +535,8 @@ def with_defaults(argv: list[str], cuda: bool, native_bf16: bool | None = None) 
     return argv, env
 
 
-def check_model_path(path: str) -> None:
+def check_model_path(path: str, argv: list[str] | None = None) -> None:
+    """A local HF model folder; with argv, also one the attention backend it names can serve."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise LaunchError(
@@ -454,6 +546,8 @@ def check_model_path(path: str) -> None:
         )
     if not (folder / "config.json").is_file():
         raise LaunchError(f"{folder} is not an HF model folder: it has no config.json")
+    if argv is not None:
+        check_model_fits(folder, argv)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -515,18 +609,19 @@ def _main(argv: list[str] | None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     argv, mepic_env = split_mepic_flags(argv)
     os.environ.update(mepic_env)
+    summary = None  # a line for after SGLang's argument checks, so that a refused flag is the only line
     if wants_help(argv):
         mepic_parser().print_help()
         print()
     else:
         cuda = _has_cuda()
         argv, env = with_defaults(argv, cuda=cuda)
-        check_combinations(argv)
+        check_combinations(argv, cuda=cuda)
         for key, value in env.items():
             os.environ.setdefault(key, value)
         known = _known_flags(argv)
         _ensure_default_model(known.model_path)
-        check_model_path(known.model_path)
+        check_model_path(known.model_path, argv)
         check_port_free(known.host, known.port)
         if config.verify():
             verify_model(known.model_path, argv)
@@ -535,7 +630,7 @@ def _main(argv: list[str] | None) -> None:
             quiet.install(cpu=not cuda, argv=" ".join(argv), mepic=settings)
             quiet.for_children(cpu=not cuda)
             if not cuda:
-                print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] sglang-mepic: {quiet.SUMMARY}", file=sys.stderr)
+                summary = quiet.SUMMARY
         else:  # SGLang's full server_args line knows nothing of the --mepic-* flags
             print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] sglang-mepic: {settings}", file=sys.stderr)
 
@@ -547,10 +642,13 @@ def _main(argv: list[str] | None) -> None:
 
     load_plugins()
     try:
-        server_args = prepare_server_args(argv)
+        with _one_line_argument_errors():
+            server_args = prepare_server_args(argv)
+        if summary:
+            _log(summary)
         run_server(server_args)
     except (ValueError, AssertionError) as e:
-        if not _from_argument_checks(e):
+        if not _from_argument_checks(e) or not quiet_start(argv):  # --log-level debug: the whole traceback
             raise
         raise LaunchError(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
     finally:

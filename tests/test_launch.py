@@ -353,6 +353,7 @@ def test_tp_size_2_is_refused_before_anything_loads(tiny_model):
 
 REFUSED = [
     (["--enable-hierarchical-cache"], "--enable-hierarchical-cache: SGLang's HiCache does not work"),
+    (["--enable-hierarchical-cache"], "own host tier (--mepic-host-tier-gb GB)"),
     (["--page-size", "0"], "--page-size 0: a page holds at least 1 token"),
     (["--page-size", "-3"], "--page-size -3"),
     (["--page-size", "x"], "--page-size x: must be a whole number"),
@@ -361,19 +362,127 @@ REFUSED = [
     (["--chunked-prefill-size", "0"], "--chunked-prefill-size 0"),
     (["--radix-cache-backend", "nope"], "--radix-cache-backend nope"),
     (["--tp-size", "2"], "--tp-size 2"),
+    (["--tp-size", "0"], "--tp-size 0: must be at least 1"),
+    (["--dp-size", "-1"], "--dp-size -1: must be at least 1"),
+    (["--port", "70000"], "--port 70000: a TCP port is 1-65535"),
+    (["--port", "-5"], "--port -5: a TCP port is 1-65535"),
+    (["--port", "abc"], "argument --port: invalid int value: 'abc'"),
+    (["--disable-radix-cache"], "--disable-radix-cache: --mepic-mode mepic reuses chunks through the radix cache"),
+    (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3: --attention-backend mepic reads the KV cache"),
+    (["--device", "cpu", "--attention-backend", "triton"], "--attention-backend triton: needs a GPU"),
+    (["--device", "cpu", "--radix-cache-backend", "sglang", "--enable-hierarchical-cache"],
+     "--enable-hierarchical-cache: SGLang's HiCache registers its host pool with CUDA and needs a GPU"),
+    (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm NGRAM: --attention-backend mepic has no draft"),
+    (["--mepic-mode", "turbo"], "argument --mepic-mode: --mepic-mode 'turbo': choose one of"),
+    (["--mepic-recompute-blocks", "0"], "argument --mepic-recompute-blocks"),
+    (["--mepic-host-tier-gb", "-1"], "argument --mepic-host-tier-gb"),
+    (["--mepic-max-chunks", "0"], "argument --mepic-max-chunks"),
+    (["--mepic-storage-backend", "file"], "--mepic-storage-backend file needs --mepic-storage-dir"),
 ]
+
+
+def assert_refused(out, reason):
+    """Exit status 2 and one line on stderr, the reason: no traceback, no usage block, nothing loaded."""
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr + out.stdout
+    assert len(lines) == 1 and lines[0].startswith("sglang_mepic.launch_server: error: ") and reason in lines[0], \
+        out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("flags, reason", REFUSED, ids=[" ".join(f) for f, _ in REFUSED])
 def test_unservable_flags_are_one_line_and_status_2(tiny_model, flags, reason):
-    """Each of these ended in a traceback from a child process (or a ZeroDivisionError); now the
-    launcher refuses it before anything loads."""
-    out = run_launcher("--model-path", tiny_model, "--port", "1", *flags, timeout=60)
-    errors = [line for line in out.stderr.splitlines() if "error" in line.lower()]
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert "Traceback" not in out.stderr
-    assert len(errors) == 1 and errors[0].startswith("sglang_mepic.launch_server: error: ") and reason in errors[0], \
-        out.stderr[-2000:]
+    """Each of these ended in a traceback from a child process (or a ZeroDivisionError, or an OverflowError,
+    or argparse's usage block); now the launcher refuses it before anything loads. `timeout` keeps it fast:
+    the tiny model alone takes longer than that to start here."""
+    assert_refused(run_launcher("--model-path", tiny_model, "--port", "1", *flags, timeout=60), reason)
+
+
+def test_no_cuda_device_is_refused(tiny_model):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert_refused(run_launcher("--model-path", tiny_model, "--device", "cuda", timeout=60),
+                   "--device cuda: this machine has no CUDA device")
+
+
+def _model_like(tiny_model, tmp_path, **changes):
+    import json
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({"architectures": ["GPT2LMHeadModel"]}, "supports LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                                             "Qwen3ForCausalLM (RoPE models); this model is GPT2LMHeadModel"),
+    ({"architectures": None}, "this model is of no stated architecture"),
+    ({"architectures": ["MistralForCausalLM"], "sliding_window": 4096}, "does not support sliding-window attention"),
+], ids=["no-rope-architecture", "no-architecture", "sliding-window"])
+def test_a_model_the_mepic_backend_cannot_serve_is_refused_before_it_loads(tiny_model, tmp_path, changes, reason):
+    """The mepic attention backend refused these only once the model had loaded, in the scheduler process."""
+    assert_refused(run_launcher("--model-path", _model_like(tiny_model, tmp_path, **changes), "--port", "1",
+                                timeout=60), reason)
+
+
+def test_model_checks_follow_the_attention_backend(tiny_model, tmp_path):
+    qwen2 = _model_like(tiny_model, tmp_path, architectures=["Qwen2ForCausalLM"], sliding_window=4096,
+                        use_sliding_window=False)  # as Qwen2 models ship: the window is off
+    launch_server.check_model_path(qwen2, with_defaults(["--model-path", qwen2], cuda=False)[0])
+    (tmp_path / "model" / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    launch_server.check_model_path(qwen2, ["--attention-backend", "torch_native"])  # not ours to judge
+    (tmp_path / "model" / "config.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="config.json: cannot be read as JSON"):
+        launch_server.check_model_path(qwen2, ["--attention-backend", "torch_native"])
+
+
+def test_the_launcher_knows_the_backends_architectures():
+    from sglang_mepic import backend
+
+    assert launch_server.MEPIC_ARCHITECTURES == backend.SUPPORTED_ARCHITECTURES
+
+
+def check(*flags, cuda=False):
+    launch_server.check_combinations(with_defaults(["--model-path", "m", *flags], cuda=cuda)[0], cuda=cuda)
+
+
+def test_what_the_combination_checks_let_through(monkeypatch):
+    monkeypatch.delenv("SGLANG_MEPIC_MODE", raising=False)
+    check()
+    check("--page-size", "4")
+    check("--kv-cache-dtype", "bf16")
+    check("--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "torch_native", "--radix-cache-backend", "sglang")
+    check("--disable-radix-cache", "--radix-cache-backend", "sglang")
+    check("--enable-hierarchical-cache", "--attention-backend", "triton", "--radix-cache-backend", "sglang",
+          cuda=True)
+    check("--attention-backend", "triton", cuda=True)  # a GPU: SGLang's own backends are fine
+    check("--device", "cuda", cuda=True)
+    check("--chunked-prefill-size", "-1")
+    monkeypatch.setenv("SGLANG_MEPIC_MODE", "full")  # --mepic-mode full: no reuse, so no radix cache needed
+    check("--disable-radix-cache")
+    check("--speculative-algorithm", "NGRAM", "--attention-backend", "triton", "--radix-cache-backend", "sglang",
+          cuda=True)  # SGLang's own backends: SGLang's business
+    for flags in (["--kv-cache-dtype", "fp8_e5m2"], ["--port", "0"], ["--pp-size", "0"],
+                  ["--attention-backend", "flashinfer"], ["--speculative-algorithm", "EAGLE"]):
+        with pytest.raises(SystemExit):
+            check(*flags)
+
+
+def test_bad_flag_values_of_ours_are_one_line(capsys):
+    """argparse's own refusals (a bad --mepic-* value, a --port that is no number) without its usage block."""
+    for flags in (["--mepic-mode", "turbo"], ["--port", "abc"]):
+        with pytest.raises(SystemExit) as e:
+            launch_server.split_mepic_flags(flags) if flags[0].startswith("--mepic") else \
+                launch_server._known_flags(flags)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("sglang_mepic.launch_server: error: argument " + flags[0])
 
 
 def test_a_flag_sglang_refuses_is_one_line_and_status_2(tiny_model):
@@ -384,3 +493,27 @@ def test_a_flag_sglang_refuses_is_one_line_and_status_2(tiny_model):
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert "sglang_mepic.launch_server: error: chunked_prefill_size must be divisible by page_size" in out.stderr
+    assert "Load weight" not in out.stderr  # refused before any process started
+
+
+def test_a_combination_sglang_refuses_when_it_resolves_its_flags_is_one_line(tiny_model):
+    """SGLang checks some combinations only in `run_server` (ServerArgs.resolve_once), before any process."""
+    from sglang_mepic.server_process import free_port
+
+    out = run_launcher("--model-path", tiny_model, "--port", str(free_port()), "--speculative-algorithm", "NGRAM",
+                       "--attention-backend", "torch_native", "--radix-cache-backend", "sglang", "--page-size", "16",
+                       timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "Load weight" not in out.stderr
+    errors = [line for line in out.stderr.splitlines() if "error:" in line]
+    assert errors == ["sglang_mepic.launch_server: error: speculative_eagle_topk(10) > 1 with page_size(16) > 1 is "
+                      "unstable and produces incorrect results for paged attention backends. This combination is "
+                      "only supported for the 'flashinfer' backend."], out.stderr[-2000:]
+
+
+def test_a_flag_sglang_does_not_know_is_one_line_not_its_usage(tiny_model):
+    """SGLang's parser prints its whole usage block (hundreds of lines) for an unknown flag."""
+    from sglang_mepic.server_process import free_port
+
+    out = run_launcher("--model-path", tiny_model, "--port", str(free_port()), "--no-such-flag", timeout=120)
+    assert_refused(out, "unrecognized arguments: --no-such-flag")
