@@ -43,11 +43,24 @@ def normalize(original, obj, *args, **kwargs):
 
 
 def install() -> None:
-    """Put the body check in front of SGLang's HTTP app (once), before the app starts."""
+    """Put the body check in front of SGLang's HTTP app (once), before the app starts, and answer a
+    ValueError that escapes any route's handler as `/generate` answers one: a 400 with its message.
+
+    SGLang's `/generate` and OpenAI handlers catch the ValueErrors their request checks raise; other
+    routes let them escape (`/separate_reasoning` with an unknown parser, found by the request
+    fuzzer), and Starlette answered those with a bare 500."""
     from sglang.srt.entrypoints.http_server import app
 
     if not any(m.cls is RequestShapeMiddleware for m in app.user_middleware):
         app.add_middleware(RequestShapeMiddleware)
+    if ValueError not in app.exception_handlers:
+        app.add_exception_handler(ValueError, _refused)
+
+
+async def _refused(request, error: ValueError):
+    from fastapi.responses import ORJSONResponse
+
+    return ORJSONResponse({"error": {"message": str(error) or type(error).__name__}}, status_code=400)
 
 
 def shape_error(path: str, body: bytes) -> str | None:

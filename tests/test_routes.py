@@ -73,3 +73,10 @@ def test_a_whitespace_chunk_is_refused_on_every_path(tiny_server, path, body):
 def test_detokenize_refuses_a_negative_id(tiny_server, tokens):
     status, text = post(tiny_server, "/v1/detokenize", {"model": "m", "tokens": tokens})
     assert status == 400 and "not a token id" in text, text
+
+
+def test_a_value_error_escaping_any_route_is_a_400(tiny_server):
+    """`/separate_reasoning` with an unknown parser raised a ValueError its handler does not catch."""
+    status, text = post(tiny_server, "/separate_reasoning", {"text": "<|chunk|>", "reasoning_parser": "m"})
+    assert status == 400 and "Unsupported model type" in text, text
+    alive(tiny_server)
