@@ -24,12 +24,32 @@ def install() -> None:
         app.add_middleware(UnservedRouteMiddleware)
 
 
+# Routes whose scheduler handler raises when a server flag is not set: the exception left the
+# scheduler process, and one GET /dump_expert_distribution_record took the server down (request fuzzer).
+NEEDS_FLAG = {
+    route: ("expert_distribution_recorder_mode", "--expert-distribution-recorder-mode")
+    for route in ("/start_expert_distribution_record", "/stop_expert_distribution_record",
+                  "/dump_expert_distribution_record")
+}
+
+
+def _flag_set(setting: str) -> bool:
+    from sglang.srt.runtime_context import get_server_args
+
+    try:
+        return getattr(get_server_args(), setting, None) is not None
+    except Exception:  # noqa: BLE001 - no global args in this process: leave the route to SGLang
+        return True
+
+
 def unserved(path: str, state) -> str | None:
     """Why `path` is not served on an app with this state; None if it is (or is not one of these routes)."""
     for prefix, (attribute, what) in UNSERVED.items():
         if (path == prefix or path.startswith(prefix + "/")) and not hasattr(state, attribute):
             return (f"{prefix} is not served: SGLang could not start {what} on this server (it needs the "
                     f"openai_harmony package; the server log says why at --log-level debug)")
+    if path in NEEDS_FLAG and not _flag_set(NEEDS_FLAG[path][0]):
+        return f"{path} is served only with {NEEDS_FLAG[path][1]} (this server runs without it)"
     return None
 
 

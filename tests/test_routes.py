@@ -80,3 +80,13 @@ def test_a_value_error_escaping_any_route_is_a_400(tiny_server):
     status, text = post(tiny_server, "/separate_reasoning", {"text": "<|chunk|>", "reasoning_parser": "m"})
     assert status == 400 and "Unsupported model type" in text, text
     alive(tiny_server)
+
+
+@pytest.mark.parametrize("method, route", [("get", "/dump_expert_distribution_record"),
+                                           ("post", "/start_expert_distribution_record"),
+                                           ("post", "/stop_expert_distribution_record")])
+def test_expert_distribution_routes_need_their_flag(tiny_server, method, route):
+    """Without --expert-distribution-recorder-mode the scheduler's handler raised and the server died."""
+    r = requests.request(method, tiny_server.url + route, timeout=60)
+    assert r.status_code == 404 and "--expert-distribution-recorder-mode" in r.text, r.text
+    alive(tiny_server)
