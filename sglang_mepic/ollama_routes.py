@@ -36,7 +36,7 @@ async def _checked_stream(response: StreamingResponse):
         first = await events.__anext__()
     except StopAsyncIteration:
         return response
-    except ValueError as e:
+    except (ValueError, TypeError) as e:  # a refusal, or options of the wrong type
         return _refusal(e)
 
     async def replay():
@@ -52,7 +52,7 @@ async def _answered(answer):
     """An Ollama handler's awaitable answer, a refusal made a 400."""
     try:
         response = await answer
-    except ValueError as e:
+    except (ValueError, TypeError) as e:  # a refusal, or options of the wrong type
         return _refusal(e)
     return await _checked_stream(response) if isinstance(response, StreamingResponse) else response
 
@@ -88,7 +88,7 @@ async def handle_chat(original, serving, request, raw_request, *args, **kwargs):
             chat_markup.check_content(request)
             return await handle(original, serving, request, raw_request, *args, **kwargs)
         prompt = chat_markup.process(_render, serving, request)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:  # a refusal, or options of the wrong type
         return _refusal(e)
     if prompt.prompt_ids is prompt.plain_ids:  # markup left as text (--mepic-text-markup off)
         return await handle(original, serving, request, raw_request, *args, **kwargs)
