@@ -93,10 +93,14 @@ def _check_sampling_numbers(params) -> None:
                 raise LimitError(f"sampling parameter {key!r} must fit in 64 bits, got {number}")
 
 
+TOKENIZER_IDS = 2**32  # HF tokenizers decode u32 ids; a larger one raised OverflowError (a 500)
+
+
 def check_token_ids(tokens) -> None:
     """Token ids a client asks to decode (`/v1/detokenize`): the tokenizer raises on a negative one."""
     rows = tokens if isinstance(tokens, list) and tokens and isinstance(tokens[0], list) else [tokens]
     for row in rows:
         for token in row if isinstance(row, list) else []:
-            if isinstance(token, int) and not 0 <= token < INT64:
-                raise LimitError(f"token id {token} is not a token id (they are whole numbers from 0)")
+            if isinstance(token, int) and not 0 <= token < TOKENIZER_IDS:
+                raise LimitError(f"token id {token} is not a token id (they are whole numbers from 0 to "
+                                 f"{TOKENIZER_IDS - 1})")

@@ -69,7 +69,7 @@ def test_a_whitespace_chunk_is_refused_on_every_path(tiny_server, path, body):
     assert status == 400 and "empty chunk" in text and "only whitespace" in text, text
 
 
-@pytest.mark.parametrize("tokens", [[-1], [[1, 2], [3, -7]]])
+@pytest.mark.parametrize("tokens", [[-1], [[1, 2], [3, -7]], [10**18]])
 def test_detokenize_refuses_a_negative_id(tiny_server, tokens):
     status, text = post(tiny_server, "/v1/detokenize", {"model": "m", "tokens": tokens})
     assert status == 400 and "not a token id" in text, text
