@@ -52,6 +52,7 @@ def check(manager, obj, input_ids) -> None:
     """Refuse a generate request (one item of a batch) outside the scheduler's bounds."""
     _check_media(manager, obj)
     _check_top_logprobs(obj, manager.model_config.vocab_size)
+    _check_logprob_start(obj)
     _check_sampling_numbers(getattr(obj, "sampling_params", None))
     if input_ids is not None and not allows_truncation(manager):
         limit = max_input_slots(manager)
@@ -104,3 +105,13 @@ def check_token_ids(tokens) -> None:
             if isinstance(token, int) and not 0 <= token < TOKENIZER_IDS:
                 raise LimitError(f"token id {token} is not a token id (they are whole numbers from 0 to "
                                  f"{TOKENIZER_IDS - 1})")
+
+
+def _check_logprob_start(obj) -> None:
+    """The scheduler compares `logprob_start_len` with the prompt's length: a list there (a single request
+    with a batch's field) raised in the scheduler and the server exited."""
+    start = getattr(obj, "logprob_start_len", None)
+    if start is None:
+        return
+    if isinstance(start, bool) or not isinstance(start, int) or not -1 <= start < INT64:
+        raise LimitError(f"logprob_start_len must be a whole number from -1 (the default), got {start!r}")

@@ -100,6 +100,8 @@ TENSOR_FIELDS = [
     ("/generate", {"text": "hi", "sampling_params": {**GREEDY, "max_new_tokens": 2**63}}, "64 bits"),
     ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2, "top_k": 2**63}, "64 bits"),
     ("/generate", {"text": "hi", "sampling_params": {**GREEDY, "n": 10**6}}, "from 1 to 128"),
+    ("/generate", {"text": "hi", "return_logprob": True, "logprob_start_len": [1, 2], "sampling_params": GREEDY},
+     "logprob_start_len"),
     ("/generate", {"text": ["a", "b"], "sampling_params": {**GREEDY, "n": 129}}, "from 1 to 128"),
     ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
                               "n": 5000}, "from 1 to 128"),
