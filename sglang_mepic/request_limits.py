@@ -19,7 +19,9 @@ refused after its chunk compiles have run:
   hid an empty prompt from the empty-prompt rule (intake.py). It is refused.
 """
 
-MEDIA_FIELDS = ("image_data", "video_data", "audio_data")
+# Fields only a model with a multimodal processor reads (`positional_embed_overrides: [1]` on the tiny
+# model took the scheduler down; request fuzzer).
+MEDIA_FIELDS = ("image_data", "video_data", "audio_data", "positional_embed_overrides")
 
 
 class LimitError(ValueError):

@@ -34,6 +34,9 @@ def normalize(original, obj, *args, **kwargs):
         result = original(obj, *args, **kwargs)
     except SHAPE_ERRORS as e:
         raise ValueError(f"malformed request: {type(e).__name__}: {e}") from None
+    if getattr(obj, "is_single", False) and obj.rid is not None and not isinstance(obj.rid, str):
+        # a list of rids on one prompt reached SGLang's request table as a key (a 500)
+        raise ValueError(f"rid of a single request must be a string, not {type(obj.rid).__name__}")
     n = getattr(obj, "parallel_sample_num", 1)
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES:
         # SGLang splits a batch into n copies per prompt; n = 0 indexed an empty list (a 500), and
