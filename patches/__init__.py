@@ -18,6 +18,7 @@ MODULES = (
     "request_logger_log_received_request",
     "generate_req_input_getitem",
     "generate_req_input_normalize_batch_and_arguments",
+    "embedding_req_input_normalize_batch_and_arguments",
     "http_server_setup_and_run_http_server",
     "serving_chat_process_messages",
     "serving_chat_build_chat_response",

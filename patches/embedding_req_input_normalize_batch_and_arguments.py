@@ -1,0 +1,14 @@
+"""An embedding request of the wrong shape (a list of rids on one input) is a 400, not a 500
+(sglang_mepic.request_shape)."""
+
+from sglang.srt.plugins.hook_registry import HookType
+
+from sglang_mepic import request_shape
+
+WRITTEN_FOR = "0.5.23"
+TARGET = "sglang.srt.managers.io_struct.EmbeddingReqInput.normalize_batch_and_arguments"
+HOOK_TYPE = HookType.AROUND
+
+
+def hook(original, obj, *args, **kwargs):
+    return request_shape.normalize(original, obj, *args, **kwargs)
