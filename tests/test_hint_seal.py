@@ -6,6 +6,7 @@ which SGLang's request log wrote out: whoever read the log could forge any layou
 including a compile of a chunk after their own prefix (cache poisoning).
 """
 
+import inspect
 import json
 import logging
 import re
@@ -109,8 +110,9 @@ class _Captured(logging.Handler):
 def test_no_log_level_writes_a_layout_or_a_mark(level, fmt):
     def logged(hooked: bool) -> str:
         request_log = RequestLogger(True, level, fmt, None)
-        if hooked:
-            request_log.metadata = log_patch.hook(request_log.metadata, request_log)
+        # SGLang's own metadata, even when an earlier test in this process applied the plugin's hooks
+        sglang_metadata = inspect.unwrap(RequestLogger._compute_metadata)(request_log)
+        request_log.metadata = log_patch.hook(sglang_metadata, request_log) if hooked else sglang_metadata
         captured = _Captured()
         target = logging.getLogger(f"test_hint_seal.{level}.{fmt}.{hooked}")
         target.propagate = False
@@ -143,12 +145,13 @@ def test_the_request_log_does_not_decode_chunk_markers():
     request_log = RequestLogger(True, 3, "text", None)
     request_log.targets = []
     marked = GenerateReqInput(input_ids=[5, BEG, 6, 7, END, 8])
+    sglang_log_received_request = inspect.unwrap(RequestLogger.log_received_request)  # even if hooks are applied
     with pytest.raises(OverflowError):
-        request_log.log_received_request(marked, Tokenizer())
-    decode_patch.hook(RequestLogger.log_received_request, request_log, marked, Tokenizer())
+        sglang_log_received_request(request_log, marked, Tokenizer())
+    decode_patch.hook(sglang_log_received_request, request_log, marked, Tokenizer())
     assert marked.text is None
     plain = GenerateReqInput(input_ids=[5, 6])
-    decode_patch.hook(RequestLogger.log_received_request, request_log, plain, Tokenizer())
+    decode_patch.hook(sglang_log_received_request, request_log, plain, Tokenizer())
     assert plain.text == "5 6"  # decodable ids are still decoded, as SGLang does
 
 
