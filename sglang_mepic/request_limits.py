@@ -83,6 +83,12 @@ def _check_top_logprobs(obj, vocab_size: int) -> None:
 
 
 INT64 = 2**63
+INT32 = 2**31
+# Held in int32 tensors (sampling_batch_info.top_ks, the min-new-tokens penalizer): `top_k: 2**32` overflowed there.
+INT32_PARAMS = ("top_k", "min_new_tokens")
+# SamplingParams fields the scheduler uses as counts, indices or seeds (sampling_params.py).
+WHOLE_NUMBER_PARAMS = ("max_new_tokens", "min_new_tokens", "top_k", "n", "beam_width", "stream_interval",
+                       "sampling_seed")
 
 
 def _check_sampling_numbers(params) -> None:
@@ -90,6 +96,16 @@ def _check_sampling_numbers(params) -> None:
     integer beyond 64 bits raised there (`top_k: 2**63`), outside any request's error handling."""
     if not isinstance(params, dict):
         return
+    for key in WHOLE_NUMBER_PARAMS:
+        value = params.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            # a float `max_new_tokens` (Ollama's `num_predict: 1.5`) became a slice bound when the request
+            # finished, in the scheduler, and the server exited
+            raise LimitError(f"sampling parameter {key!r} must be a whole number, got {value!r}")
+    for key in INT32_PARAMS:
+        value = params.get(key)
+        if isinstance(value, int) and not -INT32 <= value < INT32:
+            raise LimitError(f"sampling parameter {key!r} must fit in 32 bits, got {value}")
     for key, value in params.items():
         for number in (value if isinstance(value, list) else [value]):
             if isinstance(number, int) and not isinstance(number, bool) and not -INT64 <= number < INT64:

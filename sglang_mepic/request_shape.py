@@ -15,6 +15,7 @@ which SGLang answers with a 400.
 """
 
 import json
+import numbers
 
 # Routes whose body FastAPI parses into one of SGLang's OpenAI request models.
 MODELS = {
@@ -37,12 +38,50 @@ def normalize(original, obj, *args, **kwargs):
     if getattr(obj, "is_single", False) and obj.rid is not None and not isinstance(obj.rid, str):
         # a list of rids on one prompt reached SGLang's request table as a key (a 500)
         raise ValueError(f"rid of a single request must be a string, not {type(obj.rid).__name__}")
+    _check_token_lists(getattr(obj, "input_ids", None), single=getattr(obj, "is_single", True))
+    _check_items_split(obj)
     n = getattr(obj, "parallel_sample_num", 1)
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES:
         # SGLang splits a batch into n copies per prompt; n = 0 indexed an empty list (a 500), and
         # n = 10**6 queued a million copies, which kept the server from answering anyone for minutes
         raise ValueError(f"n (samples per prompt) must be a whole number from 1 to {MAX_SAMPLES}, not {n!r}")
     return result
+
+
+def _check_items_split(obj) -> None:
+    """A batch is split into one request per item later, outside any request's error handling: a per-item
+    field shorter than the batch (`"text": [""], "audio_data": []`) raised IndexError there (a 500). Split
+    it now, as SGLang will, and forget the split items (SGLang caches them; the request may still change)."""
+    if getattr(obj, "is_single", True) or not isinstance(getattr(obj, "rid", None), list):
+        return
+    try:
+        for i in range(len(obj.rid)):
+            obj[i]
+    except SHAPE_ERRORS as e:
+        raise ValueError(f"malformed batch: a per-item field does not have one entry per prompt "
+                         f"({type(e).__name__}: {e})") from None
+    finally:
+        obj.__dict__.pop("_sub_obj_cache", None)
+
+
+def _is_token(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_token_lists(input_ids, single: bool) -> None:
+    """`input_ids` is a list of whole numbers (a list of such lists for a batch): a string among them
+    reached the markup scan and the scheduler's tensors as it was (a 500 through /vertex_generate)."""
+    if input_ids is None:
+        return
+    rows = [input_ids] if single else input_ids
+    if not isinstance(rows, list):
+        raise ValueError(f"input_ids must be a list of token ids, not {type(input_ids).__name__}")
+    for i, row in enumerate(rows):
+        where = "input_ids" if single else f"input_ids[{i}]"
+        if not isinstance(row, list):
+            raise ValueError(f"{where} must be a list of token ids, not {type(row).__name__}")
+        for bad in (t for t in row if not _is_token(t)):
+            raise ValueError(f"{where} must hold whole-number token ids, found {bad!r} ({type(bad).__name__})")
 
 
 def install() -> None:

@@ -51,6 +51,18 @@ def test_top_logprobs_are_bounded_by_the_vocabulary():
             request_limits.check(manager(vocab=300), request(top_logprobs_num=bad), [1])
 
 
+def test_counts_in_sampling_parameters_are_whole_numbers():
+    request_limits.check(manager(), request(sampling_params={"max_new_tokens": 3, "top_k": -1, "n": 1}), [1])
+    for key, bad in (("max_new_tokens", 1.5), ("max_new_tokens", 2.0), ("max_new_tokens", "3"),
+                     ("min_new_tokens", True), ("top_k", 0.5), ("sampling_seed", "7")):
+        with pytest.raises(request_limits.LimitError, match=f"{key}.*whole number"):
+            request_limits.check(manager(), request(sampling_params={key: bad}), [1])
+    request_limits.check(manager(), request(sampling_params={"top_k": 2**31 - 1}), [1])
+    for key in ("top_k", "min_new_tokens"):
+        with pytest.raises(request_limits.LimitError, match="32 bits"):
+            request_limits.check(manager(), request(sampling_params={key: 2**31}), [1])
+
+
 def test_media_only_where_the_model_has_a_processor():
     for field, value in (("image_data", "x"), ("audio_data", ["a"]), ("video_data", "v"), ("image_data", [[]])):
         with pytest.raises(request_limits.LimitError, match=f"text only: {field}"):
@@ -96,15 +108,32 @@ def test_top_logprobs_up_to_the_vocabulary_are_served(tiny_server, tiny_model):
 
 
 TENSOR_FIELDS = [
-    ("/generate", {"text": "hi", "sampling_params": {**GREEDY, "temperature": 0.7, "top_k": 2**63}}, "64 bits"),
+    ("/generate", {"text": "hi", "sampling_params": {**GREEDY, "temperature": 0.7, "top_k": 2**63}}, "32 bits"),
     ("/generate", {"text": "hi", "sampling_params": {**GREEDY, "max_new_tokens": 2**63}}, "64 bits"),
-    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2, "top_k": 2**63}, "64 bits"),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2, "top_k": 2**63}, "32 bits"),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2, "seed": 2**63}, "64 bits"),
     ("/generate", {"text": "hi", "sampling_params": {**GREEDY, "n": 10**6}}, "from 1 to 128"),
     ("/generate", {"text": "hi", "return_logprob": True, "logprob_start_len": [1, 2], "sampling_params": GREEDY},
      "logprob_start_len"),
     ("/generate", {"text": ["a", "b"], "sampling_params": {**GREEDY, "n": 129}}, "from 1 to 128"),
     ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
                               "n": 5000}, "from 1 to 128"),
+    ("/generate", {"input_ids": [35], "sampling_params": {**GREEDY, "temperature": 0.7, "top_k": 2**32}},
+     "32 bits"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2**40, "min_new_tokens": 2**33}},
+     "32 bits"),
+    # a per-item field shorter than the batch raised when the batch was split (a 500)
+    ("/generate", {"text": [""], "image_data": [""], "audio_data": [], "sampling_params": GREEDY}, "malformed batch"),
+    ("/generate", {"text": ["a", "b"], "audio_data": ["x"], "sampling_params": GREEDY}, "malformed batch"),
+    # a float max_new_tokens became a slice bound when the request finished, in the scheduler
+    ("/api/generate", {"model": "m", "prompt": "hello", "stream": True, "options": {"num_predict": 1.5}},
+     "whole number"),
+    ("/api/generate", {"model": "m", "prompt": "hello", "stream": False, "options": {"num_predict": 1.5}},
+     "whole number"),
+    # token ids that are not whole numbers reached the markup scan (a 500), on every way in
+    ("/vertex_generate", {"instances": [{"input_ids": ["a", "b"]}], "parameters": None}, "whole-number token ids"),
+    ("/vertex_generate", {"instances": [{"input_ids": [1, 2]}, {"input_ids": [3, 2.5]}]}, "input_ids[1]"),
+    ("/generate", {"input_ids": [[1, 2], 3], "sampling_params": GREEDY}, "input_ids"),
 ]
 
 
