@@ -355,6 +355,19 @@ def check_parallelism(argv: list[str]) -> None:
                           "sglang_mepic.launch_cluster) or use --radix-cache-backend sglang")
 
 
+def _token_count(flag: str, value: str | None, too_small: str, off: int | None = None) -> None:
+    """A flag counting tokens is a whole number of at least 1 (or its `off` value): 0 divided by zero
+    or sized an empty pool in a child process, which died with a traceback."""
+    if value is None:
+        return
+    try:
+        count = int(value)
+    except ValueError:
+        raise LaunchError(f"{flag} {value}: must be a whole number of tokens") from None
+    if count < 1 and count != off:
+        raise LaunchError(f"{flag} {value}: {too_small}")
+
+
 def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
     """Refuse, before anything loads, the flags and combinations this server cannot serve (each
     ended in a traceback from a child process, or no start at all).
@@ -368,26 +381,12 @@ def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
         if value < 1:
             raise LaunchError(f"{flag} {value}: must be at least 1")
     check_parallelism(argv)
-    if known.page_size is not None:
-        try:
-            size = int(known.page_size)
-        except ValueError:
-            raise LaunchError(f"--page-size {known.page_size}: must be a whole number of tokens") from None
-        if size < 1:
-            raise LaunchError(f"--page-size {size}: a page holds at least 1 token (the mepic cache uses "
-                              f"{MEPIC_PAGE_SIZE}, one MEPIC block per page)")
-    if known.max_total_tokens is not None:
-        try:
-            total = int(known.max_total_tokens)
-        except ValueError:
-            raise LaunchError(f"--max-total-tokens {known.max_total_tokens}: must be a whole number") from None
-        if total < 1:
-            raise LaunchError(f"--max-total-tokens {total}: the KV pool needs at least 1 token")
-    for flag, value, least in (("--context-length", known.context_length, 1),
-                               ("--chunked-prefill-size", known.chunked_prefill_size, -1)):
-        if value is not None and (not value.lstrip("-").isdigit() or int(value) < least or int(value) == 0):
-            raise LaunchError(f"{flag} {value}: must be a whole number of tokens of at least 1"
-                              + (" (or -1 to turn chunked prefill off)" if least < 1 else ""))
+    _token_count("--page-size", known.page_size, f"a page holds at least 1 token (the mepic cache uses "
+                 f"{MEPIC_PAGE_SIZE}, one MEPIC block per page)")
+    _token_count("--max-total-tokens", known.max_total_tokens, "the KV pool needs at least 1 token")
+    _token_count("--context-length", known.context_length, "a context holds at least 1 token")
+    _token_count("--chunked-prefill-size", known.chunked_prefill_size,
+                 "a prefill chunk holds at least 1 token (or -1 to turn chunked prefill off)", off=-1)
     if known.radix_cache_backend not in (None, "mepic"):
         raise LaunchError(f"--radix-cache-backend {known.radix_cache_backend}: this server offers mepic (chunk "
                           "reuse, the default) and sglang (SGLang's own prefix cache)")

@@ -19,6 +19,8 @@ refused after its chunk compiles have run:
   hid an empty prompt from the empty-prompt rule (intake.py). It is refused.
 """
 
+import re
+
 # Fields only a model with a multimodal processor reads (`positional_embed_overrides: [1]` on the tiny
 # model took the scheduler down; request fuzzer).
 MEDIA_FIELDS = ("image_data", "video_data", "audio_data", "positional_embed_overrides")
@@ -36,6 +38,21 @@ def max_input_slots(manager) -> int:
     if isinstance(pool_limit, int) and pool_limit > 0:
         limit = min(limit, pool_limit)
     return max(0, limit - 1)
+
+
+def check_laid_out(manager, obj, slots: int, real_tokens: int) -> None:
+    """A laid-out request's slots and its new tokens must fit the context. SGLang checks the same sum,
+    but on the slots it is sent, and its refusal named a token count the client never sent."""
+    params = getattr(obj, "sampling_params", None)
+    new = params.get("max_new_tokens") if isinstance(params, dict) else None
+    if allows_truncation(manager) or not isinstance(new, int) or isinstance(new, bool):
+        return
+    reserved = int(getattr(manager, "num_reserved_tokens", 0) or 0)
+    if slots + reserved + new > manager.context_len:
+        raise LimitError(f"request needs {slots} KV slots after chunk padding ({real_tokens} real tokens) and "
+                         f"{new} new tokens, more than the model's context length ({manager.context_len} tokens); "
+                         f"ask for at most {max(0, manager.context_len - slots - reserved)} new tokens, "
+                         "or send a shorter prompt")
 
 
 def allows_truncation(manager) -> bool:
@@ -56,6 +73,7 @@ def check(manager, obj, input_ids) -> None:
     _check_top_logprobs(obj, manager.model_config.vocab_size)
     _check_logprob_start(obj)
     _check_sampling_numbers(getattr(obj, "sampling_params", None))
+    _check_stop_regex(getattr(obj, "sampling_params", None))
     if input_ids is not None and not allows_truncation(manager):
         limit = max_input_slots(manager)
         if len(input_ids) > limit:
@@ -110,6 +128,29 @@ def _check_sampling_numbers(params) -> None:
         for number in (value if isinstance(value, list) else [value]):
             if isinstance(number, int) and not isinstance(number, bool) and not -INT64 <= number < INT64:
                 raise LimitError(f"sampling parameter {key!r} must fit in 64 bits, got {number}")
+
+
+STOP_REGEX_BYTES = 256  # sampling_params.MAX_STOP_REGEX_LEN
+
+
+def _check_stop_regex(params) -> None:
+    """SGLang parses each `stop_regex` with sre_parse, whose re.error is no ValueError: a streamed request
+    with `"stop_regex": "["` was cut off mid-answer, a plain one a 500."""
+    patterns = params.get("stop_regex") if isinstance(params, dict) else None
+    if patterns is None:
+        return
+    patterns = [patterns] if isinstance(patterns, str) else patterns
+    if not isinstance(patterns, list):
+        raise LimitError(f"stop_regex must be a string or a list of strings, not {type(patterns).__name__}")
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise LimitError(f"stop_regex must be a string or a list of strings, found {type(pattern).__name__}")
+        if len(pattern.encode()) > STOP_REGEX_BYTES:
+            continue  # SGLang refuses it by its length (a ValueError, a 400) before parsing it
+        try:
+            re.compile(pattern)
+        except (re.error, RecursionError, OverflowError) as e:
+            raise LimitError(f"stop_regex {pattern[:80]!r} is not a regular expression: {e}") from None
 
 
 TOKENIZER_IDS = 2**32  # HF tokenizers decode u32 ids; a larger one raised OverflowError (a 500)

@@ -82,6 +82,7 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
         raise intake.IntakeError("chunk markup cannot be used in a session (SGLang passes no layout on "
                                  "through sessions); send the request without session_params, or without markup")
     if laid_out:
+        request_limits.check_laid_out(manager, obj, lay.size, len(lay.real_tokens()))
         # Laid out in slots: pads have no position and are masked by the mepic backend.
         slots = lay.slot_tokens()
         obj.input_ids = [PAD_FILL_ID if t == PAD_ID else t for t in slots]

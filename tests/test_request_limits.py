@@ -58,6 +58,10 @@ def test_counts_in_sampling_parameters_are_whole_numbers():
         with pytest.raises(request_limits.LimitError, match=f"{key}.*whole number"):
             request_limits.check(manager(), request(sampling_params={key: bad}), [1])
     request_limits.check(manager(), request(sampling_params={"top_k": 2**31 - 1}), [1])
+    request_limits.check(manager(), request(sampling_params={"stop_regex": ["a+", r"\d{3}"]}), [1])
+    for bad in ("[", ["ok", "(x"], 5, [5]):
+        with pytest.raises(request_limits.LimitError, match="stop_regex"):
+            request_limits.check(manager(), request(sampling_params={"stop_regex": bad}), [1])
     for key in ("top_k", "min_new_tokens"):
         with pytest.raises(request_limits.LimitError, match="32 bits"):
             request_limits.check(manager(), request(sampling_params={key: 2**31}), [1])
@@ -125,6 +129,12 @@ TENSOR_FIELDS = [
     # a per-item field shorter than the batch raised when the batch was split (a 500)
     ("/generate", {"text": [""], "image_data": [""], "audio_data": [], "sampling_params": GREEDY}, "malformed batch"),
     ("/generate", {"text": ["a", "b"], "audio_data": ["x"], "sampling_params": GREEDY}, "malformed batch"),
+    # an invalid stop_regex raised re.error, no ValueError: a streamed answer was cut off, a plain one a 500
+    ("/generate", {"text": "What is 2+2?", "sampling_params": {**GREEDY, "stop_regex": "["}, "stream": True},
+     "not a regular expression"),
+    ("/generate", {"text": "What is 2+2?", "sampling_params": {**GREEDY, "stop_regex": ["a", "(b"]}},
+     "not a regular expression"),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2, "stop_regex": "*"}, "not a regular expression"),
     # a float max_new_tokens became a slice bound when the request finished, in the scheduler
     ("/api/generate", {"model": "m", "prompt": "hello", "stream": True, "options": {"num_predict": 1.5}},
      "whole number"),
@@ -243,3 +253,68 @@ def test_a_refused_laid_out_request_reports_no_negative_prompt_size():
     output_counts.accept(accept, acc, req=laid_out)
     output_counts.accept(accept, acc, req=refused)
     assert acc.prompt_tokens == [64 - 26, 1]
+
+
+# SmolLM2's context is 8,192 tokens; SGLang's scheduler refuses inputs of 8,186 slots or more (its
+# max_req_input_len: context - 1 - 5), so 8,185 is the most one request may hold.
+SMOLLM2_MOST_SLOTS = 8185
+CHUNK = [-100, *range(1000, 1017), -101]  # 17 tokens, padded to 32 slots (two pages)
+
+
+def chunked_ids(prompt_tokens: int) -> list[int]:
+    return CHUNK + [(2000 + i) % 40000 for i in range(prompt_tokens)]
+
+
+def test_a_chunked_request_just_over_the_context_limit_is_a_400_and_the_server_lives(smollm2_server):
+    """8,188 slots once padded (8,173 real tokens): the plugin's own check let it through, the scheduler
+    refused it, and the tokenizer reported it with a negative size and the server exited (issue 54)."""
+    r = requests.post(smollm2_server.url + "/generate", timeout=120,
+                      json={"input_ids": chunked_ids(8156), "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 400, r.text
+    assert "request needs 8188 KV slots after chunk padding (8173 real tokens)" in r.text, r.text
+    assert f"more than the {SMOLLM2_MOST_SLOTS} this server accepts" in r.text, r.text
+    alive(smollm2_server)
+
+
+def test_a_chunked_request_at_the_context_limit_is_served(smollm2_server):
+    """The limit is SGLang's own, not one below it: the largest request the scheduler takes is served."""
+    r = requests.post(smollm2_server.url + "/generate", timeout=600,
+                      json={"input_ids": chunked_ids(SMOLLM2_MOST_SLOTS - 32), "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["prompt_tokens"] == SMOLLM2_MOST_SLOTS - 32 + 17
+    alive(smollm2_server)
+
+
+@pytest.mark.parametrize("start", [-2, -5, -(2**40)])
+def test_a_logprob_start_below_minus_one_is_a_400(smollm2_server, start):
+    """`logprob_start_len: -5` on a prompt of more than 5 tokens tripped an assertion in the scheduler."""
+    r = requests.post(smollm2_server.url + "/generate", timeout=60,
+                      json={"text": "one two three four five six seven eight", "return_logprob": True,
+                            "logprob_start_len": start, "sampling_params": GREEDY})
+    assert r.status_code == 400 and "logprob_start_len" in r.text, r.text
+    alive(smollm2_server)
+
+
+def test_refusals_name_real_tokens_and_slots(smollm2_server):
+    """Padding pushes the request over the limit: the refusal counts what the client sent (real tokens)
+    and what padding made of it (slots), never the slots as if they were the client's tokens."""
+    # 8,087 real tokens, 8,192 slots: SGLang said "The input (8192 tokens) is longer than the model's context".
+    chunks = [t for k in range(8) for t in (-100, *range(1000 + 17 * k, 1017 + 17 * k), -101)]  # 136 in 256 slots
+    ids = chunks + [(2000 + i) % 40000 for i in range(7936)]
+    r = requests.post(smollm2_server.url + "/generate", timeout=120, json={"input_ids": ids, "sampling_params": GREEDY})
+    assert r.status_code == 400, r.text
+    assert "request needs 8192 KV slots after chunk padding (8072 real tokens)" in r.text, r.text
+    # Real tokens and new tokens fit the context; slots and new tokens do not.
+    r = requests.post(smollm2_server.url + "/generate", timeout=120,
+                      json={"input_ids": chunked_ids(7763 - 17), "sampling_params": {"max_new_tokens": 420}})
+    assert r.status_code == 400, r.text
+    assert "request needs 7778 KV slots after chunk padding (7763 real tokens) and 420 new tokens" in r.text, r.text
+    assert "at most 414 new tokens" in r.text, r.text
+    # The same through the chat API, whose refusal spoke of "tokens from the input messages".
+    doc = " ".join(f"fact{i} is {i * 7 % 13}." for i in range(1200))
+    r = requests.post(smollm2_server.url + "/v1/chat/completions", timeout=120,
+                      json={"model": "m", "max_tokens": 8000,
+                            "messages": [{"role": "user", "content": f"<|chunk|>{doc}<|/chunk|> What is fact3?"}]})
+    assert r.status_code == 400, r.text
+    assert "KV slots after chunk padding" in r.text and "from the input messages" not in r.text, r.text
+    alive(smollm2_server)
