@@ -31,6 +31,10 @@ MAX_SAMPLES = 128
 
 def normalize(original, obj, *args, **kwargs):
     """`GenerateReqInput.normalize_batch_and_arguments`, its shape errors made ValueErrors."""
+    params = getattr(obj, "sampling_params", None)
+    for one in [params] if isinstance(params, dict) else params if isinstance(params, list) else []:
+        if isinstance(one, dict) and "n" in one:
+            _check_samples(one["n"])  # before SGLang copies the prompts n times (n = 2**31 ran out of memory)
     try:
         result = original(obj, *args, **kwargs)
     except SHAPE_ERRORS as e:
@@ -40,12 +44,15 @@ def normalize(original, obj, *args, **kwargs):
         raise ValueError(f"rid of a single request must be a string, not {type(obj.rid).__name__}")
     _check_token_lists(getattr(obj, "input_ids", None), single=getattr(obj, "is_single", True))
     _check_items_split(obj)
-    n = getattr(obj, "parallel_sample_num", 1)
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES:
-        # SGLang splits a batch into n copies per prompt; n = 0 indexed an empty list (a 500), and
-        # n = 10**6 queued a million copies, which kept the server from answering anyone for minutes
-        raise ValueError(f"n (samples per prompt) must be a whole number from 1 to {MAX_SAMPLES}, not {n!r}")
+    _check_samples(getattr(obj, "parallel_sample_num", 1))
     return result
+
+
+def _check_samples(n) -> None:
+    """SGLang splits a batch into n copies per prompt; n = 0 indexed an empty list (a 500), and
+    n = 10**6 queued a million copies, which kept the server from answering anyone for minutes."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES:
+        raise ValueError(f"n (samples per prompt) must be a whole number from 1 to {MAX_SAMPLES}, not {n!r}")
 
 
 def _check_items_split(obj) -> None:
