@@ -74,6 +74,7 @@ def check(manager, obj, input_ids) -> None:
     _check_logprob_start(obj)
     _check_sampling_numbers(getattr(obj, "sampling_params", None))
     _check_stop_regex(getattr(obj, "sampling_params", None))
+    _check_stop_token_ids(getattr(obj, "sampling_params", None), manager.model_config.vocab_size)
     if input_ids is not None and not allows_truncation(manager):
         limit = max_input_slots(manager)
         if len(input_ids) > limit:
@@ -128,6 +129,20 @@ def _check_sampling_numbers(params) -> None:
         for number in (value if isinstance(value, list) else [value]):
             if isinstance(number, int) and not isinstance(number, bool) and not -INT64 <= number < INT64:
                 raise LimitError(f"sampling parameter {key!r} must fit in 64 bits, got {number}")
+
+
+def _check_stop_token_ids(params, vocab_size: int) -> None:
+    """Stop ids index the logits (the min-new-tokens penalizer masks them): `stop_token_ids: [-1]` with
+    `min_new_tokens` raised in the scheduler and the server exited."""
+    ids = params.get("stop_token_ids") if isinstance(params, dict) else None
+    if ids is None:
+        return
+    if not isinstance(ids, (list, tuple, set)):  # the server's own chat templates may add a set
+        raise LimitError(f"stop_token_ids must be a list of token ids, not {type(ids).__name__}")
+    for token in ids:
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+            raise LimitError(f"stop_token_ids must hold token ids from 0 to {vocab_size - 1} (the vocabulary), "
+                             f"found {token!r}")
 
 
 STOP_REGEX_BYTES = 256  # sampling_params.MAX_STOP_REGEX_LEN

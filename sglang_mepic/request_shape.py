@@ -14,15 +14,21 @@ body was malformed), and normalization errors of those types become ValueErrors,
 which SGLang answers with a 400.
 """
 
+import importlib
 import json
 import numbers
 
-# Routes whose body FastAPI parses into one of SGLang's OpenAI request models.
+OPENAI = "sglang.srt.entrypoints.openai.protocol"
+ANTHROPIC = "sglang.srt.entrypoints.anthropic.protocol"
+# Routes whose body FastAPI parses into one of SGLang's request models: (module, model).
 MODELS = {
-    "/v1/completions": "CompletionRequest",
-    "/v1/chat/completions": "ChatCompletionRequest",
-    "/invocations": "ChatCompletionRequest",  # SageMaker's route to the same handler
-    "/v1/embeddings": "EmbeddingRequest",
+    "/v1/completions": (OPENAI, "CompletionRequest"),
+    "/v1/chat/completions": (OPENAI, "ChatCompletionRequest"),
+    "/invocations": (OPENAI, "ChatCompletionRequest"),  # SageMaker's route to the same handler
+    "/v1/embeddings": (OPENAI, "EmbeddingRequest"),
+    # a tool's `type` that is no string crashed the tools discriminator (a 500)
+    "/v1/messages": (ANTHROPIC, "AnthropicMessagesRequest"),
+    "/v1/messages/count_tokens": (ANTHROPIC, "AnthropicCountTokensRequest"),
 }
 SHAPE_ERRORS = (AttributeError, TypeError, IndexError, KeyError)
 # The most samples of one prompt (`n`), OpenAI's own bound for chat completions.
@@ -43,6 +49,7 @@ def normalize(original, obj, *args, **kwargs):
         # a list of rids on one prompt reached SGLang's request table as a key (a 500)
         raise ValueError(f"rid of a single request must be a string, not {type(obj.rid).__name__}")
     _check_token_lists(getattr(obj, "input_ids", None), single=getattr(obj, "is_single", True))
+    _check_texts(getattr(obj, "text", None), single=getattr(obj, "is_single", True))
     _check_items_split(obj)
     _check_samples(getattr(obj, "parallel_sample_num", 1))
     return result
@@ -69,6 +76,16 @@ def _check_items_split(obj) -> None:
                          f"({type(e).__name__}: {e})") from None
     finally:
         obj.__dict__.pop("_sub_obj_cache", None)
+
+
+def _check_texts(text, single: bool) -> None:
+    """`text` is a string (a list of strings for a batch): a list inside a batch (a /vertex_generate
+    instance's list `text`) was tokenized into a list of lists, which the scheduler's array refused (a 500)."""
+    if text is None or single:
+        return  # SGLang types a single text itself
+    for i, item in enumerate(text if isinstance(text, list) else []):
+        if not isinstance(item, str):
+            raise ValueError(f"text[{i}] must be a string, not {type(item).__name__}")
 
 
 def _is_token(value) -> bool:
@@ -114,17 +131,15 @@ async def _refused(request, error: ValueError):
 
 def shape_error(path: str, body: bytes) -> str | None:
     """Why a body crashes the request model's validation; None if it validates or fails cleanly."""
-    name = MODELS.get(path)
-    if name is None:
+    if path not in MODELS:
         return None
+    module, name = MODELS[path]
     try:
         data = json.loads(body)
     except ValueError:
         return None  # FastAPI answers malformed JSON itself
-    from sglang.srt.entrypoints.openai import protocol
-
     try:
-        getattr(protocol, name).model_validate(data)
+        getattr(importlib.import_module(module), name).model_validate(data)
     except SHAPE_ERRORS as e:
         return f"malformed request body: {type(e).__name__}: {e}"
     except Exception:  # noqa: BLE001 - a clean validation error: FastAPI reports it as usual
@@ -153,8 +168,12 @@ class RequestShapeMiddleware:
         if why is None:
             return await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}], receive),
                                   send)
-        payload = json.dumps({"object": "error", "message": why, "type": "BadRequestError", "param": None,
-                              "code": 400}).encode()
+        if MODELS[scope["path"]][0] == ANTHROPIC:  # the envelope Anthropic's SDKs parse, as SGLang answers there
+            payload = json.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": why}})
+        else:
+            payload = json.dumps({"object": "error", "message": why, "type": "BadRequestError", "param": None,
+                                  "code": 400})
+        payload = payload.encode()
         await send({"type": "http.response.start", "status": 400,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})

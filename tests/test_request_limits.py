@@ -59,6 +59,10 @@ def test_counts_in_sampling_parameters_are_whole_numbers():
             request_limits.check(manager(), request(sampling_params={key: bad}), [1])
     request_limits.check(manager(), request(sampling_params={"top_k": 2**31 - 1}), [1])
     request_limits.check(manager(), request(sampling_params={"stop_regex": ["a+", r"\d{3}"]}), [1])
+    request_limits.check(manager(vocab=300), request(sampling_params={"stop_token_ids": [0, 299]}), [1])
+    for bad in ([-1], [300], ["1"], 7, [True]):
+        with pytest.raises(request_limits.LimitError, match="stop_token_ids"):
+            request_limits.check(manager(vocab=300), request(sampling_params={"stop_token_ids": bad}), [1])
     for bad in ("[", ["ok", "(x"], 5, [5]):
         with pytest.raises(request_limits.LimitError, match="stop_regex"):
             request_limits.check(manager(), request(sampling_params={"stop_regex": bad}), [1])
@@ -144,6 +148,18 @@ TENSOR_FIELDS = [
     ("/generate", {"text": "What is 2+2?", "sampling_params": {**GREEDY, "stop_regex": ["a", "(b"]}},
      "not a regular expression"),
     ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2, "stop_regex": "*"}, "not a regular expression"),
+    # stop ids index the logits: -1 with min_new_tokens raised in the scheduler and the server exited
+    ("/generate", {"text": "a", "sampling_params": {**GREEDY, "stop_token_ids": [-1], "min_new_tokens": 1}},
+     "stop_token_ids"),
+    ("/v1/completions", {"model": "m", "prompt": "a", "max_tokens": 2, "stop_token_ids": [10**6]}, "stop_token_ids"),
+    # a list inside a batch's texts (a /vertex_generate instance's list text) reached the scheduler (a 500)
+    ("/vertex_generate", {"instances": [{"text": [""], "sampling_params": GREEDY, "audio_data": [[]]}]}, "text[0]"),
+    ("/vertex_generate", {"instances": [{"text": ["a", "b"], "return_logprob": True}]}, "text[0]"),
+    # a tool `type` that is no string crashed the Anthropic request model's discriminator (a 500)
+    ("/v1/messages", {"model": "m", "messages": [{"role": "user", "content": "a"}], "max_tokens": 3,
+                      "tools": [{"type": 8191, "name": "t"}]}, "malformed request body"),
+    ("/v1/messages/count_tokens", {"model": "m", "messages": [{"role": "user", "content": "a"}],
+                                   "tools": [{"type": ["x"], "name": "t"}]}, "malformed request body"),
     # a float max_new_tokens became a slice bound when the request finished, in the scheduler
     ("/api/generate", {"model": "m", "prompt": "hello", "stream": True, "options": {"num_predict": 1.5}},
      "whole number"),
