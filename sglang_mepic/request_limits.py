@@ -60,10 +60,12 @@ def allows_truncation(manager) -> bool:
 
 
 def has_media(obj) -> bool:
-    return any(_given(getattr(obj, f, None)) for f in MEDIA_FIELDS)
+    return any(_given(f, getattr(obj, f, None)) for f in MEDIA_FIELDS)
 
 
-def _given(value) -> bool:
+def _given(field: str, value) -> bool:
+    if field == "positional_embed_overrides":  # SGLang passes even "" on to the scheduler (which died on it)
+        return value is not None
     return value is not None and value != "" and value != []
 
 
@@ -86,7 +88,7 @@ def check(manager, obj, input_ids) -> None:
 def _check_media(manager, obj) -> None:
     if getattr(manager, "mm_processor", None) is not None:
         return
-    given = [f for f in MEDIA_FIELDS if _given(getattr(obj, f, None))]
+    given = [f for f in MEDIA_FIELDS if _given(f, getattr(obj, f, None))]
     if given:
         raise LimitError(f"this model takes text only: {', '.join(given)} cannot be used with it")
 

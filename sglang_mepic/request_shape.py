@@ -31,6 +31,8 @@ MODELS = {
     "/v1/messages/count_tokens": (ANTHROPIC, "AnthropicCountTokensRequest"),
 }
 SHAPE_ERRORS = (AttributeError, TypeError, IndexError, KeyError)
+# SGLang's normalization also asserts shapes (`/v1/classify` with a list rid: "The rid should be a list.")
+NORMALIZE_ERRORS = (*SHAPE_ERRORS, AssertionError)
 # The most samples of one prompt (`n`), OpenAI's own bound for chat completions.
 MAX_SAMPLES = 128
 
@@ -43,7 +45,7 @@ def normalize(original, obj, *args, **kwargs):
             _check_samples(one["n"])  # before SGLang copies the prompts n times (n = 2**31 ran out of memory)
     try:
         result = original(obj, *args, **kwargs)
-    except SHAPE_ERRORS as e:
+    except NORMALIZE_ERRORS as e:
         raise ValueError(f"malformed request: {type(e).__name__}: {e}") from None
     if getattr(obj, "is_single", False) and obj.rid is not None and not isinstance(obj.rid, str):
         # a list of rids on one prompt reached SGLang's request table as a key (a 500)

@@ -160,6 +160,10 @@ TENSOR_FIELDS = [
                       "tools": [{"type": 8191, "name": "t"}]}, "malformed request body"),
     ("/v1/messages/count_tokens", {"model": "m", "messages": [{"role": "user", "content": "a"}],
                                    "tools": [{"type": ["x"], "name": "t"}]}, "malformed request body"),
+    # an empty positional_embed_overrides counted as absent, and reached the scheduler (it died)
+    ("/generate", {"text": "hi", "sampling_params": GREEDY, "positional_embed_overrides": ""}, "text only"),
+    # SGLang's normalization asserts a batch's rid is a list (a 500)
+    ("/v1/classify", {"input": ["m"], "rid": "3"}, "rid should be a list"),
     # a float max_new_tokens became a slice bound when the request finished, in the scheduler
     ("/api/generate", {"model": "m", "prompt": "hello", "stream": True, "options": {"num_predict": 1.5}},
      "whole number"),
