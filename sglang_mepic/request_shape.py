@@ -14,9 +14,11 @@ body was malformed), and normalization errors of those types become ValueErrors,
 which SGLang answers with a 400.
 """
 
+import dataclasses
 import importlib
 import json
 import numbers
+import os
 
 OPENAI = "sglang.srt.entrypoints.openai.protocol"
 ANTHROPIC = "sglang.srt.entrypoints.anthropic.protocol"
@@ -131,15 +133,40 @@ async def _refused(request, error: ValueError):
     return ORJSONResponse({"error": {"message": str(error) or type(error).__name__}}, status_code=400)
 
 
+def vertex_route() -> str:
+    """SGLang serves Vertex AI's predict route where AIP_PREDICT_ROUTE says, as its app does."""
+    return os.environ.get("AIP_PREDICT_ROUTE", "/vertex_generate")
+
+
+def _vertex_error(data) -> str | None:
+    """SGLang builds a GenerateReqInput from the `parameters` given: a key it does not know was a
+    TypeError in its handler (a 500)."""
+    params = data.get("parameters") if isinstance(data, dict) else None
+    if not isinstance(params, dict):
+        return None
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    unknown = sorted(set(params) - {f.name for f in dataclasses.fields(GenerateReqInput)})
+    if unknown:
+        return f"unknown parameters: {', '.join(map(repr, unknown[:8]))} (Vertex parameters are /generate's fields)"
+    return None
+
+
+def checked(path: str | None) -> bool:
+    return path in MODELS or path == vertex_route()
+
+
 def shape_error(path: str, body: bytes) -> str | None:
     """Why a body crashes the request model's validation; None if it validates or fails cleanly."""
-    if path not in MODELS:
+    if not checked(path):
         return None
-    module, name = MODELS[path]
     try:
         data = json.loads(body)
     except ValueError:
         return None  # FastAPI answers malformed JSON itself
+    if path not in MODELS:
+        return _vertex_error(data)
+    module, name = MODELS[path]
     try:
         getattr(importlib.import_module(module), name).model_validate(data)
     except SHAPE_ERRORS as e:
@@ -156,7 +183,7 @@ class RequestShapeMiddleware:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in MODELS:
+        if scope["type"] != "http" or scope.get("method") != "POST" or not checked(scope.get("path")):
             return await self.app(scope, receive, send)
         chunks, more = [], True
         while more:
@@ -170,7 +197,7 @@ class RequestShapeMiddleware:
         if why is None:
             return await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}], receive),
                                   send)
-        if MODELS[scope["path"]][0] == ANTHROPIC:  # the envelope Anthropic's SDKs parse, as SGLang answers there
+        if MODELS.get(scope["path"], ("",))[0] == ANTHROPIC:  # the envelope Anthropic's SDKs parse, as SGLang answers there
             payload = json.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": why}})
         else:
             payload = json.dumps({"object": "error", "message": why, "type": "BadRequestError", "param": None,

@@ -164,6 +164,8 @@ TENSOR_FIELDS = [
     ("/generate", {"text": "hi", "sampling_params": GREEDY, "positional_embed_overrides": ""}, "text only"),
     # SGLang's normalization asserts a batch's rid is a list (a 500)
     ("/v1/classify", {"input": ["m"], "rid": "3"}, "rid should be a list"),
+    # Vertex parameters SGLang's handler passes to GenerateReqInput as keywords: an unknown one was a 500
+    ("/vertex_generate", {"instances": [{}], "parameters": {"a": 1}}, "unknown parameters: 'a'"),
     # a float max_new_tokens became a slice bound when the request finished, in the scheduler
     ("/api/generate", {"model": "m", "prompt": "hello", "stream": True, "options": {"num_predict": 1.5}},
      "whole number"),
