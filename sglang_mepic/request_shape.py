@@ -72,8 +72,10 @@ def _check_items_split(obj) -> None:
     it now, as SGLang will, and forget the split items (SGLang caches them; the request may still change)."""
     if getattr(obj, "is_single", True) or not isinstance(getattr(obj, "rid", None), list):
         return
+    samples = getattr(obj, "parallel_sample_num", 1)
+    items = getattr(obj, "batch_size", 0) * (samples if isinstance(samples, int) and samples > 0 else 1)
     try:
-        for i in range(len(obj.rid)):
+        for i in range(max(len(obj.rid), items)):  # a batch's rid shorter than the batch (`"rid": []`) too
             obj[i]
     except SHAPE_ERRORS as e:
         raise ValueError(f"malformed batch: a per-item field does not have one entry per prompt "

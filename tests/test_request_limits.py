@@ -164,6 +164,8 @@ TENSOR_FIELDS = [
     ("/generate", {"text": "hi", "sampling_params": GREEDY, "positional_embed_overrides": ""}, "text only"),
     # SGLang's normalization asserts a batch's rid is a list (a 500)
     ("/v1/classify", {"input": ["m"], "rid": "3"}, "rid should be a list"),
+    ("/v1/embeddings", {"model": "m", "input": ["m", "m"], "image_data": [], "rid": []}, "malformed batch"),
+    ("/generate", {"text": ["a", "b"], "rid": ["x"], "sampling_params": GREEDY}, "rids length mismatch"),
     # Vertex parameters SGLang's handler passes to GenerateReqInput as keywords: an unknown one was a 500
     ("/vertex_generate", {"instances": [{}], "parameters": {"a": 1}}, "unknown parameters: 'a'"),
     # a float max_new_tokens became a slice bound when the request finished, in the scheduler
