@@ -45,7 +45,7 @@ def check_laid_out(manager, obj, slots: int, real_tokens: int) -> None:
     but on the slots it is sent, and its refusal named a token count the client never sent."""
     params = getattr(obj, "sampling_params", None)
     new = params.get("max_new_tokens") if isinstance(params, dict) else None
-    if allows_truncation(manager) or not isinstance(new, int) or isinstance(new, bool):
+    if allows_truncation(manager) or not _whole(new):
         return
     reserved = int(getattr(manager, "num_reserved_tokens", 0) or 0)
     if slots + reserved + new > manager.context_len:
@@ -53,6 +53,11 @@ def check_laid_out(manager, obj, slots: int, real_tokens: int) -> None:
                          f"{new} new tokens, more than the model's context length ({manager.context_len} tokens); "
                          f"ask for at most {max(0, manager.context_len - slots - reserved)} new tokens, "
                          "or send a shorter prompt")
+
+
+def _whole(value) -> bool:
+    """An integer from JSON: bool is an int subclass in Python, but `true` is no count or token id."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def allows_truncation(manager) -> bool:
@@ -97,7 +102,7 @@ def _check_top_logprobs(obj, vocab_size: int) -> None:
     num = getattr(obj, "top_logprobs_num", None)
     if num is None:
         return
-    if isinstance(num, bool) or not isinstance(num, int):
+    if not _whole(num):
         raise LimitError(f"top_logprobs_num must be an integer, got {type(num).__name__}")
     if not 0 <= num <= vocab_size:
         raise LimitError(f"top_logprobs_num must be in [0, {vocab_size}] (the vocabulary size), got {num}")
@@ -119,7 +124,7 @@ def _check_sampling_numbers(params) -> None:
         return
     for key in WHOLE_NUMBER_PARAMS:
         value = params.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        if value is not None and not _whole(value):
             # a float `max_new_tokens` (Ollama's `num_predict: 1.5`) became a slice bound when the request
             # finished, in the scheduler, and the server exited
             raise LimitError(f"sampling parameter {key!r} must be a whole number, got {value!r}")
@@ -129,7 +134,7 @@ def _check_sampling_numbers(params) -> None:
             raise LimitError(f"sampling parameter {key!r} must fit in 32 bits, got {value}")
     for key, value in params.items():
         for number in (value if isinstance(value, list) else [value]):
-            if isinstance(number, int) and not isinstance(number, bool) and not -INT64 <= number < INT64:
+            if _whole(number) and not -INT64 <= number < INT64:
                 raise LimitError(f"sampling parameter {key!r} must fit in 64 bits, got {number}")
 
 
@@ -142,7 +147,7 @@ def _check_stop_token_ids(params, vocab_size: int) -> None:
     if not isinstance(ids, (list, tuple, set)):  # the server's own chat templates may add a set
         raise LimitError(f"stop_token_ids must be a list of token ids, not {type(ids).__name__}")
     for token in ids:
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+        if not _whole(token) or not 0 <= token < vocab_size:
             raise LimitError(f"stop_token_ids must hold token ids from 0 to {vocab_size - 1} (the vocabulary), "
                              f"found {token!r}")
 
@@ -189,5 +194,5 @@ def _check_logprob_start(obj) -> None:
     start = getattr(obj, "logprob_start_len", None)
     if start is None:
         return
-    if isinstance(start, bool) or not isinstance(start, int) or not -1 <= start < INT64:
+    if not _whole(start) or not -1 <= start < INT64:
         raise LimitError(f"logprob_start_len must be a whole number from -1 (the default), got {start!r}")
