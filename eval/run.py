@@ -19,10 +19,10 @@ sweep points its cache is flushed. Requests arrive open-loop (Poisson at the
 given QPS) and stream, so TTFT is measured at the first token. KV memory is
 sampled from the server's Prometheus `/metrics` (SGLang's used-token gauge,
 which for the mepic cache counts what eviction cannot free) ten times a second,
-and for the mepic cache its exact peak is read from `/server_info` too. From
-the server log: how long the scheduler held each chunked request back for its
-chunks' compiles (`compile wait`, p50; a request whose chunks are all resident
-is never held) and the share of requests it held (`held for compiles`).
+and for the mepic cache its exact peak is read from `/server_info` too. A chunk
+no tier holds is computed in the batch of the request that first reads it (no
+request waits a round for it); `compiling` is the share of requests that
+computed one, and TTFT p50 is also given apart for those and for the others.
 
 Output (under --out, default eval/results/<dataset>-quick, -full or -paper): table.md,
 results.json (every figure, the command and the model) and PNG plots: peak KV
@@ -89,8 +89,6 @@ PAPER_POOL_PAGES = 16384
 DEFAULT_POOL_PAGES = CPU_MAX_TOTAL_TOKENS // MEPIC_PAGE_SIZE
 USED_TOKENS = re.compile(r"^sglang:num_used_tokens\{[^}]*\} ([0-9.e+]+)$", re.M)
 AVAILABLE_TOKENS = re.compile(r"^sglang:kv_available_tokens\{[^}]*\} ([0-9.e+]+)$", re.M)
-# The scheduler's line per chunked request it admits (radix_cache.MepicRadixCache.admit).
-COMPILES = re.compile(r"MEPIC request \S+: \d+ chunk\(s\) found ([^;]+); waited ([0-9.]+) s for compiles")
 
 
 @dataclass
@@ -104,7 +102,7 @@ class Point:
     used_pages: list = field(default_factory=list)  # sampled KV pages in use
     exact_peak: int | None = None
     seconds: float = 0.0
-    compile_waits: list = field(default_factory=list)  # (every chunk already on the device, seconds) per request
+    compile_waits: list = field(default_factory=list)  # unused since issue 47 (no request waits for a compile)
     pool_pages: int = 0  # the KV pool the server reported
     wall: float = 0.0  # seconds since the point before it ended, server start included
     seed: int = 0  # the workload draw and the arrivals
@@ -224,12 +222,6 @@ def serve(model: str, extra: list[str], flags: list[str], env: dict, page_size: 
         yield server, pool_pages(server, page_size)
 
 
-def compile_waits(log: str) -> list[tuple[bool, float]]:
-    """How long each chunked request was held back for its chunk compiles, and whether all were resident."""
-    return [(all(part.split()[1] == "device" for part in found.split(", ")), float(sec))
-            for found, sec in COMPILES.findall(log)]
-
-
 def pct(values, q):
     values = sorted(values)
     return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))] if values else float("nan")
@@ -249,7 +241,7 @@ def computed_tokens(meta: dict) -> int:
 
 def ttft_parts(output) -> tuple[float, float, float] | None:
     """(before the queue, queue, prefill forward) seconds of one request, from SGLang's meta_info:
-    before the queue is tokenizing and dispatch; the queue includes any hold for chunk compiles."""
+    before the queue is tokenizing and dispatch; the queue includes any hold for a chunk's storage read."""
     meta = output[2]
     if len(output) < 6 or not all(k in meta for k in ("queue_time", "forward_entry_time", "prefill_finished_time")):
         return None
@@ -274,8 +266,8 @@ def summarize(points: list[Point], workloads: dict, new_tokens: int, page_bytes:
         recomputed = [computed_tokens(m) for m in metas]
         compiled = [m.get("mepic_compiled_tokens", 0) for m in metas]
         ttft = [o[3] for o in p.outputs]
-        # A request whose compiles computed a chunk waited a prefill round for them; one whose
-        # chunks were all stored did not. Their TTFTs apart say which of the two a median reflects.
+        # A request that computed a chunk in its batch, and one whose chunks were all stored: their
+        # TTFTs apart say what computing a chunk costs the request that first reads it.
         split = any(compiled) and not all(compiled)
         e2e = [o[4] for o in p.outputs]
         parts = [x for x in map(ttft_parts, p.outputs) if x is not None]
@@ -297,18 +289,13 @@ def summarize(points: list[Point], workloads: dict, new_tokens: int, page_bytes:
             "queue_p50": pct([x[1] for x in parts], 0.5) if parts else None,
             "forward_p50": pct([x[2] for x in parts], 0.5) if parts else None,
             "e2e_p50": pct(e2e, 0.5), "e2e_p99": pct(e2e, 0.99),
-            # None where the server logged no compiles (a system that compiles nothing)
-            "compile_wait_p50": pct([w for _, w in p.compile_waits], 0.5) if p.compile_waits else None,
-            "compile_wait_resident_p50": pct([w for resident, w in p.compile_waits if resident], 0.5)
-            if any(resident for resident, _ in p.compile_waits) else None,
-            "compile_held": statistics.fmean(w > 0 for _, w in p.compile_waits) if p.compile_waits else None,
             **{k: p.counters.get(k) for k in COUNTERS},
             "throughput_rps": len(ids) / p.seconds if p.seconds else 0.0,
             "seconds": round(p.seconds, 2),
             "output_tok_s": sum(len(i) for i in ids) / p.seconds if p.seconds else 0.0,
             "prompt_tokens": statistics.fmean(m["prompt_tokens"] for m in metas),
             "recomputed_tokens": statistics.fmean(recomputed),
-            # chunk tokens the request's own compiles computed (alone, before it): compute it caused
+            # chunk tokens compile rows in the request's own batch computed: compute it caused
             "compiled_tokens": statistics.fmean(compiled) if any(compiled) else None,
             "f1": statistics.fmean(f1(o[1], g) for o, g in zip(p.outputs, golds)),
             "em": statistics.fmean(exact_match(o[1], g) for o, g in zip(p.outputs, golds)),
@@ -329,8 +316,7 @@ COLUMNS = [("system", "system", "{}"), ("qps", "QPS", "{:g}"), ("chunks", "chunk
            ("ttft_p50_stored", "TTFT p50 chunks stored s", "{:.2f}"),
            ("ttft_p50_compiling", "TTFT p50 compiling s", "{:.2f}"), ("compiling_share", "compiling", "{:.0%}"),
            ("tokenize_p50", "tokenize p50 s", "{:.3f}"), ("queue_p50", "queue p50 s", "{:.2f}"),
-           ("forward_p50", "forward p50 s", "{:.3f}"), ("compile_wait_p50", "compile wait p50 s", "{:.2f}"),
-           ("compile_held", "held for compiles", "{:.0%}"),
+           ("forward_p50", "forward p50 s", "{:.3f}"),
            ("e2e_p50", "e2e p50 s", "{:.2f}"), ("e2e_p99", "e2e p99 s", "{:.2f}"),
            ("throughput_rps", "req/s", "{:.2f}"), ("recomputed_tokens", "recomputed tok/req", "{:.0f}"),
            ("compiled_tokens", "compiled tok/req", "{:.0f}"),
@@ -638,7 +624,7 @@ def main(argv=None) -> None:
                     outputs, sampler, exact, seconds, counters = run_point(
                         server, page_size, pool, texts[(c, r, seed)], q, args.new_tokens, seed, bar)
                     point = Point(system, q, c, r, outputs, sampler.pages, exact, seconds,
-                                  compile_waits(server.log()[mark:]), pool, time.perf_counter() - last,
+                                  [], pool, time.perf_counter() - last,
                                   seed, sampler.occupied, counters, tier)
                     last = time.perf_counter()
                     checkpoint.add(asdict(point))

@@ -38,6 +38,8 @@ MODULES = (
     "scheduler_get_internal_state",
     "scheduler_on_idle",
     "scheduler_get_new_batch_prefill",
+    "schedule_policy_add_one_req",
+    "scheduler_handle_generate_request",
     "scheduler_run_batch",
     "schedule_policy_compute_prefix_matches",
     "logprob_result_processor_add_input_logprob_return_values",

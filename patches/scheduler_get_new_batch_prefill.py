@@ -1,5 +1,6 @@
-"""A prefill round of the mepic cache: requests wait for their chunks' compiles, and requests
-planned but not admitted let go of their chunk pages at its end (`scheduling.prefill_round`)."""
+"""A prefill round of the mepic cache: compile rows can be made in it, requests that must wait for
+a chunk sit it out, and requests planned but not admitted let go of their chunk pages at its end
+(`scheduling.prefill_round`)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 

@@ -67,20 +67,19 @@ class Admission:
         link.admit()
         if c.mode.kind is config.Kind.EPIC and link.injected is not None and not link.compile:
             self._copy_private(link, reserve)
-        if link.compile:
-            c.tiers.lookups[link.found[0]] += 1
-            c.compiles.admitted(req.rid, link.found[0])
-        elif link.compiles:
-            link.compiled = c.compiles.compiled(link)
-            found = c.compiles.residency(link)
-            # SGLang logs the compiles as ordinary prefill batches; say what they were.
-            logger.info("MEPIC request %s: %d chunk(s) found %s; waited %.2f s for compiles", req.rid, len(found),
-                        ", ".join(f"{n} {tier}" for tier, n in Counter(found).items()), link.waited)
         if not link.compile:
+            link.compiled = tuple(i for i, key in enumerate(link.keys) if key in link.compiling)
+            for where in link.found or ():
+                c.tiers.lookups[where] += 1
+            if link.keys:
+                logger.info("MEPIC request %s: %d chunk(s) found %s; %d computed in its batch", req.rid,
+                            len(link.keys), ", ".join(f"{n} {tier}" for tier, n in Counter(link.found).items()),
+                            len(link.compiled))
             for key in link.keys:  # counts hits and misses, refreshes LRU order
                 c.store.lookup(key)
         plan = link.planned.plan
         hits = plan.hits if plan is not None else sum(1 for k in link.keys if c.store.peek(k) is not None)
+        hits -= len(link.compiled)
         figures.count_admitted(link, req.prefix_len, c.figures.counters, c.mode, c.canonical_from or 0,
                                c.page_size, hits)
 

@@ -121,7 +121,14 @@ def _fail_batch(scheduler, batch, error: Exception):
                  "".join(traceback.format_exception(error)))
     message = (f"the server failed to run this request ({type(error).__name__}: {error}); "
                "it was ended and the server goes on")
+    tree = getattr(scheduler, "tree_cache", None)
+    rows = getattr(tree, "compile_rows", None)
     for req in batch.reqs:
+        # Its KV from this forward was never computed: the tree must not keep it for others, and no
+        # later request may read a compile row's pages (compile_rows.py), planned from the next round on.
+        req.skip_radix_cache_insert = True
+        if rows is not None:
+            rows.failed(req)
         if req.finished():
             continue
         reason = FINISH_ABORT(message, HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")

@@ -211,7 +211,7 @@ def parse_max_chunks(text: str) -> int:
 
 
 def max_chunks() -> int:
-    """Most chunks one request may mark for reuse: each becomes an internal compile request."""
+    """Most chunks one request may mark for reuse: each absent one is a compile row in its batch."""
     return parse_max_chunks(os.environ.get(MAX_CHUNKS_ENV) or str(DEFAULT_MAX_CHUNKS))
 
 

@@ -11,16 +11,17 @@ from sglang_mepic import config, metrics
 class Counters:
     recomputed_tokens: int = 0   # chunk and prompt tokens computed in a request's context
     reused_tokens: int = 0       # chunk tokens served from the store (shared or copied)
-    compiled_chunks: int = 0     # standalone compiles that produced new canonical pages
-    compiled_tokens: int = 0     # real tokens computed by standalone compiles
+    compiled_chunks: int = 0     # compile rows that produced new canonical pages
+    compiled_tokens: int = 0     # real tokens computed by compile rows
+    requests_received: int = 0   # generate requests the scheduler received (patch scheduler_handle_generate_request)
     private_copy_fallbacks: int = 0  # epic requests that read stored pages in place for lack of room
 
 
 def compiled_reuse(link, canonical_from: int, page_size: int) -> int:
-    """Real tokens the request reuses from chunks that its own compiles computed.
+    """Real tokens the request reuses from chunks that compile rows in its own batch computed.
 
-    They are in the store, so the plan reuses them, but they were computed for this
-    request: neither a cache hit nor a recompute in context.
+    The plan reuses them like stored chunks, but they were computed for this request:
+    neither a cache hit nor a recompute in context.
     """
     plan = link.planned.plan if link.planned is not None else None
     if plan is None or not link.compiled:
@@ -53,7 +54,7 @@ def count_admitted(link, prefix_len: int, counters: Counters, mode: config.Mode,
     recomputed = link.real_slots(prefix, link.size) - substituted
     link.report = {"mepic_recomputed_tokens": recomputed, "mepic_chunk_hits": plan_hits,
                    "mepic_chunk_misses": len(link.keys) - plan_hits, "mepic_cached_tokens": cached,
-                   "mepic_compiled_tokens": compiled}
+                   "mepic_compiled_tokens": compiled, "mepic_residency": list(link.found or ())}
     counters.recomputed_tokens += recomputed
     counters.reused_tokens += link.real_slots(0, prefix) if link.planned.plan is not None else substituted
 
@@ -81,7 +82,7 @@ class Figures:
         c, store = self.cache, self.cache.store
         counts = (c.pages.available(), c.ledger.freeable(), len(store), store.canonical_pages(),
                   c.refs.shared(), store.stats.hits, store.stats.misses, store.stats.evictions,
-                  self.counters.compiled_chunks)
+                  self.counters.compiled_chunks, self.counters.requests_received)
         if counts != self._sampled:
             self._sampled = counts
             metrics.publish(self.stats())
@@ -106,6 +107,8 @@ class Figures:
             "chunk_evictions": store.stats.evictions,
             "chunks_compiled": counters.compiled_chunks,
             "compiled_tokens": counters.compiled_tokens,
+            "compile_rows": c.compile_rows.made,
+            "requests_received": counters.requests_received,
             "recomputed_tokens": counters.recomputed_tokens,
             "reused_tokens": counters.reused_tokens,
             "private_copy_fallbacks": counters.private_copy_fallbacks,

@@ -7,10 +7,11 @@ Shapes of one versioned message:
   (a server without the mepic attention backend and cache, or `full` mode); the
   scheduler plans nothing for it.
 - **Laid out in slots** (`pads` given, perhaps empty): chunks start on page
-  boundaries and pad slots fill their last (or first) pages; `compiles` names
-  the compile request sent for each chunk segment (compiles.py).
-- **A compile** (`compile`): the standalone computation of one chunk, laid out,
-  whose pages the scheduler stores for every request to reuse.
+  boundaries and pad slots fill their last (or first) pages.
+
+No hint makes the scheduler store KV: what it stores it computed itself, in the
+compile rows it makes (compile_rows.py). Version 1 also had a `compile` shape,
+sent by the tokenizer side as an internal request; version 2 has none.
 
 Only the server makes one: the tokenizer side seals each action with its mark
 (`MARK_KEY`, an HMAC of the payload and the request's ids, intake.py), and a
@@ -22,11 +23,11 @@ the trust check.
 from dataclasses import dataclass
 
 HINT_TYPE = "mepic.chunks"
-VERSION = "1"
+VERSION = "2"
 MARK_KEY = "by"  # the server's seal (intake.stamp); decoding ignores it
 
-_ACTION_ID = {False: "mepic-chunks", True: "mepic-compile"}
-_KEYS = {"chunks", "pads", "compile", "compiles", MARK_KEY}
+ACTION_ID = "mepic-chunks"
+_KEYS = {"chunks", "pads", MARK_KEY}
 
 Span = tuple[int, int]
 
@@ -39,8 +40,6 @@ class HintError(ValueError):
 class Hint:
     chunks: tuple[Span, ...]              # [start, end) of each chunk segment, in order
     pads: tuple[Span, ...] | None = None  # (first slot, count) of each pad run; None: not laid out in slots
-    compile: bool = False                 # the standalone compile of its one chunk
-    compiles: tuple[str | None, ...] = ()  # rid of the compile sent for each chunk segment (None: none sent)
     version: str = VERSION
 
     def __post_init__(self):
@@ -56,11 +55,7 @@ def encode(hint: Hint) -> dict:
     payload: dict = {"chunks": [list(s) for s in hint.chunks]}
     if hint.pads is not None:
         payload["pads"] = [list(r) for r in hint.pads]
-    if hint.compile:
-        payload["compile"] = True
-    if hint.compiles:
-        payload["compiles"] = list(hint.compiles)
-    return {"action_id": _ACTION_ID[hint.compile], "action_type": HINT_TYPE, "action_version": hint.version,
+    return {"action_id": ACTION_ID, "action_type": HINT_TYPE, "action_version": hint.version,
             "payload": payload}
 
 
@@ -84,15 +79,8 @@ def decode(kv_hints, num_slots: int | None = None) -> Hint | None:
     unknown = set(payload) - _KEYS
     if unknown:
         raise HintError(f"{HINT_TYPE}: unknown payload fields {sorted(unknown)}")
-    compile_ = payload.get("compile", False)
-    if not isinstance(compile_, bool):
-        raise HintError(f"{HINT_TYPE}: compile is {compile_!r}, not true or false")
-    compiles = payload.get("compiles", [])
-    if not isinstance(compiles, list):
-        raise HintError(f"{HINT_TYPE}: compiles is {compiles!r}, not a list")
     hint = Hint(chunks=_spans(payload.get("chunks", []), "chunks"),
-                pads=None if payload.get("pads") is None else _spans(payload["pads"], "pads"),
-                compile=compile_, compiles=tuple(compiles))
+                pads=None if payload.get("pads") is None else _spans(payload["pads"], "pads"))
     if num_slots is not None:
         for name, spans in (("chunk span", hint.chunks), ("pad run", _ends(hint.pads or ()))):
             for start, end in spans:
@@ -128,7 +116,7 @@ def _ends(runs) -> list[Span]:
 
 
 def _check(hint: Hint) -> None:
-    """Spans in order, not overlapping, in range; compiles one per chunk segment."""
+    """Spans in order, not overlapping, in range."""
     if hint.version != VERSION:
         raise HintError(f"{HINT_TYPE} version {hint.version!r} is not supported (this server reads "
                         f"version {VERSION!r})")
@@ -137,15 +125,6 @@ def _check(hint: Hint) -> None:
         if any(count < 1 for _, count in hint.pads):
             raise HintError(f"{HINT_TYPE}: a pad run is empty: {[list(r) for r in hint.pads]}")
         _ordered(_ends(hint.pads), "pad run")
-    if not isinstance(hint.compile, bool):
-        raise HintError(f"{HINT_TYPE}: compile is {hint.compile!r}, not true or false")
-    if hint.compile and (hint.pads is None or len(hint.chunks) != 1):
-        raise HintError(f"{HINT_TYPE}: a compile is one chunk laid out in slots")
-    if hint.compiles and (hint.pads is None or len(hint.compiles) != len(hint.chunks)):
-        raise HintError(f"{HINT_TYPE}: {len(hint.compiles)} compiles named for {len(hint.chunks)} chunk segments "
-                        "(a laid-out request names one per segment)")
-    if not all(rid is None or (isinstance(rid, str) and rid) for rid in hint.compiles):
-        raise HintError(f"{HINT_TYPE}: a compile is named by a request id or null, not {list(hint.compiles)!r}")
 
 
 def _ordered(spans, name: str) -> None:

@@ -9,10 +9,10 @@ batch, n > 1 and OpenAI paths all go through):
   model as an empty extend, which SGLang's CPU path cannot run: one such
   request took the whole scheduler down.
 - **Layout hints only of the server's making.** The `mepic.chunks` kv_hints
-  action tells the planner where chunks and pads are and whether a request
-  compiles a chunk for everyone to reuse. A client that could send one could
-  store KV computed after its own prefix under a chunk's key (cache
-  poisoning). The tokenizer side seals every action it creates: its mark is an
+  action tells the planner where chunks and pads are. A client that could
+  send one could have the scheduler key its own tokens as a chunk's. (No
+  action makes the scheduler store KV: it stores what its own compile rows
+  compute, compile_rows.py.) The tokenizer side seals every action it creates: its mark is an
   HMAC, under a key random to this process that never leaves it, of the
   action's payload and the request's final input ids. An action whose mark is
   not the seal of its own payload and ids is refused, whatever path the request

@@ -45,8 +45,7 @@ class Shape:
     pads: tuple[tuple[int, int], ...]   # (first slot, count) in natural order
     chunk_slots: tuple[tuple[int, int], ...]  # [start, end) of each chunk segment
     keys: tuple[str, ...]               # chunk key of each chunk segment (segments.span_hash)
-    compile: bool                       # a standalone compile of one chunk (sent by the tokenizer side)
-    compiles: tuple = ()                # rid of the compile sent for each chunk segment (None: none sent)
+    compile: bool                       # a compile row: one chunk computed standalone (compile_rows.py)
     owner: int = 0                      # unique per request: EPIC's and CacheBlend's private tree keys
 
     @property
@@ -99,10 +98,12 @@ class Link:
     injected: torch.Tensor | None = None
     tree_len: int = 0
     tree_took: int = 0
-    compiled: tuple[int, ...] = ()      # chunk segments this request's compiles computed (known at admission)
+    # Per chunk key: the compile row in this request's batch that computes it (compile_rows.py);
+    # set when planned, the chunk's planned pages are placeholders until the batch is allocated.
+    compiling: dict = field(default_factory=dict)
+    wait: bool = False                  # planned, but must not be admitted this round (compile_rows.py)
+    compiled: tuple[int, ...] = ()      # chunk segments computed in its own batch (known at admission)
     own_reuse: int = 0                  # real tokens it reuses from those (figures.compiled_reuse), at admission
-    held_at: float | None = None        # held back since (time.monotonic; compiles.py); a compile: first seen
-    waited: float = 0.0                 # seconds it was held back for compiles
     report: dict = field(default_factory=dict)  # per-request figures for its response (figures.py)
     _positions: tuple = (None, -1, None)  # (planned, num_slots, positions): match, insert and admit ask alike
     _real_before: tuple = (None, None)     # (planned, real prompt slots before each planned slot)
@@ -127,7 +128,7 @@ class Link:
 
     def release(self) -> None:
         self._move((Phase.LINKED, Phase.PLANNED, Phase.ADMITTED), Phase.LINKED)
-        self.injected, self.tree_took = None, 0
+        self.injected, self.tree_took, self.compiling = None, 0, {}
 
     def found_where(self, where: list[str]) -> None:
         """Where each chunk was found when first planned. A plan that found nothing (or could not
@@ -146,7 +147,6 @@ class Link:
     chunk_slots = property(lambda self: self.shape.chunk_slots)
     keys = property(lambda self: self.shape.keys)
     compile = property(lambda self: self.shape.compile)
-    compiles = property(lambda self: self.shape.compiles)
     size = property(lambda self: self.shape.size)
 
     @property

@@ -5,17 +5,24 @@ as SGLang's output streamer reports them.
 request laid out with pad slots those include pads, which are not tokens the
 client sent. The accumulator's newest entry is corrected after it is appended:
 `cached_tokens` becomes the real tokens whose KV was reused (prefix hits and
-chunk tokens from the store, less those of chunks this request's own compiles
-computed: `mepic_compiled_tokens`), `cached_tokens_details` agrees with it, and
+chunk tokens from the store, less those of chunks compiled in this request's own
+batch: `mepic_compiled_tokens`), `cached_tokens_details` agrees with it, and
 the request's `mepic_*` figures ride along as request-level customized info,
 which the tokenizer side puts in `meta_info` (response_meta.py).
 """
+
+from sglang_mepic.compile_rows import is_compile_row
 
 CACHED = "mepic_cached_tokens"  # replaces SGLang's cached_tokens rather than riding along
 
 
 def accept(original, accumulator, *args, req, **kwargs):
-    """SGLang's `_GenerationStreamAccumulator.accept`, with the request's counts in real tokens."""
+    """SGLang's `_GenerationStreamAccumulator.accept`, with the request's counts in real tokens.
+    A compile row (compile_rows.py) has no client: nothing is sent for it."""
+    if is_compile_row(req):
+        if req.finished():
+            req.finished_output = True  # as SGLang marks a finished request it has streamed
+        return None
     link = getattr(req, "mepic", None)
     if link is not None and link.report:
         figures = {k: [v] for k, v in link.report.items() if k != CACHED}

@@ -56,6 +56,8 @@ class Plan:
     tags: tuple[int, ...] = ()    # tree-key tag of each reused page (`page_tag`)
     # Per planned page after the reused ones: how many reused pages precede it in request order.
     reused_before: tuple[int, ...] = ()
+    # Per reused chunk occurrence: (chunk key, its first page among the reused ones, its page count).
+    runs: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def prefix_slots(self) -> int:
@@ -89,6 +91,7 @@ def make_plan(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: 
     reused_pages: list[int] = []
     reused: list[int] = []
     tags: list[int] = []
+    runs: list[tuple[str, int, int]] = []
     for c in chunks:
         if c.start % b or c.end % b:
             raise ValueError(f"chunk span [{c.start}, {c.end}) is not page-aligned (page size {b})")
@@ -102,13 +105,15 @@ def make_plan(size: int, page_size: int, chunks: Sequence[ChunkSpan], resident: 
         first, last = c.start // b + canonical_from, c.end // b
         if len(canonical) != max(0, last - first):
             raise ValueError(f"chunk {c.key} has {len(canonical)} canonical pages, expected {max(0, last - first)}")
+        runs.append((c.key, len(reused), len(canonical)))
         reused_pages += range(first, last)
         reused += canonical
         tags += (page_tag(c.key, i) for i in range(len(canonical)))
     taken = set(reused_pages)
     rest = [p for p in range(-(-size // b)) if p not in taken]
     before = [bisect.bisect_left(reused_pages, p) for p in rest]  # reused_pages ascend: chunks come in order
-    return Plan(size, b, tuple(reused_pages + rest), tuple(reused), hits, misses, tuple(tags), tuple(before))
+    return Plan(size, b, tuple(reused_pages + rest), tuple(reused), hits, misses, tuple(tags), tuple(before),
+                tuple(runs))
 
 
 @functools.lru_cache(maxsize=1 << 16)  # chunks recur: the same tags, match after match

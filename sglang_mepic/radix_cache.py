@@ -13,8 +13,10 @@ a laid-out request through them is:
     match_prefix (here)   Residency.find -> planner.plan -> the tree's match of the
                           planned key, plus the reused pages the tree lacks (injected)
     admit                 admission.py: pins kept, EPIC's private copy, figures.py
+    compile rows          compile_rows.py: a chunk no tier holds is computed in the
+                          batch of its first reader (`point_readers` after allocation)
     insert / release      here: the tree caches the request under its planned key;
-                          a compile's pages join the chunk store (`_publish`)
+                          a compile row's pages join the chunk store (`_publish`)
 
 Side effects of `match_prefix` on a laid-out request (SGLang's own match only
 splits nodes and refreshes their access time): the request lets go of what an
@@ -39,10 +41,9 @@ import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
-from sglang_mepic import config, ownership, planner, storage
+from sglang_mepic import compile_rows, config, ownership, planner, storage
 from sglang_mepic.admission import Admission
 from sglang_mepic.chunk_store import ChunkStore
-from sglang_mepic.compiles import Compiles
 from sglang_mepic.figures import Figures
 from sglang_mepic.hint import decode_laid_out
 from sglang_mepic.leaves import Leaves
@@ -80,10 +81,11 @@ class MepicRadixCache(RadixCache):
         self.tiers = tiers or Tiers(self.kv_pool, self.page_size, config.host_tier_gb(),
                                     storage.from_settings(model_fingerprint))
         self._owners = itertools.count(1)
+        self.compile_rows = compile_rows.CompileRows(self.page_size, self.canonical_from)
         self.residency = Residency(self.store, self.refs, self.pages, self.tiers, self.evict, self.page_size,
-                                   self.canonical_from)
+                                   self.canonical_from,
+                                   self.compile_rows.in_flight if self.mode.shares else None)
         self.admission = Admission(self)
-        self.compiles = Compiles()
         self.figures = Figures(self)
 
     # ---- the request side -------------------------------------------------
@@ -91,9 +93,14 @@ class MepicRadixCache(RadixCache):
     def link(self, req) -> Link | None:
         link = getattr(req, "mepic", None)
         if link is None:
-            h = decode_laid_out(getattr(req, "kv_hints", None))
-            if h is None:
-                return None
+            made = getattr(req, compile_rows.MARK, None)  # a compile row this scheduler made
+            if made is not None:
+                chunks, pads, compile = (made.chunk,), made.pads, True
+            else:
+                h = decode_laid_out(getattr(req, "kv_hints", None))
+                if h is None:
+                    return None
+                chunks, pads, compile = h.chunks, h.pads, False
             natural = array("q", req.origin_input_ids)
             # Everything that keeps SGLang's tree entries apart keeps chunks apart too.
             # repr keeps None apart from "None" and a field's text from the separators: a client's
@@ -101,18 +108,25 @@ class MepicRadixCache(RadixCache):
             # empty cache_salt as none, and so does this.
             namespace = repr((getattr(req, "extra_key", None), getattr(req, "cache_salt", None) or None,
                               getattr(req, "lora_id", None)))
-            masked = masked_key(natural, h.pads)
+            masked = masked_key(natural, pads)
             keys = tuple(span_hash(masked[s:e], self.placement, self.page_size, self.model_fingerprint, namespace)
-                         for s, e in h.chunks)
-            link = req.mepic = Link(Shape(natural, tuple(h.pads), tuple(h.chunks), keys, h.compile, h.compiles,
-                                          next(self._owners)))
+                         for s, e in chunks)
+            link = req.mepic = Link(Shape(natural, tuple(pads), tuple(chunks), keys, compile, next(self._owners)))
         return link
 
     def hold_back(self, reqs) -> list:
-        """The requests, of the waiting `reqs`, that must wait for a chunk's compile (compiles.py)
-        or for a chunk's storage read (residency.py), in queue order."""
+        """The requests, of the waiting `reqs`, that must wait, in queue order: for a chunk whose
+        compile row has parts still to run (chunked prefill), or, in EPIC and CacheBlend, is not
+        done (compile_rows.py); or for a chunk's storage read (residency.py)."""
         linked = [(req, link) for req in reqs if (link := self.link(req)) is not None]
-        held = {id(req) for req, _ in self.compiles.waiting(linked, lambda key: key in self.store)}
+        rows, held = self.compile_rows, set()
+        if rows.running:
+            shares = self.mode.shares
+
+            def unready(key: str) -> bool:
+                return key in rows.running and key not in self.store and not (shares and rows.in_flight(key))
+
+            held.update(id(req) for req, link in linked if not link.compile and any(map(unready, link.keys)))
         if self.tiers.prefetch is not None:
             held.update(id(req) for req, link in linked if id(req) not in held and self.residency.waiting(link.shape))
         return [req for req, _ in linked if id(req) in held]
@@ -123,6 +137,7 @@ class MepicRadixCache(RadixCache):
         self.admission.hold(link, found)
         # Input logprobs from a slot on: as SGLang limits its prefix there, chunks past it are computed.
         start = req.logprob_start_len if getattr(req, "return_logprob", False) and req.logprob_start_len >= 0 else None
+        self._compile_absent(req, link, found, start)
         # A compile of a stored chunk would compute its first block; when the tree holds the
         # chunk's earlier compile whole in natural order, that order costs nothing.
         holds_natural = link.compile and bool(found.resident) and self._holds_compile(link, params)
@@ -134,6 +149,66 @@ class MepicRadixCache(RadixCache):
         else:
             req.origin_input_ids[:] = link.natural
         req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+
+    def _compile_absent(self, req, link: Link, found, logprob_start: int | None) -> None:
+        """Chunks of the request that no tier holds are computed by compile rows (compile_rows.py).
+
+        In the modes that read stored pages in place, the request is planned with the chunk's
+        pages as placeholders and reads them in the forward its compile rows run in. EPIC and
+        CacheBlend copy stored KV before their forward, so they wait for it to be stored.
+        """
+        link.compiling, link.wait = {}, False
+        if link.compile or not self.mode.reuses:
+            return
+        rows = self.compile_rows
+        for i, ((start, end), key) in enumerate(zip(link.chunk_slots, link.keys)):
+            if key in found.resident or key in link.compiling or not self.residency.keeps(start, end):
+                continue
+            if logprob_start is not None and end > logprob_start:
+                continue  # computed in context whatever the store holds (planner.plan)
+            row = rows.for_chunk(req, link.shape, i)
+            if row is None:
+                continue
+            link.compiling[key] = row
+            if self.mode.shares:
+                pages = (end - start) // self.page_size - self.canonical_from
+                found.resident[key] = (compile_rows.PLACEHOLDER_PAGE,) * pages
+            else:
+                link.wait = True
+
+    def point_readers(self, batch) -> None:
+        """SGLang has allocated `batch`: its compile rows start running, and each request that reads
+        a chunk one of them computes has its KV row pointed at that row's canonical pages (and
+        holds them until it releases its row). Before the forward, so it reads them in that forward."""
+        table, b = self.req_to_token_pool.req_to_token, self.page_size
+        for req in batch.reqs:
+            link = getattr(req, "mepic", None)
+            if link is not None and link.compile and req.kv.req_pool_idx is not None:
+                whole = req.kv.kv_allocated_len >= link.chunk_slots[0][1]
+                pages = compile_rows.canonical_slots(req, table, b, self.canonical_from)[::b].div(
+                    b, rounding_mode="floor").tolist() if whole else None
+                self.compile_rows.admitted(req, link.keys[0], None if pages is None else tuple(pages))
+        for req in batch.reqs:
+            link = getattr(req, "mepic", None)
+            if link is None or not link.compiling or req.kv.req_pool_idx is None or link.planned.plan is None:
+                continue
+            row = table[req.kv.req_pool_idx]
+            for key, first, count in link.planned.plan.runs:
+                compile_row = link.compiling.get(key)
+                if compile_row is None:
+                    continue
+                assert compile_row.kv.req_pool_idx is not None, "a reader was admitted without its compile row"
+                slots = compile_rows.canonical_slots(compile_row, table, b, self.canonical_from)
+                lo, hi = max(first * b, link.tree_len), min((first + count) * b, req.prefix_len)
+                if hi <= lo:
+                    continue
+                part = slots[lo - first * b:hi - first * b]
+                row[lo:hi] = part
+                link.injected[lo - link.tree_len:hi - link.tree_len] = part.to(link.injected.device,
+                                                                               link.injected.dtype)
+                pages = part[::b].div(b, rounding_mode="floor").tolist()
+                self.refs.acquire(pages)
+                link.held += pages
 
     def match_prefix(self, params):
         req = params.req
@@ -215,7 +290,7 @@ class MepicRadixCache(RadixCache):
             if link.compile and checkpointed:
                 self._publish(req, link)
             if link.compile:
-                self.compiles.released(req.rid)
+                self.compile_rows.released(req, link.keys[0])
             self.admission.let_go(link)
             link.release()
         super().on_release(req, checkpointed=checkpointed)
@@ -346,4 +421,5 @@ class MepicRadixCache(RadixCache):
             self.ledger.clear()
             self.tiers.clear_host()
             self.admission.reset()
+            self.compile_rows.reset()
             self.figures.reset()

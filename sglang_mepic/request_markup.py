@@ -19,9 +19,20 @@ from sglang_mepic.request_layout import PAD_FILL_ID
 from sglang_mepic.segments import PAD_ID, Layout, layout
 
 # The chunk spans of a request, [start, end) in its real tokens (pads left out), kept on the request
-# object for its responses' meta_info (response_meta.py); like chunk_compiles.COMPILES, it reaches
-# every copy of an n > 1 request.
+# object for its responses' meta_info (response_meta.py): the tokenizer side streams every copy of
+# an n > 1 request through a shallow copy of the object it tokenized, so it reaches every copy.
 CHUNKS_ATTR = intake.MARKED_ATTR  # also tells intake the server made the request's hint
+
+
+def prepare(manager, obj) -> None:
+    """Before SGLang tokenizes a generate request: strip its markup. Nothing else is sent: the
+    scheduler computes chunks no tier holds in the forward that needs them (compile_rows.py)."""
+    if not isinstance(obj, GenerateReqInput):
+        return
+    try:
+        strip_markup(manager, obj)
+    except ValueError as e:  # malformed markup, an empty prompt, a request too long once padded
+        raise intake.relabel(obj, e) from None
 
 
 def chunk_spans(obj) -> list[list[int]]:
@@ -66,11 +77,11 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
         pieces = tokenize_pieces(parts, lambda s, special: tok.encode(s, add_special_tokens=special))
     else:
         return None  # a client's own mepic.chunks hint is refused at validation (intake.py)
-    # Rejects a request that no longer fits once chunks are padded, before any compile is sent: the
-    # scheduler would refuse it only after its compiles had run.
+    # Rejects a request that no longer fits once chunks are padded, here with a 400: the scheduler
+    # would only abort it.
     lay = layout(pieces, page_size(manager), config.placement(), max_slots=request_limits.max_input_slots(manager))
     lays_out = _lays_out_slots(manager)
-    if len(lay.chunks) > config.max_chunks() and lays_out:  # each would be a compile request
+    if len(lay.chunks) > config.max_chunks() and lays_out:  # each may be a compile row
         raise ValueError(f"the request marks {len(lay.chunks)} chunks for reuse, more than the {config.max_chunks()} "
                          "this server allows (--mepic-max-chunks); join small chunks or mark fewer")
     marked = Marked.from_pieces(pieces)

@@ -30,8 +30,10 @@ class Found:
 
 class Residency:
     def __init__(self, store: ChunkStore, refs: PageRefs, pages: PoolPages, tiers: Tiers, evict,
-                 page_size: int, canonical_from: int | None):
+                 page_size: int, canonical_from: int | None, in_flight=None):
         self.store, self.refs, self.pages, self.tiers = store, refs, pages, tiers
+        # key -> canonical pages a compile row in a batch already launched writes (compile_rows.py), or None
+        self.in_flight = in_flight
         self.evict = evict  # the cache's evict(EvictParams)
         self.page_size = page_size
         self.canonical_from = canonical_from
@@ -60,6 +62,8 @@ class Residency:
         where = []
         for key in shape.keys:
             pages = self.store.peek(key)
+            if pages is None and self.in_flight is not None and not shape.compile:
+                pages = self.in_flight(key)
             if pages is not None and key not in resident:
                 self.refs.acquire(pages)
                 resident[key] = pages

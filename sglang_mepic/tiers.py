@@ -129,7 +129,7 @@ class Tiers:
             storage.bind(page_size=page_size,
                          kv_dtype=f"{getattr(kv_pool, 'dtype', k.dtype)}/{getattr(kv_pool, 'store_dtype', k.dtype)}")
         self.prefetch = Prefetch(storage) if storage is not None else None
-        self.lookups: Counter = Counter()  # residency of each chunk when a compile looked it up
+        self.lookups: Counter = Counter()  # where each chunk occurrence of an admitted request was found
         self.loads: Counter = Counter()    # chunks copied back into the device pool, by tier
 
     def demote(self, key: str, slots: torch.Tensor) -> None:

@@ -65,8 +65,6 @@ def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num
     tree = MepicRadixCache(params, model_fingerprint="tiny", mode=config.parse_mode(mode),
                            canonical_from=canonical_from,
                            tiers=Tiers(kv, B, host_gb=host_gb, storage=shared))
-    # Replays serve a compile alone, with no request behind it to wait for (the wait has its own test).
-    tree.compiles.grace = 0.0
     return tree
 
 
@@ -80,23 +78,22 @@ def envelope(action: dict):
     return SimpleNamespace(actions=[SimpleNamespace(**action)])
 
 
-def laid_out(lay, compiles=()):
-    """What the tokenizer side sends for a laid-out request; `compiles`: the rid of the compile
-    sent for each chunk segment."""
+def laid_out(lay):
+    """What the tokenizer side sends for a laid-out request."""
     ids = [PAD_FILL_ID if t == PAD_ID else t for t in lay.slot_tokens()]
-    h = hint.Hint(chunks=tuple((s.start, s.end) for s in lay.chunks), pads=tuple(lay.pad_runs()),
-                  compiles=tuple(compiles))
+    h = hint.Hint(chunks=tuple((s.start, s.end) for s in lay.chunks), pads=tuple(lay.pad_runs()))
     return ids, envelope(hint.encode(h))
 
 
 def compiled(seg, sink=None):
-    """What the tokenizer side sends to compile one chunk."""
-    from sglang.srt.managers.io_struct import GenerateReqInput
+    """The compile row the scheduler makes for one chunk: its ids and its layout, which
+    `new_request` marks it with (compile_rows.MARK) in place of a hint."""
+    from sglang_mepic import compile_rows
 
-    from sglang_mepic.chunk_compiles import compile_request
-
-    req = compile_request(seg, GenerateReqInput(input_ids=[1]), B, sink)
-    return req.input_ids, req.kv_hints
+    pads = ([(0, seg.lead_pad)] if seg.lead_pad else []) + \
+        ([(seg.size - seg.tail_pad, seg.tail_pad)] if seg.tail_pad else [])
+    lay = compile_rows.layout(seg.padded_tokens(), pads, B, sink)
+    return list(lay.ids), lay
 
 
 def pad_runs(kv_hints) -> list[tuple[int, int]]:
@@ -118,11 +115,19 @@ def chunk_hash(seg: Segment, placement: Placement, page_size: int, model_fingerp
 
 
 def new_request(ids, hints, namespace=None, rid="r"):
-    """A request as the tokenizer sends it, before the scheduler has seen it."""
-    return SimpleNamespace(rid=rid, origin_input_ids=array("q", ids), output_ids=array("q"), kv_hints=hints,
-                           extra_key=namespace, cache_salt=None, priority=0, lock=None, last_node=None,
-                           kv=SimpleNamespace(req_pool_idx=None, cache_protected_len=0, cache_inserted_len=0,
-                                              swa_evict_floor=0))
+    """A request as the tokenizer sends it (or, with a compile row's layout for `hints`, as the
+    scheduler makes a compile row), before the scheduler has seen it."""
+    from sglang_mepic import compile_rows
+
+    row = isinstance(hints, compile_rows.CompileLayout)
+    req = SimpleNamespace(rid=rid, origin_input_ids=array("q", ids), output_ids=array("q"),
+                          kv_hints=None if row else hints,
+                          extra_key=namespace, cache_salt=None, priority=0, lock=None, last_node=None,
+                          kv=SimpleNamespace(req_pool_idx=None, cache_protected_len=0, cache_inserted_len=0,
+                                             swa_evict_floor=0))
+    if row:
+        setattr(req, compile_rows.MARK, hints)
+    return req
 
 
 def planned(tree, ids, hints, namespace=None, rid="r"):
@@ -169,7 +174,7 @@ def allocate(tree, req):
     req.kv.req_pool_idx = tree.req_to_token_pool.free_rows.pop()
     tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(row)] = row.to(torch.int32)
     req.kv.cache_protected_len = req.prefix_len
-    req.kv.allocated = len(row)
+    req.kv.allocated = req.kv.kv_allocated_len = len(row)
     if hasattr(tree, "sample"):  # the mepic cache; SGLang's RadixCache has no figures to take
         tree.sample()
 
@@ -205,6 +210,35 @@ def finish(tree, req, checkpoint_at=None):
     row = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :size].tolist()
     release(tree, req, checkpoint_at)
     return req, [s // B for s in row[::B]]
+
+
+def serve_round(tree, *reqs):
+    """One prefill round as the scheduler runs it (scheduling.py): each request planned, the compile
+    rows its plan reads put in the batch right before it (each once), the batch admitted and
+    allocated, its readers pointed at the compile rows' pages, then every row released, compile
+    rows first. A request that waits for its chunks to be stored (EPIC, CacheBlend) is left out.
+    Returns the batch and each row's pages."""
+    tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, parent.extra_key, rid)
+    batch = []
+    for req in reqs:
+        replanned(tree, req)
+        for row in req.mepic.compiling.values():
+            if not any(r is row for r in batch):
+                batch.append(replanned(tree, row))
+        if not req.mepic.wait:
+            batch.append(req)
+    for req in batch:
+        req.lock = tree.lock(req.last_node)
+        tree.admit(req)
+    tree.end_round()
+    for req in batch:
+        allocate(tree, req)
+    tree.point_readers(SimpleNamespace(reqs=batch))
+    tree.compile_rows.end_round()
+    rows = [tree.req_to_token_pool.req_to_token[r.kv.req_pool_idx, :len(r.origin_input_ids)].tolist() for r in batch]
+    for req in batch:
+        release(tree, req)
+    return batch, [[s // B for s in row[::B]] for row in rows]
 
 
 def compile_all(tree, lay, namespace=None, sink=None):

@@ -15,8 +15,6 @@ def envelope(*actions):
 SHAPES = [
     Hint(chunks=((2, 5), (5, 6))),                                        # not laid out
     Hint(chunks=((16, 48),), pads=((3, 13), (36, 12))),                   # laid out
-    Hint(chunks=((16, 48),), pads=((36, 12),), compiles=("c1",)),         # laid out, its compile named
-    Hint(chunks=((16, 48),), pads=((1, 15), (41, 8)), compile=True),      # a compile
     Hint(chunks=(), pads=((3, 13),)),                                     # laid out, no chunk left
 ]
 
@@ -45,7 +43,7 @@ def payload(**fields):
 
 
 @pytest.mark.parametrize("action, message", [
-    ({**payload(chunks=[]), "action_version": "2"}, "version '2' is not supported"),
+    ({**payload(chunks=[]), "action_version": "1"}, "version '1' is not supported"),
     ({**payload(chunks=[]), "action_version": 1}, "version 1 is not supported"),
     ({"action_type": HINT_TYPE, "action_version": VERSION, "payload": [1]}, "not an object"),
     (payload(chunks=[], extra=1), "unknown payload fields"),
@@ -58,13 +56,9 @@ def payload(**fields):
     (payload(chunks=[[-1, 3]]), "out of order"),
     (payload(chunks=[], pads=[[2, 0]]), "pad run is empty"),
     (payload(chunks=[], pads=[[2, 4], [4, 1]]), "out of order"),
-    (payload(chunks=[[0, 32]], pads=[], compile="yes"), "not true or false"),
-    (payload(chunks=[[0, 32]], compile=True), "one chunk laid out"),
-    (payload(chunks=[[0, 32], [32, 64]], pads=[], compile=True), "one chunk laid out"),
-    (payload(chunks=[[0, 32]], pads=[], compiles=["a", "b"]), "2 compiles named for 1"),
-    (payload(chunks=[[0, 32]], compiles=["a"]), "compiles named"),
-    (payload(chunks=[[0, 32]], pads=[], compiles=[7]), "request id or null"),
-    (payload(chunks=[[0, 32]], pads=[], compiles="a"), "not a list"),
+    # Version 1's compile shape is gone: no hint makes the scheduler store what it computes.
+    (payload(chunks=[[0, 32]], pads=[], compile=True), r"unknown payload fields \['compile'\]"),
+    (payload(chunks=[[0, 32]], pads=[], compiles=["a"]), r"unknown payload fields \['compiles'\]"),
 ])
 def test_malformed_hints_are_refused(action, message):
     with pytest.raises(HintError, match=message):
@@ -86,4 +80,4 @@ def test_a_hint_is_checked_when_made_too():
     with pytest.raises(HintError, match="out of order"):
         Hint(chunks=((5, 9), (0, 4)))
     with pytest.raises(HintError, match="version"):
-        Hint(chunks=(), version="2")
+        Hint(chunks=(), version="1")

@@ -32,7 +32,7 @@ ATTACK_IDS = [7] * 16 + list(range(100, 132)) + [0]
 MARK = re.compile(r"""['"]%s['"]:\s*['"]([0-9a-f]{16,})['"]""" % MARK_KEY)
 
 IDS = list(range(200, 264))
-LAYOUT = hint.Hint(chunks=((16, 48),), pads=((48, 16),), compile=True)
+LAYOUT = hint.Hint(chunks=((16, 48),), pads=((48, 16),))
 
 
 def made(ids=IDS, layout=LAYOUT) -> GenerateReqInput:
@@ -69,8 +69,8 @@ def test_the_untouched_request_passes():
     (IDS + [1], None), (IDS[:-1], None), (list(reversed(IDS)), None),   # any other ids
     (None, {"chunks": [[0, 48]]}),                                      # another layout
     (None, {"pads": [[48, 15]]}),
-    (None, {"compile": False}),
-    (None, {"compiles": ["mepic-compile-x"]}),
+    (None, {"pads": []}),
+    (None, {"chunks": [[16, 32]]}),
     (None, {MARK_KEY: "0" * 64}),                                       # a mark-shaped guess
 ])
 def test_a_seal_copied_onto_another_payload_or_other_ids_is_refused(ids, changes):
@@ -80,7 +80,7 @@ def test_a_seal_copied_onto_another_payload_or_other_ids_is_refused(ids, changes
 
 
 def test_a_seal_made_for_other_ids_does_not_pass_on_these():
-    """The server's own compile of a chunk after one prefix authorises no compile after another."""
+    """The server's own layout of a chunk after one prefix authorises no layout after another."""
     other = made([7] * 16 + IDS[16:])
     forged = replayed(other, ids=IDS)
     with pytest.raises(intake.IntakeError, match="made by the server"):
@@ -164,8 +164,8 @@ def server(tiny_model):
 
 def forged(mark: str) -> dict:
     return {"protocol_version": "1", "message_id": "x", "actions": [
-        {"action_id": "a", "action_type": "mepic.chunks", "action_version": "1",
-         "payload": {"chunks": [[16, 48]], "pads": [[48, 1]], "compile": True, MARK_KEY: mark}}]}
+        {"action_id": "a", "action_type": "mepic.chunks", "action_version": hint.VERSION,
+         "payload": {"chunks": [[16, 48]], "pads": [[48, 1]], MARK_KEY: mark}}]}
 
 
 def mepic(server) -> dict:

@@ -66,11 +66,10 @@ def signatures(tokens, positions, canonical: dict[int, int]) -> list[int]:
 
 def standalone(seg) -> list[int]:
     """Signatures of a chunk's slots as its compile computes them (the chunk alone)."""
-    ids, hints = compiled(seg)
-    pads = hints.actions[0].payload["pads"]
-    positions = _positions(len(ids), pads)
+    ids, lay = compiled(seg)
+    positions = _positions(len(ids), lay.pads)
     sigs = signatures(ids, positions, {})
-    start = hints.actions[0].payload["chunks"][0][0]
+    start = lay.chunk[0]
     return sigs[start:start + seg.size]
 
 

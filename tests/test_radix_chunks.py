@@ -8,8 +8,13 @@ import time
 import pytest
 import torch
 
+from array import array
+from types import SimpleNamespace
+
 from replay import (B, NUM_PAGES, allocate, apply_hooks, compile_all, compiled, evict_all, finish, kv_of, laid_out,
-                    make_tree, new_request, planned, release, replanned, request, serve)
+                    make_tree, new_request, planned, release, replanned, request, serve, serve_round)
+
+from sglang_mepic.compile_rows import is_compile_row
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -37,68 +42,131 @@ def test_compile_publishes_non_first_pages_and_a_request_reuses_them(tree):
     canonical = [p for key in link.keys for p in tree.store.peek(key)]
     assert row[:5] == canonical
     assert link.report == {"mepic_recomputed_tokens": 3 + 16 + 16 + 4, "mepic_chunk_hits": 2,
-                           "mepic_chunk_misses": 0, "mepic_cached_tokens": 24 + 34, "mepic_compiled_tokens": 0}
+                           "mepic_chunk_misses": 0, "mepic_cached_tokens": 24 + 34, "mepic_compiled_tokens": 0,
+                           "mepic_residency": ["device", "device"]}
     # the request's ids were reordered to match
     assert list(req.origin_input_ids[:B]) == list(C1[B:2 * B])
 
 
 def test_reuse_of_chunks_compiled_for_the_request_is_not_counted_as_cached(tree):
     lay = request(C1, C2)
-    serve(tree, *compiled(lay.chunks[0]), rid="c1-earlier")
-    serve(tree, *compiled(lay.chunks[0]), rid="c1")  # found on the device: costs one token
-    serve(tree, *compiled(lay.chunks[1]), rid="c2")  # C2's compile computed it for this request
-    req, _ = serve(tree, *laid_out(lay, compiles=["c1", "c2"]))
+    serve(tree, *compiled(lay.chunks[0]), rid="c1-earlier")  # C1 stored; C2 in no tier
+    batch, _ = serve_round(tree, new_request(*laid_out(lay)))
+    req = batch[-1]
+    assert len(batch) == 2 and is_compile_row(batch[0])  # C2's compile row, right before it
     assert req.mepic.compiled == (1,)
     report = req.mepic.report
     assert report["mepic_compiled_tokens"] == 34 and report["mepic_cached_tokens"] == 24
     assert report["mepic_recomputed_tokens"] == 3 + 16 + 16 + 4  # what was computed in context is unchanged
+    assert report["mepic_chunk_hits"] == 1 and report["mepic_chunk_misses"] == 1
+    assert report["mepic_residency"] == ["device", "absent"]
 
 
-def test_a_request_waits_for_a_compile_only_while_it_lacks_that_chunk(tree):
+def test_a_chunk_no_tier_holds_is_computed_in_its_readers_batch(tree):
+    """Issue 47: no internal request and no extra round. The first request that reads an absent
+    chunk is planned with the chunk's canonical pages in its prefix; a compile row computing the
+    chunk standalone goes in the same batch right before it, and the request's KV row points at
+    the pages that row writes. Requests planned in the same round share one compile row."""
     lay = request(C1, C2)
-    c1, c2 = (new_request(*compiled(seg), rid=rid) for seg, rid in zip(lay.chunks, ("c1", "c2")))
-    parent = new_request(*laid_out(lay, compiles=["c1", "c2"]), rid="p")
-    assert tree.hold_back([c1, c2, parent]) == [parent]  # both compiles queued, neither chunk stored
-    finish(tree, replanned(tree, c1))
-    assert tree.hold_back([c2, parent]) == [parent]  # C1 stored, C2's compile still queued
-    planned_c2 = replanned(tree, c2)
-    planned_c2.lock = tree.lock(planned_c2.last_node)
-    tree.admit(planned_c2)
-    assert tree.hold_back([parent]) == [parent]  # C2's compile running, not released yet
-    allocate(tree, planned_c2)
-    release(tree, planned_c2)
-    assert tree.hold_back([parent]) == [] and parent.mepic.held_at is None and parent.mepic.waited > 0
-    req, _ = finish(tree, replanned(tree, parent))
-    assert req.mepic.compiled == (0, 1) and req.mepic.report["mepic_chunk_hits"] == 2
-    assert req.mepic.report["mepic_compiled_tokens"] == 24 + 34  # both computed for it: no cache hit
+    other = request(C2, tuple(range(300, 340)))
+    first, second = new_request(*laid_out(lay), rid="a"), new_request(*laid_out(other), rid="b")
+    start = tree.pages.available()
+    batch, rows = serve_round(tree, first, second)
+    c1, c2, _, c3, _ = batch
+    assert [r.rid for r in batch][2::2] == ["a", "b"] and all(is_compile_row(r) for r in (c1, c2, c3))
+    assert tree.compile_rows.made == 3  # C2's row is shared by both readers
+    # Each reader's prefix is the canonical pages its compile rows computed, in plan order.
+    canonical = {r.mepic.keys[0]: row[1:-1] for r, row in zip(batch, rows) if is_compile_row(r)}
+    for req, row in ((first, rows[2]), (second, rows[4])):
+        want = [p for key, _, n in req.mepic.plan.runs for p in canonical[key]]
+        assert row[:len(want)] == want and 0 not in row
+        assert req.mepic.compiled == (0, 1)
+    # Those pages, and no others, are what the store now keeps for the chunks.
+    assert {key: list(tree.store.peek(key)) for key in canonical} == canonical
+    assert tree.compile_rows.pending == {} and tree.compile_rows.running == {}
 
-    # Every chunk stored: the request goes with its compiles (one token each), in the same round.
-    again = [new_request(*compiled(seg), rid=rid) for seg, rid in zip(lay.chunks, ("c3", "c4"))]
-    resident = new_request(*laid_out(lay, compiles=["c3", "c4"]), rid="q")
-    assert tree.hold_back([*again, resident]) == [] and resident.mepic.waited == 0
-    # A compile that never reached the scheduler (or was aborted) holds nothing back.
-    lone = new_request(*laid_out(request(C1, tuple(range(300, 340))), compiles=["c1", "gone"]), rid="s")
-    assert tree.hold_back([lone]) == []
+    # Now stored: a request reading them makes no compile row.
+    batch, _ = serve_round(tree, new_request(*laid_out(lay), rid="c"))
+    assert len(batch) == 1 and batch[0].mepic.compiled == () and tree.compile_rows.made == 3
+    # Everything went back or is evictable: nothing leaked.
+    evict_all(tree)
+    assert tree.pages.available() == start
 
 
-def test_compiles_wait_briefly_for_the_request_they_were_sent_for(tree):
-    # Received a moment before their request, compiles of stored chunks would take a prefill
-    # round of their own ahead of it; they wait for it and go in its round.
-    lay = request(C1, C2)
-    compile_all(tree, lay)  # replays send compiles alone: with no wait (tests/replay.py)
-    tree.compiles.grace = 60.0
-    c1, c2 = (new_request(*compiled(seg), rid=rid) for seg, rid in zip(lay.chunks, ("c1", "c2")))
-    other = new_request(*laid_out(request(C2)), rid="other")
-    assert tree.hold_back([c1, c2, other]) == [c1, c2]  # their request not yet received
-    parent = new_request(*laid_out(lay, compiles=["c1", "c2"]), rid="p")
-    assert tree.hold_back([c1, c2, other, parent]) == []  # it is: all go in one round
+def test_a_reader_waits_while_its_chunks_compile_row_runs_over_several_forwards(tree):
+    """A compile row split by chunked prefill cannot be read by a row of its first forward: its
+    readers sit out the rounds until its pages are stored (held back)."""
+    lay = request(C1)
+    tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, None, rid)
+    reader = replanned(tree, new_request(*laid_out(lay), rid="r"))
+    (row,) = reader.mepic.compiling.values()
+    tree.end_round()
+    tree.compile_rows.admitted(row, row_key := reader.mepic.keys[0], None)  # parts of it still to come
+    tree.compile_rows.end_round()
+    assert tree.hold_back([reader]) == [reader]
+    tree.compile_rows.released(row, row_key)
+    assert tree.hold_back([reader]) == []
 
-    # A request that never comes (aborted on the way) keeps its compiles back no longer than the grace.
-    tree.compiles.grace = 0.05
-    lone = new_request(*compiled(request(tuple(range(300, 340))).chunks[0]), rid="lone")
-    assert tree.hold_back([lone]) == [lone]
-    time.sleep(0.06)
-    assert tree.hold_back([lone]) == []
+
+def test_a_request_planned_while_its_chunks_compile_row_is_in_flight_reads_its_pages(tree):
+    """Under the overlap scheduler the next batch is planned before this one's results are processed:
+    a request then reads the pages a compile row in the launched batch writes (forwards run in order),
+    pinned like a stored chunk's, instead of computing the chunk again. Once that batch's forward
+    has raised, nobody may (batch_guard drops the row's pages)."""
+    lay = request(C1)
+    tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, None, rid)
+    first = replanned(tree, new_request(*laid_out(lay), rid="a"))
+    (row,) = first.mepic.compiling.values()
+    replanned(tree, row)
+    for req in (row, first):
+        req.lock = tree.lock(req.last_node)
+        tree.admit(req)
+    tree.end_round()
+    for req in (row, first):
+        allocate(tree, req)
+    tree.point_readers(SimpleNamespace(reqs=[row, first]))
+    tree.compile_rows.end_round()
+    pages = tree.compile_rows.in_flight(first.mepic.keys[0])
+    assert pages is not None and len(pages) == 2
+    later = replanned(tree, new_request(*laid_out(request(C1, question=(5, 5))), rid="b"))
+    assert tree.hold_back([later]) == [] and later.mepic.compiling == {}
+    assert later.mepic.found == ["device"] and set(pages) <= set(later.mepic.held)
+    tree.end_round()
+    tree.compile_rows.failed(row)
+    again = replanned(tree, new_request(*laid_out(request(C1, question=(6, 6))), rid="c"))
+    assert len(again.mepic.compiling) == 1  # computed anew
+    tree.end_round()
+    tree.compile_rows.end_round()
+
+
+def test_epic_and_cacheblend_readers_wait_for_their_chunks_to_be_stored():
+    """They copy stored KV before their forward: a compile row in the same batch would not have
+    written it yet. The compile row runs in this round, the reader in a later one."""
+    for mode in ("epic-16", "cacheblend-0.15"):
+        tree = make_tree(mode, canonical_from=0)
+        lay = request(C1, C2)
+        reader = new_request(*laid_out(lay), rid="r")
+        batch, _ = serve_round(tree, reader)
+        assert len(batch) == 2 and all(is_compile_row(r) for r in batch) and reader.mepic.wait
+        batch, _ = serve_round(tree, reader)
+        assert batch == [reader] and not reader.mepic.wait and reader.mepic.compiling == {}
+        assert reader.mepic.report["mepic_chunk_hits"] == 2
+
+
+def test_a_compile_row_is_greedy_and_generates_nothing():
+    from types import SimpleNamespace
+
+    from sglang_mepic.compile_rows import layout
+    from sglang_mepic.scheduling import compile_req
+
+    scheduler = SimpleNamespace(model_config=SimpleNamespace(hf_eos_token_id={2}, vocab_size=1000),
+                                dllm_config=None, tokenizer=None, init_req_max_new_tokens=lambda req: None)
+    parent = SimpleNamespace(extra_key="tenant", cache_salt="salt", lora_id=None)
+    ids = layout(list(C1) + [-1] * 8, [(40, 8)], B, None).ids
+    req = compile_req(scheduler, "row", array("q", ids), parent)
+    # SGLang samples a batch by argmax only when every request in it has top_k <= 1.
+    assert req.sampling_params.top_k <= 1 and req.sampling_params.max_new_tokens == 0
+    assert (req.extra_key, req.cache_salt) == ("tenant", "salt")  # the reader's cache namespace
 
 
 def test_compiled_after_a_sink_the_chunk_keeps_its_identity(tree):
@@ -327,17 +395,6 @@ def test_eviction_inside_a_free_group_stops_when_enough_is_freed(tree):
     assert tree.pages.available() == start and tree.evictable_size() == evictable - evicted
     allocator.free_group_end()
     assert tree.pages.available() == start + evicted // B
-
-
-def test_compiles_keep_a_greedy_batch_greedy():
-    from sglang.srt.managers.io_struct import GenerateReqInput
-    from sglang.srt.sampling.sampling_params import SamplingParams
-
-    from sglang_mepic.chunk_compiles import compile_request
-
-    req = compile_request(request(C1, C2).chunks[0], GenerateReqInput(input_ids=[1]), B, None)
-    # SGLang samples a batch by argmax only when every request in it has top_k <= 1.
-    assert SamplingParams(**req.sampling_params).top_k <= 1
 
 
 @pytest.mark.parametrize("blocks", [2, 3, 5])
