@@ -68,7 +68,10 @@ class Admission:
         if c.mode.kind is config.Kind.EPIC and link.injected is not None and not link.compile:
             self._copy_private(link, reserve)
         if not link.compile:
-            link.compiled = tuple(i for i, key in enumerate(link.keys) if key in link.compiling)
+            # Computed for it: by compile rows in its batch, or in an earlier one it waited for.
+            link.compiled = tuple(i for i, key in enumerate(link.keys) if key in link.made_for)
+            if link.found is not None:
+                link.found = ["absent" if key in link.made_for else where for key, where in zip(link.keys, link.found)]
             for where in link.found or ():
                 c.tiers.lookups[where] += 1
             if link.keys:
@@ -78,8 +81,10 @@ class Admission:
             for key in link.keys:  # counts hits and misses, refreshes LRU order
                 c.store.lookup(key)
         plan = link.planned.plan
-        hits = plan.hits if plan is not None else sum(1 for k in link.keys if c.store.peek(k) is not None)
-        hits -= len(link.compiled)
+        if link.found is not None and not link.compile:  # found in a tier, not computed for it
+            hits = sum(1 for where in link.found if where != "absent")
+        else:
+            hits = plan.hits if plan is not None else sum(1 for k in link.keys if c.store.peek(k) is not None)
         figures.count_admitted(link, req.prefix_len, c.figures.counters, c.mode, c.canonical_from or 0,
                                c.page_size, hits)
 

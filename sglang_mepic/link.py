@@ -102,6 +102,7 @@ class Link:
     # set when planned, the chunk's planned pages are placeholders until the batch is allocated.
     compiling: dict = field(default_factory=dict)
     wait: bool = False                  # planned, but must not be admitted this round (compile_rows.py)
+    made_for: set = field(default_factory=set)  # chunk keys a compile row was made for it for, in any plan
     compiled: tuple[int, ...] = ()      # chunk segments computed in its own batch (known at admission)
     own_reuse: int = 0                  # real tokens it reuses from those (figures.compiled_reuse), at admission
     report: dict = field(default_factory=dict)  # per-request figures for its response (figures.py)

@@ -170,6 +170,7 @@ class MepicRadixCache(RadixCache):
             if row is None:
                 continue
             link.compiling[key] = row
+            link.made_for.add(key)
             if self.mode.shares:
                 pages = (end - start) // self.page_size - self.canonical_from
                 found.resident[key] = (compile_rows.PLACEHOLDER_PAGE,) * pages

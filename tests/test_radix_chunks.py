@@ -150,7 +150,10 @@ def test_epic_and_cacheblend_readers_wait_for_their_chunks_to_be_stored():
         assert len(batch) == 2 and all(is_compile_row(r) for r in batch) and reader.mepic.wait
         batch, _ = serve_round(tree, reader)
         assert batch == [reader] and not reader.mepic.wait and reader.mepic.compiling == {}
-        assert reader.mepic.report["mepic_chunk_hits"] == 2
+        # Computed for it, in the round before: not a cache hit.
+        report = reader.mepic.report
+        assert report["mepic_chunk_hits"] == 0 and report["mepic_residency"] == ["absent", "absent"]
+        assert report["mepic_compiled_tokens"] > 0 or mode.startswith("cacheblend")  # CacheBlend: substituted
 
 
 def test_a_compile_row_is_greedy_and_generates_nothing():
