@@ -19,13 +19,14 @@ chunks are prefixes, suffixes, repeats and concatenations of one another.
 
 import hashlib
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay import B, allocate, apply_hooks, compiled, laid_out, make_tree, planned, release
+from replay import B, allocate, apply_hooks, compiled, laid_out, make_tree, new_request, planned, release, replanned
 from sglang_mepic.segments import NO_POSITION, Kind, Piece, Placement, layout
 
 EXAMPLES = int(os.environ.get("PROVENANCE_EXAMPLES", 150))
@@ -100,6 +101,47 @@ def serve_checked(tree, ids, hints, segments, log):
     req.lock = tree.lock(req.last_node)
     tree.admit(req)
     allocate(tree, req)
+    check_and_stamp(tree, req, segments, log)
+    release(tree, req)
+
+
+def serve_batch_checked(tree, ids, hints, segments, log):
+    """A request as the scheduler serves it: in one batch with the compile rows of its chunks that
+    no tier holds (compile_rows.py), each row checked and stamped in batch order, as a forward
+    writes every row's KV before any row reads it; in EPIC, the compile rows in a round of their
+    own and the request in the next."""
+    tree.compile_rows.make_req = lambda rid, row_ids, parent: new_request(list(row_ids), None, parent.extra_key, rid)
+    req = new_request(ids, hints)
+    while True:
+        replanned(tree, req)
+        rows = []
+        for key, row in req.mepic.compiling.items():
+            if not any(r is row for r, _ in rows):
+                rows.append((row, segments[req.mepic.keys.index(key)]))
+        batch = [r for r, _ in rows] + ([] if req.mepic.wait else [req])
+        for r, _ in rows:
+            replanned(tree, r)
+        for r in batch:
+            r.lock = tree.lock(r.last_node)
+            tree.admit(r)
+        tree.end_round()
+        for r in batch:
+            allocate(tree, r)
+        tree.point_readers(SimpleNamespace(reqs=batch))
+        tree.compile_rows.end_round()
+        for r, seg in rows:
+            check_and_stamp(tree, r, [seg], log)
+        if not req.mepic.wait:
+            check_and_stamp(tree, req, segments, log)
+        for r in batch:
+            release(tree, r)
+        if req in batch:
+            return
+
+
+def check_and_stamp(tree, req, segments, log):
+    """An allocated request: every slot of its prefix must carry what it would compute there; then
+    what it computes is stamped."""
     link = req.mepic
     want = expected(req, segments) if link is not None else None
     size = len(req.origin_input_ids)
@@ -120,7 +162,6 @@ def serve_checked(tree, ids, hints, segments, log):
                 f"from KV computed for something else\nrequests so far: {log}")
         else:
             k[row[i], :4] = stamp(want[natural])
-    release(tree, req)
 
 
 def pieces_of(data, pages, chunks):
@@ -169,10 +210,10 @@ def test_no_request_reads_kv_computed_for_something_else(data, mode, host_tier):
             pieces = pieces_of(data, pages, chunks)
         lay = layout(pieces, B, Placement.TRAILING)
         log.append([(p.kind.value, len(p.tokens)) for p in pieces])
-        if data.draw(st.integers(0, 3), label="compile first (unless 0)"):
-            for seg in lay.chunks:  # as the tokenizer side does before sending the request
+        if data.draw(st.integers(0, 3), label="compile first (if 0)") == 0:
+            for seg in lay.chunks:  # stored before (an earlier batch's compile rows)
                 serve_checked(tree, *compiled(seg), [seg], log)
-        serve_checked(tree, *laid_out(lay), lay.chunks, log)
+        serve_batch_checked(tree, *laid_out(lay), lay.chunks, log)
         if data.draw(st.integers(0, 3), label="evict (if 0)") == 0:
             from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
