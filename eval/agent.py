@@ -2,6 +2,7 @@
 
     .venv/bin/python -m eval.agent                                  # SmolLM2, 2 conversations x 6 turns
     .venv/bin/python -m eval.agent --model models/tiny --conversations 4 --turns 10
+    .venv/bin/python -m eval.agent --conversations 4 --turns 8 --repeats 3   # 3 seeds: medians and ranges
 
 Nobody marks a chunk: the MEPIC server runs with `--mepic-auto-chunk messages`
 and plain OpenAI chat requests, so every long message but the last user turn is
@@ -24,8 +25,10 @@ prompt tokens computed per turn (not served from the cache: `prompt_tokens -
 cached_tokens` of the OpenAI usage; for MEPIC that counts its own chunk
 compiles too), peak KV pages in use (the `/metrics` gauge, and MEPIC's exact
 peak from `/server_info`), TTFT p50/p99 (streamed), and agreement with `full`
-over the greedy output tokens (prefix agreement, top-1). Writes table.md and
-results.json under --out.
+over the greedy output tokens (prefix agreement, top-1). With `--repeats N` the
+workload is drawn and run with N seeds, every system once per seed (servers
+restarted per seed, systems interleaved), and the table gives each figure's
+median and range. Writes table.md and results.json under --out.
 """
 
 import argparse
@@ -162,13 +165,39 @@ def summarize(runs: dict, turns: int, new_tokens: int) -> list[dict]:
     return rows
 
 
+FIGURES = ("prompt_tokens", "computed_tokens", "peak_kv_pages", "ttft_p50", "ttft_p99", "agreement", "top1",
+           "seconds")
+
+
+def medians(per_seed: list[list[dict]]) -> list[dict]:
+    """One row per system: the median of each figure over the seeds, its range (`<figure>_range`),
+    and the per-turn medians."""
+    rows = []
+    for i, first in enumerate(per_seed[0]):
+        runs = [rows_[i] for rows_ in per_seed]
+        row = {"system": first["system"], "requests": sum(r["requests"] for r in runs), "seeds": len(runs)}
+        for key in FIGURES:
+            values = [r[key] for r in runs]
+            row[key], row[key + "_range"] = statistics.median(values), (min(values), max(values))
+        row["computed_per_turn"] = [statistics.median(v) for v in zip(*(r["computed_per_turn"] for r in runs))]
+        rows.append(row)
+    return rows
+
+
+def _cell(row: dict, key: str, fmt: str) -> str:
+    low, high = row.get(key + "_range", (row[key], row[key]))
+    value = format(row[key], fmt)
+    return value if low == high else f"{value} ({format(low, fmt)}-{format(high, fmt)})"
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| system | prompt tok/turn | computed tok/turn | peak KV pages | TTFT p50 s | TTFT p99 s | "
              "agreement vs full | top-1 vs full |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['system']} | {r['prompt_tokens']:.0f} | {r['computed_tokens']:.0f} | "
-                     f"{r['peak_kv_pages']:.0f} | {r['ttft_p50']:.2f} | {r['ttft_p99']:.2f} | {r['agreement']:.3f} | "
-                     f"{r['top1']:.3f} |")
+        cells = [_cell(r, k, f) for k, f in (("prompt_tokens", ".0f"), ("computed_tokens", ".0f"),
+                                             ("peak_kv_pages", ".0f"), ("ttft_p50", ".2f"), ("ttft_p99", ".2f"),
+                                             ("agreement", ".3f"), ("top1", ".3f"))]
+        lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
     lines += ["", "Computed prompt tokens per turn (mean over conversations):", "",
               "| system | " + " | ".join(f"turn {t + 1}" for t in range(len(rows[0]["computed_per_turn"]))) + " |",
               "|---|" + "---|" * len(rows[0]["computed_per_turn"])]
@@ -185,20 +214,28 @@ def main(argv=None) -> None:
     ap.add_argument("--files", type=int, default=6, help="SQuAD paragraphs in the shared file pool")
     ap.add_argument("--results", type=int, default=6, help="HotpotQA paragraphs in the shared tool-output pool")
     ap.add_argument("--new-tokens", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the first seed (workload draw)")
+    ap.add_argument("--repeats", type=int, default=1, help="seeds to run (from --seed): medians and ranges")
     ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "agent"))
     args = ap.parse_args(argv)
 
-    convs = conversations(args.conversations, args.turns, args.window, args.files, args.results, args.seed)
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: at least 1")
+    seeds = list(range(args.seed, args.seed + args.repeats))
     load_before = open("/proc/loadavg").read().split()[:3]
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
-    runs = {}
-    with tqdm(total=len(SYSTEMS) * args.conversations * args.turns, desc="agent turns") as bar:
-        for name in SYSTEMS:
-            bar.set_postfix_str(name)
-            runs[name] = run_system(name, args.model, convs, args.new_tokens, bar)
+    per_seed, outputs = [], {}
+    with tqdm(total=len(seeds) * len(SYSTEMS) * args.conversations * args.turns, desc="agent turns") as bar:
+        for seed in seeds:
+            convs = conversations(args.conversations, args.turns, args.window, args.files, args.results, seed)
+            runs = {}
+            for name in SYSTEMS:
+                bar.set_postfix_str(f"{name} seed {seed}")
+                runs[name] = run_system(name, args.model, convs, args.new_tokens, bar)
+            per_seed.append(summarize(runs, args.turns, args.new_tokens))
+            outputs[seed] = {name: run["outputs"] for name, run in runs.items()}
     wall = time.perf_counter() - t0
-    rows = summarize(runs, args.turns, args.new_tokens)
+    rows = medians(per_seed)
     load_after = open("/proc/loadavg").read().split()[:3]
     command = "python -m eval.agent " + " ".join(argv if argv is not None else os.sys.argv[1:])
     out = Path(args.out)
@@ -207,15 +244,17 @@ def main(argv=None) -> None:
              f"{args.files} files + {args.results} tool outputs, {args.new_tokens} new tokens, float32, greedy")
     header = [f"# Agent-shaped workload ({Path(args.model).name})", "",
               f"- command: `{command.strip()}`", f"- model: {args.model}", f"- scale: {scale}",
-              f"- date: {started.isoformat(timespec='seconds')}", f"- wall time: {wall:.0f} s (three servers started)",
+              f"- date: {started.isoformat(timespec='seconds')}", f"- wall time: {wall:.0f} s ({len(SYSTEMS) * len(seeds)} servers started)",
+              f"- seeds: {', '.join(map(str, seeds))}" + (": each figure is the median over them, its range in "
+                                                         "parentheses" if len(seeds) > 1 else ""),
               f"- machine load (1/5/15 min) before: {' '.join(load_before)}, after: {' '.join(load_after)}",
               f"- systems: " + "; ".join(f"{k}: `{' '.join(v)}`" for k, v in SYSTEMS.items()), ""]
     (out / "table.md").write_text("\n".join(header) + table(rows) + "\n")
     (out / "results.json").write_text(json.dumps({
         "command": command.strip(), "model": args.model, "scale": scale, "args": vars(args),
         "date": started.isoformat(), "wall_s": wall, "loadavg_before": load_before, "loadavg_after": load_after,
-        "systems": SYSTEMS, "rows": rows,
-        "outputs": {name: run["outputs"] for name, run in runs.items()}}, indent=1))
+        "systems": SYSTEMS, "seeds": seeds, "rows": rows, "per_seed": dict(zip(seeds, per_seed)),
+        "outputs": outputs}, indent=1))
     print("\n".join(header) + table(rows))
 
 
