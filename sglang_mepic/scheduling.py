@@ -32,7 +32,6 @@ each laid-out slot scores the next real token, not the next slot (logprobs.py).
 import functools
 
 from sglang_mepic import config, context
-from sglang_mepic.compile_rows import is_compile_row
 from sglang_mepic.logprobs import score_real_tokens
 from sglang_mepic.radix_cache import MepicRadixCache
 
@@ -119,7 +118,7 @@ def add_request(original, adder, req, *args, **kwargs):
 def _count_real_tokens(stats, new_reqs, tree) -> None:
     for req in new_reqs:
         link = getattr(req, "mepic", None)
-        if link is None or is_compile_row(req):
+        if link is None:
             continue
         prefix, end = min(req.prefix_len, link.size), min(req.prefix_len + req.extend_len, link.size)
         not_hit = (prefix - link.real_slots(0, prefix)) + link.own_reuse  # counted at admission

@@ -5,8 +5,7 @@ import re
 
 def prefill_logged(log: str, new: int, cached: int) -> bool:
     """Whether SGLang's prefill log shows a request computing `new` tokens over `cached` ones:
-    on a batch line of its own, or batched with compiles of its resident chunks, which
-    compute nothing and add only cached tokens (their chunk, but for a last pad slot)."""
+    on a batch line of its own, or batched with others that add cached tokens."""
     if f"#new-seq: 1, #new-token: {new}, #cached-token: {cached}," in log:
         return True
     return any(int(seqs) > 1 and int(hit) > cached

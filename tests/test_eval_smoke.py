@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ["system", "QPS", "chunks", "reuse", "runs", "peak KV pages", "p95 KV pages", "mean KV pages",
            "peak occupied pages", "capped", "peak KV MiB", "TTFT p50 s", "TTFT p99 s", "TTFT p50 chunks stored s",
            "TTFT p50 compiling s", "compiling", "tokenize p50 s",
-           "queue p50 s", "forward p50 s", "compile wait p50 s", "held for compiles", "e2e p50 s", "e2e p99 s",
+           "queue p50 s", "forward p50 s", "e2e p50 s", "e2e p99 s",
            "req/s", "recomputed tok/req", "compiled tok/req", "prompt tok/req", "compiles", "chunk evictions", "host loads",
            "copy fallbacks", "F1", "EM", "gold contained", "agreement vs full", "top-1 vs full"]
 
