@@ -68,7 +68,9 @@ class Admission:
         if c.mode.kind is config.Kind.EPIC and link.injected is not None and not link.compile:
             self._copy_private(link, reserve)
         if not link.compile:
-            # Computed for it: by compile rows in its batch, or in an earlier one it waited for.
+            # Computed for it: by compile rows in its batch (add_request put them there), or in an
+            # earlier batch it waited for.
+            link.made_for.update(link.compiling)
             link.compiled = tuple(i for i, key in enumerate(link.keys) if key in link.made_for)
             if link.found is not None:
                 link.found = ["absent" if key in link.made_for else where for key, where in zip(link.keys, link.found)]

@@ -37,6 +37,7 @@ released, its canonical pages stored (`MepicRadixCache._publish`).
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from array import array
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ class CompileLayout:
     ids: tuple[int, ...]
     chunk: tuple[int, int]                 # [start, end) of the chunk's slots
     pads: tuple[tuple[int, int], ...]      # (first slot, count) of each pad run
+    key: str = ""                          # the chunk's key (as the reader's plan names it)
 
 
 def layout(chunk_ids, chunk_pads, page_size: int, sink: int | None) -> CompileLayout:
@@ -113,7 +115,7 @@ class CompileRows:
         self.pending: dict[str, object] = {}   # chunk key -> row made this round, not admitted
         # chunk key -> (row admitted, not released; its canonical pages once its whole chunk has them)
         self.running: dict[str, tuple[object, tuple[int, ...] | None]] = {}
-        self.made = 0                          # rows made (cumulative)
+        self.made = 0                          # rows SGLang admitted (cumulative): chunks computed
 
     def for_chunk(self, parent, shape, index: int):
         """The compile row of chunk segment `index` of `parent`, made once per round and chunk;
@@ -121,11 +123,10 @@ class CompileRows:
         key = shape.keys[index]
         row = self.pending.get(key)
         if row is None and self.make_req is not None:
-            lay = chunk_layout(shape, index, self.page_size, self.sink)
+            lay = dataclasses.replace(chunk_layout(shape, index, self.page_size, self.sink), key=key)
             row = self.make_req(f"mepic-compile-{uuid.uuid4().hex}", array("q", lay.ids), parent)
             setattr(row, MARK, lay)
             self.pending[key] = row
-            self.made += 1
         return row
 
     def admitted(self, row, key: str, pages: tuple[int, ...] | None) -> None:
@@ -133,6 +134,8 @@ class CompileRows:
         once its whole chunk has them (None while chunked prefill has parts of it to come)."""
         if self.pending.get(key) is row:
             del self.pending[key]
+        if key not in self.running or self.running[key][0] is not row:
+            self.made += 1  # counted once, when SGLang first allocates it
         self.running[key] = (row, pages)
 
     def in_flight(self, key: str) -> tuple[int, ...] | None:

@@ -170,7 +170,6 @@ class MepicRadixCache(RadixCache):
             if row is None:
                 continue
             link.compiling[key] = row
-            link.made_for.add(key)
             if self.mode.shares:
                 pages = (end - start) // self.page_size - self.canonical_from
                 found.resident[key] = (compile_rows.PLACEHOLDER_PAGE,) * pages
@@ -210,6 +209,9 @@ class MepicRadixCache(RadixCache):
                 pages = part[::b].div(b, rounding_mode="floor").tolist()
                 self.refs.acquire(pages)
                 link.held += pages
+            # Pointed once, at its first forward: a chunked prefill's later parts read the row as it is
+            # (SGLang frees the compile row's request row when it finishes).
+            link.compiling = {}
 
     def match_prefix(self, params):
         req = params.req

@@ -32,6 +32,7 @@ each laid-out slot scores the next real token, not the next slot (logprobs.py).
 import functools
 
 from sglang_mepic import config, context
+from sglang_mepic.compile_rows import MARK as MARK_ROW
 from sglang_mepic.logprobs import score_real_tokens
 from sglang_mepic.radix_cache import MepicRadixCache
 
@@ -48,7 +49,10 @@ def compile_req(scheduler, rid, ids, parent):
     req = Req(rid, "", ids, params, eos_token_ids=scheduler.model_config.hf_eos_token_id,
               vocab_size=scheduler.model_config.vocab_size, extra_key=parent.extra_key,
               cache_salt=parent.cache_salt, lora_id=parent.lora_id, dllm_config=scheduler.dllm_config)
-    req.tokenizer = scheduler.tokenizer
+    # Req appends lora_id to the extra_key it is given; the parent's already holds it. The row's
+    # namespace is the parent's exactly, or its chunk key would be another tenant's.
+    req.extra_key = parent.extra_key
+    req.tokenizer = getattr(scheduler, "tokenizer", None)
     req.logprob_start_len = len(ids)  # as SGLang sets it for a prefill-only request
     scheduler.init_req_max_new_tokens(req)
     return req
@@ -98,18 +102,27 @@ def add_request(original, adder, req, *args, **kwargs):
     if tree is None or link is None or not link.compiling:
         return original(adder, req, *args, **kwargs)
     rows = tree.compile_rows
-    batched = {id(r) for r in adder.can_run_list}
-    todo = [row for row in dict.fromkeys(link.compiling.values()) if id(row) not in batched]
-    if rows.rows_left is not None and rows.rows_left(adder) < len(todo) + (0 if link.wait else 1):
-        return AddReqResult.OTHER  # no request row for all of them: the batch is full
-    for row in todo:
+    batched, todo = {id(r) for r in adder.can_run_list}, []
+    for row in link.compiling.values():
+        if id(row) not in batched:
+            batched.add(id(row))
+            todo.append(row)
+    # Each row takes a row of the request pool. Where they and the request do not all fit, the rows
+    # that fit go now (their chunks are stored for its next round: it needs fewer), the request waits.
+    room = rows.rows_left(adder) if rows.rows_left is not None else len(todo) + 1
+    fits = room >= len(todo) + (0 if link.wait else 1)
+    for row in todo[:max(0, room)]:
         row.init_next_round_input(tree)
         result = original(adder, row, *args, **kwargs)
         whole = bool(adder.can_run_list) and adder.can_run_list[-1] is row and adder.new_chunked_req is not row
+        if bool(adder.can_run_list) and adder.can_run_list[-1] is row:
+            link.made_for.add(getattr(row, MARK_ROW).key)
         if not whole:
             return result if result is not AddReqResult.CONTINUE else AddReqResult.OTHER
         if result is not AddReqResult.CONTINUE:
             return result
+    if not fits:
+        return AddReqResult.OTHER  # no request row left for it: the batch is full
     if link.wait:
         return AddReqResult.CONTINUE  # skipped this round: it reads its chunks once they are stored
     return original(adder, req, *args, **kwargs)

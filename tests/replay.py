@@ -222,9 +222,10 @@ def serve_round(tree, *reqs):
     batch = []
     for req in reqs:
         replanned(tree, req)
-        for row in req.mepic.compiling.values():
+        for key, row in req.mepic.compiling.items():
             if not any(r is row for r in batch):
                 batch.append(replanned(tree, row))
+            req.mepic.made_for.add(key)  # as scheduling.add_request marks the rows it adds for a request
         if not req.mepic.wait:
             batch.append(req)
     for req in batch:

@@ -118,6 +118,7 @@ def serve_batch_checked(tree, ids, hints, segments, log):
         for key, row in req.mepic.compiling.items():
             if not any(r is row for r, _ in rows):
                 rows.append((row, segments[req.mepic.keys.index(key)]))
+            req.mepic.made_for.add(key)
         batch = [r for r, _ in rows] + ([] if req.mepic.wait else [req])
         for r, _ in rows:
             replanned(tree, r)

@@ -139,6 +139,58 @@ def test_a_request_planned_while_its_chunks_compile_row_is_in_flight_reads_its_p
     tree.compile_rows.end_round()
 
 
+def test_a_reader_split_by_chunked_prefill_is_pointed_once(tree):
+    """The reader's own extend may not fit one forward: its later parts run after its compile row
+    finished and SGLang freed that row's request row. They read the reader's row as pointed at
+    its first part (found by the review of issue 47: the scheduler died at the second part)."""
+    tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, None, rid)
+    reader = replanned(tree, new_request(*laid_out(request(C1, question=tuple(range(300, 340)))), rid="r"))
+    (row,) = reader.mepic.compiling.values()
+    replanned(tree, row)
+    for req in (row, reader):
+        req.lock = tree.lock(req.last_node)
+        tree.admit(req)
+    tree.end_round()
+    for req in (row, reader):
+        allocate(tree, req)
+    tree.point_readers(SimpleNamespace(reqs=[row, reader]))
+    tree.compile_rows.end_round()
+    pointed = tree.req_to_token_pool.req_to_token[reader.kv.req_pool_idx].clone()
+    held = list(reader.mepic.held)
+    release(tree, row)
+    row.kv.req_pool_idx = None  # as SGLang's ReqToTokenPool.free leaves a finished request
+    tree.point_readers(SimpleNamespace(reqs=[reader]))  # the reader's next part
+    assert torch.equal(tree.req_to_token_pool.req_to_token[reader.kv.req_pool_idx], pointed)
+    assert reader.mepic.held == held  # no second reference
+    release(tree, reader)
+
+
+def test_a_request_that_needs_more_compile_rows_than_there_are_request_rows_makes_progress():
+    """Each compile row takes a row of the request pool. A request whose rows do not all fit with it
+    has the ones that fit added now, and waits for a round with room (found by the review of issue
+    47: it returned without adding any, every round, and the queue behind it stalled)."""
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    from sglang_mepic import scheduling
+
+    tree = make_tree()
+    tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, None, rid)
+    reader = replanned(tree, new_request(*laid_out(request(C1, C2, tuple(range(300, 340)))), rid="r"))
+    assert len(reader.mepic.compiling) == 3
+    adder = SimpleNamespace(tree_cache=tree, can_run_list=[], new_chunked_req=None)
+    tree.compile_rows.rows_left = lambda a: 2 - len(a.can_run_list)
+
+    def add(adder, req, *args, **kwargs):  # SGLang's add_one_req, with room for anything
+        adder.can_run_list.append(req)
+        return AddReqResult.CONTINUE
+
+    for row in reader.mepic.compiling.values():
+        row.init_next_round_input = lambda tree_cache, row=row: None
+    assert scheduling.add_request(add, adder, reader) is AddReqResult.OTHER
+    assert len(adder.can_run_list) == 2 and all(is_compile_row(r) for r in adder.can_run_list)
+    assert reader not in adder.can_run_list
+
+
 def test_epic_and_cacheblend_readers_wait_for_their_chunks_to_be_stored():
     """They copy stored KV before their forward: a compile row in the same batch would not have
     written it yet. The compile row runs in this round, the reader in a later one."""
@@ -157,8 +209,6 @@ def test_epic_and_cacheblend_readers_wait_for_their_chunks_to_be_stored():
 
 
 def test_a_compile_row_is_greedy_and_generates_nothing():
-    from types import SimpleNamespace
-
     from sglang_mepic.compile_rows import layout
     from sglang_mepic.scheduling import compile_req
 
@@ -170,6 +220,11 @@ def test_a_compile_row_is_greedy_and_generates_nothing():
     # SGLang samples a batch by argmax only when every request in it has top_k <= 1.
     assert req.sampling_params.top_k <= 1 and req.sampling_params.max_new_tokens == 0
     assert (req.extra_key, req.cache_salt) == ("tenant", "salt")  # the reader's cache namespace
+    # With LoRA, SGLang's Req appends the adapter to the extra_key it is given, and the parent's has
+    # it already: the row's namespace must still be the parent's, not another tenant's (review of issue 47).
+    lora_parent = SimpleNamespace(extra_key="tenantAL1", cache_salt=None, lora_id="L1")
+    row = compile_req(scheduler, "row", array("q", ids), lora_parent)
+    assert (row.extra_key, row.cache_salt, row.lora_id) == ("tenantAL1", None, "L1")
 
 
 def test_compiled_after_a_sink_the_chunk_keeps_its_identity(tree):
