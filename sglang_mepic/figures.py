@@ -82,7 +82,7 @@ class Figures:
         c, store = self.cache, self.cache.store
         counts = (c.pages.available(), c.ledger.freeable(), len(store), store.canonical_pages(),
                   c.refs.shared(), store.stats.hits, store.stats.misses, store.stats.evictions,
-                  self.counters.compiled_chunks, self.counters.requests_received)
+                  self.counters.compiled_chunks, self.counters.requests_received, c.compile_rows.made)
         if counts != self._sampled:
             self._sampled = counts
             metrics.publish(self.stats())
