@@ -83,10 +83,7 @@ class Admission:
             for key in link.keys:  # counts hits and misses, refreshes LRU order
                 c.store.lookup(key)
         plan = link.planned.plan
-        if link.found is not None and not link.compile:  # found in a tier, not computed for it
-            hits = sum(1 for where in link.found if where != "absent")
-        else:
-            hits = plan.hits if plan is not None else sum(1 for k in link.keys if c.store.peek(k) is not None)
+        hits = plan.hits if plan is not None else sum(1 for k in link.keys if c.store.peek(k) is not None)
         figures.count_admitted(link, req.prefix_len, c.figures.counters, c.mode, c.canonical_from or 0,
                                c.page_size, hits)
 

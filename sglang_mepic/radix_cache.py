@@ -102,6 +102,10 @@ class MepicRadixCache(RadixCache):
                     return None
                 chunks, pads, compile = h.chunks, h.pads, False
             natural = array("q", req.origin_input_ids)
+            if any(end > len(natural) for _, end in chunks) or any(s + n > len(natural) for s, n in pads):
+                # SGLang replaced the ids of a request it refused (an invalid grammar, say) by one token:
+                # it is not laid out as its hint says, and is only streamed its error.
+                return None
             # Everything that keeps SGLang's tree entries apart keeps chunks apart too.
             # repr keeps None apart from "None" and a field's text from the separators: a client's
             # extra_key or cache_salt must never spell another tenant's namespace. SGLang treats an
