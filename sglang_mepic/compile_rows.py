@@ -107,8 +107,8 @@ class CompileRows:
     namespace (extra_key, cache_salt, LoRA), greedy, generating nothing.
     """
 
-    def __init__(self, page_size: int, canonical_from: int | None):
-        self.page_size, self.canonical_from = page_size, canonical_from
+    def __init__(self, page_size: int):
+        self.page_size = page_size
         self.make_req: Callable | None = None  # set by the scheduler's prefill round (scheduling.py)
         self.rows_left: Callable | None = None  # adder -> request rows it may still fill (scheduling.py)
         self.sink: int | None = None

@@ -18,7 +18,7 @@ class PoolPages:
 
     def alloc(self, n: int) -> list[int] | None:
         slots = self.allocator.alloc(n * self.page_size)
-        return None if slots is None else (slots[:: self.page_size] // self.page_size).tolist()
+        return None if slots is None else self.pages_of(slots)
 
     def free(self, pages: list[int]) -> None:
         """Return pages whose last holder has let go (`PageRefs` has counted them already)."""
@@ -26,6 +26,10 @@ class PoolPages:
 
     def available(self) -> int:
         return self.allocator.available_size() // self.page_size
+
+    def pages_of(self, slots: torch.Tensor) -> list[int]:
+        """The pages of page-aligned token slots (whole pages, in order), one per page."""
+        return (slots[:: self.page_size] // self.page_size).tolist()
 
     def slots(self, pages) -> torch.Tensor:
         """The token slots of `pages`, in order."""

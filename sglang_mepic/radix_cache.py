@@ -81,7 +81,7 @@ class MepicRadixCache(RadixCache):
         self.tiers = tiers or Tiers(self.kv_pool, self.page_size, config.host_tier_gb(),
                                     storage.from_settings(model_fingerprint))
         self._owners = itertools.count(1)
-        self.compile_rows = compile_rows.CompileRows(self.page_size, self.canonical_from)
+        self.compile_rows = compile_rows.CompileRows(self.page_size)
         self.residency = Residency(self.store, self.refs, self.pages, self.tiers, self.evict, self.page_size,
                                    self.canonical_from,
                                    self.compile_rows.in_flight if self.mode.shares else None)
@@ -189,9 +189,8 @@ class MepicRadixCache(RadixCache):
             link = getattr(req, "mepic", None)
             if link is not None and link.compile and req.kv.req_pool_idx is not None:
                 whole = req.kv.kv_allocated_len >= link.chunk_slots[0][1]
-                pages = compile_rows.canonical_slots(req, table, b, self.canonical_from)[::b].div(
-                    b, rounding_mode="floor").tolist() if whole else None
-                self.compile_rows.admitted(req, link.keys[0], None if pages is None else tuple(pages))
+                pages = tuple(self.pages.pages_of(compile_rows.canonical_slots(req, table, b, self.canonical_from)))
+                self.compile_rows.admitted(req, link.keys[0], pages if whole else None)
         for req in batch.reqs:
             link = getattr(req, "mepic", None)
             if link is None or not link.compiling or req.kv.req_pool_idx is None or link.planned.plan is None:
@@ -210,7 +209,7 @@ class MepicRadixCache(RadixCache):
                 row[lo:hi] = part
                 link.injected[lo - link.tree_len:hi - link.tree_len] = part.to(link.injected.device,
                                                                                link.injected.dtype)
-                pages = part[::b].div(b, rounding_mode="floor").tolist()
+                pages = self.pages.pages_of(part)
                 self.refs.acquire(pages)
                 link.held += pages
             # Pointed once, at its first forward: a chunked prefill's later parts read the row as it is
@@ -286,8 +285,7 @@ class MepicRadixCache(RadixCache):
             start = max(existing, link.tree_len + link.tree_took)
             end = min(len(key), link.tree_len + len(link.injected))
             if end > start:
-                self.refs.acquire(kv_indices[start:end:self.page_size].div(
-                    self.page_size, rounding_mode="floor").tolist())
+                self.refs.acquire(self.pages.pages_of(kv_indices[start:end]))
                 link.tree_took = end - link.tree_len
         return key, kv_indices, existing
 
@@ -307,9 +305,8 @@ class MepicRadixCache(RadixCache):
         (start, end), key = link.chunk_slots[0], link.keys[0]
         if not self.residency.keeps(start, end) or req.kv.cache_protected_len < end or key in self.store:
             return
-        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-        pages = row[start:end:self.page_size].div(self.page_size, rounding_mode="floor").tolist()
-        canonical = tuple(pages[self.canonical_from:])
+        canonical = tuple(self.pages.pages_of(compile_rows.canonical_slots(
+            req, self.req_to_token_pool.req_to_token, self.page_size, self.canonical_from)))
         self.store.put(key, canonical)
         self.tiers.persist(key, self.pages.slots(canonical))
         self.figures.counters.compiled_chunks += 1
@@ -320,7 +317,7 @@ class MepicRadixCache(RadixCache):
     def _node_pages(self, node) -> list[int]:
         pages = getattr(node, "pages", None)
         if pages is None:  # kept on the node: lock, unlock and evict read it again
-            pages = node.pages = (node.value[::self.page_size] // self.page_size).tolist()
+            pages = node.pages = self.pages.pages_of(node.value)
         return pages
 
     def _insert_helper(self, node, key, value, priority=0, inserted_len=0):

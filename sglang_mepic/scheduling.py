@@ -13,8 +13,10 @@ its plan reads are added right before it, each once; if one does not fit whole
 (the budget, a row of the request pool, chunked prefill), neither does the
 request, and SGLang's loop stops as it does for a request that does not fit. In
 EPIC and CacheBlend the request is skipped for the round instead (it copies
-stored KV before its forward, so it waits until its compile rows have run). The batch's prefill stats (the log's `#new-token` and
-`#cached-token`, the cache-hit metrics) count slots; for laid-out requests they are
+stored KV before its forward, so it waits until its compile rows have run).
+
+The batch's prefill stats (the log's `#new-token` and `#cached-token`, the
+cache-hit metrics) count slots; for laid-out requests they are
 brought to real tokens, and reuse of chunks compiled for the request itself is
 not a hit, as in its response's `cached_tokens`.
 

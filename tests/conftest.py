@@ -17,6 +17,25 @@ from sglang_mepic import models  # noqa: E402
 from sglang_mepic.server_process import ServerProcess  # noqa: E402
 
 
+def _register_eval() -> None:
+    """eval/ is not installed and the repository root stays off sys.path (its kernels/ would shadow
+    the PyPI package), so the package is registered from its folder once, for every test module;
+    its own imports then resolve (`from eval import run`)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "eval"
+    if "eval" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("eval", folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+        sys.modules["eval"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["eval"])
+
+
+_register_eval()
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     """The random-weight test Llama, built on first use (about 5 s)."""

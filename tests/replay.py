@@ -212,6 +212,20 @@ def finish(tree, req, checkpoint_at=None):
     return req, [s // B for s in row[::B]]
 
 
+def prepare_batch(tree, batch):
+    """A planned prefill batch (compile rows before their readers) as SGLang's prepare_for_extend
+    takes it with the mepic hooks (scheduling.prepare_extend): admitted, the round's others let go,
+    allocated, readers pointed at their compile rows' pages; then the round ends."""
+    for req in batch:
+        req.lock = tree.lock(req.last_node)
+        tree.admit(req)
+    tree.end_round()
+    for req in batch:
+        allocate(tree, req)
+    tree.point_readers(SimpleNamespace(reqs=batch))
+    tree.compile_rows.end_round()
+
+
 def serve_round(tree, *reqs):
     """One prefill round as the scheduler runs it (scheduling.py): each request planned, the compile
     rows its plan reads put in the batch right before it (each once), the batch admitted and
@@ -228,14 +242,7 @@ def serve_round(tree, *reqs):
             req.mepic.made_for.add(key)  # as scheduling.add_request marks the rows it adds for a request
         if not req.mepic.wait:
             batch.append(req)
-    for req in batch:
-        req.lock = tree.lock(req.last_node)
-        tree.admit(req)
-    tree.end_round()
-    for req in batch:
-        allocate(tree, req)
-    tree.point_readers(SimpleNamespace(reqs=batch))
-    tree.compile_rows.end_round()
+    prepare_batch(tree, batch)
     rows = [tree.req_to_token_pool.req_to_token[r.kv.req_pool_idx, :len(r.origin_input_ids)].tolist() for r in batch]
     for req in batch:
         release(tree, req)

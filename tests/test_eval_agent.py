@@ -1,19 +1,6 @@
 """eval.agent with several seeds: each figure is the median over them, with its range."""
 
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
-
-# eval/ is not installed and the repository root stays off sys.path (its kernels/ would shadow
-# the PyPI package), so the package is registered from its folder, as test_eval_checkpoint does.
-EVAL = Path(__file__).resolve().parent.parent / "eval"
-if "eval" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("eval", EVAL / "__init__.py", submodule_search_locations=[str(EVAL)])
-    sys.modules["eval"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["eval"])
-agent = importlib.import_module("eval.agent")
-medians, table = agent.medians, agent.table
+from eval.agent import medians, table  # the eval package is registered by conftest.py
 
 
 def row(system, ttft, computed, turns):

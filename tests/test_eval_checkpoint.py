@@ -1,22 +1,14 @@
 """A stopped eval.run keeps its finished points and resumes from them (no server needed)."""
 
 import importlib
-import importlib.util
 import json
-import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
-# eval/ is not installed and the repository root stays off sys.path (its kernels/ would shadow
-# the PyPI package), so the package is registered from its folder; its own imports then resolve.
-EVAL = Path(__file__).resolve().parent.parent / "eval"
-if "eval" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("eval", EVAL / "__init__.py", submodule_search_locations=[str(EVAL)])
-    sys.modules["eval"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["eval"])
-checkpoint, run, workloads = (importlib.import_module(f"eval.{m}") for m in ("checkpoint", "run", "workloads"))
+from eval import checkpoint, run, workloads  # the eval package is registered by conftest.py
+
 NAME, Checkpoint = checkpoint.NAME, checkpoint.Checkpoint
 Point, summarize, Request = run.Point, run.summarize, workloads.Request
 

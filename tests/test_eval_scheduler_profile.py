@@ -1,18 +1,7 @@
 """eval.scheduler_profile's reading of a py-spy raw profile: which samples are idle, forward, outside the forward."""
 
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
+from eval import scheduler_profile as profile  # the eval package is registered by conftest.py
 
-# eval/ is not installed and the repository root stays off sys.path (its kernels/ would shadow
-# the PyPI package), so the package is registered from its folder, as test_eval_checkpoint does.
-EVAL = Path(__file__).resolve().parent.parent / "eval"
-if "eval" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("eval", EVAL / "__init__.py", submodule_search_locations=[str(EVAL)])
-    sys.modules["eval"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["eval"])
-profile = importlib.import_module("eval.scheduler_profile")
 Split, classify, parse_raw, report, verdict = (profile.Split, profile.classify, profile.parse_raw, profile.report,
                                                profile.verdict)
 

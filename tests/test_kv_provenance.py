@@ -19,14 +19,14 @@ chunks are prefixes, suffixes, repeats and concatenations of one another.
 
 import hashlib
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay import B, allocate, apply_hooks, compiled, laid_out, make_tree, new_request, planned, release, replanned
+from replay import (B, allocate, apply_hooks, compiled, laid_out, make_tree, new_request, planned, prepare_batch,
+                    release, replanned)
 from sglang_mepic.segments import NO_POSITION, Kind, Piece, Placement, layout
 
 EXAMPLES = int(os.environ.get("PROVENANCE_EXAMPLES", 150))
@@ -122,14 +122,7 @@ def serve_batch_checked(tree, ids, hints, segments, log):
         batch = [r for r, _ in rows] + ([] if req.mepic.wait else [req])
         for r, _ in rows:
             replanned(tree, r)
-        for r in batch:
-            r.lock = tree.lock(r.last_node)
-            tree.admit(r)
-        tree.end_round()
-        for r in batch:
-            allocate(tree, r)
-        tree.point_readers(SimpleNamespace(reqs=batch))
-        tree.compile_rows.end_round()
+        prepare_batch(tree, batch)
         for r, seg in rows:
             check_and_stamp(tree, r, [seg], log)
         if not req.mepic.wait:

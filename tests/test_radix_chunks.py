@@ -12,7 +12,8 @@ from array import array
 from types import SimpleNamespace
 
 from replay import (B, NUM_PAGES, allocate, apply_hooks, compile_all, compiled, evict_all, finish, kv_of, laid_out,
-                    make_tree, new_request, planned, release, replanned, request, serve, serve_round)
+                    make_tree, new_request, planned, prepare_batch, release, replanned, request, serve,
+                    serve_round)
 
 from sglang_mepic.compile_rows import is_compile_row
 
@@ -117,15 +118,7 @@ def test_a_request_planned_while_its_chunks_compile_row_is_in_flight_reads_its_p
     tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, None, rid)
     first = replanned(tree, new_request(*laid_out(lay), rid="a"))
     (row,) = first.mepic.compiling.values()
-    replanned(tree, row)
-    for req in (row, first):
-        req.lock = tree.lock(req.last_node)
-        tree.admit(req)
-    tree.end_round()
-    for req in (row, first):
-        allocate(tree, req)
-    tree.point_readers(SimpleNamespace(reqs=[row, first]))
-    tree.compile_rows.end_round()
+    prepare_batch(tree, [replanned(tree, row), first])
     pages = tree.compile_rows.in_flight(first.mepic.keys[0])
     assert pages is not None and len(pages) == 2
     later = replanned(tree, new_request(*laid_out(request(C1, question=(5, 5))), rid="b"))
@@ -146,15 +139,7 @@ def test_a_reader_split_by_chunked_prefill_is_pointed_once(tree):
     tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, None, rid)
     reader = replanned(tree, new_request(*laid_out(request(C1, question=tuple(range(300, 340)))), rid="r"))
     (row,) = reader.mepic.compiling.values()
-    replanned(tree, row)
-    for req in (row, reader):
-        req.lock = tree.lock(req.last_node)
-        tree.admit(req)
-    tree.end_round()
-    for req in (row, reader):
-        allocate(tree, req)
-    tree.point_readers(SimpleNamespace(reqs=[row, reader]))
-    tree.compile_rows.end_round()
+    prepare_batch(tree, [replanned(tree, row), reader])
     pointed = tree.req_to_token_pool.req_to_token[reader.kv.req_pool_idx].clone()
     held = list(reader.mepic.held)
     release(tree, row)
