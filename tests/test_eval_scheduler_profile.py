@@ -47,5 +47,20 @@ def test_report_marks_project_code_and_verdict_compares_shares():
     assert " 12.0% / 12.0%  MepicRadixCache.match_prefix" in text and " 12.0% /  0.0%  hook" in text
     assert "Scheduler.get_next_batch_to_run  (sglang/srt/managers/scheduler.py)" in text
     vanilla = Split(prefill=90, outside=10)
-    assert verdict({"vanilla": vanilla, "mepic": split}).endswith("= 2.00x (target <= 1.5x: missed)")
-    assert verdict({"vanilla": vanilla, "mepic": Split(prefill=86, outside=14)}).endswith("(target <= 1.5x: met)")
+    pair = profile.labels(["vanilla", "mepic"])
+    assert verdict(pair, {"vanilla": vanilla, "mepic": split})[-1].endswith("median 2.00x (target <= 1.2x: missed)")
+    assert verdict(pair, {"vanilla": vanilla, "mepic": Split(prefill=89, outside=11)})[-1].endswith("(target <= 1.2x: met)")
+
+
+def test_repeated_systems_are_paired_and_the_verdict_takes_their_median():
+    runs = profile.labels(["vanilla", "mepic", "vanilla", "mepic", "vanilla", "mepic"])
+    assert [label for label, _ in runs] == ["vanilla", "mepic", "vanilla#2", "mepic#2", "vanilla#3", "mepic#3"]
+    splits = {"vanilla": Split(prefill=90, outside=10), "mepic": Split(prefill=80, outside=20),      # 2.00x
+              "vanilla#2": Split(prefill=80, outside=20), "mepic#2": Split(prefill=80, outside=20),  # 1.00x
+              "vanilla#3": Split(prefill=90, outside=10), "mepic#3": Split(prefill=88, outside=12)}  # 1.20x
+    lines = verdict(runs, splits)
+    assert lines[0].endswith("= 2.00x") and lines[1].endswith("= 1.00x") and lines[2].endswith("= 1.20x")
+    assert lines[-1] == ("outside-forward share, mepic / vanilla: median 1.20x (range 1.00-2.00 over 3 pairs) "
+                         "(target <= 1.2x: met)")
+    pooled = profile.pooled(runs, splits)
+    assert list(pooled) == ["vanilla", "mepic"] and pooled["vanilla"].outside == 40 and pooled["mepic"].busy == 300

@@ -1,0 +1,492 @@
+"""The real SGLang server on a GPU, end to end: vanilla (SGLang's triton backend and radix cache), `full`,
+`epic-16` and mepic, on an 8B-shaped model, with correctness checks. Run by run.sh on the device:
+
+    bash eval/gpu/e2e/run.sh --smoke          # one server (mepic), a few requests: about 3 minutes
+    bash eval/gpu/e2e/run.sh --part 1         # vanilla, full, full with recompute-all checks
+    bash eval/gpu/e2e/run.sh --part 2         # epic-16, mepic
+
+Here, without CUDA, the same steps on a tiny model (float32, torch_native for vanilla, no graphs):
+
+    .venv/bin/python -m eval.gpu.e2e.drive --cpu --smoke --carry .gpu_e2e --out /tmp/e2e
+
+Per call: one model is written (config of the chosen shape, SmolLM2's tokenizer from the carry, random
+normal weights of std 0.02 with a fixed seed, so every call writes the same model), then each system's
+server is started once with CUDA graphs for decode, and runs, in order:
+1. checks, cold: the first output token's top-20 logprobs of the workload's check prompts;
+2. the SQuAD paper workload (7 chunks, 0.85 reuse; pre-rendered in the carry) at each rate, through
+   eval.run.run_point (flush, Poisson arrivals, streaming, KV pages sampled from /metrics);
+3. checks, warm: the same prompts after the workload (a request's output must not depend on the cache);
+4. an abort (a stream dropped after its first token) and a flush: the server keeps serving, and the
+   pages in use return to zero;
+5. CUDA-graph passes from /metrics (`sglang:cuda_graph_passes_total`: decode with and without a graph).
+Everything lands in --out: results.json, table.md, the server logs (logs.tar.gz). The two parts' results
+are put together here, after the calls (the checks compare systems across them; the weights' checksum
+says whether both calls wrote the same model):
+
+    .venv/bin/python -m eval.gpu.e2e.drive --merge PART1_DIR PART2_DIR --out eval/results/gpu-e2e
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import requests
+from tqdm import tqdm
+
+from eval.run import Sampler, pct, run_point
+from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
+from sglang_mepic.server_process import ServerError, ServerProcess
+
+ROOT = Path(__file__).resolve().parents[3]
+# Llama-3-8B's shape; the vocabulary is the tokenizer's (SmolLM2's), so the embedding and head are smaller.
+SHAPES = {
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, head_dim=128, max_position_embeddings=8192, rope_theta=500000.0,
+                      rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 8192, "rope_type": "llama3"}),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, max_position_embeddings=8192, rope_theta=10000.0),
+}
+WEIGHT_STD = 0.02  # what Llama initialises with: logits spread by ~std * sqrt(hidden), not a flat distribution
+SEED = 49
+TOP = 20  # logprobs compared per check prompt
+# bf16 tolerance of the checks (stated in README.md): of two systems' top-20 first tokens, at least
+# MIN_OVERLAP in common, and on those the logprobs within MAX_DIFF nats.
+MIN_OVERLAP = {"bfloat16": 18, "float32": 20}
+MAX_DIFF = {"bfloat16": 0.15, "float32": 1e-3}
+# The systems, as eval.run names them; vanilla is SGLang's own triton backend and radix cache.
+GPU_VANILLA = ["--attention-backend", "triton", "--radix-cache-backend", "sglang"]
+CPU_VANILLA = ["--attention-backend", "torch_native", "--radix-cache-backend", "sglang"]
+SYSTEMS = {"vanilla": None, "full": ["--mepic-mode", "full"], "epic-16": ["--mepic-mode", "epic-16"],
+           "mepic": ["--mepic-mode", "mepic"],
+           "recompute-all": ["--mepic-mode", "mepic", "--mepic-recompute-blocks", "all"]}
+CHECK_ONLY = {"recompute-all"}  # served for the checks, not the workload
+HOST_TIER_GB = {"epic-16": 4, "mepic": 4, "recompute-all": 4}  # pinned host memory, as eval.run gives PIC systems
+PARTS = {1: ["vanilla", "full", "recompute-all"], 2: ["epic-16", "mepic"]}
+# Checks that compare two systems' first-token distributions: (system, reference).
+PAIRS = [("vanilla", "full"), ("recompute-all", "full"), ("mepic", "full"), ("epic-16", "full")]
+GRAPH_PASSES = re.compile(r'^sglang:cuda_graph_passes_total\{[^}]*mode="(\w+)"[^}]*\} ([0-9.e+]+)$', re.M)
+
+
+def log(msg: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------- the model
+
+def llama_tensors(cfg: dict):
+    """(name, shape) of every weight of a LlamaForCausalLM with this config, layer by layer."""
+    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
+    yield "model.embed_tokens.weight", (v, h)
+    for n in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{n}."
+        yield p + "input_layernorm.weight", (h,)
+        yield p + "self_attn.q_proj.weight", (q, h)
+        yield p + "self_attn.k_proj.weight", (kv, h)
+        yield p + "self_attn.v_proj.weight", (kv, h)
+        yield p + "self_attn.o_proj.weight", (h, q)
+        yield p + "post_attention_layernorm.weight", (h,)
+        yield p + "mlp.gate_proj.weight", (i, h)
+        yield p + "mlp.up_proj.weight", (i, h)
+        yield p + "mlp.down_proj.weight", (h, i)
+    yield "model.norm.weight", (h,)
+    yield "lm_head.weight", (v, h)
+
+
+def write_model(out: Path, tokenizer_dir: Path, shape: str, dtype: str, device: str) -> dict:
+    """A random-weight Llama of `shape` with the carried tokenizer; the same bytes on every call."""
+    import torch
+    from safetensors.torch import save_file
+
+    started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    for f in tokenizer_dir.iterdir():
+        if f.is_file() and f.name != "config.json":
+            shutil.copy(f, out / f.name)
+    tok = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    vocab = max(len(tok["model"]["vocab"]) + len(tok.get("added_tokens", [])),
+                1 + max([t["id"] for t in tok.get("added_tokens", [])] + list(tok["model"]["vocab"].values())))
+    tcfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    ids = {t["content"]: t["id"] for t in tok.get("added_tokens", [])}
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+           "rms_norm_eps": 1e-5, "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+           "torch_dtype": dtype, "vocab_size": vocab, **SHAPES[shape],
+           "bos_token_id": ids.get(tcfg.get("bos_token"), 0), "eos_token_id": ids.get(tcfg.get("eos_token"), 0)}
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    torch_dtype = getattr(torch, dtype)
+    gen = torch.Generator(device=device).manual_seed(SEED)
+    shard, shards, index, params = {}, 0, {}, 0
+    first_q = head = None
+
+    def flush():
+        nonlocal shard, shards
+        if shard:
+            name = f"model-{shards:05d}.safetensors"
+            save_file(shard, str(out / name), metadata={"format": "pt"})
+            index.update({k: name for k in shard})
+            shard, shards = {}, shards + 1
+
+    for name, dims in llama_tensors(cfg):
+        if name.endswith("norm.weight"):
+            t = torch.ones(dims, dtype=torch_dtype)
+        else:
+            t = (torch.randn(dims, generator=gen, device=device, dtype=torch.float32) * WEIGHT_STD).to(torch_dtype).cpu()
+        shard[name] = t
+        params += t.numel()
+        if name == "model.layers.0.self_attn.q_proj.weight":
+            first_q = t
+        elif name == "lm_head.weight":
+            head = t
+        if name.endswith("mlp.down_proj.weight") and int(name.split(".")[2]) % 4 == 3:
+            flush()
+    flush()
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
+    checksum = sum(float(shard_t.double().sum()) for shard_t in (first_q, head))
+    info = {"shape": shape, "params": params, "checksum": round(checksum, 6), "dtype": dtype, "vocab_size": vocab, "std": WEIGHT_STD, "seed": SEED,
+            "path": str(out), "seconds": round(time.perf_counter() - started, 1),
+            "gib": round(sum(f.stat().st_size for f in out.glob("*.safetensors")) / 2**30, 2)}
+    log(f"model written: {params / 1e9:.2f} B parameters, {info['gib']} GiB {dtype} in {info['seconds']} s -> {out}")
+    return info
+
+
+def model_dir(cpu: bool) -> Path:
+    """Memory-backed where there is room (loading 15 GiB three or more times a call)."""
+    shm = Path("/dev/shm")
+    if not cpu and shm.is_dir() and shutil.disk_usage(shm).free > 40 * 2**30:
+        return shm / "mepic-e2e-model"
+    return Path("/tmp/mepic-e2e-model")
+
+
+# ---------------------------------------------------------------- talking to a server
+
+def first_token_top(url: str, text: str) -> list[tuple[int, float]]:
+    """The first output token's top-20 (token id, logprob), greedy."""
+    r = requests.post(url + "/generate", timeout=300, json={
+        "text": text, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+        "return_logprob": True, "top_logprobs_num": TOP, "logprob_start_len": -1})
+    r.raise_for_status()
+    top = r.json()["meta_info"]["output_top_logprobs"][0]
+    return [(int(t[1]), float(t[0])) for t in top]
+
+
+def compare(a: list, b: list) -> dict:
+    """Two top-20 lists: tokens in common and the largest logprob difference on them."""
+    da, db = dict(a), dict(b)
+    common = set(da) & set(db)
+    return {"overlap": len(common), "max_diff": max((abs(da[t] - db[t]) for t in common), default=math.inf),
+            "same_top1": a[0][0] == b[0][0]}
+
+
+def judged(diffs: list[dict], dtype: str) -> dict:
+    worst_overlap = min(d["overlap"] for d in diffs)
+    worst_diff = max(d["max_diff"] for d in diffs)
+    return {"prompts": len(diffs), "min_overlap": worst_overlap, "max_diff": round(worst_diff, 5),
+            "top1_agree": sum(d["same_top1"] for d in diffs),
+            "ok": worst_overlap >= MIN_OVERLAP[dtype] and worst_diff <= MAX_DIFF[dtype]}
+
+
+def metrics(url: str) -> str:
+    return requests.get(url + "/metrics", timeout=30).text
+
+
+def graph_passes(url: str) -> dict:
+    out = {}
+    for mode, n in GRAPH_PASSES.findall(metrics(url)):
+        out[mode] = out.get(mode, 0) + int(float(n))
+    return out
+
+
+def used_pages(url: str, mepic: bool) -> float:
+    if mepic:
+        return mepic_stats_url(url).get("kv_pages_in_use", 0)
+    m = re.search(r"^sglang:num_used_tokens\{[^}]*\} ([0-9.e+]+)$", metrics(url), re.M)
+    return float(m.group(1)) / MEPIC_PAGE_SIZE if m else float("nan")
+
+
+def mepic_stats_url(url: str) -> dict:
+    return requests.get(url + "/server_info", timeout=60).json()["internal_states"][0].get("mepic", {})
+
+
+def abort_and_flush(url: str, mepic: bool) -> dict:
+    """Drop a stream after its first token, flush once idle, serve once more: the pages return to zero."""
+    with requests.post(url + "/generate", stream=True, timeout=300, json={
+            "text": "Count slowly from one to one thousand: one, two,", "stream": True,
+            "sampling_params": {"max_new_tokens": 512, "temperature": 0, "ignore_eos": True}}) as r:
+        for line in r.iter_lines():
+            if line.startswith(b"data:"):
+                break  # closing the response drops the connection mid-stream
+    deadline, flushed = time.time() + 120, False
+    while time.time() < deadline:
+        if requests.post(url + "/flush_cache", timeout=60).status_code == 200:
+            flushed = True
+            break
+        time.sleep(0.5)
+    time.sleep(1.0)
+    pages = used_pages(url, mepic)
+    after = requests.post(url + "/generate", timeout=300, json={
+        "text": "One more request after the abort.", "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+    return {"flushed": flushed, "pages_after_flush": pages, "serves_after": after.status_code == 200,
+            "ok": flushed and pages == 0 and after.status_code == 200}
+
+
+# ---------------------------------------------------------------- one system
+
+def summary(outputs: list, sampler: Sampler, exact_peak, seconds: float, new_tokens: int) -> dict:
+    ttft = [o[3] for o in outputs if o[3] is not None]
+    e2e = [o[4] for o in outputs]
+    tokens = sum(o[2].get("completion_tokens", 0) for o in outputs)
+    decode = [(o[4] - o[3]) / max(1, o[2].get("completion_tokens", 1) - 1) for o in outputs if o[3] is not None]
+    pages = sampler.pages
+    return {"requests": len(outputs), "seconds": round(seconds, 2), "req_s": round(len(outputs) / seconds, 3),
+            "ttft_p50": round(statistics.median(ttft), 4), "ttft_p99": round(pct(ttft, 0.99), 4),
+            "e2e_p50": round(statistics.median(e2e), 4), "e2e_p99": round(pct(e2e, 0.99), 4),
+            "output_tok_s": round(tokens / seconds, 1), "tpot_p50": round(statistics.median(decode), 5),
+            "peak_kv_pages": exact_peak if exact_peak is not None else (max(pages) if pages else None),
+            "sampled_peak_kv_pages": max(pages) if pages else None,
+            "mean_kv_pages": round(statistics.fmean(pages), 1) if pages else None,
+            "computed_tokens_p50": statistics.median(o[2].get("mepic_recomputed_tokens", o[2].get("prompt_tokens", 0)
+                                                              - o[2].get("cached_tokens", 0)) for o in outputs)}
+
+
+def serve_system(name: str, args, model: Path, work: dict, out: Path) -> dict:
+    mepic = name != "vanilla"
+    flags = (CPU_VANILLA if args.cpu else GPU_VANILLA) if name == "vanilla" else list(SYSTEMS[name])
+    if name in HOST_TIER_GB and not args.cpu:
+        flags += ["--mepic-host-tier-gb", str(HOST_TIER_GB[name])]
+    common = ["--dtype", args.dtype, "--max-total-tokens", str(args.pool_pages * MEPIC_PAGE_SIZE),
+              "--decode-log-interval", "8", "--sampling-backend", "pytorch", "--context-length", "8192"]
+    if not args.cpu:
+        common += ["--cuda-graph-max-bs", str(args.graph_max_bs), "--mem-fraction-static", "0.85"]
+    env = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+    record: dict = {"system": name, "flags": flags + common}
+    started = time.perf_counter()
+    log(f"{name}: starting ({' '.join(flags + common)})")
+    server = ServerProcess(model, *flags, *common, startup_timeout=args.startup_timeout, env=env)
+    try:
+        server.start()
+        record["startup_s"] = round(time.perf_counter() - started, 1)
+        info = requests.get(server.url + "/server_info", timeout=60).json()
+        record["server"] = {k: info.get(k) for k in ("attention_backend", "radix_cache_backend", "page_size",
+                                                     "max_total_num_tokens", "cuda_graph_max_bs", "dtype",
+                                                     "disable_cuda_graph", "version")}
+        log(f"{name}: up in {record['startup_s']} s; {record['server']}")
+        texts, checks = work["texts"], work["checks"][:args.checks]
+        record["checks_cold"] = [first_token_top(server.url, texts[i]) for i in checks]
+        if name not in CHECK_ONLY:
+            record["points"] = []
+            for rate in args.rates:
+                batch = texts[:args.requests]
+                with tqdm(total=len(batch), desc=f"{name} @ {rate:g} req/s", unit="req", mininterval=5) as bar:
+                    outputs, sampler, exact, seconds, counters = run_point(
+                        server, MEPIC_PAGE_SIZE, args.pool_pages, batch, rate, args.new_tokens, 0, bar)
+                point = {"rate": rate, **summary(outputs, sampler, exact, seconds, args.new_tokens),
+                         "counters": counters}
+                record["points"].append(point)
+                log(f"{name} @ {rate:g}: {json.dumps({k: v for k, v in point.items() if k != 'counters'})}")
+        record["checks_warm"] = [first_token_top(server.url, texts[i]) for i in checks]
+        record["warm_vs_cold"] = judged([compare(w, c) for w, c in zip(record["checks_warm"], record["checks_cold"])],
+                                        args.dtype)
+        record["abort_flush"] = abort_and_flush(server.url, mepic)
+        record["graph_passes"] = graph_passes(server.url)
+        log(f"{name}: warm vs cold {record['warm_vs_cold']}; abort/flush {record['abort_flush']}; "
+            f"graph passes {record['graph_passes']}")
+    except (ServerError, requests.RequestException, KeyError, ValueError) as e:
+        record["error"] = f"{type(e).__name__}: {e}"[-4000:]
+        log(f"{name}: FAILED {record['error'][-1500:]}")
+    finally:
+        server.stop()
+        if server.log_path and server.log_path.exists():
+            shutil.copy(server.log_path, out / f"server-{name}.log")
+    record["wall_s"] = round(time.perf_counter() - started, 1)
+    return record
+
+
+# ---------------------------------------------------------------- report
+
+def pairs(systems: dict, dtype: str) -> dict:
+    out = {}
+    for a, b in PAIRS:
+        if a in systems and b in systems and "checks_cold" in systems[a] and "checks_cold" in systems[b]:
+            out[f"{a} vs {b}"] = judged([compare(x, y) for x, y in zip(systems[a]["checks_cold"],
+                                                                         systems[b]["checks_cold"])], dtype)
+    # The control: two different prompts on one system must NOT pass, or the check could not fail.
+    ref = next((s for s in ("full", "mepic", "vanilla") if "checks_cold" in systems.get(s, {})), None)
+    if ref and len(systems[ref]["checks_cold"]) > 1:
+        c = systems[ref]["checks_cold"]
+        control = judged([compare(c[k], c[(k + 1) % len(c)]) for k in range(len(c))], dtype)
+        out[f"control: {ref}, each prompt vs the next"] = {**control, "ok": not control["ok"]}
+    return out
+
+
+def ratios(systems: dict) -> dict:
+    out = {}
+    for metric, a, b in (("ttft_p50", "mepic", "vanilla"), ("peak_kv_pages", "mepic", "epic-16"),
+                         ("output_tok_s", "mepic", "vanilla"), ("mean_kv_pages", "mepic", "epic-16")):
+        pa = {p["rate"]: p for p in systems.get(a, {}).get("points", [])}
+        pb = {p["rate"]: p for p in systems.get(b, {}).get("points", [])}
+        for rate in sorted(set(pa) & set(pb)):
+            x, y = pa[rate].get(metric), pb[rate].get(metric)
+            if x is not None and y:
+                out[f"{metric} {a}/{b} @ {rate:g}"] = round(x / y, 3)
+    return out
+
+
+def table(results: dict) -> str:
+    cols = ("rate", "req_s", "ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99", "output_tok_s", "tpot_p50",
+            "peak_kv_pages", "mean_kv_pages", "computed_tokens_p50")
+    lines = [f"# GPU end-to-end run: {results['device'].get('name', '?')}, commit {results.get('commit', '?')}", "",
+             "| system | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for name, s in results["systems"].items():
+        for p in s.get("points", []):
+            lines.append(f"| {name} | " + " | ".join(str(p.get(c)) for c in cols) + " |")
+        if "error" in s:
+            lines.append(f"| {name} | FAILED: {s['error'][-200:].replace('|', '/').replace(chr(10), ' ')} |")
+    lines += ["", "| check | prompts | min top-20 overlap | max logprob diff | top-1 agree | ok |", "|---|---|---|---|---|---|"]
+    for name, c in results["checks"].items():
+        lines.append(f"| {name} | {c['prompts']} | {c['min_overlap']} | {c['max_diff']} | {c['top1_agree']} | {c['ok']} |")
+    for name, s in results["systems"].items():
+        if "warm_vs_cold" in s:
+            c = s["warm_vs_cold"]
+            lines.append(f"| {name}: warm vs cold | {c['prompts']} | {c['min_overlap']} | {c['max_diff']} | "
+                         f"{c['top1_agree']} | {c['ok']} |")
+    lines += ["", "| system | startup s | abort + flush: pages after | ok | CUDA-graph passes |", "|---|---|---|---|---|"]
+    for name, s in results["systems"].items():
+        af = s.get("abort_flush", {})
+        lines.append(f"| {name} | {s.get('startup_s')} | {af.get('pages_after_flush')} | {af.get('ok')} | "
+                     f"{s.get('graph_passes')} |")
+    lines += ["", "Ratios: " + ", ".join(f"{k} = {v}" for k, v in results["ratios"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def merge(dirs: list[Path], out: Path) -> dict:
+    """Several calls' results as one: systems and calls in order, later calls winning for a system run twice."""
+    parts = [json.loads((d / "results.json").read_text()) for d in dirs]
+    merged = {**parts[0], "systems": {}, "calls": [], "models": [p.get("model") for p in parts],
+              "devices": [p.get("device") for p in parts], "commits": [p.get("commit") for p in parts]}
+    for p in parts:
+        merged["systems"].update(p["systems"])
+        merged["calls"] += p.get("calls", [])
+    sums = {(m or {}).get("checksum") for m in merged["models"]}
+    merged["same_model"] = len(sums) == 1
+    dtype = (merged.get("model") or {}).get("dtype", "bfloat16")
+    merged["checks"] = pairs(merged["systems"], dtype) if merged["same_model"] else {}
+    merged["ratios"] = ratios(merged["systems"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(merged, indent=1))
+    text = table(merged) + ("" if merged["same_model"] else
+                            "\nThe calls wrote different weights (checksums differ): no cross-call checks.\n")
+    (out / "table.md").write_text(text)
+    print(text)
+    return merged
+
+
+def device_info(cpu: bool) -> dict:
+    import torch
+    import triton
+
+    info = {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()}
+    try:
+        import sglang
+        info["sglang"] = sglang.__version__
+    except ImportError:
+        info["sglang"] = None
+    if not cpu and torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(name=p.name, sms=p.multi_processor_count, memory_gib=round(p.total_memory / 2**30, 1))
+        try:
+            info["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                                                 "--format=csv,noheader"], capture_output=True, text=True,
+                                                timeout=30).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    else:
+        info["name"] = "cpu (dry run)"
+    return info
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--carry", type=Path, default=ROOT / ".gpu_e2e")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/e2e_out")))
+    ap.add_argument("--smoke", action="store_true", help="mepic alone, --requests 16 at the lower rate")
+    ap.add_argument("--part", type=int, choices=sorted(PARTS), help="the systems of one device call")
+    ap.add_argument("--systems", help="comma-separated, from " + ", ".join(SYSTEMS))
+    ap.add_argument("--rates", default="4,12", help="arrival rates (req/s): one below vanilla's saturation, one near")
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--checks", type=int, default=8, help="check prompts (first-token top-20 logprobs)")
+    ap.add_argument("--pool-pages", type=int, default=16384, help=f"KV pool of every server, in pages of {MEPIC_PAGE_SIZE}")
+    ap.add_argument("--graph-max-bs", type=int, default=128)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default=None, help="default: llama3-8b (tiny with --cpu)")
+    ap.add_argument("--startup-timeout", type=float, default=420)
+    ap.add_argument("--budget", type=float, default=480, help="seconds: no server starts with under 60 s left")
+    ap.add_argument("--cpu", action="store_true", help="the dry run without CUDA: tiny model, float32")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="DIR",
+                    help="no servers: put the results.json of several calls together into --out")
+    args = ap.parse_args(argv)
+    if args.merge:
+        merge(args.merge, args.out)
+        return
+    began = time.perf_counter()
+    args.rates = [float(r) for r in args.rates.split(",")]
+    args.dtype = "float32" if args.cpu else "bfloat16"
+    shape = args.shape or ("tiny" if args.cpu else "llama3-8b")
+    if args.smoke:
+        names, args.requests, args.rates = ["mepic"], min(args.requests, 16), args.rates[:1]
+    elif args.systems:
+        names = args.systems.split(",")
+    else:
+        names = PARTS[args.part] if args.part else [*PARTS[1], *PARTS[2]]
+    unknown = [n for n in names if n not in SYSTEMS]
+    if unknown:
+        raise SystemExit(f"unknown systems {unknown}: choose from {', '.join(SYSTEMS)}")
+    work = json.loads((args.carry / "workload.json").read_text())
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_path = args.out / "results.json"
+    results = {"systems": {}, "calls": []}
+    results["device"] = device_info(args.cpu)
+    results["commit"] = (args.carry / "COMMIT").read_text().strip() if (args.carry / "COMMIT").is_file() else None
+    log(f"device {results['device']}; systems {names}; rates {args.rates}; {args.requests} requests")
+    model = model_dir(args.cpu)
+    results["model"] = write_model(model, args.carry / "model", shape, args.dtype, "cpu" if args.cpu else "cuda")
+    call = {"argv": sys.argv[1:] if argv is None else argv, "systems": names, "started": time.strftime("%F %T")}
+    for name in names:
+        left = args.budget - (time.perf_counter() - began)
+        if left < 60:
+            log(f"{name}: skipped, {left:.0f} s of the budget left")
+            results["systems"][name] = {"system": name, "error": f"skipped: {left:.0f} s of the budget left"}
+            continue
+        results["systems"][name] = serve_system(name, args, model, work, args.out)
+        results["checks"] = pairs(results["systems"], args.dtype)
+        results["ratios"] = ratios(results["systems"])
+        results_path.write_text(json.dumps(results, indent=1))  # what a timeout leaves is still there
+    call["seconds"] = round(time.perf_counter() - began, 1)
+    results["calls"].append(call)
+    results["checks"] = pairs(results["systems"], args.dtype)
+    results["ratios"] = ratios(results["systems"])
+    results_path.write_text(json.dumps(results, indent=1))
+    (args.out / "table.md").write_text(table(results))
+    with tarfile.open(args.out / "logs.tar.gz", "w:gz") as tar:
+        for f in sorted(args.out.glob("server-*.log")):
+            tar.add(f, arcname=f.name)
+            f.unlink()
+    print(table(results))
+    failed = [n for n in names if "error" in results["systems"][n]]
+    bad = [k for k, c in results["checks"].items() if not c["ok"]]
+    log(f"done in {call['seconds']} s; failed systems {failed or 'none'}; failed checks {bad or 'none'}")
+    sys.exit(1 if failed or bad else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU end-to-end run, one device call. On the device machine, from the repository root, with the carry
+# built here by `.venv/bin/python -m eval.gpu.e2e.make_carry` (device `run` with carry [".gpu_e2e"]):
+#   set -o pipefail; bash eval/gpu/e2e/run.sh --smoke      # mepic alone, 16 requests: ~3 min (timeout_s 240)
+#   set -o pipefail; bash eval/gpu/e2e/run.sh --part 1     # vanilla, full, recompute-all (timeout_s 540)
+#   set -o pipefail; bash eval/gpu/e2e/run.sh --part 2     # epic-16, mepic (timeout_s 540)
+# Other arguments go to drive.py (--rates, --requests, --budget, ...). Everything lands in $OUT: log.txt,
+# results.json, table.md, logs.tar.gz, install.txt.
+# Here, without CUDA, the dry run of the same steps (the .venv has everything; no install):
+#   bash eval/gpu/e2e/run.sh --cpu --smoke
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+OUT=${OUT:-/tmp/e2e_out}
+CARRY=${CARRY:-.gpu_e2e}
+SITE=${SITE:-/tmp/mepic-site}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ "${1:-}" = --cpu ]; then
+  PY=${PY:-.venv/bin/python}
+else
+  PY=${PY:-python3}
+  [ -d "$CARRY/wheels" ] || { echo "no $CARRY/wheels: build the carry here first (python -m eval.gpu.e2e.make_carry)"; exit 2; }
+  echo "=== [$SECONDS s] install $(ls "$CARRY"/wheels/*.whl | wc -l) wheels into $SITE"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+      "$CARRY"/wheels/*.whl > "$OUT/install.txt" 2>&1 || { cat "$OUT/install.txt"; exit 3; }
+  export PYTHONPATH="$SITE:$PWD"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+fi
+echo "=== [$SECONDS s] imports"
+"$PY" -c 'import sglang, sgl_kernel, sglang_mepic, torch, triton
+print("sglang", sglang.__version__, "| sgl_kernel", getattr(sgl_kernel, "__version__", "?"), sgl_kernel.__file__,
+      "| sglang_mepic", sglang_mepic.__version__, "| torch", torch.__version__, "| triton", triton.__version__)' \
+  || exit 4
+echo "=== [$SECONDS s] drive $*"
+"$PY" -m eval.gpu.e2e.drive --carry "$CARRY" --out "$OUT" "$@" 2>&1 | tee "$OUT/log.txt"
+rc=${PIPESTATUS[0]}
+echo "=== [$SECONDS s] done, rc $rc"
+exit "$rc"
