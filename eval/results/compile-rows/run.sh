@@ -19,3 +19,6 @@ run base-after /work/main eval.run --model $M/tiny-4l --dataset squad --qps 2 --
 run profile-after /work/main eval.scheduler_profile --systems vanilla,mepic,vanilla,mepic,vanilla,mepic --out /tmp/bench/profile-after.txt
 run agent-after /work/main eval.agent --conversations 4 --turns 8 --repeats 3
 echo "== all done $(date +%T)" >> $L
+# Session 2 (afternoon; /tmp/bench/run2.sh), run alone the same way:
+# run smol-hotpot-after /work/main eval.run --model $M/smollm2-135m --dataset hotpotqa --qps 0.3 --chunks 4 --reuse 0.88 --requests 30 --repeats 3 --no-plots --systems vanilla,mepic --out /tmp/bench/smol-hotpot-after
+# run profile3-after /work/main eval.scheduler_profile --systems vanilla,mepic,vanilla,mepic,vanilla,mepic --raw-dir /tmp/bench/profile3-raw --out /tmp/bench/profile3-after.txt
