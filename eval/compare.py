@@ -16,21 +16,19 @@ by side.
 """
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
-from eval.checkpoint import NAME, key
+from eval.checkpoint import key, read_points
 from eval.run import computed_tokens, pct, ttft_parts
 
 
 def load(folder: Path) -> dict[tuple, dict]:
-    path = folder / NAME
-    if not path.exists():
-        sys.exit(f"bad arguments: {path} does not exist (an eval.run --out folder holds it)")
-    lines = path.read_text().splitlines()[1:]
-    return {key(r): r for r in map(json.loads, lines)}
+    try:
+        return {key(r): r for r in read_points(folder)}
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"bad arguments: {e}")
 
 
 def compiled(output) -> bool:
@@ -77,14 +75,14 @@ def alone(outputs) -> tuple[list, list]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("folder", type=Path, help="an eval.run --out folder (its points.jsonl)")
+    ap.add_argument("folder", type=Path, help="an eval.run --out folder (its points.jsonl.xz or points.jsonl)")
     ap.add_argument("a")
     ap.add_argument("b")
     args = ap.parse_args(argv)
     records = load(args.folder)
     rows = compare(records, args.a, args.b)
     if not rows:
-        sys.exit(f"no (point, seed) run by both {args.a} and {args.b} in {args.folder / NAME}")
+        sys.exit(f"no (point, seed) run by both {args.a} and {args.b} in {args.folder}")
     a, b = args.a, args.b
     print(f"| QPS | chunks | reuse | seed | TTFT p50 {a} / {b} s | ratio | TTFT mean {a} / {b} s | ratio "
           f"| requests stored in both | forward {a} − {b}, deciles 10 / 50 / 90 s |")

@@ -29,7 +29,8 @@ results.json (every figure, the command and the model) and PNG plots: peak KV
 pages and TTFT p50 (with --paper also p99) against each swept variable. Each
 finished (system, point) is saved to points.jsonl there as it ends; if a run
 stops, the same command with --resume runs only what is missing, and with
---tables-only writes the tables from what it kept, running nothing.
+--tables-only writes the tables from what it kept, running nothing. A finished
+run packs points.jsonl into points.jsonl.xz, the file that is committed.
 """
 
 import argparse
@@ -525,7 +526,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--resume", action="store_true",
-                    help="keep the points a stopped run with the same settings saved in --out (points.jsonl) "
+                    help="keep the points a stopped run with the same settings saved in --out (points.jsonl, and "
+                         "points.jsonl.xz if the folder holds a finished run) "
                          "and run only the rest (more --repeats add runs to the kept ones)")
     ap.add_argument("--tables-only", action="store_true",
                     help="write table.md and results.json from the runs kept in --out (as --resume) and run "
@@ -601,11 +603,11 @@ def main(argv=None) -> None:
     runs = [(s, *p, seed) for s in systems for seed in seeds for p in points]
     done = {run: Point.load(record) for run in runs if (record := checkpoint.get(*run))}
     if done:
-        print(f"[resume] {len(done)} of {len(runs)} (system, point, seed) runs kept from {checkpoint.path}")
+        print(f"[resume] {len(done)} of {len(runs)} (system, point, seed) runs kept from {checkpoint.source}")
     if args.tables_only:
         runs = [run for run in runs if run in done]
         if not runs:
-            sys.exit(f"bad arguments: --tables-only: {checkpoint.path} holds none of these runs")
+            sys.exit(f"bad arguments: --tables-only: {checkpoint.source} holds none of these runs")
     print(f"[checkpoint] each finished point goes to {checkpoint.path}; if this run stops, "
           "the same command with --resume goes on from there")
     last = time.perf_counter()
@@ -668,6 +670,12 @@ def main(argv=None) -> None:
         "command": command, "model": Path(model).name, "dataset": args.dataset, "minutes": round(minutes, 1),
         "invocations": checkpoint.invocations, "seeds": seeds, "pool_pages": pools,
         "host_tier_gb": args.host_tier_gb, "rows": rows, "runs": per_run, "ratios": ratio_rows}, indent=2))
+    if args.tables_only:  # read only: a run may still be appending to it
+        if checkpoint.path.exists():
+            print(f"[checkpoint] {checkpoint.path} left as it is; `python -m eval.checkpoint pack {out}` packs it "
+                  "for committing")
+    elif packed := checkpoint.pack():
+        print(f"[checkpoint] the points are packed into {packed} (committed; --resume reads it)")
     print(md)
     print(ratio_md)
     print(f"[time] {len(runs) * n} requests in {minutes:.1f} min{invocations}")

@@ -2,21 +2,23 @@
 
     .venv/bin/python -m eval.ttft_split eval/results/compile-rows/smol-squad-after [more eval.run --out folders]
 
-Reads the per-request outputs eval.run keeps (points.jsonl) and prints, per folder, system and group,
-the medians of: TTFT, the time before the scheduler's queue (tokenizing, dispatch), the queue, the
-prefill forward (SGLang's meta_info times, as eval.run's tokenize/queue/forward columns), the chunk
-tokens compiled for the request (`mepic_compiled_tokens`) and the prompt tokens it recomputed.
-A request "computes a chunk" when its `mepic_compiled_tokens` is above 0.
+Reads the per-request outputs eval.run keeps (points.jsonl.xz, or points.jsonl while a run is going)
+and prints, per folder, system and group, the medians of: TTFT, the time before the scheduler's queue
+(tokenizing, dispatch), the queue, the prefill forward (SGLang's meta_info times, as eval.run's
+tokenize/queue/forward columns), the chunk tokens compiled for the request (`mepic_compiled_tokens`)
+and the prompt tokens it recomputed. A request "computes a chunk" when its `mepic_compiled_tokens` is
+above 0.
 """
 
-import json
 import statistics
 import sys
 from pathlib import Path
 
+from eval.checkpoint import read_points
+
 
 def groups(folder: Path) -> dict:
-    points = [json.loads(line) for line in (folder / "points.jsonl").read_text().splitlines()][1:]
+    points = read_points(folder)
     out: dict = {}
     for p in points:
         for o in p["outputs"]:
@@ -38,7 +40,11 @@ def main(argv=None) -> None:
     print("|---|---|---|---|" + "---|" * len(names))
     for arg in argv if argv is not None else sys.argv[1:]:
         folder = Path(arg)
-        for (system, group), rows in sorted(groups(folder).items()):
+        try:
+            found = groups(folder)
+        except (FileNotFoundError, ValueError) as e:
+            sys.exit(f"bad arguments: {e}")
+        for (system, group), rows in sorted(found.items()):
             cells = [statistics.median(col) for col in zip(*rows)]
             print(f"| {folder.name} | {system} | {group} | {len(rows)} | "
                   + " | ".join(f"{v:.3f}" if i < 4 else f"{v:.0f}" for i, v in enumerate(cells)) + " |")

@@ -2,14 +2,16 @@
 
 import importlib
 import json
+import lzma
 from dataclasses import asdict, replace
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
 
 from eval import checkpoint, run, workloads  # the eval package is registered by conftest.py
 
-NAME, Checkpoint = checkpoint.NAME, checkpoint.Checkpoint
+NAME, PACKED, Checkpoint = checkpoint.NAME, checkpoint.PACKED, checkpoint.Checkpoint
 Point, summarize, Request = run.Point, run.summarize, workloads.Request
 
 SETTINGS = {"dataset": "squad", "requests": 2, "new_tokens": 4, "seed": 0, "model": "tiny", "pool_pages": None}
@@ -178,3 +180,155 @@ def test_compare_pairs_the_requests_two_systems_ran_with_the_same_seed(tmp_path)
     later[2] = {**later[2], "forward_entry_time": 110.01, "prefill_finished_time": 110.41}
     solo, shared = compare.alone([outputs[0], later])
     assert solo == [(pytest.approx(0.4), 10), (pytest.approx(0.4), 10)] and shared == []
+
+
+def kept(folder: Path) -> list[tuple]:
+    return [checkpoint.key(r) for r in checkpoint.read_points(folder)]
+
+
+def test_points_read_the_same_plain_or_packed_and_the_header_line_stays_first(tmp_path):
+    store = Checkpoint(tmp_path, SETTINGS, resume=False)
+    for p in (point("full", 2.0, 0.1), point("mepic", 2.0, 0.2)):
+        store.add(asdict(p))
+    plain = (tmp_path / NAME).read_bytes()
+    head, records = checkpoint.read(tmp_path)
+    assert head == {"settings": SETTINGS, "invocations": 1} and len(records) == 2
+    assert store.pack() == tmp_path / PACKED and not (tmp_path / NAME).exists()
+    assert lzma.decompress((tmp_path / PACKED).read_bytes()) == plain  # the same lines, header first
+    assert checkpoint.read(tmp_path) == (head, records)
+    assert kept(tmp_path) == [("full", 2.0, 3, 0.8, 0), ("mepic", 2.0, 3, 0.8, 0)]
+    assert checkpoint.pack(tmp_path) is None and lzma.decompress((tmp_path / PACKED).read_bytes()) == plain
+
+
+def test_a_resumed_packed_run_appends_beside_it_and_the_next_pack_merges(tmp_path):
+    first = Checkpoint(tmp_path, SETTINGS, resume=False)
+    first.add(asdict(point("full", 2.0, 0.1)))
+    first.add(asdict(point("mepic", 2.0, 0.2)))
+    first.pack()
+    packed = (tmp_path / PACKED).read_bytes()
+
+    again = Checkpoint(tmp_path, SETTINGS, resume=True)  # --resume of a packed folder
+    assert again.invocations == 2 and again.get("full", 2.0, 3, 0.8) and again.get("mepic", 2.0, 3, 0.8)
+    assert (tmp_path / PACKED).read_bytes() == packed  # left as it is while the run goes
+    assert len((tmp_path / NAME).read_text().splitlines()) == 1  # a header; the packed points are not copied
+    again.add(asdict(point("epic-16", 2.0, 0.3)))
+    again.add(asdict(point("mepic", 4.0, 0.4)))
+    order = [("full", 2.0), ("mepic", 2.0), ("epic-16", 2.0), ("mepic", 4.0)]
+    assert [k[:2] for k in kept(tmp_path)] == order  # packed, then appended, none twice
+    assert checkpoint.read(tmp_path)[0]["invocations"] == 2
+
+    with (tmp_path / NAME).open("a") as f:
+        f.write('{"system": "naive", "qps": 4.0, "chu')  # stopped mid-line
+    third = Checkpoint(tmp_path, SETTINGS, resume=True)
+    assert third.invocations == 3 and [k[:2] for k in third.records] == order
+    assert len((tmp_path / NAME).read_text().splitlines()) == 3  # its header and the two it added
+
+    assert checkpoint.pack(tmp_path) == tmp_path / PACKED and not (tmp_path / NAME).exists()
+    lines = lzma.decompress((tmp_path / PACKED).read_bytes()).decode().splitlines()
+    assert json.loads(lines[0])["invocations"] == 3 and len(lines) == 5
+    assert [k[:2] for k in kept(tmp_path)] == order
+
+
+def test_a_stop_between_pack_and_removal_reads_once(tmp_path):
+    store = Checkpoint(tmp_path, SETTINGS, resume=False)
+    store.add(asdict(point("full", 2.0, 0.1)))
+    plain = (tmp_path / NAME).read_bytes()
+    store.pack()
+    (tmp_path / NAME).write_bytes(plain)  # the plain file was not removed yet
+    assert len(checkpoint.read_points(tmp_path)) == 1
+    checkpoint.pack(tmp_path)
+    assert lzma.decompress((tmp_path / PACKED).read_bytes()) == plain
+
+
+def test_packed_and_plain_under_other_settings_are_refused(tmp_path):
+    Checkpoint(tmp_path, SETTINGS, resume=False).pack()
+    (tmp_path / NAME).write_text(json.dumps({"settings": {**SETTINGS, "requests": 9}}) + "\n")
+    with pytest.raises(ValueError, match="other settings"):
+        checkpoint.read_points(tmp_path)
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'nowhere' / NAME} does not exist"):
+        checkpoint.read_points(tmp_path / "nowhere")
+
+
+def test_a_fresh_run_sets_packed_points_aside_as_one_file(tmp_path):
+    first = Checkpoint(tmp_path, SETTINGS, resume=False)
+    first.add(asdict(point("full", 2.0, 0.1)))
+    first.pack()
+    Checkpoint(tmp_path, SETTINGS, resume=True).add(asdict(point("mepic", 2.0, 0.2)))
+    fresh = Checkpoint(tmp_path, SETTINGS, resume=False)
+    assert fresh.records == {} and not (tmp_path / PACKED).exists() and kept(tmp_path) == []
+    aside = [json.loads(line) for line in fresh.set_aside.read_text().splitlines()]
+    assert aside[0]["invocations"] == 2 and [r["system"] for r in aside[1:]] == ["full", "mepic"]
+
+
+def test_the_readers_read_a_packed_folder(tmp_path, capsys):
+    compare, ttft_split = importlib.import_module("eval.compare"), importlib.import_module("eval.ttft_split")
+    meta = {"prompt_tokens": 10, "cached_tokens": 0, "queue_time": 0.0, "forward_entry_time": 100.01,
+            "prefill_finished_time": 100.21, "mepic_compiled_tokens": 0}
+    store = Checkpoint(tmp_path, SETTINGS, resume=False)
+    for system in ("mepic", "epic-16"):
+        store.add(asdict(replace(point(system, 2.0, 0.1), outputs=[([1], "a", meta, 0.21, 1.0, 100.0)])))
+    plain = (compare.load(tmp_path), ttft_split.groups(tmp_path))
+    store.pack()
+    assert (compare.load(tmp_path), ttft_split.groups(tmp_path)) == plain
+    assert set(plain[1]) == {("mepic", "all stored"), ("epic-16", "all stored")}
+    compare.main([str(tmp_path), "mepic", "epic-16"])
+    assert "| 2 | 3 | 0.8 | 0 |" in capsys.readouterr().out
+
+
+def test_the_pack_command_packs_folders_and_says_which_were_packed(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        folder.mkdir()
+        Checkpoint(folder, SETTINGS, resume=False).add(asdict(point("full", 2.0, 0.1)))
+    checkpoint.main(["pack", str(a)])
+    checkpoint.main(["pack", str(a), str(b)])
+    out = capsys.readouterr().out
+    assert f"{a}: already packed" in out and f"{b}: 1 points" in out
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b", PACKED, PACKED]
+    with pytest.raises(SystemExit):
+        checkpoint.main(["pack", str(tmp_path / "nowhere")])
+
+
+@pytest.fixture
+def fake_servers(monkeypatch):
+    """eval.run's servers and points faked: every request answers "a" at once. Yields the systems that ran."""
+    ran = []
+
+    class Server:
+        url = "http://fake"
+
+        def __init__(self, model, *flags, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def log(self):
+            return ""
+
+    def run_point(server, page_size, pool, texts, qps, new_tokens, seed, bar):
+        ran.append(qps)
+        meta = {"prompt_tokens": 10, "cached_tokens": 0, "completion_tokens": 1}
+        return ([([7], "a", meta, 0.1, 0.2, 0.0) for _ in texts], SimpleNamespace(pages=[5.0], occupied=[6.0]),
+                None, 1.0, {})
+
+    monkeypatch.setattr(run, "ServerProcess", Server)
+    monkeypatch.setattr(run, "pool_pages", lambda server, page_size: 1024)
+    monkeypatch.setattr(run, "run_point", run_point)
+    return ran
+
+
+def test_a_finished_run_leaves_its_points_packed_and_resume_keeps_them(tmp_path, tiny_model, fake_servers):
+    args = ["--model", tiny_model, "--dataset", "squad", "--qps", "2", "--chunks", "3", "--reuse", "0.8",
+            "--requests", "2", "--new-tokens", "4", "--systems", "full", "--out", str(tmp_path), "--no-plots"]
+    run.main(args)
+    assert not (tmp_path / NAME).exists() and (tmp_path / PACKED).exists()  # no plain file left behind
+    assert kept(tmp_path) == [("full", 2.0, 3, 0.8, 0)] and fake_servers == [2.0]
+    run.main([*args, "--qps", "2,4", "--resume"])  # the packed point is kept, only qps 4 runs
+    assert fake_servers == [2.0, 4.0] and not (tmp_path / NAME).exists()
+    assert kept(tmp_path) == [("full", 2.0, 3, 0.8, 0), ("full", 4.0, 3, 0.8, 0)]
+    assert checkpoint.read(tmp_path)[0]["invocations"] == 2
+    assert json.loads((tmp_path / "results.json").read_text())["invocations"] == 2
