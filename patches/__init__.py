@@ -43,6 +43,8 @@ MODULES = (
     "scheduler_run_batch",
     "schedule_policy_compute_prefix_matches",
     "logprob_result_processor_add_input_logprob_return_values",
+    "type_based_dispatcher_call",
+    "dual_gemm_select_mode",
 )
 
 
