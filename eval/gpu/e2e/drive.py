@@ -269,7 +269,12 @@ def serve_system(name: str, args, model: Path, work: dict, out: Path) -> dict:
     if not args.cpu:
         common += ["--cuda-graph-max-bs", str(args.graph_max_bs), "--mem-fraction-static", "0.85"]
     env = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
-    record: dict = {"system": name, "flags": flags + common}
+    if not args.jit:
+        # SGLang 0.5.23 sends RMSNorm, SiLU-and-mul, rotary and clamp_position to kernels it compiles on
+        # first use (nvcc and tvm_ffi, per fresh machine); their torch forms run instead, the same for
+        # every system. --jit tries SGLang's compiled kernels.
+        env["SGLANG_FORCE_FUSED_OP_BACKEND"] = "native"
+    record: dict = {"system": name, "flags": flags + common, "env": env}
     started = time.perf_counter()
     log(f"{name}: starting ({' '.join(flags + common)})")
     server = ServerProcess(model, *flags, *common, startup_timeout=args.startup_timeout, env=env)
@@ -432,6 +437,8 @@ def main(argv=None) -> None:
     ap.add_argument("--startup-timeout", type=float, default=420)
     ap.add_argument("--budget", type=float, default=480, help="seconds: no server starts with under 60 s left")
     ap.add_argument("--cpu", action="store_true", help="the dry run without CUDA: tiny model, float32")
+    ap.add_argument("--jit", action="store_true",
+                    help="let SGLang compile its fused-op kernels (nvcc, tvm_ffi) instead of their torch forms")
     ap.add_argument("--merge", type=Path, nargs="+", metavar="DIR",
                     help="no servers: put the results.json of several calls together into --out")
     args = ap.parse_args(argv)

@@ -25,6 +25,8 @@ else
       "$CARRY"/wheels/*.whl > "$OUT/install.txt" 2>&1 || { cat "$OUT/install.txt"; exit 3; }
   export PYTHONPATH="$SITE:$PWD"
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+  echo "nvcc: $(command -v nvcc || ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1 || echo none); /dev/shm: $(df -h /dev/shm | tail -1)"
+  "$PY" -c 'import importlib.util as u; print("importable:", {m: bool(u.find_spec(m)) for m in ("tvm_ffi", "cutlass", "flashinfer", "sgl_kernel")})'
 fi
 echo "=== [$SECONDS s] imports"
 "$PY" -c 'import sglang, sgl_kernel, sglang_mepic, torch, triton
