@@ -148,14 +148,14 @@ def kept_meta(meta: dict) -> dict:
     return {k: v for k, v in meta.items() if k in META or (k.startswith("mepic_") and k != "mepic_chunks")}
 
 
-def stream(url: str, text: str, new_tokens: int):
+def stream(url: str, text: str, new_tokens: int, ignore_eos: bool = False):
     """Send one streaming request; returns (output_ids, text, meta_info, ttft, e2e, sent at (wall clock))."""
     sent = time.time()
     t0 = time.perf_counter()
     ttft, last = None, None
     with requests.post(url + "/generate", stream=True, timeout=900, json={
             "text": text, "stream": True,
-            "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0}}) as r:
+            "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": ignore_eos}}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith(b"data:"):
@@ -180,7 +180,7 @@ def tiered(system: str, flags: list[str], host_tier_gb: float) -> tuple[list[str
 
 
 def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, new_tokens: int, seed: int,
-              bar: tqdm) -> tuple[list, Sampler, int | None, float, dict]:
+              bar: tqdm, ignore_eos: bool = False) -> tuple[list, Sampler, int | None, float, dict]:
     requests.post(server.url + "/flush_cache", timeout=60).raise_for_status()
     before = mepic_stats(server)
     rng = random.Random(seed)
@@ -194,7 +194,7 @@ def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, n
 
     def send(i):
         time.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
-        out = stream(server.url, texts[i], new_tokens)
+        out = stream(server.url, texts[i], new_tokens, ignore_eos)
         bar.update()
         return out
 
@@ -214,12 +214,17 @@ def pool_pages(server, page_size: int) -> int:
     return requests.get(server.url + "/server_info", timeout=60).json()["max_total_num_tokens"] // page_size
 
 
+def server_process(model: str, extra: list[str], flags: list[str], env: dict) -> ServerProcess:
+    """One system's server as every eval run starts it (not started yet)."""
+    # A short decode log interval keeps SGLang's used-token gauge fresh for the sampler.
+    return ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *flags,
+                         startup_timeout=600, env=env)
+
+
 @contextmanager
 def serve(model: str, extra: list[str], flags: list[str], env: dict, page_size: int):
     """One system's server as every eval run starts it, with the pool it allocated in pages."""
-    # A short decode log interval keeps SGLang's used-token gauge fresh for the sampler.
-    with ServerProcess(model, "--dtype", "float32", "--decode-log-interval", "4", *extra, *flags,
-                       startup_timeout=600, env=env) as server:
+    with server_process(model, extra, flags, env) as server:
         yield server, pool_pages(server, page_size)
 
 

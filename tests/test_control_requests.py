@@ -49,9 +49,16 @@ def test_generate_requests_and_other_dispatchers_keep_their_own_errors():
         call(other, io_struct.SendWeightsToRemoteInstanceReqInput(master_address="x", ports="1"))
 
 
-def test_a_type_without_a_failure_reply_gets_none():
-    assert guard.failed_output(io_struct.FlushCacheReqInput(), RuntimeError("x")).success is False
-    assert guard.failed_output(io_struct.UpdateExpertBackupReq(), RuntimeError("x")) is None  # no output type
+def test_only_guarded_types_are_caught():
+    # A handler that can fail half way (memory resume, weight updates) keeps SGLang's fail-stop: a reply
+    # would leave a broken server serving on, or its route's queue waiting behind a reply it cannot take.
+    resume = io_struct.ResumeMemoryOccupationReqInput(tags=None)
+    dispatcher = TypeBasedDispatcher([*scheduler_like(raise_key_error)._mapping.items(),
+                                      (io_struct.ResumeMemoryOccupationReqInput, raise_key_error)])
+    with pytest.raises(KeyError, match="g_1_0"):
+        call(dispatcher, resume)
+    for request_type, reply_type in guard.GUARDED.items():
+        assert {"success", "message"} <= set(reply_type.__struct_fields__), reply_type
 
 
 def test_the_dual_gemm_is_off_where_its_kernel_cannot_be_imported():

@@ -1,0 +1,465 @@
+"""What the memory buys: the highest arrival rate each system serves within its SLO, per KV pool size.
+
+    .venv/bin/python -m eval.capacity --quick                      # 2 pools, vanilla and mepic, 1 seed, short runs
+    .venv/bin/python -m eval.capacity                              # the full run (hours: run it alone)
+    .venv/bin/python -m eval.capacity --pools 1024 --systems vanilla,epic-16,mepic --model models/smollm2-135m
+    .venv/bin/python -m eval.capacity --resume --out DIR           # a stopped run goes on from its last cell
+
+Goodput, as serving benchmarks measure it (`vllm bench serve --goodput`): for each system and KV pool
+size (pages of 16 tokens, `--max-total-tokens` of the server), the highest Poisson arrival rate at which
+at least `--attainment` (0.95) of the requests meet both SLOs, TTFT <= `--ttft-slo` and e2e <=
+`--e2e-slo`, and the queue does not grow over the run (the median queue wait of the last third of the
+arrivals is within `--queue-slack` seconds of the first third's: a rate above capacity shows as a
+queue that grows with time even where the SLOs still hold early on). The workload is eval.run's paper
+workload (SQuAD, 7 chunks a request, reuse 0.85, 16 new tokens, greedy), the same requests for every
+system; each probe is a full run of `--requests` (300) on a flushed cache.
+
+The rate is found by a bracket-then-bisect search on a log scale: from `--start-rate`, doubled while
+it holds or halved while it fails, then bisected until the ratio between the lowest failing and the
+highest holding rate is at most 1 + `--resolution` (0.15: capacities are good to 15%). A system that
+fails at `--min-rate` has capacity 0. Each cell is run for every seed (workload draw and arrivals);
+tables give the median and the range.
+
+Default SLOs, for tiny-4l on this 2-core CPU: a lone request's TTFT is 0.3-0.45 s at the paper's base
+point and its 16 tokens take about 1 s more; TTFT <= 2 s and e2e <= 8 s are about 5x that, the scale
+of slack the goodput literature uses (DistServe, vLLM's --goodput examples); pass your own for another
+model or machine. The header of the table states them.
+
+Per cell, at the capacity point (the highest rate that held): peak and time-weighted KV pages, and what
+the server counted over that probe: retracted requests (SGLang's `num_retracted_requests_total`), chunk
+evictions, and chunks compiled (a chunk computed more than once shows as more compiles than the
+workload has distinct chunks), so a reader sees whether the pool, the compute or the queue stopped it.
+
+Matched concurrency (`--matched 4,8,16` at the largest pool): for each system, the rate is set so the
+mean number of requests in flight (Little's law: arrival rate x mean e2e, measured) is the target,
+by up to `--matched-iterations` runs that rescale the rate by target / measured; then peak and
+time-weighted KV pages, and mepic's ratios to epic-16 and vanilla: the reading comparable with the
+paper's Table 2.
+
+Output (--out, default eval/results/capacity): results.json (every probe), table.md (capacity table,
+matched table, the command, the machine's load before and after, the wall time) and capacity.png
+(capacity against pool pages, a line per system, the range over seeds shaded). Every finished cell is
+appended to cells.jsonl as it ends (`--resume` keeps them).
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import requests
+from tqdm import tqdm
+
+from eval.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, context_args, pct, pool_pages, run_point,
+                      server_process, tiered)
+from eval.workloads import render, with_reuse
+from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
+
+DEFAULT_SYSTEMS = ("vanilla", "full", "epic-16", "cacheblend-0.15", "mepic")
+DEFAULT_POOLS = (512, 1024, 2048, 4096)
+QUICK = {"pools": (512, 1024), "systems": ("vanilla", "mepic"), "seeds": (0,), "requests": 12, "start_rate": 4.0,
+         "min_rate": 2.0, "resolution": 1.0, "matched": (), "max_probes": 2}
+NEW_TOKENS = 16
+RETRACTED = "sglang:num_retracted_requests_total"
+
+
+@dataclass
+class Probe:
+    rate: float
+    requests: int
+    attainment: float  # share meeting both SLOs
+    queue_first: float  # median queue wait of the first third of the arrivals, s
+    queue_last: float  # and of the last third
+    ok: bool
+    ttft_p50: float
+    e2e_p50: float
+    e2e_mean: float
+    achieved_rps: float
+    in_flight: float  # mean requests in flight: sum of e2e / wall seconds (Little's law)
+    peak_kv_pages: float
+    mean_kv_pages: float
+    counters: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass
+class Cell:
+    system: str
+    pool_pages: int
+    seed: int
+    capacity: float  # req/s: the highest rate that held (0: none from --min-rate up)
+    probes: list = field(default_factory=list)  # Probe as dicts, in the order run
+    kind: str = "capacity"  # or "matched-<N>"
+
+
+def judge(outputs: list, rate: float, seconds: float, sampler, exact_peak, counters: dict, args) -> Probe:
+    """One probe's figures from eval.run.run_point's outputs: (ids, text, meta, ttft, e2e, sent) per request,
+    in the order of arrival."""
+    ttft = [o[3] if o[3] is not None else math.inf for o in outputs]
+    e2e = [o[4] for o in outputs]
+    met = sum(t <= args.ttft_slo and e <= args.e2e_slo for t, e in zip(ttft, e2e))
+    queue = [o[2].get("queue_time") or 0.0 for o in outputs]
+    third = max(1, len(queue) // 3)
+    first, last = statistics.median(queue[:third]), statistics.median(queue[-third:])
+    attainment = met / len(outputs)
+    pages = sampler.pages
+    peak = max(pages, default=0.0)
+    if exact_peak is not None:
+        peak = max(peak, exact_peak)
+    return Probe(rate=rate, requests=len(outputs), attainment=round(attainment, 4), queue_first=round(first, 4),
+                 queue_last=round(last, 4), ok=attainment >= args.attainment and last <= first + args.queue_slack,
+                 ttft_p50=round(pct(ttft, 0.5), 4), e2e_p50=round(pct(e2e, 0.5), 4),
+                 e2e_mean=round(statistics.fmean(e2e), 4), achieved_rps=round(len(outputs) / seconds, 3),
+                 in_flight=round(sum(e2e) / seconds, 2), peak_kv_pages=round(peak, 1),
+                 mean_kv_pages=round(statistics.fmean(pages), 1) if pages else 0.0, counters=counters,
+                 seconds=round(seconds, 1))
+
+
+def retracted(url: str) -> float:
+    text = requests.get(url + "/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(RETRACTED + "{"))
+
+
+def probe(server, pool: int, texts: list[str], rate: float, seed: int, args, bar) -> Probe:
+    before = retracted(server.url)
+    outputs, sampler, exact, seconds, counters = run_point(server, MEPIC_PAGE_SIZE, pool, texts, rate, NEW_TOKENS,
+                                                           seed, bar)
+    counters = {**counters, "retractions": retracted(server.url) - before}
+    return judge(outputs, rate, seconds, sampler, exact, counters, args)
+
+
+def search(run, start: float, lo: float, hi: float, resolution: float, max_probes: int) -> tuple[float, list]:
+    """The highest rate in [lo, hi] at which run(rate).ok, by doubling or halving from `start` to a bracket,
+    then bisecting on a log scale until failing / holding <= 1 + resolution. Returns (capacity, probes)."""
+    probes, held, failed = [], None, None
+
+    def attempt(rate):
+        p = run(rate)
+        probes.append(p)
+        return p.ok
+
+    rate = min(max(start, lo), hi)
+    while len(probes) < max_probes:
+        if attempt(rate):
+            held = rate
+            if failed is not None or rate >= hi:
+                break
+            rate = min(rate * 2, hi)
+        else:
+            failed = rate
+            if held is not None or rate <= lo:
+                break
+            rate = max(rate / 2, lo)
+    while held is not None and failed is not None and failed / held > 1 + resolution and len(probes) < max_probes:
+        rate = math.sqrt(held * failed)
+        if attempt(rate):
+            held = rate
+        else:
+            failed = rate
+    return (held or 0.0), probes
+
+
+def matched(run, target: float, start: float, iterations: int) -> list:
+    """Runs whose rate is rescaled by target / measured mean in flight; the last is the reading."""
+    probes, rate = [], start
+    for _ in range(iterations):
+        p = run(rate)
+        probes.append(p)
+        if p.in_flight <= 0 or abs(p.in_flight - target) <= 0.1 * target:
+            break
+        rate = rate * target / p.in_flight
+    return probes
+
+
+def spread(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def fmt(values: list[float], f: str = "{:.2f}") -> str:
+    if not values:
+        return "—"
+    m, lo, hi = spread(values)
+    return f.format(m) + ("" if lo == hi else f" ({f.format(lo)}–{f.format(hi)})")
+
+
+def capacity_table(cells: list[Cell], systems: list[str], pools: list[int]) -> str:
+    lines = ["| system | pool pages | capacity req/s | peak KV pages | time-weighted KV pages | retractions | "
+             "chunk evictions | chunks compiled | TTFT p50 s | probes |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in systems:
+        for pool in pools:
+            mine = [c for c in cells if c.system == s and c.pool_pages == pool and c.kind == "capacity"]
+            if not mine:
+                continue
+            at = [best(c) for c in mine]
+            at = [p for p in at if p is not None]
+            lines.append(f"| {s} | {pool:,} | {fmt([c.capacity for c in mine])} | "
+                         f"{fmt([p['peak_kv_pages'] for p in at], '{:.0f}')} | "
+                         f"{fmt([p['mean_kv_pages'] for p in at], '{:.0f}')} | "
+                         f"{fmt([p['counters'].get('retractions', 0) for p in at], '{:.0f}')} | "
+                         f"{fmt([p['counters'].get('chunk_evictions') or 0 for p in at], '{:.0f}')} | "
+                         f"{fmt([p['counters'].get('chunks_compiled') or 0 for p in at], '{:.0f}')} | "
+                         f"{fmt([p['ttft_p50'] for p in at], '{:.3f}')} | "
+                         f"{sum(len(c.probes) for c in mine)} |")
+    return "\n".join(lines)
+
+
+def best(cell: Cell) -> dict | None:
+    """The probe at the capacity point: the highest rate that held."""
+    held = [p for p in cell.probes if p["ok"]]
+    return max(held, key=lambda p: p["rate"]) if held else None
+
+
+def ratios(cells: list[Cell], pools: list[int]) -> list[str]:
+    """mepic's capacity over each other system's, at the smallest pool where vanilla holds >= 1 req/s."""
+    def cap(system, pool):
+        values = [c.capacity for c in cells if (c.system, c.pool_pages, c.kind) == (system, pool, "capacity")]
+        return statistics.median(values) if values else None
+
+    pool = next((p for p in sorted(pools) if (cap("vanilla", p) or 0) >= 1.0), None)
+    if pool is None:
+        return ["no pool where vanilla sustains 1 req/s: the capacity targets are not judged"]
+    out = [f"at {pool:,} pages (the smallest pool where vanilla sustains >= 1 req/s):"]
+    for other in ("epic-16", "vanilla", "cacheblend-0.15", "full"):
+        m, o = cap("mepic", pool), cap(other, pool)
+        if m is not None and o:
+            target = " (target >= 2: " + ("met)" if m / o >= 2 else "missed)") if other in ("epic-16", "vanilla") else ""
+            out.append(f"- capacity mepic / {other}: {m / o:.2f}{target}")
+    return out
+
+
+def matched_table(cells: list[Cell], systems: list[str]) -> str:
+    targets = sorted({int(c.kind.split("-")[1]) for c in cells if c.kind.startswith("matched-")})
+    if not targets:
+        return ""
+    lines = ["| in flight (target) | system | rate req/s | in flight (measured) | peak KV pages | "
+             "time-weighted KV pages | TTFT p50 s |", "|---|---|---|---|---|---|---|"]
+    reading = {}
+    for n in targets:
+        for s in systems:
+            mine = [c for c in cells if c.system == s and c.kind == f"matched-{n}"]
+            last = [c.probes[-1] for c in mine if c.probes]
+            if not last:
+                continue
+            reading[(n, s)] = last
+            lines.append(f"| {n} | {s} | {fmt([p['rate'] for p in last])} | {fmt([p['in_flight'] for p in last], '{:.1f}')} | "
+                         f"{fmt([p['peak_kv_pages'] for p in last], '{:.0f}')} | "
+                         f"{fmt([p['mean_kv_pages'] for p in last], '{:.0f}')} | {fmt([p['ttft_p50'] for p in last], '{:.3f}')} |")
+    lines += ["", "| in flight | ratio | peak | time-weighted | targets (8, 16 in flight) |", "|---|---|---|---|---|"]
+    for n in targets:
+        for other in ("epic-16", "vanilla"):
+            if (n, "mepic") in reading and (n, other) in reading:
+                m, o = reading[(n, "mepic")], reading[(n, other)]
+                peak = statistics.median(p["peak_kv_pages"] for p in m) / max(1e-9, statistics.median(p["peak_kv_pages"] for p in o))
+                mean = statistics.median(p["mean_kv_pages"] for p in m) / max(1e-9, statistics.median(p["mean_kv_pages"] for p in o))
+                target = ""
+                if other == "epic-16" and n in (8, 16):
+                    target = (f"peak ≤ 0.5: {'met' if peak <= 0.5 else 'missed'}, "
+                              f"time-weighted ≤ 0.4: {'met' if mean <= 0.4 else 'missed'}")
+                lines.append(f"| {n} | mepic / {other} | {peak:.2f} | {mean:.2f} | {target or '—'} |")
+    return "\n".join(lines)
+
+
+def plot(cells: list[Cell], systems: list[str], pools: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s in systems:
+        xs, med, lo, hi = [], [], [], []
+        for pool in sorted(pools):
+            values = [c.capacity for c in cells if (c.system, c.pool_pages, c.kind) == (s, pool, "capacity")]
+            if values:
+                m, a, b = spread(values)
+                xs.append(pool), med.append(m), lo.append(a), hi.append(b)
+        if xs:
+            (line,) = ax.plot(xs, med, marker="o", label=s)
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"KV pool (pages of {MEPIC_PAGE_SIZE} tokens)")
+    ax.set_ylabel("capacity (req/s within the SLO)")
+    ax.set_title("Serving capacity at a fixed KV budget", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def workload(model: str, dataset: str, requests_n: int, seed: int) -> list[str]:
+    from transformers import AutoTokenizer
+
+    base = PAPER["base"]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return [render(tokenizer, r) for r in with_reuse(dataset, requests_n, base["chunks"], base["reuse"], seed=seed)]
+
+
+def load_cells(path: Path) -> list[Cell]:
+    if not path.is_file():
+        return []
+    cells = []
+    for line in path.read_text().splitlines():
+        try:
+            cells.append(Cell(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError):
+            continue  # a line cut short by a stop
+    return cells
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help=f"the smoke run: {QUICK}")
+    ap.add_argument("--systems", default=None, help="comma-separated, default " + ",".join(DEFAULT_SYSTEMS))
+    ap.add_argument("--pools", default=None, help="KV pool sizes in pages, default " + ",".join(map(str, DEFAULT_POOLS)))
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--model", default="models/tiny-4l")
+    ap.add_argument("--dataset", default="squad")
+    ap.add_argument("--requests", type=int, default=PAPER["requests"], help="requests per probe")
+    ap.add_argument("--ttft-slo", type=float, default=2.0, help="seconds")
+    ap.add_argument("--e2e-slo", type=float, default=8.0, help="seconds")
+    ap.add_argument("--attainment", type=float, default=0.95, help="share of requests that must meet both SLOs")
+    ap.add_argument("--queue-slack", type=float, default=0.5,
+                    help="seconds the median queue wait of the last third may exceed the first third's")
+    ap.add_argument("--start-rate", type=float, default=2.0)
+    ap.add_argument("--min-rate", type=float, default=0.25)
+    ap.add_argument("--max-rate", type=float, default=64.0)
+    ap.add_argument("--resolution", type=float, default=0.15)
+    ap.add_argument("--max-probes", type=int, default=9, help="per cell")
+    ap.add_argument("--matched", default="4,8,16", help="in-flight targets at the largest pool ('' for none)")
+    ap.add_argument("--matched-iterations", type=int, default=3)
+    ap.add_argument("--host-tier-gb", type=float, default=DEFAULT_HOST_TIER_GB)
+    ap.add_argument("--out", type=Path, default=Path("eval/results/capacity"))
+    ap.add_argument("--resume", action="store_true", help="keep the cells a stopped run saved in --out")
+    ap.add_argument("--together", action="store_true",
+                    help="start a system's servers for all pools at once (faster starts; idle servers stay up "
+                         "while one is probed, so not for timings you report); --quick sets it")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.systems = args.systems or ",".join(QUICK["systems"])
+        args.pools = args.pools or ",".join(map(str, QUICK["pools"]))
+        args.seeds, args.requests, args.start_rate = "0", QUICK["requests"], QUICK["start_rate"]
+        args.min_rate, args.resolution, args.max_probes = QUICK["min_rate"], QUICK["resolution"], QUICK["max_probes"]
+        args.matched, args.matched_iterations, args.together = ",".join(map(str, QUICK["matched"])), 1, True
+        if args.model == "models/tiny-4l" and not Path(args.model).is_dir():
+            args.model = "models/tiny"
+    systems = (args.systems or ",".join(DEFAULT_SYSTEMS)).split(",")
+    pools = [int(p) for p in (args.pools or ",".join(map(str, DEFAULT_POOLS))).split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    targets = [int(n) for n in args.matched.split(",") if n.strip()]
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad or min(pools) < 16 or not 0 < args.attainment <= 1 or args.min_rate <= 0 or args.max_rate < args.min_rate:
+        raise SystemExit(f"bad arguments: systems {bad or 'ok'} (from {', '.join(SYSTEMS)}), pools {pools} "
+                         f"(>= 16 pages), attainment {args.attainment} (0-1], rates {args.min_rate}-{args.max_rate}")
+    model = str(Path(args.model).resolve())
+    if not Path(model, "config.json").is_file():
+        raise SystemExit(f"no model at {args.model}: build it with python -m sglang_mepic.models tiny-4l")
+    args.out.mkdir(parents=True, exist_ok=True)
+    saved = args.out / "cells.jsonl"
+    cells = load_cells(saved) if args.resume else []
+    if not args.resume and saved.exists():
+        saved.unlink()
+    done = {(c.system, c.pool_pages, c.seed, c.kind) for c in cells}
+    started, load_before = time.time(), loadavg()
+    texts = {seed: workload(model, args.dataset, args.requests, seed) for seed in seeds}
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    counts = {(PAPER["base"]["chunks"], PAPER["base"]["reuse"]):
+              [len(tokenizer.encode(t, add_special_tokens=False)) for ts in texts.values() for t in ts]}
+    extra, env = context_args(model, counts, MEPIC_PAGE_SIZE, NEW_TOKENS)
+    todo = [(s, p, seed, "capacity") for s in systems for p in pools for seed in seeds]
+    todo += [(s, max(pools), seed, f"matched-{n}") for n in targets for s in systems for seed in seeds[:1]]
+    todo = [t for t in todo if t not in done]
+    print(f"[capacity] {len(todo)} cells to run ({len(done)} kept); SLO TTFT <= {args.ttft_slo:g} s and e2e <= "
+          f"{args.e2e_slo:g} s for {args.attainment:.0%}; {args.requests} requests a probe; load {load_before}",
+          flush=True)
+    bar = tqdm(desc="requests", unit="req", mininterval=5)
+
+    def record(cell: Cell):
+        cells.append(cell)
+        with saved.open("a") as f:
+            f.write(json.dumps(asdict(cell)) + "\n")
+
+    with ExitStack() as stack:
+        servers = {}
+
+        def launch(system, pool):
+            flags, _ = tiered(system, SYSTEMS[system], args.host_tier_gb)
+            server = server_process(model, [*extra, "--max-total-tokens", str(pool * MEPIC_PAGE_SIZE)], flags, env)
+            server.launch()  # from this (the main) thread: a server dies with the thread that launched it
+            stack.callback(server.stop)
+            servers[(system, pool)] = server
+            return server
+
+        def server_for(system, pool):
+            if (system, pool) not in servers:
+                if not args.together:  # one system's servers at a time: the last ones stop first
+                    for key in [k for k in servers if k[0] != system]:
+                        servers.pop(key).stop()
+                launch(system, pool)
+            server = servers[(system, pool)]
+            if not getattr(server, "pool_pages", None):
+                server.wait_ready()
+                server.pool_pages = pool_pages(server, MEPIC_PAGE_SIZE)
+            return server, server.pool_pages
+
+        if args.together:  # launch them all at once: their imports overlap (a smoke run's time, not for timings)
+            for key in sorted({(t[0], t[1]) for t in todo}):
+                launch(*key)
+        for system, pool, seed, kind in todo:
+            server, got = server_for(system, pool)
+            run = lambda rate: probe(server, got, texts[seed], rate, seed, args, bar)  # noqa: E731
+            bar.set_postfix_str(f"{system} pool {pool} seed {seed} {kind}")
+            if kind == "capacity":
+                cap, probes = search(run, args.start_rate, args.min_rate, args.max_rate, args.resolution,
+                                     args.max_probes)
+            else:
+                n = int(kind.split("-")[1])
+                held = [c.capacity for c in cells if (c.system, c.pool_pages, c.kind) == (system, pool, "capacity")]
+                start = max(args.min_rate, (statistics.median(held) if held else args.start_rate) / 2)
+                cap, probes = 0.0, matched(run, n, start, args.matched_iterations)
+            record(Cell(system, pool, seed, round(cap, 3), [asdict(p) for p in probes], kind))
+            print(f"[capacity] {system} pool {pool} seed {seed} {kind}: "
+                  + (f"{cap:.2f} req/s" if kind == "capacity" else f"{probes[-1].in_flight:.1f} in flight")
+                  + f" after {len(probes)} probe(s)", flush=True)
+    bar.close()
+    wall = time.time() - started
+    header = [f"Command: `python -m eval.capacity {' '.join(shlex.quote(a) for a in argv)}`",
+              f"Machine: {platform.node()}, {os.cpu_count()} CPUs; load average before {load_before}, after {loadavg()}; "
+              f"wall {wall / 60:.1f} min (this invocation)",
+              f"Model {Path(model).name}, {args.dataset}, {PAPER['base']['chunks']} chunks, reuse "
+              f"{PAPER['base']['reuse']:g}, {args.requests} requests a probe, {NEW_TOKENS} new tokens, greedy; SLO: "
+              f"TTFT <= {args.ttft_slo:g} s and e2e <= {args.e2e_slo:g} s for >= {args.attainment:.0%} of requests, "
+              f"queue growth <= {args.queue_slack:g} s; seeds {seeds}; rate resolution {args.resolution:.0%}"]
+    text = "\n\n".join(["# Serving capacity at a fixed KV budget", "\n".join(header),
+                        capacity_table(cells, systems, pools), "\n".join(ratios(cells, pools)),
+                        matched_table(cells, systems)]) + "\n"
+    (args.out / "table.md").write_text(text)
+    (args.out / "results.json").write_text(json.dumps(
+        {"command": header[0], "argv": argv, "wall_s": round(wall, 1), "load_before": load_before,
+         "load_after": loadavg(), "args": {k: str(v) for k, v in vars(args).items()},
+         "cells": [asdict(c) for c in cells]}, indent=1))
+    plot(cells, systems, pools, args.out / "capacity.png")
+    print(text)
+    print(f"[capacity] {args.out / 'table.md'}, results.json, capacity.png")
+
+
+if __name__ == "__main__":
+    main()

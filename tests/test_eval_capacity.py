@@ -1,0 +1,107 @@
+"""eval.capacity: the rate search, the SLO judgement, matched concurrency, the tables; and --quick end to end."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from eval import capacity  # the eval package is registered by conftest.py
+
+ROOT = Path(__file__).resolve().parent.parent
+ARGS = SimpleNamespace(ttft_slo=2.0, e2e_slo=8.0, attainment=0.95, queue_slack=0.5)
+
+
+def fake(capacity_rps: float, in_flight_per_rps: float = 2.0):
+    """A system that holds every rate up to capacity_rps; in flight grows with the rate."""
+    def run(rate):
+        return SimpleNamespace(rate=rate, ok=rate <= capacity_rps, in_flight=rate * in_flight_per_rps)
+    return run
+
+
+@pytest.mark.parametrize("true_capacity", [0.3, 1.0, 2.0, 5.0, 13.7, 40.0])
+def test_the_search_brackets_then_bisects_to_the_resolution(true_capacity):
+    found, probes = capacity.search(fake(true_capacity), start=2.0, lo=0.25, hi=64.0, resolution=0.15, max_probes=20)
+    assert found <= true_capacity < found * 1.15 + 1e-9
+    assert all(p.ok == (p.rate <= true_capacity) for p in probes)
+    assert len(probes) <= 12
+
+
+def test_the_search_ends_at_its_limits():
+    assert capacity.search(fake(0.1), 2.0, 0.25, 64.0, 0.15, 20)[0] == 0.0  # fails even at the lowest rate
+    assert capacity.search(fake(100.0), 2.0, 0.25, 64.0, 0.15, 20)[0] == 64.0
+    found, probes = capacity.search(fake(5.0), 2.0, 0.25, 64.0, 0.15, 3)  # the probe budget binds
+    assert len(probes) == 3 and found == 4.0
+
+
+def outputs(ttfts, e2es, queues):
+    return [([], "", {"queue_time": q}, t, e, 0.0) for t, e, q in zip(ttfts, e2es, queues)]
+
+
+def test_a_probe_holds_when_95_percent_meet_the_slo_and_the_queue_does_not_grow():
+    sampler = SimpleNamespace(pages=[10.0, 30.0, 20.0])
+    n = 60
+    good = capacity.judge(outputs([0.5] * n, [3.0] * n, [0.01] * n), 2.0, 30.0, sampler, None, {}, ARGS)
+    assert good.ok and good.attainment == 1.0 and good.peak_kv_pages == 30.0 and good.in_flight == 6.0
+    slow = capacity.judge(outputs([0.5] * 56 + [3.0] * 4, [3.0] * n, [0.01] * n), 2.0, 30.0, sampler, 35, {}, ARGS)
+    assert not slow.ok and slow.attainment == pytest.approx(56 / 60, abs=1e-4) and slow.peak_kv_pages == 35
+    growing = [0.01] * 20 + [0.3] * 20 + [0.9] * 20  # within the SLO, but the queue grows
+    assert not capacity.judge(outputs([0.5] * n, [3.0] * n, growing), 2.0, 30.0, sampler, None, {}, ARGS).ok
+    lost = capacity.judge(outputs([None] + [0.5] * (n - 1), [3.0] * n, [0.0] * n), 2.0, 30.0, sampler, None, {}, ARGS)
+    assert lost.attainment < 1  # a request with no first token did not meet the TTFT SLO
+
+
+def test_matched_concurrency_rescales_the_rate_to_the_target():
+    probes = capacity.matched(fake(100.0, in_flight_per_rps=2.5), target=8, start=1.0, iterations=3)
+    assert [p.rate for p in probes] == [1.0, 3.2] and probes[-1].in_flight == 8.0
+
+
+def cell(system, pool, cap, peak=100.0, mean=50.0, kind="capacity"):
+    probe = {"rate": cap, "ok": True, "peak_kv_pages": peak, "mean_kv_pages": mean, "ttft_p50": 0.2,
+             "in_flight": 8.0, "counters": {"retractions": 0, "chunk_evictions": 1, "chunks_compiled": 9}}
+    return capacity.Cell(system, pool, 0, cap, [probe], kind)
+
+
+def test_tables_and_ratios_read_the_cells(tmp_path):
+    cells = [cell("vanilla", 512, 0.5), cell("vanilla", 1024, 1.5), cell("mepic", 512, 1.0), cell("mepic", 1024, 3.5),
+             cell("epic-16", 1024, 1.0), cell("mepic", 1024, 0, 40, 15, "matched-8"),
+             cell("epic-16", 1024, 0, 100, 50, "matched-8")]
+    text = capacity.capacity_table(cells, ["vanilla", "epic-16", "mepic"], [512, 1024])
+    assert "| mepic | 1,024 | 3.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | 1 |" in text
+    lines = capacity.ratios(cells, [512, 1024])
+    assert lines[0].startswith("at 1,024 pages")  # vanilla holds 1 req/s there first
+    assert "- capacity mepic / epic-16: 3.50 (target >= 2: met)" in lines
+    assert "- capacity mepic / vanilla: 2.33 (target >= 2: met)" in lines
+    matched = capacity.matched_table(cells, ["epic-16", "mepic"])
+    assert "| 8 | mepic / epic-16 | 0.40 | 0.30 | peak ≤ 0.5: met, time-weighted ≤ 0.4: met |" in matched
+    capacity.plot(cells, ["vanilla", "epic-16", "mepic"], [512, 1024], tmp_path / "c.png")
+    assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_a_cut_line_in_the_saved_cells_is_dropped(tmp_path):
+    good = json.dumps(capacity.asdict(cell("mepic", 512, 1.0)))
+    (tmp_path / "cells.jsonl").write_text(good + "\n" + good[:40])
+    assert [c.capacity for c in capacity.load_cells(tmp_path / "cells.jsonl")] == [1.0]
+
+
+@pytest.mark.server
+def test_quick_runs_end_to_end(tiny_model, tmp_path):
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "eval.capacity", "--quick", "--model", tiny_model, "--out",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    took = time.monotonic() - started
+    print(f"eval.capacity --quick took {took:.0f} s")
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    cells = results["cells"]
+    assert {(c["system"], c["pool_pages"]) for c in cells} == {(s, p) for s in ("vanilla", "mepic") for p in (512, 1024)}
+    for c in cells:
+        assert 1 <= len(c["probes"]) <= 2 and all(p["requests"] == 12 for p in c["probes"])
+        assert c["capacity"] in (0.0, 2.0, 4.0)  # the quick search's rates: 4 req/s, then 2
+    table = (tmp_path / "table.md").read_text()
+    assert "| system | pool pages | capacity req/s |" in table and "load average before" in table
+    assert (tmp_path / "capacity.png").stat().st_size > 1000
+    assert took < 420  # 4 servers started together; about 3 minutes on a quiet 2-core machine
