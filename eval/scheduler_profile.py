@@ -266,6 +266,9 @@ def verdict(runs: list[tuple[str, str]], splits: dict[str, Split]) -> list[str]:
         ratios.append(ms / vs if vs else float("inf"))
         lines.append(f"pair {k}: outside-forward share of busy scheduler time: mepic {ms:.1%} / vanilla {vs:.1%} "
                      f"= {ratios[-1]:.2f}x")
+    if len(mepic) != len(vanilla):
+        lines.append(f"unpaired: {abs(len(mepic) - len(vanilla))} run(s) of "
+                     f"{'mepic' if len(mepic) > len(vanilla) else 'vanilla'} left out of the ratio")
     ratio = statistics.median(ratios)
     spread = f" (range {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} pairs)" if len(ratios) > 1 else ""
     lines.append(f"outside-forward share, mepic / vanilla: median {ratio:.2f}x{spread} "
