@@ -121,6 +121,51 @@ def test_which_wheels_install_on_the_device(filename, glibc):
     assert mc.device_glibc(filename) == glibc
 
 
+@pytest.mark.parametrize("filename, glibc", [
+    ("sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl", (2, 34)),
+    ("sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl", None),
+    ("pyzmq-27.3.0-cp310-abi3-manylinux_2_28_x86_64.whl", (2, 28)),
+    ("pyzmq-27.3.0-cp312-abi3-manylinux_2_28_x86_64.whl", None),  # abi3 from 3.12 on: not on 3.11
+    ("pydantic-2.14.3-py3-none-any.whl", (0, 0)),
+    ("foo-1.0-py311-none-any.whl", (0, 0)),
+    ("foo-1.0-py312-none-any.whl", None),
+])
+def test_which_wheels_install_on_another_python(filename, glibc):
+    """--python-version 3.11 (emulate.sh): the same tag logic for cp311."""
+    assert mc.device_glibc(filename, "3.11") == glibc
+
+
+def test_the_python_version_option_reaches_pip_and_the_cache_prefers_that_pythons_wheel(tmp_path, monkeypatch):
+    assert mc.cpython_tag("3.11") == "cp311" and mc.cpython_tag(mc.PYTHON) == "cp312"
+    with pytest.raises(ValueError):
+        mc.cpython_tag("311")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("pyzmq-27.3.0-cp310-abi3-manylinux_2_28_x86_64.whl",
+                 "pyzmq-27.3.0-cp312-abi3-manylinux_2_28_x86_64.whl", "orjson-3.13.0-cp312-cp312-manylinux_2_17_x86_64.whl"):
+        (cache / name).write_bytes(b"")
+    # the default build keeps taking the cp312 wheel though a 3.11 build left an older abi3 one beside it
+    assert mc.cached_wheel(cache, "pyzmq", "27.3.0").name.startswith("pyzmq-27.3.0-cp312-abi3")
+    assert mc.cached_wheel(cache, "pyzmq", "27.3.0", "3.11").name.startswith("pyzmq-27.3.0-cp310-abi3")
+    assert mc.cached_wheel(cache, "orjson", "3.13.0", "3.11") is None
+    calls = []
+
+    def download(cmd, **kwargs):
+        calls.append(cmd)
+        (cache / "orjson-3.13.0-cp311-cp311-manylinux_2_17_x86_64.whl").write_bytes(b"")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(mc.subprocess, "run", download)
+    assert mc.fetch_wheel("orjson", "3.13.0", cache, "3.11").name.startswith("orjson-3.13.0-cp311-cp311")
+    cmd = calls[0]
+    assert cmd[cmd.index("--python-version") + 1] == "3.11"
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--abi"] == ["cp311", "abi3", "none"]
+    assert mc.fetch_wheel("orjson", "3.13.0", cache).name.startswith("orjson-3.13.0-cp312")  # cached, no pip
+    assert len(calls) == 1
+    with pytest.raises(mc.CarryError, match="3.N"):
+        mc.build(tmp_path / "carry", cache, python="3")
+
+
 def test_the_size_guard_refuses_a_carry_over_60_mib_or_a_journey_over_64_mib():
     mc.check_limits(59 * MiB, 63 * MiB)
     mc.check_limits(60 * MiB, 64 * MiB)  # at the limits: allowed
@@ -244,6 +289,25 @@ def test_the_static_scan_tells_guarded_cuda_and_lazy_imports_apart(tmp_path):
 def test_which_modules_the_trim_removes(module, trimmed):
     assert mc.trimmed_module(module, mc.TRIM) is trimmed
     assert mc.trimmed_module("sglang.srt.mem_cache.rust_tree_core.mem_cache", mc.TRIM + [mc.TREE_CORE])
+
+
+@pytest.mark.parametrize("layout, kept", [("site", True), ("checkout", False)])
+def test_the_launcher_keeps_the_site_it_was_installed_into_on_sys_path(tmp_path, layout, kept):
+    """run.sh installs the project wheel into a --target folder on PYTHONPATH beside SGLang: the launcher's
+    drop of the checkout root must not drop that folder (the emulation's first finding: every server died
+    with `No module named 'sglang'`). From a checkout (pyproject.toml beside the package) it still goes."""
+    import shutil
+
+    folder = tmp_path / layout
+    shutil.copytree(ROOT / "sglang_mepic", folder / "sglang_mepic", ignore=shutil.ignore_patterns("__pycache__"))
+    if layout == "checkout":
+        (folder / "pyproject.toml").write_text("")
+    code = ("import sys; from sglang_mepic import launch_server as l; assert l.__file__.startswith(sys.argv[1]); "
+            "l._drop_checkout_root_from_path(); print(sys.argv[1] in sys.path)")
+    done = subprocess.run([sys.executable, "-c", code, str(folder)], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(folder), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(kept)
 
 
 @pytest.mark.slow

@@ -42,6 +42,15 @@ def test_the_written_model_loads_whole_and_is_the_same_every_time(tmp_path):
     assert abs(sum(int.__mul__(*s) if len(s) == 2 else s[0] for s in shapes.values()) / 1e9 - 7.38) < 0.01
 
 
+def test_the_forced_fused_op_backend_is_one_sglang_knows():
+    """SGLang reads SGLANG_FORCE_FUSED_OP_BACKEND as a KernelBackend at the first fused op: a word it does not
+    know ("native" did) fails every request, the warm-up first."""
+    from sglang.kernels.fused_op import BACKEND_METHODS
+    from sglang.kernels.spec import KernelBackend
+
+    assert BACKEND_METHODS[KernelBackend(drive.FUSED_OP_BACKEND)] == "forward_native"
+
+
 def top(tokens, shift=0.0):
     return [(t, -1.0 - 0.1 * i + shift) for i, t in enumerate(tokens)]
 

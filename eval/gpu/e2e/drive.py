@@ -75,6 +75,9 @@ HOST_TIER_GB = {"epic-16": 4, "mepic": 4, "recompute-all": 4}  # pinned host mem
 PARTS = {1: ["vanilla", "full", "recompute-all"], 2: ["epic-16", "mepic"]}
 # Checks that compare two systems' first-token distributions: (system, reference).
 PAIRS = [("vanilla", "full"), ("recompute-all", "full"), ("mepic", "full"), ("epic-16", "full")]
+# SGLANG_FORCE_FUSED_OP_BACKEND unless --jit: a value of sglang.kernels.spec.KernelBackend ("torch": each
+# BaseFusedOp's forward_native; SGLang refuses any other word at the first fused op, so no request is served).
+FUSED_OP_BACKEND = "torch"
 GRAPH_PASSES = re.compile(r'^sglang:cuda_graph_passes_total\{[^}]*mode="(\w+)"[^}]*\} ([0-9.e+]+)$', re.M)
 
 
@@ -273,7 +276,7 @@ def serve_system(name: str, args, model: Path, work: dict, out: Path) -> dict:
         # SGLang 0.5.23 sends RMSNorm, SiLU-and-mul, rotary and clamp_position to kernels it compiles on
         # first use (nvcc and tvm_ffi, per fresh machine); their torch forms run instead, the same for
         # every system. --jit tries SGLang's compiled kernels.
-        env["SGLANG_FORCE_FUSED_OP_BACKEND"] = "native"
+        env["SGLANG_FORCE_FUSED_OP_BACKEND"] = FUSED_OP_BACKEND
     record: dict = {"system": name, "flags": flags + common, "env": env}
     started = time.perf_counter()
     log(f"{name}: starting ({' '.join(flags + common)})")

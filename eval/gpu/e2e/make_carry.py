@@ -2,6 +2,7 @@
 
     .venv/bin/python -m eval.gpu.e2e.make_carry [--out .gpu_e2e] [--wheels-cache DIR]
     .venv/bin/python -m eval.gpu.e2e.make_carry --discover      # re-derive carry_requirements.txt's list
+    .venv/bin/python -m eval.gpu.e2e.make_carry --python-version 3.11 --out /tmp/carry311   # emulate.sh's
 
 The device has Python 3.12, torch, triton, transformers and the rest of its list (DEVICE_DISTS) but no SGLang,
 no sgl_kernel, no web stack and no network; the device tool copies the working tree (tracked files and
@@ -62,7 +63,7 @@ PROJECT_FILES = ("pyproject.toml", "README.md", "sglang_mepic", "kernels", "patc
 DIRTY_PATHS = ("sglang_mepic", "patches", "kernels", "eval")
 
 SGLANG = ("sglang", "0.5.23")
-PYTHON = "3.12"
+PYTHON = "3.12"  # the device's; --python-version builds for another (emulate.sh: 3.11, this machine's)
 # pip download's platforms: the common ones first; the second set only where a package has none of those
 # (pip matches manylinux_2_N exactly, so each N is named).
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
@@ -319,20 +320,30 @@ def wheel_tags(filename: str):
 GLIBC_OF = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 
 
-def device_glibc(filename: str) -> tuple[int, int] | None:
-    """The lowest glibc under which a wheel installs on the device (CPython 3.12, Linux x86_64): (0, 0) for a
-    pure wheel, None if it cannot install there at all."""
+def cpython_tag(python: str) -> str:
+    """'3.12' -> 'cp312'."""
+    m = re.fullmatch(r"3\.(\d+)", python)
+    if not m:
+        raise ValueError(f"a Python version is 3.N, not {python!r}")
+    return f"cp3{m.group(1)}"
+
+
+def device_glibc(filename: str, python: str = PYTHON) -> tuple[int, int] | None:
+    """The lowest glibc under which a wheel installs on the device (CPython `python`, 3.12 unless told,
+    Linux x86_64): (0, 0) for a pure wheel, None if it cannot install there at all."""
     _, _, tags = wheel_tags(filename)
+    cp = cpython_tag(python)
+    minor = int(cp[3:])
     best = None
     for tag in tags:
         interp, abi, plat = tag.interpreter, tag.abi, tag.platform
         if abi == "none":
-            ok = interp in ("py3", "py312", "cp312")
+            ok = interp in ("py3", "py" + cp[2:], cp)
         elif abi == "abi3":
             m = re.fullmatch(r"cp3(\d+)", interp)
-            ok = bool(m) and int(m.group(1)) <= 12
+            ok = bool(m) and int(m.group(1)) <= minor
         else:
-            ok = interp == "cp312" and abi == "cp312"
+            ok = interp == cp and abi == cp
         if not ok:
             continue
         if plat == "any":
@@ -350,37 +361,40 @@ def device_glibc(filename: str) -> tuple[int, int] | None:
     return best
 
 
-def cached_wheel(cache: Path, name: str, version: str) -> Path | None:
+def cached_wheel(cache: Path, name: str, version: str, python: str = PYTHON) -> Path | None:
+    """A cached wheel of name==version that installs on CPython `python`; one tagged for exactly that Python
+    first (the cache may also hold another Python's abi3 wheel of the same release, which would do too)."""
     if not cache.is_dir():
         return None
+    found = []
     for f in sorted(cache.glob("*.whl")):
         try:
-            n, v, _ = wheel_tags(f.name)
+            n, v, tags = wheel_tags(f.name)
         except ValueError:
             continue
-        if n == canonical(name) and v == version and device_glibc(f.name) is not None:
-            return f
-    return None
+        if n == canonical(name) and v == version and device_glibc(f.name, python) is not None:
+            found.append((not any(t.interpreter == cpython_tag(python) for t in tags), f.name, f))
+    return min(found)[2] if found else None
 
 
-def fetch_wheel(name: str, version: str, cache: Path) -> Path:
-    """The device-compatible wheel of name==version, from the cache or downloaded into it."""
-    found = cached_wheel(cache, name, version)
+def fetch_wheel(name: str, version: str, cache: Path, python: str = PYTHON) -> Path:
+    """The device-compatible wheel of name==version (for CPython `python`), from the cache or downloaded into it."""
+    found = cached_wheel(cache, name, version, python)
     if found:
         return found
     cache.mkdir(parents=True, exist_ok=True)
     errors = ""
     for platforms in (PLATFORMS, PLATFORMS + MORE_PLATFORMS):
         cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps",
-               "--only-binary=:all:", "--python-version", PYTHON, "--implementation", "cp", "--abi",
-               "cp" + PYTHON.replace(".", ""), "--abi", "abi3", "--abi", "none",
+               "--only-binary=:all:", "--python-version", python, "--implementation", "cp", "--abi",
+               cpython_tag(python), "--abi", "abi3", "--abi", "none",
                *[a for p in platforms for a in ("--platform", p)], "-d", str(cache), f"{name}=={version}"]
         done = subprocess.run(cmd, capture_output=True, text=True)
-        found = cached_wheel(cache, name, version)
+        found = cached_wheel(cache, name, version, python)
         if done.returncode == 0 and found:
             return found
         errors = (done.stdout + done.stderr)[-1500:]
-    raise CarryError(f"no cp312 manylinux x86_64 or pure wheel of {name}=={version} could be downloaded:\n{errors}")
+    raise CarryError(f"no {cpython_tag(python)} manylinux x86_64 or pure wheel of {name}=={version} could be downloaded:\n{errors}")
 
 
 def read_requirements(path: Path = REQUIREMENTS) -> list[tuple[str, str, str]]:
@@ -483,8 +497,12 @@ def references(wheel: Path, rules: list[tuple[str, str]]) -> dict[str, list[str]
 # ---------------------------------------------------------------- the build
 
 def build(out: Path, cache: Path, standin: Path = STANDIN, requirements: Path = REQUIREMENTS,
-          tokenizer: Path = TOKENIZER, no_rust_tree_core: bool = False) -> dict:
+          tokenizer: Path = TOKENIZER, no_rust_tree_core: bool = False, python: str = PYTHON) -> dict:
     started = time.perf_counter()
+    try:
+        cpython_tag(python)  # a bad version is refused before anything is built
+    except ValueError as e:
+        raise CarryError(str(e)) from None
     if not (standin / "pyproject.toml").is_file() and not (standin / "setup.py").is_file():
         raise CarryError(f"the sgl_kernel stand-in is missing: {standin} has no pyproject.toml (it is written "
                          f"beside this builder, eval/gpu/e2e/sgl_kernel_standin/); nothing was built")
@@ -508,7 +526,7 @@ def build(out: Path, cache: Path, standin: Path = STANDIN, requirements: Path = 
     rules = TRIM + ([TREE_CORE] if no_rust_tree_core else [])
 
     # SGLang, trimmed
-    src = fetch_wheel(*SGLANG, cache)
+    src = fetch_wheel(*SGLANG, cache, python)
     sgl, removed = trim_wheel(src, wheels, rules, pure=no_rust_tree_core)
     problems = check_record(sgl)
     if problems:
@@ -525,7 +543,7 @@ def build(out: Path, cache: Path, standin: Path = STANDIN, requirements: Path = 
         pinned = pins.get(canonical(name))
         if pinned and pinned != version:
             raise CarryError(f"{requirements.name}: {name}=={version}, but {LOCK.name} pins {pinned}")
-        wheel = Path(shutil.copy2(fetch_wheel(name, version, cache), wheels))
+        wheel = Path(shutil.copy2(fetch_wheel(name, version, cache, python), wheels))
         manifest["wheels"].append((wheel, why))
     log(f"{len(reqs)} dependency wheels")
 
@@ -541,8 +559,8 @@ def build(out: Path, cache: Path, standin: Path = STANDIN, requirements: Path = 
         manifest["wheels"].append((project, "this project: sglang_mepic, its kernels and patches, the plugin"))
 
     for wheel, _ in manifest["wheels"]:
-        if device_glibc(wheel.name) is None:
-            raise CarryError(f"{wheel.name} does not install on CPython 3.12 / Linux x86_64")
+        if device_glibc(wheel.name, python) is None:
+            raise CarryError(f"{wheel.name} does not install on CPython {python} / Linux x86_64")
     names = [wheel_tags(w.name)[0] for w, _ in manifest["wheels"]]
     doubles = sorted({n for n in names if names.count(n) > 1})
     if doubles:
@@ -563,7 +581,7 @@ def build(out: Path, cache: Path, standin: Path = STANDIN, requirements: Path = 
 
     carry = folder_bytes(out)
     tree = tree_bytes(ROOT, skip=out)
-    info = {"out": out, "commit": commit, "model": copied, "carry": carry, "tree": tree,
+    info = {"out": out, "python": python, "commit": commit, "model": copied, "carry": carry, "tree": tree,
             "travelling": carry + tree, "seconds": round(time.perf_counter() - started, 1), **manifest}
     text = manifest_text(info, rules)
     (out / "MANIFEST.txt").write_text(text)
@@ -577,11 +595,12 @@ def build(out: Path, cache: Path, standin: Path = STANDIN, requirements: Path = 
 
 def manifest_text(info: dict, rules) -> str:
     out = info["out"]
-    glibc = max((device_glibc(w.name), w.name) for w, _ in info["wheels"])
+    python = info.get("python", PYTHON)
+    glibc = max((device_glibc(w.name, python), w.name) for w, _ in info["wheels"])
     lines = ["# The GPU end-to-end carry (eval/gpu/e2e/make_carry.py)",
              f"built: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
              f"commit: {info['commit']}",
-             f"python: cp{PYTHON.replace('.', '')}, Linux x86_64; highest glibc needed: "
+             f"python: {cpython_tag(python)}, Linux x86_64; highest glibc needed: "
              f"{'.'.join(map(str, glibc[0]))} ({glibc[1]})", "",
              f"## wheels ({len(info['wheels'])}), installed with pip --no-index --no-deps --target", ""]
     for wheel, why in info["wheels"]:
@@ -845,6 +864,9 @@ def main(argv=None) -> None:
     ap.add_argument("--no-rust-tree-core", action="store_true",
                     help="also drop SGLang's Rust TreeCore (vanilla then runs the Python TreeCore); the sglang "
                          "wheel becomes py3-none-any (for a device with glibc < 2.34, or a torch it cannot load in)")
+    ap.add_argument("--python-version", default=PYTHON, metavar="3.N",
+                    help=f"build the wheels for this CPython (default {PYTHON}, the device's; 3.11 for "
+                         f"emulate.sh on this machine): pip download's --python-version and the tag check")
     ap.add_argument("--discover", action="store_true",
                     help="derive the dependency list from real CPU servers' imports and print it")
     ap.add_argument("--keep-closure", type=Path, help="with --discover: write the modules seen to this JSON file")
@@ -853,7 +875,8 @@ def main(argv=None) -> None:
         print(discover(args.keep_closure), end="")
         return
     try:
-        build(args.out, args.wheels_cache, standin=args.standin, no_rust_tree_core=args.no_rust_tree_core)
+        build(args.out, args.wheels_cache, standin=args.standin, no_rust_tree_core=args.no_rust_tree_core,
+              python=args.python_version)
     except CarryError as e:
         print(f"make_carry: error: {e.message}", file=sys.stderr)
         sys.exit(1)
