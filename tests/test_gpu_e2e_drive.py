@@ -51,6 +51,12 @@ def test_the_forced_fused_op_backend_is_one_sglang_knows():
     assert BACKEND_METHODS[KernelBackend(drive.FUSED_OP_BACKEND)] == "forward_native"
 
 
+def argparse_namespace(**kw):
+    import argparse
+
+    return argparse.Namespace(**kw)
+
+
 def top(tokens, shift=0.0):
     return [(t, -1.0 - 0.1 * i + shift) for i, t in enumerate(tokens)]
 
@@ -63,12 +69,35 @@ def test_the_checks_pass_on_matching_distributions_and_fail_otherwise():
     other = drive.judged([drive.compare(top(range(20)), top(range(10, 30)))], "bfloat16")
     assert not other["ok"] and other["min_overlap"] == 10
     prompts = [top(range(k, k + 20)) for k in (0, 100, 200)]
-    systems = {"full": {"checks_cold": prompts}, "vanilla": {"checks_cold": prompts}}
+    systems = {"full": {"checks_cold": prompts, "checks_warm": prompts},
+               "vanilla": {"checks_cold": prompts, "checks_warm": prompts[:2] + [top(range(20), 0.5)]},
+               "mepic": {"checks_cold": [top(range(20), 1.0)] * 3}}
     checks = drive.pairs(systems, "bfloat16")
-    assert checks["vanilla vs full"]["ok"]
+    assert checks["vanilla vs full, cold"]["ok"] and not checks["vanilla vs full, warm"]["ok"]
+    assert not checks["mepic vs full, cold"]["ok"] and not checks["mepic vs full, cold"]["judged"]  # reported
     assert checks["control: full, each prompt vs the next"]["ok"]  # different prompts told apart
-    systems["full"]["checks_cold"] = [prompts[0]] * 3
+    systems["full"]["checks_cold"] = [prompts[0], prompts[0], prompts[1]]  # one pair of prompts alike
     assert not drive.pairs(systems, "bfloat16")["control: full, each prompt vs the next"]["ok"]
+
+
+def test_the_gpu_flags_are_flags_sglang_accepts():
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = argparse.Namespace(graph_max_bs=128)
+    parsed = parser.parse_args(["--model-path", "m", "--dtype", "bfloat16", *drive.GPU_VANILLA, *drive.gpu_flags(args),
+                                "--max-total-tokens", "262144", "--decode-log-interval", "8", "--sampling-backend",
+                                "pytorch", "--context-length", "8192"])
+    assert parsed.cuda_graph_max_bs_decode == 128 and parsed.attention_backend == "triton"
+
+
+def test_a_system_that_would_not_fit_the_budget_is_not_started():
+    args = argparse_namespace(requests=300, rates=[4.0, 12.0], startup_estimate=150.0)
+    assert drive.needed_seconds("mepic", args) == 150 + (75 + 20) + (25 + 20) + 30
+    assert drive.needed_seconds("recompute-all", args) == 180
 
 
 def test_two_calls_merge_and_compare_across_only_on_the_same_weights(tmp_path):
@@ -86,10 +115,16 @@ def test_two_calls_merge_and_compare_across_only_on_the_same_weights(tmp_path):
         (tmp_path / name / "results.json").write_text(json.dumps(r))
     merged = drive.merge([tmp_path / "p1", tmp_path / "p2"], tmp_path / "out")
     assert list(merged["systems"]) == ["full", "vanilla", "mepic", "epic-16"] and len(merged["calls"]) == 2
-    assert merged["checks"]["mepic vs full"]["ok"]
+    assert merged["checks"]["mepic vs full, cold"]["ok"]
     assert merged["ratios"]["ttft_p50 mepic/vanilla @ 4"] == 0.5
     assert merged["ratios"]["peak_kv_pages mepic/epic-16 @ 4"] == 0.25
     assert "| mepic | 4.0 |" in (tmp_path / "out" / "table.md").read_text()
+    one["systems"]["vanilla"]["device"], two["systems"]["mepic"]["device"] = "h100 call 1", "h200 call 2"
+    for name, r in (("p1", one), ("p2", two)):
+        (tmp_path / name / "results.json").write_text(json.dumps(r))
+    apart = drive.merge([tmp_path / "p1", tmp_path / "p2"], tmp_path / "out3")["ratios"]
+    assert "ttft_p50 mepic/vanilla @ 4" not in apart  # timings from two machines are not compared
+    assert apart["peak_kv_pages mepic/epic-16 @ 4"] == 0.25
     two["model"]["checksum"] = 2.5
     (tmp_path / "p2" / "results.json").write_text(json.dumps(two))
     assert drive.merge([tmp_path / "p1", tmp_path / "p2"], tmp_path / "out2")["checks"] == {}
