@@ -302,11 +302,8 @@ def loadavg() -> str:
         return "?"
 
 
-def workload(model: str, dataset: str, requests_n: int, seed: int) -> list[str]:
-    from transformers import AutoTokenizer
-
+def workload(tokenizer, dataset: str, requests_n: int, seed: int) -> list[str]:
     base = PAPER["base"]
-    tokenizer = AutoTokenizer.from_pretrained(model)
     return [render(tokenizer, r) for r in with_reuse(dataset, requests_n, base["chunks"], base["reuse"], seed=seed)]
 
 
@@ -377,10 +374,10 @@ def main(argv=None) -> None:
         saved.unlink()
     done = {(c.system, c.pool_pages, c.seed, c.kind) for c in cells}
     started, load_before = time.time(), loadavg()
-    texts = {seed: workload(model, args.dataset, args.requests, seed) for seed in seeds}
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
+    texts = {seed: workload(tokenizer, args.dataset, args.requests, seed) for seed in seeds}
     counts = {(PAPER["base"]["chunks"], PAPER["base"]["reuse"]):
               [len(tokenizer.encode(t, add_special_tokens=False)) for ts in texts.values() for t in ts]}
     extra, env = context_args(model, counts, MEPIC_PAGE_SIZE, NEW_TOKENS)

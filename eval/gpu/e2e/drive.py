@@ -44,7 +44,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval.run import Sampler, pct, run_point
+from eval.run import USED_TOKENS, Sampler, mepic_stats, pct, run_point
 from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
 from sglang_mepic.server_process import ServerError, ServerProcess
 
@@ -216,19 +216,16 @@ def graph_passes(url: str) -> dict:
     return out
 
 
-def used_pages(url: str, mepic: bool) -> float:
+def used_pages(server, mepic: bool) -> float:
     if mepic:
-        return mepic_stats_url(url).get("kv_pages_in_use", 0)
-    m = re.search(r"^sglang:num_used_tokens\{[^}]*\} ([0-9.e+]+)$", metrics(url), re.M)
+        return mepic_stats(server).get("kv_pages_in_use", 0)
+    m = USED_TOKENS.search(metrics(server.url))
     return float(m.group(1)) / MEPIC_PAGE_SIZE if m else float("nan")
 
 
-def mepic_stats_url(url: str) -> dict:
-    return requests.get(url + "/server_info", timeout=60).json()["internal_states"][0].get("mepic", {})
-
-
-def abort_and_flush(url: str, mepic: bool) -> dict:
+def abort_and_flush(server, mepic: bool) -> dict:
     """Drop a stream after its first token, flush once idle, serve once more: the pages return to zero."""
+    url = server.url
     with requests.post(url + "/generate", stream=True, timeout=300, json={
             "text": "Count slowly from one to one thousand: one, two,", "stream": True,
             "sampling_params": {"max_new_tokens": 512, "temperature": 0, "ignore_eos": True}}) as r:
@@ -242,7 +239,7 @@ def abort_and_flush(url: str, mepic: bool) -> dict:
             break
         time.sleep(0.5)
     time.sleep(1.0)
-    pages = used_pages(url, mepic)
+    pages = used_pages(server, mepic)
     after = requests.post(url + "/generate", timeout=300, json={
         "text": "One more request after the abort.", "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
     return {"flushed": flushed, "pages_after_flush": pages, "serves_after": after.status_code == 200,
@@ -349,7 +346,7 @@ def serve_system(name: str, args, model: Path, work: dict, out: Path) -> dict:
         record["checks_warm"] = [first_token_top(server.url, texts[i]) for i in checks]
         record["warm_vs_cold"] = judged([compare(w, c) for w, c in zip(record["checks_warm"], record["checks_cold"])],
                                         args.dtype)
-        record["abort_flush"] = abort_and_flush(server.url, mepic)
+        record["abort_flush"] = abort_and_flush(server, mepic)
         record["graph_passes"] = graph_passes(server.url)
         log(f"{name}: warm vs cold {record['warm_vs_cold']}; abort/flush {record['abort_flush']}; "
             f"graph passes {record['graph_passes']}")

@@ -27,6 +27,13 @@ def _per_row(value, batch_size: int, device, dtype, name: str) -> torch.Tensor:
     return torch.full((batch_size,), value, device=device, dtype=dtype)
 
 
+def _as_rows(probs: torch.Tensor) -> torch.Tensor:
+    """The renorms' input check: one row of probabilities per request, in float32."""
+    if probs.ndim != 2:
+        raise ValueError(f"probs must be 2D, got shape={tuple(probs.shape)}")
+    return probs.float()
+
+
 def _renorm_from_pivots(probs: torch.Tensor, pivots: torch.Tensor) -> torch.Tensor:
     kept = torch.where(probs >= pivots[:, None], probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
     return kept / kept.sum(dim=-1, keepdim=True)
@@ -34,9 +41,7 @@ def _renorm_from_pivots(probs: torch.Tensor, pivots: torch.Tensor) -> torch.Tens
 
 def top_k_renorm_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int]) -> torch.Tensor:
     """Keep each row's top_k largest probabilities (all ties of the k-th kept) and renormalise."""
-    if probs.ndim != 2:
-        raise ValueError(f"probs must be 2D, got shape={tuple(probs.shape)}")
-    probs = probs.float()
+    probs = _as_rows(probs)
     batch_size, vocab_size = probs.shape
     if batch_size == 0 or vocab_size == 0:
         return probs.clone()
@@ -51,9 +56,7 @@ def top_p_renorm_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, float]) -
     """Keep the smallest set of largest probabilities whose mass reaches top_p (ties at the
     threshold kept) and renormalise: ascending sort, drop the prefix whose cumulative mass
     is below 1 - top_p."""
-    if probs.ndim != 2:
-        raise ValueError(f"probs must be 2D, got shape={tuple(probs.shape)}")
-    probs = probs.float()
+    probs = _as_rows(probs)
     batch_size, vocab_size = probs.shape
     if batch_size == 0 or vocab_size == 0:
         return probs.clone()
