@@ -50,6 +50,7 @@ import platform
 import shlex
 import statistics
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -58,7 +59,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, context_args, pct, pool_pages, run_point,
+from eval.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, abort_all, context_args, pct, pool_pages, run_point,
                       server_process, tiered)
 from eval.workloads import render, with_reuse
 from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
@@ -88,6 +89,8 @@ class Probe:
     mean_kv_pages: float
     counters: dict = field(default_factory=dict)
     seconds: float = 0.0
+    ended_early: bool = False  # stopped once its misses exceeded what the attainment allows
+    sent: int = 0  # requests sent (fewer than `requests` when it ended early)
 
 
 @dataclass
@@ -98,15 +101,26 @@ class Cell:
     capacity: float  # req/s: the highest rate that held (0: none from --min-rate up)
     probes: list = field(default_factory=list)  # Probe as dicts, in the order run
     kind: str = "capacity"  # or "matched-<N>"
+    seconds: float = 0.0  # wall time of the cell
+    load: str = ""  # the machine's load average when the cell ended
 
 
-def judge(outputs: list, rate: float, seconds: float, sampler, exact_peak, counters: dict, args) -> Probe:
+def aborted(output) -> bool:
+    reason = output[2].get("finish_reason")
+    return isinstance(reason, dict) and reason.get("type") == "abort"
+
+
+def judge(outputs: list, rate: float, seconds: float, sampler, exact_peak, counters: dict, args,
+          ended_early: bool = False) -> Probe:
     """One probe's figures from eval.run.run_point's outputs: (ids, text, meta, ttft, e2e, sent) per request,
-    in the order of arrival."""
-    ttft = [o[3] if o[3] is not None else math.inf for o in outputs]
-    e2e = [o[4] for o in outputs]
+    in the order of arrival; None for a request a probe that ended early did not send or aborted. Attainment is
+    over all the requests of the probe (an unsent or aborted one has not met the SLO); the latencies are over the
+    requests that finished."""
+    done = [o for o in outputs if o is not None and not aborted(o)]
+    ttft = [o[3] if o[3] is not None else math.inf for o in done]
+    e2e = [o[4] for o in done]
     met = sum(t <= args.ttft_slo and e <= args.e2e_slo for t, e in zip(ttft, e2e))
-    queue = [o[2].get("queue_time") or 0.0 for o in outputs]
+    queue = [o[2].get("queue_time") or 0.0 for o in done] or [0.0]
     third = max(1, len(queue) // 3)
     first, last = statistics.median(queue[:third]), statistics.median(queue[-third:])
     attainment = met / len(outputs)
@@ -114,13 +128,62 @@ def judge(outputs: list, rate: float, seconds: float, sampler, exact_peak, count
     peak = max(pages, default=0.0)
     if exact_peak is not None:
         peak = max(peak, exact_peak)
+    ok = not ended_early and attainment >= args.attainment and last <= first + args.queue_slack
     return Probe(rate=rate, requests=len(outputs), attainment=round(attainment, 4), queue_first=round(first, 4),
-                 queue_last=round(last, 4), ok=attainment >= args.attainment and last <= first + args.queue_slack,
-                 ttft_p50=round(pct(ttft, 0.5), 4), e2e_p50=round(pct(e2e, 0.5), 4),
-                 e2e_mean=round(statistics.fmean(e2e), 4), achieved_rps=round(len(outputs) / seconds, 3),
-                 in_flight=round(sum(e2e) / seconds, 2), peak_kv_pages=round(peak, 1),
-                 mean_kv_pages=round(statistics.fmean(pages), 1) if pages else 0.0, counters=counters,
-                 seconds=round(seconds, 1))
+                 queue_last=round(last, 4), ok=ok, ttft_p50=round(pct(ttft, 0.5), 4), e2e_p50=round(pct(e2e, 0.5), 4),
+                 e2e_mean=round(statistics.fmean(e2e), 4) if e2e else math.nan,
+                 achieved_rps=round(len(done) / seconds, 3), in_flight=round(sum(e2e) / seconds, 2),
+                 peak_kv_pages=round(peak, 1), mean_kv_pages=round(statistics.fmean(pages), 1) if pages else 0.0,
+                 counters=counters, seconds=round(seconds, 1), ended_early=ended_early,
+                 sent=sum(o is not None for o in outputs))
+
+
+class Watch:
+    """Ends a probe as soon as more of its requests have missed the SLO than the attainment allows: its verdict
+    is then known, and a rate above capacity would otherwise spend minutes draining a queue. A request counts
+    as missed when it finished outside the SLO, or when it is still in flight past the e2e target."""
+
+    def __init__(self, url: str, requests_n: int, args):
+        self.url, self.args = url, args
+        self.allowed = math.floor((1 - args.attainment) * requests_n + 1e-9)
+        self.stop, self._ended = threading.Event(), threading.Event()
+        self._lock = threading.Lock()
+        self._sent: dict[int, float] = {}
+        self._missed = 0
+
+    def sent(self, i: int) -> None:
+        with self._lock:
+            self._sent[i] = time.perf_counter()
+
+    def done(self, i: int, output) -> None:
+        ttft = output[3] if output[3] is not None else math.inf
+        with self._lock:
+            self._sent.pop(i, None)
+            if ttft > self.args.ttft_slo or output[4] > self.args.e2e_slo:
+                self._missed += 1
+        self.check()
+
+    def check(self) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            overdue = sum(now - t > self.args.e2e_slo for t in self._sent.values())
+            over = self._missed + overdue > self.allowed
+        if over and not self.stop.is_set():
+            self.stop.set()
+            abort_all(self.url)
+
+    def _run(self) -> None:
+        while not self._ended.wait(0.25):
+            self.check()
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._ended.set()
+        self._thread.join()
 
 
 def retracted(url: str) -> float:
@@ -128,17 +191,23 @@ def retracted(url: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(RETRACTED + "{"))
 
 
-def probe(server, pool: int, texts: list[str], rate: float, seed: int, args, bar) -> Probe:
+def probe(server, pool: int, texts: list[str], rate: float, seed: int, args, bar, early: bool = True) -> Probe:
+    """One full run at `rate`; with `early`, it ends once it has failed (a capacity probe; a matched-concurrency
+    run reads memory and goes to the end)."""
     before = retracted(server.url)
-    outputs, sampler, exact, seconds, counters = run_point(server, MEPIC_PAGE_SIZE, pool, texts, rate, NEW_TOKENS,
-                                                           seed, bar)
+    watch = Watch(server.url, len(texts), args) if early else None
+    with watch or ExitStack():
+        outputs, sampler, exact, seconds, counters = run_point(server, MEPIC_PAGE_SIZE, pool, texts, rate, NEW_TOKENS,
+                                                               seed, bar, watch=watch)
     counters = {**counters, "retractions": retracted(server.url) - before}
-    return judge(outputs, rate, seconds, sampler, exact, counters, args)
+    return judge(outputs, rate, seconds, sampler, exact, counters, args, ended_early=bool(watch and watch.stop.is_set()))
 
 
-def search(run, start: float, lo: float, hi: float, resolution: float, max_probes: int) -> tuple[float, list]:
-    """The highest rate in [lo, hi] at which run(rate).ok, by doubling or halving from `start` to a bracket,
-    then bisecting on a log scale until failing / holding <= 1 + resolution. Returns (capacity, probes)."""
+def search(run, start: float, lo: float, hi: float, resolution: float, max_probes: int,
+           step: float = 2.0) -> tuple[float, list]:
+    """The highest rate in [lo, hi] at which run(rate).ok, by multiplying or dividing by `step` from `start` to a
+    bracket, then bisecting on a log scale until failing / holding <= 1 + resolution. Returns (capacity, probes).
+    A start taken from a neighbouring cell is close: a step of (1 + resolution)^2 brackets it in two probes."""
     probes, held, failed = [], None, None
 
     def attempt(rate):
@@ -152,12 +221,12 @@ def search(run, start: float, lo: float, hi: float, resolution: float, max_probe
             held = rate
             if failed is not None or rate >= hi:
                 break
-            rate = min(rate * 2, hi)
+            rate = min(rate * step, hi)
         else:
             failed = rate
             if held is not None or rate <= lo:
                 break
-            rate = max(rate / 2, lo)
+            rate = max(rate / step, lo)
     while held is not None and failed is not None and failed / held > 1 + resolution and len(probes) < max_probes:
         rate = math.sqrt(held * failed)
         if attempt(rate):
@@ -192,7 +261,8 @@ def fmt(values: list[float], f: str = "{:.2f}") -> str:
 
 def capacity_table(cells: list[Cell], systems: list[str], pools: list[int]) -> str:
     lines = ["| system | pool pages | capacity req/s | peak KV pages | time-weighted KV pages | retractions | "
-             "chunk evictions | chunks compiled | TTFT p50 s | probes |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "chunk evictions | chunks compiled | TTFT p50 s | stopped by | probes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in systems:
         for pool in pools:
             mine = [c for c in cells if c.system == s and c.pool_pages == pool and c.kind == "capacity"]
@@ -207,8 +277,20 @@ def capacity_table(cells: list[Cell], systems: list[str], pools: list[int]) -> s
                          f"{fmt([p['counters'].get('chunk_evictions') or 0 for p in at], '{:.0f}')} | "
                          f"{fmt([p['counters'].get('chunks_compiled') or 0 for p in at], '{:.0f}')} | "
                          f"{fmt([p['ttft_p50'] for p in at], '{:.3f}')} | "
-                         f"{sum(len(c.probes) for c in mine)} |")
+                         f"{', '.join(sorted({stopped_by(c) for c in mine}))} | {sum(len(c.probes) for c in mine)} |")
     return "\n".join(lines)
+
+
+def stopped_by(cell: Cell) -> str:
+    """What ended the system's capacity in this cell, read from the lowest rate that failed: the pool (it was
+    full to within 5%, or SGLang retracted requests to free pages), else compute (the pool had room, but the
+    queue grew: the forward and the scheduler together did not keep up)."""
+    failed = [p for p in cell.probes if not p["ok"] and p["rate"] > cell.capacity]
+    if not failed:
+        return "—"
+    p = min(failed, key=lambda p: p["rate"])
+    full = p["peak_kv_pages"] >= 0.95 * cell.pool_pages or p["counters"].get("retractions", 0) > 0
+    return "pool" if full else "compute"
 
 
 def best(cell: Cell) -> dict | None:
@@ -307,6 +389,30 @@ def workload(tokenizer, dataset: str, requests_n: int, seed: int) -> list[str]:
     return [render(tokenizer, r) for r in with_reuse(dataset, requests_n, base["chunks"], base["reuse"], seed=seed)]
 
 
+def prompts(model: str, dataset: str, requests_n: int, seeds: list[int]) -> dict[int, list[tuple[str, int]]]:
+    """Each seed's prompts with their token counts."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return {seed: [(t, len(tokenizer.encode(t, add_special_tokens=False)))
+                   for t in workload(tokenizer, dataset, requests_n, seed)] for seed in seeds}
+
+
+def warm_start(cells: list[Cell], system: str, pool: int, args) -> tuple[float, float]:
+    """Where a cell's search starts, and its step: at the median capacity of the seeds already run in the same
+    cell, else at the capacity of the next smaller pool (a larger pool holds at least as much), with a step of
+    (1 + resolution)^2; with neither, at --start-rate, doubling."""
+    mine = [c.capacity for c in cells if (c.system, c.pool_pages, c.kind) == (system, pool, "capacity")]
+    smaller = [c for c in cells if c.system == system and c.kind == "capacity" and c.pool_pages < pool]
+    if not mine and smaller:
+        nearest = max(c.pool_pages for c in smaller)
+        mine = [c.capacity for c in smaller if c.pool_pages == nearest]
+    held = statistics.median(mine) if mine else 0.0
+    if held >= args.min_rate:
+        return held, min(2.0, (1 + args.resolution) ** 2)
+    return args.start_rate, 2.0
+
+
 def load_cells(path: Path) -> list[Cell]:
     if not path.is_file():
         return []
@@ -344,6 +450,8 @@ def main(argv=None) -> None:
     ap.add_argument("--host-tier-gb", type=float, default=DEFAULT_HOST_TIER_GB)
     ap.add_argument("--out", type=Path, default=Path("eval/results/capacity"))
     ap.add_argument("--resume", action="store_true", help="keep the cells a stopped run saved in --out")
+    ap.add_argument("--report", action="store_true",
+                    help="run nothing: write the table, results.json and plot from the cells saved in --out")
     ap.add_argument("--together", action="store_true",
                     help="start a system's servers for all pools at once (faster starts; idle servers stay up "
                          "while one is probed, so not for timings you report); --quick sets it")
@@ -368,26 +476,22 @@ def main(argv=None) -> None:
     if not Path(model, "config.json").is_file():
         raise SystemExit(f"no model at {args.model}: build it with python -m sglang_mepic.models tiny-4l")
     args.out.mkdir(parents=True, exist_ok=True)
-    saved = args.out / "cells.jsonl"
+    saved, invocations = args.out / "cells.jsonl", args.out / "invocations.jsonl"
+    args.resume = args.resume or args.report
     cells = load_cells(saved) if args.resume else []
-    if not args.resume and saved.exists():
-        saved.unlink()
+    if not args.resume:
+        saved.unlink(missing_ok=True)
+        invocations.unlink(missing_ok=True)
     done = {(c.system, c.pool_pages, c.seed, c.kind) for c in cells}
     started, load_before = time.time(), loadavg()
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    texts = {seed: workload(tokenizer, args.dataset, args.requests, seed) for seed in seeds}
-    counts = {(PAPER["base"]["chunks"], PAPER["base"]["reuse"]):
-              [len(tokenizer.encode(t, add_special_tokens=False)) for ts in texts.values() for t in ts]}
-    extra, env = context_args(model, counts, MEPIC_PAGE_SIZE, NEW_TOKENS)
-    todo = [(s, p, seed, "capacity") for s in systems for p in pools for seed in seeds]
-    todo += [(s, max(pools), seed, f"matched-{n}") for n in targets for s in systems for seed in seeds[:1]]
-    todo = [t for t in todo if t not in done]
+    # Pool by pool, the smallest first (the capacity targets are judged at the smallest pool where vanilla holds
+    # 1 req/s), so a run stopped part way has whole pools; one server at a time, each started once.
+    todo = [(s, p, seed, "capacity") for p in sorted(pools) for s in systems for seed in seeds]
+    todo += [(s, max(pools), seed, f"matched-{n}") for s in systems for n in targets for seed in seeds[:1]]
+    todo = [t for t in todo if t not in done] if not args.report else []
     print(f"[capacity] {len(todo)} cells to run ({len(done)} kept); SLO TTFT <= {args.ttft_slo:g} s and e2e <= "
           f"{args.e2e_slo:g} s for {args.attainment:.0%}; {args.requests} requests a probe; load {load_before}",
           flush=True)
-    bar = tqdm(desc="requests", unit="req", mininterval=5)
 
     def record(cell: Cell):
         cells.append(cell)
@@ -397,18 +501,23 @@ def main(argv=None) -> None:
     with ExitStack() as stack:
         servers = {}
 
+        context = ([], {})  # the model's own context length, unless the prompts need more (below)
+
         def launch(system, pool):
             flags, _ = tiered(system, SYSTEMS[system], args.host_tier_gb)
+            extra, env = context
             server = server_process(model, [*extra, "--max-total-tokens", str(pool * MEPIC_PAGE_SIZE)], flags, env)
             server.launch()  # from this (the main) thread: a server dies with the thread that launched it
             stack.callback(server.stop)
             servers[(system, pool)] = server
             return server
 
+        stack.callback(lambda: [s.terminate() for s in servers.values()])  # first: they shut down together
+
         def server_for(system, pool):
             if (system, pool) not in servers:
-                if not args.together:  # one system's servers at a time: the last ones stop first
-                    for key in [k for k in servers if k[0] != system]:
+                if not args.together:  # one server at a time: the last one stops first
+                    for key in list(servers):
                         servers.pop(key).stop()
                 launch(system, pool)
             server = servers[(system, pool)]
@@ -418,40 +527,62 @@ def main(argv=None) -> None:
             return server, server.pool_pages
 
         if args.together:  # launch them all at once: their imports overlap (a smoke run's time, not for timings)
-            for key in sorted({(t[0], t[1]) for t in todo}):
+            for key in dict.fromkeys((t[0], t[1]) for t in todo):
+                launch(*key)  # while the prompts are counted; relaunched below if they need a longer context
+        texts = prompts(model, args.dataset, args.requests, seeds) if todo else {}
+        counts = {(PAPER["base"]["chunks"], PAPER["base"]["reuse"]): [n for ts in texts.values() for _, n in ts] or [0]}
+        texts = {seed: [t for t, _ in ts] for seed, ts in texts.items()}
+        if todo and (needed := context_args(model, counts, MEPIC_PAGE_SIZE, NEW_TOKENS)) != context:
+            context = needed
+            for key in list(servers):
+                servers.pop(key).stop()
                 launch(*key)
+        bar = tqdm(desc="requests", unit="req", mininterval=5)
         for system, pool, seed, kind in todo:
+            cell_started = time.time()
             server, got = server_for(system, pool)
-            run = lambda rate: probe(server, got, texts[seed], rate, seed, args, bar)  # noqa: E731
             bar.set_postfix_str(f"{system} pool {pool} seed {seed} {kind}")
             if kind == "capacity":
-                cap, probes = search(run, args.start_rate, args.min_rate, args.max_rate, args.resolution,
-                                     args.max_probes)
+                run = lambda rate: probe(server, got, texts[seed], rate, seed, args, bar)  # noqa: E731
+                start, step = warm_start(cells, system, pool, args)
+                cap, probes = search(run, start, args.min_rate, args.max_rate, args.resolution, args.max_probes, step)
             else:
+                run = lambda rate: probe(server, got, texts[seed], rate, seed, args, bar, early=False)  # noqa: E731
                 n = int(kind.split("-")[1])
                 held = [c.capacity for c in cells if (c.system, c.pool_pages, c.kind) == (system, pool, "capacity")]
                 start = max(args.min_rate, (statistics.median(held) if held else args.start_rate) / 2)
                 cap, probes = 0.0, matched(run, n, start, args.matched_iterations)
-            record(Cell(system, pool, seed, round(cap, 3), [asdict(p) for p in probes], kind))
+            record(Cell(system, pool, seed, round(cap, 3), [asdict(p) for p in probes], kind,
+                        round(time.time() - cell_started, 1), loadavg()))
             print(f"[capacity] {system} pool {pool} seed {seed} {kind}: "
                   + (f"{cap:.2f} req/s" if kind == "capacity" else f"{probes[-1].in_flight:.1f} in flight")
                   + f" after {len(probes)} probe(s)", flush=True)
     bar.close()
     wall = time.time() - started
-    header = [f"Command: `python -m eval.capacity {' '.join(shlex.quote(a) for a in argv)}`",
-              f"Machine: {platform.node()}, {os.cpu_count()} CPUs; load average before {load_before}, after {loadavg()}; "
-              f"wall {wall / 60:.1f} min (this invocation)",
-              f"Model {Path(model).name}, {args.dataset}, {PAPER['base']['chunks']} chunks, reuse "
-              f"{PAPER['base']['reuse']:g}, {args.requests} requests a probe, {NEW_TOKENS} new tokens, greedy; SLO: "
-              f"TTFT <= {args.ttft_slo:g} s and e2e <= {args.e2e_slo:g} s for >= {args.attainment:.0%} of requests, "
-              f"queue growth <= {args.queue_slack:g} s; seeds {seeds}; rate resolution {args.resolution:.0%}"]
-    text = "\n\n".join(["# Serving capacity at a fixed KV budget", "\n".join(header),
+    settings = (f"Model {Path(model).name}, {args.dataset}, {PAPER['base']['chunks']} chunks, reuse "
+                f"{PAPER['base']['reuse']:g}, {args.requests} requests a probe, {NEW_TOKENS} new tokens, greedy; SLO: "
+                f"TTFT <= {args.ttft_slo:g} s and e2e <= {args.e2e_slo:g} s for >= {args.attainment:.0%} of requests, "
+                f"queue growth <= {args.queue_slack:g} s; seeds {seeds}; rate resolution {args.resolution:.0%}; a "
+                f"probe ends early once more requests missed the SLO than {args.attainment:.0%} allows")
+    if not args.report:
+        with invocations.open("a") as f:
+            f.write(json.dumps({"argv": argv, "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
+                                "wall_s": round(wall, 1), "load_before": load_before, "load_after": loadavg(),
+                                "cells_run": len(cells) - len(done), "settings": settings}) + "\n")
+    runs = [json.loads(line) for line in invocations.read_text().splitlines()] if invocations.is_file() else []
+    systems += [s for s in dict.fromkeys(c.system for c in cells) if s not in systems]
+    pools = sorted({*pools, *(c.pool_pages for c in cells if c.kind == "capacity")})
+    header = ["Commands (one line an invocation; a stopped run goes on with --resume):"]
+    header += [f"- `python -m eval.capacity {shlex.join(r['argv'])}`: {r['started']} UTC, {r['cells_run']} cells in "
+               f"{r['wall_s'] / 60:.1f} min, load average {r['load_before']} before, {r['load_after']} after" for r in runs]
+    header += [f"Machine: {platform.node()}, {os.cpu_count()} CPUs; {sum(c.seconds for c in cells) / 60:.1f} min over "
+               f"the {len(cells)} cells", runs[-1].get("settings", settings) if runs else settings]
+    text = "\n\n".join(["# Serving capacity at a fixed KV budget", "\n".join(header[:-2]), *header[-2:],
                         capacity_table(cells, systems, pools), "\n".join(ratios(cells, pools)),
                         matched_table(cells, systems)]) + "\n"
     (args.out / "table.md").write_text(text)
     (args.out / "results.json").write_text(json.dumps(
-        {"command": header[0], "argv": argv, "wall_s": round(wall, 1), "load_before": load_before,
-         "load_after": loadavg(), "args": {k: str(v) for k, v in vars(args).items()},
+        {"invocations": runs, "args": {k: str(v) for k, v in vars(args).items()},
          "cells": [asdict(c) for c in cells]}, indent=1))
     plot(cells, systems, pools, args.out / "capacity.png")
     print(text)

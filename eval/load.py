@@ -46,6 +46,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
+from eval.run import flush
 from eval.workloads import zipf_weights
 from sglang_mepic import models
 from sglang_mepic.lang import chunk
@@ -161,15 +162,6 @@ def settled(url: str, timeout: float = 120) -> dict:
     while (state := mepic_state(url))["kv_pages_in_use"] and time.time() < deadline:
         time.sleep(0.5)
     return state
-
-
-def flush(url: str, timeout: float = 120) -> None:
-    """Flush once the server is idle (SGLang refuses while requests are in flight)."""
-    deadline = time.time() + timeout
-    while requests.post(url + "/flush_cache", timeout=60).status_code != 200:
-        if time.time() > deadline:
-            raise RuntimeError("the server never became idle enough to flush its cache")
-        time.sleep(0.5)
 
 
 class Sampler(threading.Thread):

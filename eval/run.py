@@ -179,23 +179,52 @@ def tiered(system: str, flags: list[str], host_tier_gb: float) -> tuple[list[str
     return [*flags, *(["--mepic-host-tier-gb", f"{tier:g}"] if tier else [])], tier
 
 
-def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, new_tokens: int, seed: int,
-              bar: tqdm, ignore_eos: bool = False) -> tuple[list, Sampler, int | None, float, dict]:
-    requests.post(server.url + "/flush_cache", timeout=60).raise_for_status()
-    before = mepic_stats(server)
+def flush(url: str, timeout: float = 120) -> None:
+    """Flush once the server is idle (SGLang refuses while requests are in flight, aborted ones included)."""
+    deadline = time.time() + timeout
+    while requests.post(url + "/flush_cache", timeout=60).status_code != 200:
+        if time.time() > deadline:
+            raise RuntimeError("the server never became idle enough to flush its cache")
+        time.sleep(0.5)
+
+
+def arrival_times(n: int, qps: float, seed: int) -> list[float]:
+    """Poisson arrivals: the seconds after the start at which each of n requests is sent."""
     rng = random.Random(seed)
     arrivals, t = [], 0.0
-    for _ in texts:
+    for _ in range(n):
         arrivals.append(t)
         t += rng.expovariate(qps)
+    return arrivals
+
+
+def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, new_tokens: int, seed: int,
+              bar: tqdm, ignore_eos: bool = False, watch=None) -> tuple[list, Sampler, int | None, float, dict]:
+    """Send texts at Poisson arrivals on a flushed cache. `watch` (optional) is told of each request as it is
+    sent and as it ends (`watch.sent(i)`, `watch.done(i, output)`); once its `stop` event is set, the requests
+    not yet sent stay None and the ones in flight are aborted, so a probe whose verdict is known ends early."""
+    flush(server.url)
+    before = mepic_stats(server)
+    arrivals = arrival_times(len(texts), qps, seed)
     sampler = Sampler(server.url, page_size, pool)
     sampler.start()
     start = time.perf_counter()
 
     def send(i):
         time.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
-        out = stream(server.url, texts[i], new_tokens, ignore_eos)
+        if watch is not None:
+            if watch.stop.is_set():
+                return None
+            watch.sent(i)
+        try:
+            out = stream(server.url, texts[i], new_tokens, ignore_eos)
+        except (requests.RequestException, KeyError, TypeError):
+            if watch is None or not watch.stop.is_set():
+                raise
+            return None  # aborted by the watch
         bar.update()
+        if watch is not None:
+            watch.done(i, out)
         return out
 
     with ThreadPoolExecutor(len(texts)) as pool:
@@ -204,9 +233,16 @@ def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, n
     time.sleep(2 * sampler.period)
     sampler.stop.set()
     sampler.join()
+    if watch is not None and watch.stop.is_set():
+        flush(server.url)  # the aborted requests' pages, before the counters are read
     after = mepic_stats(server)
     counters = {k: after[k] - before.get(k, 0) for k in COUNTERS if k in after}
     return outputs, sampler, after.get("kv_pages_in_use_peak"), seconds, counters
+
+
+def abort_all(url: str) -> None:
+    """Abort every request in flight (SGLang's admin endpoint); their streams end."""
+    requests.post(url + "/abort_request", json={"abort_all": True}, timeout=60).raise_for_status()
 
 
 def pool_pages(server, page_size: int) -> int:

@@ -99,19 +99,28 @@ class ServerProcess:
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log().splitlines()[-lines:])
 
+    def terminate(self) -> None:
+        """Ask the server to shut down without waiting (SGLang takes seconds to): stopping several servers,
+        terminate them all, then stop each."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)  # its own session: the group's id is its pid
+            except ProcessLookupError:
+                pass
+
     def stop(self, timeout: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
-        pgid = os.getpgid(self.proc.pid)
-        os.killpg(pgid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
+        if self.proc.poll() is None:
+            self.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
         # SGLang's children may outlive the main process; clear the whole group.
         try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # gone (a reused id would not be ours to signal)
             pass
         self.proc.wait()
 

@@ -54,6 +54,47 @@ def test_a_probe_holds_when_95_percent_meet_the_slo_and_the_queue_does_not_grow(
     assert lost.attainment < 1  # a request with no first token did not meet the TTFT SLO
 
 
+def test_a_probe_that_ended_early_fails_and_counts_what_it_did_not_finish():
+    sampler = SimpleNamespace(pages=[5.0])
+    done = outputs([0.5] * 10, [3.0] * 10, [0.01] * 10)
+    cut = {**done[9][2], "finish_reason": {"type": "abort"}}
+    probe = capacity.judge(done[:9] + [(*done[9][:2], cut, *done[9][3:])] + [None] * 10, 4.0, 5.0, sampler, None, {},
+                           ARGS, ended_early=True)
+    assert not probe.ok and probe.ended_early and probe.sent == 10 and probe.requests == 20
+    assert probe.attainment == 0.45 and probe.achieved_rps == 1.8  # 9 of 20 finished within the SLO
+
+
+def test_the_watch_stops_a_probe_once_its_misses_exceed_the_allowance(monkeypatch):
+    aborted = []
+    monkeypatch.setattr(capacity, "abort_all", aborted.append)
+    watch = capacity.Watch("http://x", 60, ARGS)  # 95% of 60: 3 misses allowed
+    assert watch.allowed == 3
+    for i in range(3):
+        watch.sent(i)
+        watch.done(i, ([], "", {}, 2.5, 3.0, 0.0))  # TTFT over the SLO
+    watch.sent(3)
+    watch.done(3, ([], "", {}, 0.5, 3.0, 0.0))  # within it
+    assert not watch.stop.is_set() and aborted == []
+    watch.sent(4)
+    watch._sent[4] -= ARGS.e2e_slo + 1  # in flight past the e2e target: a certain miss
+    watch.check()
+    assert watch.stop.is_set() and aborted == ["http://x"]
+    watch.check()
+    assert aborted == ["http://x"]  # aborted once
+
+
+def test_a_cell_starts_its_search_from_its_neighbours():
+    args = SimpleNamespace(start_rate=2.0, min_rate=0.25, resolution=0.15)
+    assert capacity.warm_start([], "mepic", 1024, args) == (2.0, 2.0)  # nothing run yet: doubling from the start
+    cells = [cell("mepic", 512, 3.0), cell("vanilla", 1024, 9.0)]
+    assert capacity.warm_start(cells, "mepic", 1024, args) == (3.0, pytest.approx(1.3225))  # the smaller pool's
+    cells += [cell("mepic", 1024, 5.0), cell("mepic", 1024, 6.0), cell("mepic", 1024, 8.0)]
+    assert capacity.warm_start(cells, "mepic", 1024, args)[0] == 6.0  # the seeds already run there
+    assert capacity.warm_start([cell("mepic", 512, 0.0)], "mepic", 1024, args) == (2.0, 2.0)  # held nothing
+    found, probes = capacity.search(fake(3.5), 3.0, 0.25, 64.0, 0.15, 20, step=1.3225)
+    assert found <= 3.5 < found * 1.15 and len(probes) <= 3
+
+
 def test_matched_concurrency_rescales_the_rate_to_the_target():
     probes = capacity.matched(fake(100.0, in_flight_per_rps=2.5), target=8, start=1.0, iterations=3)
     assert [p.rate for p in probes] == [1.0, 3.2] and probes[-1].in_flight == 8.0
@@ -70,7 +111,7 @@ def test_tables_and_ratios_read_the_cells(tmp_path):
              cell("epic-16", 1024, 1.0), cell("mepic", 1024, 0, 40, 15, "matched-8"),
              cell("epic-16", 1024, 0, 100, 50, "matched-8")]
     text = capacity.capacity_table(cells, ["vanilla", "epic-16", "mepic"], [512, 1024])
-    assert "| mepic | 1,024 | 3.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | 1 |" in text
+    assert "| mepic | 1,024 | 3.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | — | 1 |" in text
     lines = capacity.ratios(cells, [512, 1024])
     assert lines[0].startswith("at 1,024 pages")  # vanilla holds 1 req/s there first
     assert "- capacity mepic / epic-16: 3.50 (target >= 2: met)" in lines
@@ -79,6 +120,18 @@ def test_tables_and_ratios_read_the_cells(tmp_path):
     assert "| 8 | mepic / epic-16 | 0.40 | 0.30 | peak ≤ 0.5: met, time-weighted ≤ 0.4: met |" in matched
     capacity.plot(cells, ["vanilla", "epic-16", "mepic"], [512, 1024], tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_a_cell_says_what_stopped_it():
+    def probe(rate, ok, peak, retractions=0):
+        return {"rate": rate, "ok": ok, "peak_kv_pages": peak, "counters": {"retractions": retractions}}
+    full = capacity.Cell("vanilla", 512, 0, 2.0, [probe(2.0, True, 300), probe(4.0, False, 500), probe(8.0, False, 400)])
+    assert capacity.stopped_by(full) == "pool"  # the lowest failing rate filled the pool
+    retracted = capacity.Cell("vanilla", 512, 0, 2.0, [probe(2.0, True, 300), probe(2.5, False, 420, retractions=3)])
+    assert capacity.stopped_by(retracted) == "pool"
+    queue = capacity.Cell("mepic", 512, 0, 4.0, [probe(4.0, True, 100), probe(8.0, False, 200), probe(5.0, False, 150)])
+    assert capacity.stopped_by(queue) == "compute"
+    assert capacity.stopped_by(capacity.Cell("mepic", 512, 0, 64.0, [probe(64.0, True, 100)])) == "—"
 
 
 def test_a_cut_line_in_the_saved_cells_is_dropped(tmp_path):
@@ -100,8 +153,8 @@ def test_quick_runs_end_to_end(tiny_model, tmp_path):
     assert {(c["system"], c["pool_pages"]) for c in cells} == {(s, p) for s in ("vanilla", "mepic") for p in (512, 1024)}
     for c in cells:
         assert 1 <= len(c["probes"]) <= 2 and all(p["requests"] == 12 for p in c["probes"])
-        assert c["capacity"] in (0.0, 2.0, 4.0, 8.0)  # the quick search's rates: 4 req/s, then 2 or 8
+        assert c["capacity"] in (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)  # doubling or halving from 4 req/s or the smaller pool's
     table = (tmp_path / "table.md").read_text()
-    assert "| system | pool pages | capacity req/s |" in table and "load average before" in table
+    assert "| system | pool pages | capacity req/s |" in table and "load average" in table and "stopped by" in table
     assert (tmp_path / "capacity.png").stat().st_size > 1000
     assert took < 420  # 4 servers started together; about 3 minutes on a quiet 2-core machine

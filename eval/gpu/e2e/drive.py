@@ -44,7 +44,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval.run import USED_TOKENS, Sampler, mepic_stats, pct, run_point
+from eval.run import USED_TOKENS, Sampler, flush, mepic_stats, pct, run_point
 from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
 from sglang_mepic.server_process import ServerError, ServerProcess
 
@@ -232,12 +232,11 @@ def abort_and_flush(server, mepic: bool) -> dict:
         for line in r.iter_lines():
             if line.startswith(b"data:"):
                 break  # closing the response drops the connection mid-stream
-    deadline, flushed = time.time() + 120, False
-    while time.time() < deadline:
-        if requests.post(url + "/flush_cache", timeout=60).status_code == 200:
-            flushed = True
-            break
-        time.sleep(0.5)
+    try:
+        flush(url)
+        flushed = True
+    except RuntimeError:
+        flushed = False
     time.sleep(1.0)
     pages = used_pages(server, mepic)
     after = requests.post(url + "/generate", timeout=300, json={
