@@ -11,7 +11,7 @@ The figures compare a reuse mode with full recompute on the calibration set
 - prefix: mean share of full's first tokens (up to 16) that the mode's own greedy
   output matches before the first difference.
 
-Why the defaults are what they are (README "Is my model a good fit?" has the
+Why the defaults are what they are (docs/answers.md, "Is my model a good fit?", has the
 measured figures):
 - MIN_TOP1: the first token is where reuse matters most (it is conditioned on the
   reused chunks and nothing generated yet). This project's fidelity target for

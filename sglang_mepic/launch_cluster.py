@@ -16,7 +16,7 @@ Each server gets an equal share of this machine's cores for its CPU threads
 each spin a thread per core oversubscribe the machine. Every other flag goes to
 each server. Ctrl-C, SIGTERM, or any part exiting
 stops them all; each part's log is a file named at start. Everything here runs
-on one machine over loopback TCP; the README's "more than one machine" section
+on one machine over loopback TCP; docs/scale-out.md ("More than one machine")
 says what a multi-host deployment changes.
 """
 

@@ -1,7 +1,7 @@
 """The per-model accuracy gate: check_model's figures, verdicts and exit status, and --mepic-verify.
 
 The tiny model is random, so reuse changes its predictions at chance and it must
-fail; SmolLM2-135M-Instruct passes with the mepic mode (README "Is my model a good fit?").
+fail; SmolLM2-135M-Instruct passes with the mepic mode (docs/answers.md, "Is my model a good fit?").
 """
 
 import math

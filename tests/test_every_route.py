@@ -3,7 +3,7 @@
 The routes are those the live server lists (`/openapi.json`): each is classified below,
 so a route a new SGLang adds fails the first test until it is. A route that builds a
 prompt from client text reads the markup there and refuses malformed markup with a 400
-that names the fault; one that cannot carry chunks takes the markers as text (README,
+that names the fault; one that cannot carry chunks takes the markers as text (docs/chunks.md,
 "Marking chunks"). None answers a 5xx. Before: `/api/chat` tokenized the markers as text,
 so it served unclosed markup and blank chunks that `/v1/chat/completions` refuses, and
 `/v1/responses` (not started without `openai_harmony`) answered every request with a 500.
