@@ -4,6 +4,7 @@
     .venv/bin/python -m eval.capacity                              # the full run (hours: run it alone)
     .venv/bin/python -m eval.capacity --pools 1024 --systems vanilla,epic-16,mepic --model models/smollm2-135m
     .venv/bin/python -m eval.capacity --resume --out DIR           # a stopped run goes on from its last cell
+    .venv/bin/python -m eval.capacity --report --out DIR           # the tables and plot from the saved cells
 
 Goodput, as serving benchmarks measure it (`vllm bench serve --goodput`): for each system and KV pool
 size (pages of 16 tokens, `--max-total-tokens` of the server), the highest Poisson arrival rate at which
@@ -11,14 +12,19 @@ at least `--attainment` (0.95) of the requests meet both SLOs, TTFT <= `--ttft-s
 `--e2e-slo`, and the queue does not grow over the run (the median queue wait of the last third of the
 arrivals is within `--queue-slack` seconds of the first third's: a rate above capacity shows as a
 queue that grows with time even where the SLOs still hold early on). The workload is eval.run's paper
-workload (SQuAD, 7 chunks a request, reuse 0.85, 16 new tokens, greedy), the same requests for every
-system; each probe is a full run of `--requests` (300) on a flushed cache.
+workload (SQuAD, 7 chunks a request, reuse 0.85, 16 new tokens, greedy; `--dataset`, `--chunks` and
+`--reuse` change it), the same requests for every system; each probe is a run of `--requests` (300) on a
+flushed cache. A probe ends as soon as more requests have missed the SLO than the attainment allows (a
+request still in flight past the e2e target counts as missed): the requests in flight are aborted, and
+the verdict is the one the full run would have reached, without minutes spent draining a queue.
 
 The rate is found by a bracket-then-bisect search on a log scale: from `--start-rate`, doubled while
 it holds or halved while it fails, then bisected until the ratio between the lowest failing and the
 highest holding rate is at most 1 + `--resolution` (0.15: capacities are good to 15%). A system that
 fails at `--min-rate` has capacity 0. Each cell is run for every seed (workload draw and arrivals);
-tables give the median and the range.
+tables give the median and the range. A cell's search starts at the capacity its earlier seeds found, or
+else the next smaller pool's, stepping by (1 + resolution)^2: two or three probes bracket it. Pools run
+smallest first, one server at a time, so a run stopped part way has whole pools.
 
 Default SLOs, for tiny-4l on this 2-core CPU: a lone request's TTFT is 0.3-0.45 s at the paper's base
 point and its 16 tokens take about 1 s more; TTFT <= 2 s and e2e <= 8 s are about 5x that, the scale
@@ -28,7 +34,9 @@ model or machine. The header of the table states them.
 Per cell, at the capacity point (the highest rate that held): peak and time-weighted KV pages, and what
 the server counted over that probe: retracted requests (SGLang's `num_retracted_requests_total`), chunk
 evictions, and chunks compiled (a chunk computed more than once shows as more compiles than the
-workload has distinct chunks), so a reader sees whether the pool, the compute or the queue stopped it.
+workload has distinct chunks), and what stopped it ("stopped by", read at the lowest rate that failed:
+"pool" when the pool was within 5% of full or requests were retracted, else "compute": the pool had room
+and the forward and the scheduler together did not keep up).
 
 Matched concurrency (`--matched 4,8,16` at the largest pool): for each system, the rate is set so the
 mean number of requests in flight (Little's law: arrival rate x mean e2e, measured) is the target,
@@ -47,7 +55,9 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
+import signal
 import statistics
 import sys
 import threading
@@ -61,7 +71,7 @@ from tqdm import tqdm
 
 from eval.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, abort_all, context_args, pct, pool_pages, run_point,
                       server_process, tiered)
-from eval.workloads import render, with_reuse
+from eval.workloads import DATASETS, render, with_reuse
 from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
 
 DEFAULT_SYSTEMS = ("vanilla", "full", "epic-16", "cacheblend-0.15", "mepic")
@@ -70,6 +80,7 @@ QUICK = {"pools": (512, 1024), "systems": ("vanilla", "mepic"), "seeds": (0,), "
          "min_rate": 2.0, "resolution": 1.0, "matched": (), "max_probes": 2}
 NEW_TOKENS = 16
 RETRACTED = "sglang:num_retracted_requests_total"
+STAGES = "sglang:scheduler_stage_seconds_total"
 
 
 @dataclass
@@ -186,20 +197,32 @@ class Watch:
         self._thread.join()
 
 
-def retracted(url: str) -> float:
-    text = requests.get(url + "/metrics", timeout=30).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(RETRACTED + "{"))
+def scheduler_counters(url: str) -> dict:
+    """SGLang's counters of the scheduler: requests retracted, and the seconds its loop spent in each stage
+    (`run_batch` is the forward, `idle` waiting for work, the rest scheduling and result handling)."""
+    out = {"retractions": 0.0, "stages": {}}
+    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(RETRACTED + "{"):
+            out["retractions"] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith(STAGES + "{") and (m := re.search(r'category="([a-z_]+)"', line)):
+            out["stages"][m.group(1)] = out["stages"].get(m.group(1), 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def scheduler_delta(before: dict, after: dict) -> dict:
+    stages = {k: round(v - before["stages"].get(k, 0.0), 3) for k, v in after["stages"].items()}
+    return {"retractions": after["retractions"] - before["retractions"], "stage_seconds": stages}
 
 
 def probe(server, pool: int, texts: list[str], rate: float, seed: int, args, bar, early: bool = True) -> Probe:
     """One full run at `rate`; with `early`, it ends once it has failed (a capacity probe; a matched-concurrency
     run reads memory and goes to the end)."""
-    before = retracted(server.url)
+    before = scheduler_counters(server.url)
     watch = Watch(server.url, len(texts), args) if early else None
     with watch or ExitStack():
         outputs, sampler, exact, seconds, counters = run_point(server, MEPIC_PAGE_SIZE, pool, texts, rate, NEW_TOKENS,
                                                                seed, bar, watch=watch)
-    counters = {**counters, "retractions": retracted(server.url) - before}
+    counters = {**counters, **scheduler_delta(before, scheduler_counters(server.url))}
     return judge(outputs, rate, seconds, sampler, exact, counters, args, ended_early=bool(watch and watch.stop.is_set()))
 
 
@@ -283,14 +306,22 @@ def capacity_table(cells: list[Cell], systems: list[str], pools: list[int]) -> s
 
 def stopped_by(cell: Cell) -> str:
     """What ended the system's capacity in this cell, read from the lowest rate that failed: the pool (it was
-    full to within 5%, or SGLang retracted requests to free pages), else compute (the pool had room, but the
-    queue grew: the forward and the scheduler together did not keep up)."""
+    full to within 5%, or SGLang retracted requests to free pages); else the forward or the scheduler, whichever
+    took more of the scheduler loop's busy seconds over that probe (SGLang's per-stage counters: `run_batch` is
+    the forward; getting the next batch, which holds matching and MEPIC's planning, and handling results are the
+    scheduler), with the forward's share of the busy time."""
     failed = [p for p in cell.probes if not p["ok"] and p["rate"] > cell.capacity]
     if not failed:
         return "—"
     p = min(failed, key=lambda p: p["rate"])
-    full = p["peak_kv_pages"] >= 0.95 * cell.pool_pages or p["counters"].get("retractions", 0) > 0
-    return "pool" if full else "compute"
+    if p["peak_kv_pages"] >= 0.95 * cell.pool_pages or p["counters"].get("retractions", 0) > 0:
+        return "pool"
+    stages = p["counters"].get("stage_seconds") or {}
+    busy = sum(v for k, v in stages.items() if k != "idle")
+    if busy <= 0:
+        return "compute"
+    forward = stages.get("run_batch", 0.0) / busy
+    return f"{'forward' if forward >= 0.5 else 'scheduler'} ({forward:.0%} forward)"
 
 
 def best(cell: Cell) -> dict | None:
@@ -299,53 +330,80 @@ def best(cell: Cell) -> dict | None:
     return max(held, key=lambda p: p["rate"]) if held else None
 
 
-def ratios(cells: list[Cell], pools: list[int]) -> list[str]:
-    """mepic's capacity over each other system's, at the smallest pool where vanilla holds >= 1 req/s."""
-    def cap(system, pool):
-        values = [c.capacity for c in cells if (c.system, c.pool_pages, c.kind) == (system, pool, "capacity")]
-        return statistics.median(values) if values else None
+def judged_pool(cells: list[Cell]) -> int | None:
+    """The smallest pool where vanilla's median capacity is at least 1 req/s: where the capacity targets are read."""
+    def cap(pool):
+        values = [c.capacity for c in cells if (c.system, c.pool_pages, c.kind) == ("vanilla", pool, "capacity")]
+        return statistics.median(values) if values else 0.0
 
-    pool = next((p for p in sorted(pools) if (cap("vanilla", p) or 0) >= 1.0), None)
+    return next((p for p in sorted({c.pool_pages for c in cells if c.kind == "capacity"}) if cap(p) >= 1.0), None)
+
+
+def paired(cells: list[Cell], kind: str, pool: int | None, a: str, b: str, value) -> list[float]:
+    """value(a's cell) / value(b's cell) for each seed both ran (the same requests and arrivals)."""
+    def by_seed(system):
+        return {c.seed: c for c in cells if c.system == system and c.kind == kind
+                and (pool is None or c.pool_pages == pool)}
+
+    mine, theirs = by_seed(a), by_seed(b)
+    return [value(mine[s]) / value(theirs[s]) for s in sorted(mine.keys() & theirs.keys()) if value(theirs[s]) > 0]
+
+
+def capacity_of(cell: Cell) -> float:
+    return cell.capacity
+
+
+def last_probe(key: str):
+    """A matched-concurrency cell's reading: its last run."""
+    return lambda cell: cell.probes[-1][key] if cell.probes else 0.0
+
+
+def matched_targets(cells: list[Cell]) -> list[int]:
+    return sorted({int(c.kind.split("-")[1]) for c in cells if c.kind.startswith("matched-")})
+
+
+def ratios(cells: list[Cell], pools: list[int]) -> list[str]:
+    """mepic's capacity over each other system's, seed by seed, at the pool the targets are judged at."""
+    pool = judged_pool(cells)
     if pool is None:
         return ["no pool where vanilla sustains 1 req/s: the capacity targets are not judged"]
-    out = [f"at {pool:,} pages (the smallest pool where vanilla sustains >= 1 req/s):"]
+    out = [f"at {pool:,} pages (the smallest pool where vanilla sustains >= 1 req/s), seed by seed:"]
     for other in ("epic-16", "vanilla", "cacheblend-0.15", "full"):
-        m, o = cap("mepic", pool), cap(other, pool)
-        if m is not None and o:
-            target = " (target >= 2: " + ("met)" if m / o >= 2 else "missed)") if other in ("epic-16", "vanilla") else ""
-            out.append(f"- capacity mepic / {other}: {m / o:.2f}{target}")
+        values = paired(cells, "capacity", pool, "mepic", other, capacity_of)
+        if values:
+            m = statistics.median(values)
+            target = " (target >= 2: " + ("met)" if m >= 2 else "missed)") if other in ("epic-16", "vanilla") else ""
+            out.append(f"- capacity mepic / {other}: {fmt(values)}{target}")
     return out
 
 
 def matched_table(cells: list[Cell], systems: list[str]) -> str:
-    targets = sorted({int(c.kind.split("-")[1]) for c in cells if c.kind.startswith("matched-")})
+    targets = matched_targets(cells)
     if not targets:
         return ""
     lines = ["| in flight (target) | system | rate req/s | in flight (measured) | peak KV pages | "
              "time-weighted KV pages | TTFT p50 s |", "|---|---|---|---|---|---|---|"]
-    reading = {}
     for n in targets:
         for s in systems:
-            mine = [c for c in cells if c.system == s and c.kind == f"matched-{n}"]
-            last = [c.probes[-1] for c in mine if c.probes]
-            if not last:
-                continue
-            reading[(n, s)] = last
-            lines.append(f"| {n} | {s} | {fmt([p['rate'] for p in last])} | {fmt([p['in_flight'] for p in last], '{:.1f}')} | "
-                         f"{fmt([p['peak_kv_pages'] for p in last], '{:.0f}')} | "
-                         f"{fmt([p['mean_kv_pages'] for p in last], '{:.0f}')} | {fmt([p['ttft_p50'] for p in last], '{:.3f}')} |")
+            last = [c.probes[-1] for c in cells if c.system == s and c.kind == f"matched-{n}" and c.probes]
+            if last:
+                lines.append(f"| {n} | {s} | {fmt([p['rate'] for p in last])} | "
+                             f"{fmt([p['in_flight'] for p in last], '{:.1f}')} | "
+                             f"{fmt([p['peak_kv_pages'] for p in last], '{:.0f}')} | "
+                             f"{fmt([p['mean_kv_pages'] for p in last], '{:.0f}')} | "
+                             f"{fmt([p['ttft_p50'] for p in last], '{:.3f}')} |")
     lines += ["", "| in flight | ratio | peak | time-weighted | targets (8, 16 in flight) |", "|---|---|---|---|---|"]
     for n in targets:
         for other in ("epic-16", "vanilla"):
-            if (n, "mepic") in reading and (n, other) in reading:
-                m, o = reading[(n, "mepic")], reading[(n, other)]
-                peak = statistics.median(p["peak_kv_pages"] for p in m) / max(1e-9, statistics.median(p["peak_kv_pages"] for p in o))
-                mean = statistics.median(p["mean_kv_pages"] for p in m) / max(1e-9, statistics.median(p["mean_kv_pages"] for p in o))
-                target = ""
-                if other == "epic-16" and n in (8, 16):
-                    target = (f"peak ≤ 0.5: {'met' if peak <= 0.5 else 'missed'}, "
-                              f"time-weighted ≤ 0.4: {'met' if mean <= 0.4 else 'missed'}")
-                lines.append(f"| {n} | mepic / {other} | {peak:.2f} | {mean:.2f} | {target or '—'} |")
+            peak = paired(cells, f"matched-{n}", None, "mepic", other, last_probe("peak_kv_pages"))
+            mean = paired(cells, f"matched-{n}", None, "mepic", other, last_probe("mean_kv_pages"))
+            if not peak:
+                continue
+            target = ""
+            if other == "epic-16" and n in (8, 16):
+                target = (f"peak ≤ 0.5: {'met' if statistics.median(peak) <= 0.5 else 'missed'}, time-weighted "
+                          f"≤ 0.4: {'met' if mean and statistics.median(mean) <= 0.4 else 'missed'}")
+            lines.append(f"| {n} | mepic / {other} | {fmt(peak)} | {fmt(mean)} | {target or '—'} |")
     return "\n".join(lines)
 
 
@@ -384,18 +442,18 @@ def loadavg() -> str:
         return "?"
 
 
-def workload(tokenizer, dataset: str, requests_n: int, seed: int) -> list[str]:
-    base = PAPER["base"]
-    return [render(tokenizer, r) for r in with_reuse(dataset, requests_n, base["chunks"], base["reuse"], seed=seed)]
+def workload(tokenizer, dataset: str, requests_n: int, seed: int, chunks: int, reuse: float) -> list[str]:
+    return [render(tokenizer, r) for r in with_reuse(dataset, requests_n, chunks, reuse, seed=seed)]
 
 
-def prompts(model: str, dataset: str, requests_n: int, seeds: list[int]) -> dict[int, list[tuple[str, int]]]:
+def prompts(model: str, args, seeds: list[int]) -> dict[int, list[tuple[str, int]]]:
     """Each seed's prompts with their token counts."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     return {seed: [(t, len(tokenizer.encode(t, add_special_tokens=False)))
-                   for t in workload(tokenizer, dataset, requests_n, seed)] for seed in seeds}
+                   for t in workload(tokenizer, args.dataset, args.requests, seed, args.chunks, args.reuse)]
+            for seed in seeds}
 
 
 def warm_start(cells: list[Cell], system: str, pool: int, args) -> tuple[float, float]:
@@ -425,6 +483,71 @@ def load_cells(path: Path) -> list[Cell]:
     return cells
 
 
+def run_cells(model: str, args, todo: list, cells: list[Cell], record) -> None:
+    """Run the cells in `todo`, recording each as it ends; every server it starts is stopped."""
+    seeds = sorted({t[2] for t in todo})
+    with ExitStack() as stack:
+        servers = {}
+
+        context = ([], {})  # the model's own context length, unless the prompts need more (below)
+
+        def launch(system, pool):
+            flags, _ = tiered(system, SYSTEMS[system], args.host_tier_gb)
+            extra, env = context
+            server = server_process(model, [*extra, "--max-total-tokens", str(pool * MEPIC_PAGE_SIZE)], flags, env)
+            server.launch()  # from this (the main) thread: a server dies with the thread that launched it
+            stack.callback(server.stop)
+            servers[(system, pool)] = server
+            return server
+
+        stack.callback(lambda: [s.terminate() for s in servers.values()])  # first: they shut down together
+
+        def server_for(system, pool):
+            if (system, pool) not in servers:
+                if not args.together:  # one server at a time: the last one stops first
+                    for key in list(servers):
+                        servers.pop(key).stop()
+                launch(system, pool)
+            server = servers[(system, pool)]
+            if not getattr(server, "pool_pages", None):
+                server.wait_ready()
+                server.pool_pages = pool_pages(server, MEPIC_PAGE_SIZE)
+            return server, server.pool_pages
+
+        if args.together:  # launch them all at once: their imports overlap (a smoke run's time, not for timings)
+            for key in dict.fromkeys((t[0], t[1]) for t in todo):
+                launch(*key)  # while the prompts are counted; relaunched below if they need a longer context
+        texts = prompts(model, args, seeds) if todo else {}
+        counts = {(args.chunks, args.reuse): [n for ts in texts.values() for _, n in ts] or [0]}
+        texts = {seed: [t for t, _ in ts] for seed, ts in texts.items()}
+        if todo and (needed := context_args(model, counts, MEPIC_PAGE_SIZE, NEW_TOKENS)) != context:
+            context = needed
+            for key in list(servers):
+                servers.pop(key).stop()
+                launch(*key)
+        bar = tqdm(desc="requests", unit="req", mininterval=5)
+        for system, pool, seed, kind in todo:
+            cell_started = time.time()
+            server, got = server_for(system, pool)
+            bar.set_postfix_str(f"{system} pool {pool} seed {seed} {kind}")
+            if kind == "capacity":
+                run = lambda rate: probe(server, got, texts[seed], rate, seed, args, bar)  # noqa: E731
+                start, step = warm_start(cells, system, pool, args)
+                cap, probes = search(run, start, args.min_rate, args.max_rate, args.resolution, args.max_probes, step)
+            else:
+                run = lambda rate: probe(server, got, texts[seed], rate, seed, args, bar, early=False)  # noqa: E731
+                n = int(kind.split("-")[1])
+                held = [c.capacity for c in cells if (c.system, c.pool_pages, c.kind) == (system, pool, "capacity")]
+                start = max(args.min_rate, (statistics.median(held) if held else args.start_rate) / 2)
+                cap, probes = 0.0, matched(run, n, start, args.matched_iterations)
+            record(Cell(system, pool, seed, round(cap, 3), [asdict(p) for p in probes], kind,
+                        round(time.time() - cell_started, 1), loadavg()))
+            print(f"[capacity] {system} pool {pool} seed {seed} {kind}: "
+                  + (f"{cap:.2f} req/s" if kind == "capacity" else f"{probes[-1].in_flight:.1f} in flight")
+                  + f" after {len(probes)} probe(s)", flush=True)
+        bar.close()
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -433,7 +556,9 @@ def main(argv=None) -> None:
     ap.add_argument("--pools", default=None, help="KV pool sizes in pages, default " + ",".join(map(str, DEFAULT_POOLS)))
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--model", default="models/tiny-4l")
-    ap.add_argument("--dataset", default="squad")
+    ap.add_argument("--dataset", default="squad", choices=sorted(DATASETS))
+    ap.add_argument("--chunks", type=int, default=PAPER["base"]["chunks"], help="documents a request")
+    ap.add_argument("--reuse", type=float, default=PAPER["base"]["reuse"], help="share of documents drawn again")
     ap.add_argument("--requests", type=int, default=PAPER["requests"], help="requests per probe")
     ap.add_argument("--ttft-slo", type=float, default=2.0, help="seconds")
     ap.add_argument("--e2e-slo", type=float, default=8.0, help="seconds")
@@ -498,83 +623,35 @@ def main(argv=None) -> None:
         with saved.open("a") as f:
             f.write(json.dumps(asdict(cell)) + "\n")
 
-    with ExitStack() as stack:
-        servers = {}
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
 
-        context = ([], {})  # the model's own context length, unless the prompts need more (below)
-
-        def launch(system, pool):
-            flags, _ = tiered(system, SYSTEMS[system], args.host_tier_gb)
-            extra, env = context
-            server = server_process(model, [*extra, "--max-total-tokens", str(pool * MEPIC_PAGE_SIZE)], flags, env)
-            server.launch()  # from this (the main) thread: a server dies with the thread that launched it
-            stack.callback(server.stop)
-            servers[(system, pool)] = server
-            return server
-
-        stack.callback(lambda: [s.terminate() for s in servers.values()])  # first: they shut down together
-
-        def server_for(system, pool):
-            if (system, pool) not in servers:
-                if not args.together:  # one server at a time: the last one stops first
-                    for key in list(servers):
-                        servers.pop(key).stop()
-                launch(system, pool)
-            server = servers[(system, pool)]
-            if not getattr(server, "pool_pages", None):
-                server.wait_ready()
-                server.pool_pages = pool_pages(server, MEPIC_PAGE_SIZE)
-            return server, server.pool_pages
-
-        if args.together:  # launch them all at once: their imports overlap (a smoke run's time, not for timings)
-            for key in dict.fromkeys((t[0], t[1]) for t in todo):
-                launch(*key)  # while the prompts are counted; relaunched below if they need a longer context
-        texts = prompts(model, args.dataset, args.requests, seeds) if todo else {}
-        counts = {(PAPER["base"]["chunks"], PAPER["base"]["reuse"]): [n for ts in texts.values() for _, n in ts] or [0]}
-        texts = {seed: [t for t, _ in ts] for seed, ts in texts.items()}
-        if todo and (needed := context_args(model, counts, MEPIC_PAGE_SIZE, NEW_TOKENS)) != context:
-            context = needed
-            for key in list(servers):
-                servers.pop(key).stop()
-                launch(*key)
-        bar = tqdm(desc="requests", unit="req", mininterval=5)
-        for system, pool, seed, kind in todo:
-            cell_started = time.time()
-            server, got = server_for(system, pool)
-            bar.set_postfix_str(f"{system} pool {pool} seed {seed} {kind}")
-            if kind == "capacity":
-                run = lambda rate: probe(server, got, texts[seed], rate, seed, args, bar)  # noqa: E731
-                start, step = warm_start(cells, system, pool, args)
-                cap, probes = search(run, start, args.min_rate, args.max_rate, args.resolution, args.max_probes, step)
-            else:
-                run = lambda rate: probe(server, got, texts[seed], rate, seed, args, bar, early=False)  # noqa: E731
-                n = int(kind.split("-")[1])
-                held = [c.capacity for c in cells if (c.system, c.pool_pages, c.kind) == (system, pool, "capacity")]
-                start = max(args.min_rate, (statistics.median(held) if held else args.start_rate) / 2)
-                cap, probes = 0.0, matched(run, n, start, args.matched_iterations)
-            record(Cell(system, pool, seed, round(cap, 3), [asdict(p) for p in probes], kind,
-                        round(time.time() - cell_started, 1), loadavg()))
-            print(f"[capacity] {system} pool {pool} seed {seed} {kind}: "
-                  + (f"{cap:.2f} req/s" if kind == "capacity" else f"{probes[-1].in_flight:.1f} in flight")
-                  + f" after {len(probes)} probe(s)", flush=True)
-    bar.close()
+    signal.signal(signal.SIGTERM, interrupted)  # a stopped run still records what it ran
+    stopped = False
+    try:
+        run_cells(model, args, todo, cells, record)
+    except KeyboardInterrupt:
+        stopped = True
+        print("[capacity] stopped: the finished cells are kept (go on with --resume)", flush=True)
     wall = time.time() - started
-    settings = (f"Model {Path(model).name}, {args.dataset}, {PAPER['base']['chunks']} chunks, reuse "
-                f"{PAPER['base']['reuse']:g}, {args.requests} requests a probe, {NEW_TOKENS} new tokens, greedy; SLO: "
+    settings = (f"Model {Path(model).name}, {args.dataset}, {args.chunks} chunks, reuse "
+                f"{args.reuse:g}, {args.requests} requests a probe, {NEW_TOKENS} new tokens, greedy; SLO: "
                 f"TTFT <= {args.ttft_slo:g} s and e2e <= {args.e2e_slo:g} s for >= {args.attainment:.0%} of requests, "
-                f"queue growth <= {args.queue_slack:g} s; seeds {seeds}; rate resolution {args.resolution:.0%}; a "
+                f"queue growth <= {args.queue_slack:g} s; rate resolution {args.resolution:.0%}; a "
                 f"probe ends early once more requests missed the SLO than {args.attainment:.0%} allows")
     if not args.report:
         with invocations.open("a") as f:
             f.write(json.dumps({"argv": argv, "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
                                 "wall_s": round(wall, 1), "load_before": load_before, "load_after": loadavg(),
-                                "cells_run": len(cells) - len(done), "settings": settings}) + "\n")
+                                "cells_run": len(cells) - len(done), "stopped": stopped,
+                                "settings": settings}) + "\n")
     runs = [json.loads(line) for line in invocations.read_text().splitlines()] if invocations.is_file() else []
     systems += [s for s in dict.fromkeys(c.system for c in cells) if s not in systems]
     pools = sorted({*pools, *(c.pool_pages for c in cells if c.kind == "capacity")})
     header = ["Commands (one line an invocation; a stopped run goes on with --resume):"]
     header += [f"- `python -m eval.capacity {shlex.join(r['argv'])}`: {r['started']} UTC, {r['cells_run']} cells in "
-               f"{r['wall_s'] / 60:.1f} min, load average {r['load_before']} before, {r['load_after']} after" for r in runs]
+               f"{r['wall_s'] / 60:.1f} min, load average {r['load_before']} before, {r['load_after']} after"
+               + (" (stopped part way)" if r.get("stopped") else "") for r in runs]
     header += [f"Machine: {platform.node()}, {os.cpu_count()} CPUs; {sum(c.seconds for c in cells) / 60:.1f} min over "
                f"the {len(cells)} cells", runs[-1].get("settings", settings) if runs else settings]
     text = "\n\n".join(["# Serving capacity at a fixed KV budget", "\n".join(header[:-2]), *header[-2:],

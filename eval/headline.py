@@ -15,6 +15,8 @@ import re
 import statistics
 from pathlib import Path
 
+from eval import capacity
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "eval" / "results"
 # The runs the headline reads: (label, results.json).
@@ -26,6 +28,8 @@ SMOL = {"squad": RESULTS / "smollm2" / "squad" / "results.json",
 # The six-system runs above (4.5 h each) predate it; their F1 and mepic / epic-16 rows stay as they are.
 SMOL_TTFT = {"squad": RESULTS / "compile-rows" / "smol-squad-after" / "results.json",
              "hotpotqa": RESULTS / "compile-rows" / "smol-hotpot-after" / "results.json"}
+# What the memory buys (issue 50): capacity within the SLO at a fixed pool, and KV at matched concurrency.
+CAPACITY = RESULTS / "capacity" / "results.json"
 TABLE2 = {"squad": RESULTS / "squad-paper" / "base-repeats" / "results.json",
           "hotpotqa": RESULTS / "hotpotqa-paper" / "base-repeats" / "results.json"}
 # The paper's Table 2 (Mistral-7B, vLLM + LMCache, Ascend 910B): SQuAD only of our datasets.
@@ -88,11 +92,42 @@ def top_below_saturation(results: dict | None) -> float | None:
     return max(fine, default=None)
 
 
+def capacity_rows(results: dict | None) -> list[str]:
+    """Capacity ratios at the judged pool and KV ratios at matched concurrency, seed by seed; "not run" rows
+    where the cells are missing."""
+    cells = [capacity.Cell(**c) for c in (results or {}).get("cells", [])]
+    source = f"`{rel(CAPACITY)}`"
+
+    def row(name, values, target, ok):
+        med, rng = span(values)
+        judged = target if target == "—" else f"{target}: {verdict(statistics.median(values) if values else None, ok)}"
+        return f"| {name} | {med} | {rng} | {len(values)} | {judged} | {source} |"
+
+    pool = capacity.judged_pool(cells)
+    where = f"{pool:,} pages" if pool else "the smallest pool where vanilla holds 1 req/s"
+    given = (results or {}).get("args", {})
+    what = f"{Path(given.get('model', 'tiny-4l')).name}, {given.get('dataset', 'squad')}, {given.get('chunks', 7)} chunks"
+    lines = [row(f"capacity within the SLO, mepic / {other}, at {where} ({what})",
+                 capacity.paired(cells, "capacity", pool, "mepic", other, capacity.capacity_of) if pool else [],
+                 "≥ 2", lambda v: v >= 2) for other in ("epic-16", "vanilla")]
+    for n in (capacity.matched_targets(cells) or [8, 16]):
+        kind = f"matched-{n}"
+        for key, label, target, bound in (("peak_kv_pages", "peak", "≤ 0.5", 0.5),
+                                          ("mean_kv_pages", "time-weighted", "≤ 0.4", 0.4)):
+            values = capacity.paired(cells, kind, None, "mepic", "epic-16", capacity.last_probe(key))
+            judged = n in (8, 16)
+            lines.append(row(f"{label} KV mepic / epic-16 at {n} requests in flight (matched concurrency)", values,
+                             target if judged else "—", lambda v, b=bound: v <= b))
+    return lines
+
+
 def headline() -> str:
     base, qps = load(TINY_BASE), load(TINY_QPS)
     smol = {k: load(v) for k, v in SMOL.items()}
     smol_ttft = {k: load(v) for k, v in SMOL_TTFT.items()}
-    lines = ["| figure | median | range | runs | target | source |", "|---|---|---|---|---|---|"]
+    cap = load(CAPACITY)
+    lines = ["| figure | median | range | runs | target | source |", "|---|---|---|---|---|---|",
+             *capacity_rows(cap)]
 
     def add_ratio(name, results, path, metric, a, b, target, ok, q=None):
         r = ratio(results, metric, a, b, q)
@@ -132,7 +167,11 @@ def headline() -> str:
             lines.append(f"| F1 {s}, {ds} (SmolLM2) | {med} | {rng} | {len(values)} | {target or '—'} | "
                          f"`{rel(SMOL[ds])}` |")
     sources = [(p, load(p)) for p in (TINY_BASE, TINY_QPS, *SMOL.values(), *SMOL_TTFT.values())]
-    notes = [f"- `{rel(p)}`: " + (f"`{r['command']}`, model {r['model']}, {runs_per_point(r)}, "
+    runs = (cap or {}).get("invocations", [])
+    notes = [f"- `{rel(CAPACITY)}`: " + ("; ".join(f"`python -m eval.capacity {' '.join(r['argv'])}` "
+                                                 f"({r['wall_s'] / 60:.0f} min)" for r in runs) or "not run yet")
+             + ("; the fixed-QPS rows below it are the secondary figures" if runs else "")]
+    notes += [f"- `{rel(p)}`: " + (f"`{r['command']}`, model {r['model']}, {runs_per_point(r)}, "
                                    f"pool {' / '.join(f'{x:,}' for x in r.get('pool_pages', []))} pages, "
                                    f"{r['minutes']:.0f} min" if r else "not run yet")
              for p, r in sources]

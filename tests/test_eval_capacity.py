@@ -130,8 +130,28 @@ def test_a_cell_says_what_stopped_it():
     retracted = capacity.Cell("vanilla", 512, 0, 2.0, [probe(2.0, True, 300), probe(2.5, False, 420, retractions=3)])
     assert capacity.stopped_by(retracted) == "pool"
     queue = capacity.Cell("mepic", 512, 0, 4.0, [probe(4.0, True, 100), probe(8.0, False, 200), probe(5.0, False, 150)])
-    assert capacity.stopped_by(queue) == "compute"
+    assert capacity.stopped_by(queue) == "compute"  # no stage counters recorded
+    queue.probes[2]["counters"]["stage_seconds"] = {"run_batch": 30.0, "get_next_batch_to_run": 8.0,
+                                                    "process_batch_result": 2.0, "idle": 20.0}
+    assert capacity.stopped_by(queue) == "forward (75% forward)"
+    queue.probes[2]["counters"]["stage_seconds"]["get_next_batch_to_run"] = 40.0
+    assert capacity.stopped_by(queue) == "scheduler (42% forward)"
     assert capacity.stopped_by(capacity.Cell("mepic", 512, 0, 64.0, [probe(64.0, True, 100)])) == "—"
+
+
+def test_the_scheduler_counters_are_read_from_sglangs_metrics(monkeypatch):
+    text = "\n".join([
+        '# HELP sglang:num_retracted_requests_total ...',
+        'sglang:num_retracted_requests_total{model_name="m",tp_rank="0"} 3.0',
+        'sglang:scheduler_stage_seconds_total{category="run_batch",forward_overlap="none",tp_rank="0"} 12.5',
+        'sglang:scheduler_stage_seconds_total{category="idle",forward_overlap="none",tp_rank="0"} 4.0',
+        'sglang:scheduler_stage_seconds_total_created{category="idle"} 1.7e9'])
+    monkeypatch.setattr(capacity.requests, "get", lambda url, timeout: SimpleNamespace(text=text))
+    before = capacity.scheduler_counters("http://x")
+    assert before == {"retractions": 3.0, "stages": {"run_batch": 12.5, "idle": 4.0}}
+    after = {"retractions": 5.0, "stages": {"run_batch": 20.0, "idle": 4.5, "other": 0.25}}
+    assert capacity.scheduler_delta(before, after) == {"retractions": 2.0, "stage_seconds": {
+        "run_batch": 7.5, "idle": 0.5, "other": 0.25}}
 
 
 def test_a_cut_line_in_the_saved_cells_is_dropped(tmp_path):
