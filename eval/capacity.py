@@ -35,14 +35,15 @@ Per cell, at the capacity point (the highest rate that held): peak and time-weig
 the server counted over that probe: retracted requests (SGLang's `num_retracted_requests_total`), chunk
 evictions, and chunks compiled (a chunk computed more than once shows as more compiles than the
 workload has distinct chunks), and what stopped it ("stopped by", read at the lowest rate that failed:
-"pool" when the pool was within 5% of full or requests were retracted, else "compute": the pool had room
-and the forward and the scheduler together did not keep up).
+"pool" when the pool was within 5% of full or requests were retracted, else "forward" or "scheduler",
+whichever took more of the scheduler loop's busy seconds over that probe, by SGLang's per-stage counters).
 
-Matched concurrency (`--matched 4,8,16` at the largest pool): for each system, the rate is set so the
-mean number of requests in flight (Little's law: arrival rate x mean e2e, measured) is the target,
-by up to `--matched-iterations` runs that rescale the rate by target / measured; then peak and
-time-weighted KV pages, and mepic's ratios to epic-16 and vanilla: the reading comparable with the
-paper's Table 2.
+Matched concurrency (`--matched 4,8,16` at the largest pool, each seed): N clients in a closed loop, each
+sending its next request when its last one ends, keep N requests in flight, so each system runs at the
+rate that N in flight gives it (Little's law: rate = N / mean e2e, both measured and reported); then
+peak and time-weighted KV pages, and mepic's ratios to epic-16 and vanilla, seed by seed: the reading
+comparable with the paper's Table 2. (Setting an open-loop Poisson rate to reach N in flight does not
+converge: near capacity the number in flight jumps from a few to the whole run.)
 
 Output (--out, default eval/results/capacity): results.json (every probe), table.md (capacity table,
 matched table, the command, the machine's load before and after, the wall time) and capacity.png
@@ -214,15 +215,17 @@ def scheduler_delta(before: dict, after: dict) -> dict:
     return {"retractions": after["retractions"] - before["retractions"], "stage_seconds": stages}
 
 
-def probe(server, pool: int, texts: list[str], rate: float, seed: int, args, bar, early: bool = True) -> Probe:
-    """One full run at `rate`; with `early`, it ends once it has failed (a capacity probe; a matched-concurrency
-    run reads memory and goes to the end)."""
+def probe(server, pool: int, texts: list[str], rate: float, seed: int, args, bar, clients: int | None = None) -> Probe:
+    """One run at `rate` (Poisson arrivals) that ends once it has failed: a capacity probe. With `clients`, a
+    closed loop of that many clients instead, run to the end (matched concurrency: its rate is what it achieved)."""
     before = scheduler_counters(server.url)
-    watch = Watch(server.url, len(texts), args) if early else None
+    watch = None if clients else Watch(server.url, len(texts), args)
     with watch or ExitStack():
         outputs, sampler, exact, seconds, counters = run_point(server, MEPIC_PAGE_SIZE, pool, texts, rate, NEW_TOKENS,
-                                                               seed, bar, watch=watch)
+                                                               seed, bar, watch=watch, clients=clients)
     counters = {**counters, **scheduler_delta(before, scheduler_counters(server.url))}
+    if clients:
+        rate = round(len(outputs) / seconds, 3)
     return judge(outputs, rate, seconds, sampler, exact, counters, args, ended_early=bool(watch and watch.stop.is_set()))
 
 
@@ -257,18 +260,6 @@ def search(run, start: float, lo: float, hi: float, resolution: float, max_probe
         else:
             failed = rate
     return (held or 0.0), probes
-
-
-def matched(run, target: float, start: float, iterations: int) -> list:
-    """Runs whose rate is rescaled by target / measured mean in flight; the last is the reading."""
-    probes, rate = [], start
-    for _ in range(iterations):
-        p = run(rate)
-        probes.append(p)
-        if p.in_flight <= 0 or abs(p.in_flight - target) <= 0.1 * target:
-            break
-        rate = rate * target / p.in_flight
-    return probes
 
 
 def spread(values: list[float]) -> tuple[float, float, float]:
@@ -534,12 +525,8 @@ def run_cells(model: str, args, todo: list, cells: list[Cell], record) -> None:
                 run = lambda rate: probe(server, got, texts[seed], rate, seed, args, bar)  # noqa: E731
                 start, step = warm_start(cells, system, pool, args)
                 cap, probes = search(run, start, args.min_rate, args.max_rate, args.resolution, args.max_probes, step)
-            else:
-                run = lambda rate: probe(server, got, texts[seed], rate, seed, args, bar, early=False)  # noqa: E731
-                n = int(kind.split("-")[1])
-                held = [c.capacity for c in cells if (c.system, c.pool_pages, c.kind) == (system, pool, "capacity")]
-                start = max(args.min_rate, (statistics.median(held) if held else args.start_rate) / 2)
-                cap, probes = 0.0, matched(run, n, start, args.matched_iterations)
+            else:  # matched concurrency: n clients in a closed loop keep n requests in flight
+                cap, probes = 0.0, [probe(server, got, texts[seed], 0.0, seed, args, bar, clients=int(kind.split("-")[1]))]
             record(Cell(system, pool, seed, round(cap, 3), [asdict(p) for p in probes], kind,
                         round(time.time() - cell_started, 1), loadavg()))
             print(f"[capacity] {system} pool {pool} seed {seed} {kind}: "
@@ -571,7 +558,6 @@ def main(argv=None) -> None:
     ap.add_argument("--resolution", type=float, default=0.15)
     ap.add_argument("--max-probes", type=int, default=9, help="per cell")
     ap.add_argument("--matched", default="4,8,16", help="in-flight targets at the largest pool ('' for none)")
-    ap.add_argument("--matched-iterations", type=int, default=3)
     ap.add_argument("--host-tier-gb", type=float, default=DEFAULT_HOST_TIER_GB)
     ap.add_argument("--out", type=Path, default=Path("eval/results/capacity"))
     ap.add_argument("--resume", action="store_true", help="keep the cells a stopped run saved in --out")
@@ -586,7 +572,7 @@ def main(argv=None) -> None:
         args.pools = args.pools or ",".join(map(str, QUICK["pools"]))
         args.seeds, args.requests, args.start_rate = "0", QUICK["requests"], QUICK["start_rate"]
         args.min_rate, args.resolution, args.max_probes = QUICK["min_rate"], QUICK["resolution"], QUICK["max_probes"]
-        args.matched, args.matched_iterations, args.together = ",".join(map(str, QUICK["matched"])), 1, True
+        args.matched, args.together = ",".join(map(str, QUICK["matched"])), True
         if args.model == "models/tiny-4l" and not Path(args.model).is_dir():
             args.model = "models/tiny"
     systems = (args.systems or ",".join(DEFAULT_SYSTEMS)).split(",")
@@ -612,7 +598,7 @@ def main(argv=None) -> None:
     # Pool by pool, the smallest first (the capacity targets are judged at the smallest pool where vanilla holds
     # 1 req/s), so a run stopped part way has whole pools; one server at a time, each started once.
     todo = [(s, p, seed, "capacity") for p in sorted(pools) for s in systems for seed in seeds]
-    todo += [(s, max(pools), seed, f"matched-{n}") for s in systems for n in targets for seed in seeds[:1]]
+    todo += [(s, max(pools), seed, f"matched-{n}") for s in systems for n in targets for seed in seeds]
     todo = [t for t in todo if t not in done] if not args.report else []
     print(f"[capacity] {len(todo)} cells to run ({len(done)} kept); SLO TTFT <= {args.ttft_slo:g} s and e2e <= "
           f"{args.e2e_slo:g} s for {args.attainment:.0%}; {args.requests} requests a probe; load {load_before}",

@@ -199,13 +199,16 @@ def arrival_times(n: int, qps: float, seed: int) -> list[float]:
 
 
 def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, new_tokens: int, seed: int,
-              bar: tqdm, ignore_eos: bool = False, watch=None) -> tuple[list, Sampler, int | None, float, dict]:
-    """Send texts at Poisson arrivals on a flushed cache. `watch` (optional) is told of each request as it is
-    sent and as it ends (`watch.sent(i)`, `watch.done(i, output)`); once its `stop` event is set, the requests
-    not yet sent stay None and the ones in flight are aborted, so a probe whose verdict is known ends early."""
+              bar: tqdm, ignore_eos: bool = False, watch=None,
+              clients: int | None = None) -> tuple[list, Sampler, int | None, float, dict]:
+    """Send texts at Poisson arrivals (`qps`) on a flushed cache, or, with `clients`, from that many clients
+    that each send their next request when the last one ends (a closed loop: `clients` requests in flight
+    throughout, whatever each system's speed). `watch` (optional) is told of each request as it is sent and as
+    it ends (`watch.sent(i)`, `watch.done(i, output)`); once its `stop` event is set, the requests not yet sent
+    stay None and the ones in flight are aborted, so a probe whose verdict is known ends early."""
     flush(server.url)
     before = mepic_stats(server)
-    arrivals = arrival_times(len(texts), qps, seed)
+    arrivals = [0.0] * len(texts) if clients else arrival_times(len(texts), qps, seed)
     sampler = Sampler(server.url, page_size, pool)
     sampler.start()
     start = time.perf_counter()
@@ -227,8 +230,23 @@ def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, n
             watch.done(i, out)
         return out
 
-    with ThreadPoolExecutor(len(texts)) as pool:
-        outputs = list(pool.map(send, range(len(texts))))
+    if clients:
+        order, lock, outputs = iter(range(len(texts))), threading.Lock(), [None] * len(texts)
+
+        def client():
+            while True:
+                with lock:
+                    i = next(order, None)
+                if i is None:
+                    return
+                outputs[i] = send(i)
+
+        with ThreadPoolExecutor(clients) as pool:
+            for running in [pool.submit(client) for _ in range(clients)]:
+                running.result()
+    else:
+        with ThreadPoolExecutor(len(texts)) as pool:
+            outputs = list(pool.map(send, range(len(texts))))
     seconds = time.perf_counter() - start
     time.sleep(2 * sampler.period)
     sampler.stop.set()

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -95,9 +96,41 @@ def test_a_cell_starts_its_search_from_its_neighbours():
     assert found <= 3.5 < found * 1.15 and len(probes) <= 3
 
 
-def test_matched_concurrency_rescales_the_rate_to_the_target():
-    probes = capacity.matched(fake(100.0, in_flight_per_rps=2.5), target=8, start=1.0, iterations=3)
-    assert [p.rate for p in probes] == [1.0, 3.2] and probes[-1].in_flight == 8.0
+def test_a_closed_loop_keeps_as_many_requests_in_flight_as_it_has_clients(monkeypatch):
+    from eval import run
+
+    in_flight, most, lock = [0], [0], threading.Lock()
+
+    def stream(url, text, new_tokens, ignore_eos=False):
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.01)
+        with lock:
+            in_flight[0] -= 1
+        return [1], text, {}, 0.005, 0.01, 0.0
+
+    class NoSampler:
+        period, pages = 0.0, []
+
+        def __init__(self, *a):
+            self.stop = threading.Event()
+
+        def start(self):
+            pass
+
+        def join(self):
+            pass
+
+    monkeypatch.setattr(run, "stream", stream)
+    monkeypatch.setattr(run, "flush", lambda url: None)
+    monkeypatch.setattr(run, "mepic_stats", lambda server: {})
+    monkeypatch.setattr(run, "Sampler", NoSampler)
+    bar = SimpleNamespace(update=lambda: None)
+    outputs, *_ = run.run_point(SimpleNamespace(url="http://x"), 16, 64, [f"t{i}" for i in range(40)], 0.0, 4, 0, bar,
+                                clients=4)
+    assert [o[1] for o in outputs] == [f"t{i}" for i in range(40)]  # every request, each in its place
+    assert most[0] == 4
 
 
 def cell(system, pool, cap, peak=100.0, mean=50.0, kind="capacity"):
