@@ -162,6 +162,7 @@ class Watch:
         self._lock = threading.Lock()
         self._sent: dict[int, float] = {}
         self._missed = 0
+        self.counters_at_stop: dict | None = None  # the scheduler's counters before the abort and its idle flush
 
     def sent(self, i: int) -> None:
         with self._lock:
@@ -182,6 +183,7 @@ class Watch:
             over = self._missed + overdue > self.allowed
         if over and not self.stop.is_set():
             self.stop.set()
+            self.counters_at_stop = scheduler_counters(self.url)
             abort_all(self.url)
 
     def _run(self) -> None:
@@ -223,7 +225,10 @@ def probe(server, pool: int, texts: list[str], rate: float, seed: int, args, bar
     with watch or ExitStack():
         outputs, sampler, exact, seconds, counters = run_point(server, MEPIC_PAGE_SIZE, pool, texts, rate, NEW_TOKENS,
                                                                seed, bar, watch=watch, clients=clients)
-    counters = {**counters, **scheduler_delta(before, scheduler_counters(server.url))}
+    after = scheduler_counters(server.url)
+    if watch is not None and watch.counters_at_stop is not None:  # the stages up to the stop, not the flush after
+        after = {**after, "stages": watch.counters_at_stop["stages"]}
+    counters = {**counters, **scheduler_delta(before, after)}
     if clients:
         rate = round(len(outputs) / seconds, 3)
     return judge(outputs, rate, seconds, sampler, exact, counters, args, ended_early=bool(watch and watch.stop.is_set()))
@@ -296,23 +301,26 @@ def capacity_table(cells: list[Cell], systems: list[str], pools: list[int]) -> s
 
 
 def stopped_by(cell: Cell) -> str:
-    """What ended the system's capacity in this cell, read from the lowest rate that failed: the pool (it was
-    full to within 5%, or SGLang retracted requests to free pages); else the forward or the scheduler, whichever
-    took more of the scheduler loop's busy seconds over that probe (SGLang's per-stage counters: `run_batch` is
-    the forward; getting the next batch, which holds matching and MEPIC's planning, and handling results are the
-    scheduler), with the forward's share of the busy time."""
+    """What ended the system's capacity in this cell, read from the lowest rate that failed. Past capacity the
+    queue grows and SGLang admits what the pool holds, so a full pool there is as much a symptom as a cause;
+    the scheduler's own per-stage counters decide first: when its loop was idle under 10% of the probe, the
+    compute was saturated, and the forward (`run_batch`) or the scheduler (getting the next batch, which holds
+    matching and MEPIC's planning, and handling results) is named by which took more of the busy time, with
+    the forward's share. Otherwise the pool (within 5% of full, or requests retracted), else "queue". A probe
+    run before the counters were recorded is judged on the pool alone."""
     failed = [p for p in cell.probes if not p["ok"] and p["rate"] > cell.capacity]
     if not failed:
         return "—"
     p = min(failed, key=lambda p: p["rate"])
+    stages = p["counters"].get("stage_seconds") or {}
+    total = sum(stages.values())
+    busy = total - stages.get("idle", 0.0)
+    if total > 0 and busy >= 0.9 * total:
+        forward = stages.get("run_batch", 0.0) / busy
+        return f"{'forward' if forward >= 0.5 else 'scheduler'} ({forward:.0%} forward)"
     if p["peak_kv_pages"] >= 0.95 * cell.pool_pages or p["counters"].get("retractions", 0) > 0:
         return "pool"
-    stages = p["counters"].get("stage_seconds") or {}
-    busy = sum(v for k, v in stages.items() if k != "idle")
-    if busy <= 0:
-        return "compute"
-    forward = stages.get("run_batch", 0.0) / busy
-    return f"{'forward' if forward >= 0.5 else 'scheduler'} ({forward:.0%} forward)"
+    return "queue" if stages else "compute"
 
 
 def best(cell: Cell) -> dict | None:

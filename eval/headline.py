@@ -199,6 +199,14 @@ def table2() -> str:
     return "\n".join(lines + ["", "Sources (F1 from the SmolLM2 runs of the headline):", *notes])
 
 
+def capacity_tables() -> str:
+    """eval.capacity's table.md as it wrote it, below its title."""
+    table = CAPACITY.with_name("table.md")
+    if not table.is_file():
+        return "Not run yet: `python -m eval.capacity`."
+    return table.read_text().split("\n", 1)[1].strip() + f"\n\nFrom `{rel(table)}`; the plot is `{rel(CAPACITY.with_name('capacity.png'))}`."
+
+
 def replace(path: Path, name: str, body: str) -> None:
     text = path.read_text()
     begin, end = BEGIN.format(name=name), END.format(name=name)
@@ -217,6 +225,7 @@ def main(argv=None) -> None:
     if args.write:
         replace(ROOT / "README.md", "headline", head)
         replace(ROOT / "docs" / "results.md", "table2", t2)
+        replace(ROOT / "docs" / "results.md", "capacity", capacity_tables())
         print("[headline] README.md and docs/results.md updated")
 
 

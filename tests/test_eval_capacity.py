@@ -68,6 +68,7 @@ def test_a_probe_that_ended_early_fails_and_counts_what_it_did_not_finish():
 def test_the_watch_stops_a_probe_once_its_misses_exceed_the_allowance(monkeypatch):
     aborted = []
     monkeypatch.setattr(capacity, "abort_all", aborted.append)
+    monkeypatch.setattr(capacity, "scheduler_counters", lambda url: {"retractions": 0.0, "stages": {"idle": 1.0}})
     watch = capacity.Watch("http://x", 60, ARGS)  # 95% of 60: 3 misses allowed
     assert watch.allowed == 3
     for i in range(3):
@@ -80,6 +81,7 @@ def test_the_watch_stops_a_probe_once_its_misses_exceed_the_allowance(monkeypatc
     watch._sent[4] -= ARGS.e2e_slo + 1  # in flight past the e2e target: a certain miss
     watch.check()
     assert watch.stop.is_set() and aborted == ["http://x"]
+    assert watch.counters_at_stop == {"retractions": 0.0, "stages": {"idle": 1.0}}  # read before the abort
     watch.check()
     assert aborted == ["http://x"]  # aborted once
 
@@ -164,11 +166,15 @@ def test_a_cell_says_what_stopped_it():
     assert capacity.stopped_by(retracted) == "pool"
     queue = capacity.Cell("mepic", 512, 0, 4.0, [probe(4.0, True, 100), probe(8.0, False, 200), probe(5.0, False, 150)])
     assert capacity.stopped_by(queue) == "compute"  # no stage counters recorded
-    queue.probes[2]["counters"]["stage_seconds"] = {"run_batch": 30.0, "get_next_batch_to_run": 8.0,
-                                                    "process_batch_result": 2.0, "idle": 20.0}
+    stages = {"run_batch": 30.0, "get_next_batch_to_run": 8.0, "process_batch_result": 2.0, "idle": 20.0}
+    queue.probes[2]["counters"]["stage_seconds"] = stages
+    assert capacity.stopped_by(queue) == "queue"  # idle a third of the time, the pool not full: neither
+    stages["idle"] = 1.0  # saturated: the forward took 75% of the busy time
     assert capacity.stopped_by(queue) == "forward (75% forward)"
-    queue.probes[2]["counters"]["stage_seconds"]["get_next_batch_to_run"] = 40.0
+    stages["get_next_batch_to_run"] = 40.0
     assert capacity.stopped_by(queue) == "scheduler (42% forward)"
+    full.probes[1]["counters"]["stage_seconds"] = {"run_batch": 9.0, "idle": 1.0}
+    assert capacity.stopped_by(full) == "forward (100% forward)"  # a full pool past capacity is a symptom
     assert capacity.stopped_by(capacity.Cell("mepic", 512, 0, 64.0, [probe(64.0, True, 100)])) == "—"
 
 
