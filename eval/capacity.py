@@ -180,9 +180,10 @@ class Watch:
         now = time.perf_counter()
         with self._lock:
             overdue = sum(now - t > self.args.e2e_slo for t in self._sent.values())
-            over = self._missed + overdue > self.allowed
-        if over and not self.stop.is_set():
-            self.stop.set()
+            first = self._missed + overdue > self.allowed and not self.stop.is_set()
+            if first:  # under the lock: the watch thread and a finishing request may both see it
+                self.stop.set()
+        if first:
             self.counters_at_stop = scheduler_counters(self.url)
             abort_all(self.url)
 

@@ -57,6 +57,7 @@ class ServerProcess:
         inherited = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         self.env = {**inherited, **(env or {})}
         self.proc: subprocess.Popen | None = None
+        self._stopped = False
         self.log_path: Path | None = None
 
     def start(self) -> "ServerProcess":
@@ -75,6 +76,7 @@ class ServerProcess:
         self.log_path = Path(log)
         cmd = [sys.executable, "-m", "sglang_mepic.launch_server", "--model-path", self.model_path,
                "--host", HOST, "--port", str(self.port), *self.args]
+        self._stopped = False
         self.proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True, cwd=tempfile.gettempdir(),
                                      preexec_fn=_die_with_parent)
@@ -109,8 +111,8 @@ class ServerProcess:
                 pass
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self.proc is None:
-            return
+        if self.proc is None or self._stopped:
+            return  # stopped once: its group id may since belong to another process
         if self.proc.poll() is None:
             self.terminate()
             try:
@@ -120,9 +122,10 @@ class ServerProcess:
         # SGLang's children may outlive the main process; clear the whole group.
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):  # gone (a reused id would not be ours to signal)
+        except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        self._stopped = True
 
     def __enter__(self) -> "ServerProcess":
         return self.start()
