@@ -35,8 +35,9 @@ Per cell, at the capacity point (the highest rate that held): peak and time-weig
 the server counted over that probe: retracted requests (SGLang's `num_retracted_requests_total`), chunk
 evictions, and chunks compiled (a chunk computed more than once shows as more compiles than the
 workload has distinct chunks), and what stopped it ("stopped by", read at the lowest rate that failed:
-"pool" when the pool was within 5% of full or requests were retracted, else "forward" or "scheduler",
-whichever took more of the scheduler loop's busy seconds over that probe, by SGLang's per-stage counters).
+when SGLang's per-stage counters show the scheduler loop busy at least 90% of the probe, "forward" or
+"scheduler", whichever took more of the busy seconds; else "pool" when the pool was within 5% of full or
+requests were retracted; else "queue". Past capacity a full pool is a symptom as much as a cause).
 
 Matched concurrency (`--matched 4,8,16` at the largest pool, each seed): N clients in a closed loop, each
 sending its next request when its last one ends, keep N requests in flight, so each system runs at the
@@ -442,18 +443,14 @@ def loadavg() -> str:
         return "?"
 
 
-def workload(tokenizer, dataset: str, requests_n: int, seed: int, chunks: int, reuse: float) -> list[str]:
-    return [render(tokenizer, r) for r in with_reuse(dataset, requests_n, chunks, reuse, seed=seed)]
-
-
 def prompts(model: str, args, seeds: list[int]) -> dict[int, list[tuple[str, int]]]:
     """Each seed's prompts with their token counts."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    return {seed: [(t, len(tokenizer.encode(t, add_special_tokens=False)))
-                   for t in workload(tokenizer, args.dataset, args.requests, seed, args.chunks, args.reuse)]
-            for seed in seeds}
+    texts = {seed: [render(tokenizer, r) for r in with_reuse(args.dataset, args.requests, args.chunks, args.reuse,
+                                                             seed=seed)] for seed in seeds}
+    return {seed: [(t, len(tokenizer.encode(t, add_special_tokens=False))) for t in ts] for seed, ts in texts.items()}
 
 
 def warm_start(cells: list[Cell], system: str, pool: int, args) -> tuple[float, float]:
@@ -517,10 +514,10 @@ def run_cells(model: str, args, todo: list, cells: list[Cell], record) -> None:
         if args.together:  # launch them all at once: their imports overlap (a smoke run's time, not for timings)
             for key in dict.fromkeys((t[0], t[1]) for t in todo):
                 launch(*key)  # while the prompts are counted; relaunched below if they need a longer context
-        texts = prompts(model, args, seeds) if todo else {}
-        counts = {(args.chunks, args.reuse): [n for ts in texts.values() for _, n in ts] or [0]}
+        texts = prompts(model, args, seeds)
+        counts = {(args.chunks, args.reuse): [n for ts in texts.values() for _, n in ts]}
         texts = {seed: [t for t, _ in ts] for seed, ts in texts.items()}
-        if todo and (needed := context_args(model, counts, MEPIC_PAGE_SIZE, NEW_TOKENS)) != context:
+        if (needed := context_args(model, counts, MEPIC_PAGE_SIZE, NEW_TOKENS)) != context:
             context = needed
             for key in list(servers):
                 servers.pop(key).stop()
@@ -624,7 +621,8 @@ def main(argv=None) -> None:
     signal.signal(signal.SIGTERM, interrupted)  # a stopped run still records what it ran
     stopped = False
     try:
-        run_cells(model, args, todo, cells, record)
+        if todo:
+            run_cells(model, args, todo, cells, record)
     except KeyboardInterrupt:
         stopped = True
         print("[capacity] stopped: the finished cells are kept (go on with --resume)", flush=True)
