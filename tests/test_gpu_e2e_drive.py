@@ -96,8 +96,8 @@ def test_the_gpu_flags_are_flags_sglang_accepts():
 
 def test_a_system_that_would_not_fit_the_budget_is_not_started():
     args = argparse_namespace(requests=300, rates=[4.0, 12.0], startup_estimate=150.0)
-    assert drive.needed_seconds("mepic", args) == 150 + (75 + 20) + (25 + 20) + 30
-    assert drive.needed_seconds("recompute-all", args) == 180
+    assert drive.needed_seconds("mepic", args) == 150 + (75 + 5) + (25 + 5) + 15
+    assert drive.needed_seconds("recompute-all", args) == 165
 
 
 def test_two_calls_merge_and_compare_across_only_on_the_same_weights(tmp_path):

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU end-to-end run, one device call. On the device machine, from the repository root, with the carry
 # built here by `.venv/bin/python -m eval.gpu.e2e.make_carry` (device `run` with carry [".gpu_e2e"]):
-#   set -o pipefail; bash eval/gpu/e2e/run.sh --smoke      # mepic alone, 16 requests: ~3 min (timeout_s 240)
-#   set -o pipefail; bash eval/gpu/e2e/run.sh --part 1     # vanilla, full, recompute-all (timeout_s 540)
-#   set -o pipefail; bash eval/gpu/e2e/run.sh --part 2     # epic-16, mepic (timeout_s 540)
+#   set -o pipefail; bash eval/gpu/e2e/run.sh --smoke      # mepic alone, 16 requests: 187 s on an H200 (timeout_s 240)
+#   set -o pipefail; bash eval/gpu/e2e/run.sh --part 1     # vanilla, mepic (timeout_s 570)
+#   set -o pipefail; bash eval/gpu/e2e/run.sh --part 2     # full, epic-16, recompute-all (timeout_s 570)
 # Other arguments go to drive.py (--rates, --requests, --budget, ...). Everything lands in $OUT: log.txt,
 # results.json, table.md, logs.tar.gz, install.txt.
 # Here, without CUDA, the dry run of the same steps (the .venv has everything; no install):
