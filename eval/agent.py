@@ -47,8 +47,8 @@ from tqdm import tqdm
 from eval.run import Sampler, pct
 from eval.scoring import prefix_agreement, top1_agreement
 from eval.workloads import load_json, zipf_weights
-from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.launch.server import MEPIC_PAGE_SIZE
+from sglang_mepic.process.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = {

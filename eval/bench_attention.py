@@ -36,8 +36,8 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 import torch  # noqa: E402
 
-from sglang_mepic.backend import MepicAttnBackend  # noqa: E402
-from sglang_mepic.rope import Rope, cos_sin_cache  # noqa: E402
+from sglang_mepic.attention.backend import MepicAttnBackend  # noqa: E402
+from sglang_mepic.attention.rope import Rope, cos_sin_cache  # noqa: E402
 
 HQ, HKV, D = 9, 3, 64
 
@@ -145,7 +145,7 @@ def bench_cpu(repeat):
 
 
 def bench_kernels():
-    from sglang_mepic.attention import attend
+    from sglang_mepic.attention.reference import attend
     from sglang_mepic.kernels import attention as kernels
 
     print("## Triton kernels under TRITON_INTERPRET=1: max |kernel - torch path|\n")

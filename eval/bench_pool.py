@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 from tqdm import tqdm
 
-from sglang_mepic import models
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.launch import models
+from sglang_mepic.process.server_process import ServerProcess
 
 OUTPUT_TOKENS = 24
 

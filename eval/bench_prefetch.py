@@ -34,9 +34,9 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 import torch  # noqa: E402
 
-from sglang_mepic.prefetch import PENDING  # noqa: E402
-from sglang_mepic.storage import Storage  # noqa: E402
-from sglang_mepic.tiers import Tiers  # noqa: E402
+from sglang_mepic.tiers.levels import Tiers  # noqa: E402
+from sglang_mepic.tiers.prefetch import PENDING  # noqa: E402
+from sglang_mepic.tiers.storage import Storage  # noqa: E402
 
 PAGE = 16
 

@@ -1,4 +1,4 @@
-"""Build the accuracy gate's calibration set, shipped as `sglang_mepic/data/calibration.json`.
+"""Build the accuracy gate's calibration set, shipped as `sglang_mepic/gate/data/calibration.json`.
 
     .venv/bin/python -m eval.build_calibration [--questions 64] [--chunks 4] [--seed 33]
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from eval.fidelity import load_prompts
 from eval.workloads import INSTRUCTION
 
-OUT = Path(__file__).resolve().parent.parent / "sglang_mepic" / "data" / "calibration.json"
+OUT = Path(__file__).resolve().parent.parent / "sglang_mepic" / "gate" / "data" / "calibration.json"
 
 
 def build(questions: int, chunks: int, seed: int) -> dict:

@@ -38,8 +38,8 @@ from tqdm import tqdm
 
 from eval.scoring import contains, exact_match, f1, prefix_agreement
 from eval.workloads import Request, load_json, render
-from sglang_mepic import models
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.launch import models
+from sglang_mepic.process.server_process import ServerProcess
 
 def load_prompts(n: int, chunks: int, seed: int = 0) -> list[Request]:
     """One question per prompt over its article's paragraphs: the gold one and its neighbours

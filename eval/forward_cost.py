@@ -39,9 +39,9 @@ from pathlib import Path
 import requests
 
 from eval.run import SYSTEMS, Sampler, computed_tokens
-from sglang_mepic import models
 from sglang_mepic.lang import chunk
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.launch import models
+from sglang_mepic.process.server_process import ServerProcess
 
 CHUNK_TOKENS = 128
 

@@ -48,10 +48,10 @@ from tqdm import tqdm
 
 from eval.run import flush
 from eval.workloads import zipf_weights
-from sglang_mepic import models
 from sglang_mepic.lang import chunk
-from sglang_mepic.launch_cluster import Cluster
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.launch import models
+from sglang_mepic.launch.cluster import Cluster
+from sglang_mepic.process.server_process import ServerProcess
 
 TIERS = ("device", "host", "storage", "absent")
 

@@ -54,9 +54,9 @@ from tqdm import tqdm
 from eval.checkpoint import Checkpoint
 from eval.scoring import contains, exact_match, f1, prefix_agreement, top1_agreement
 from eval.workloads import DATASETS, render, reuse_ratio, with_reuse
-from sglang_mepic import models
-from sglang_mepic.launch_server import CPU_MAX_TOTAL_TOKENS, MEPIC_PAGE_SIZE
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.launch import models
+from sglang_mepic.launch.server import CPU_MAX_TOTAL_TOKENS, MEPIC_PAGE_SIZE
+from sglang_mepic.process.server_process import ServerProcess
 
 SYSTEMS = {
     "vanilla": ["--attention-backend", "torch_native", "--radix-cache-backend", "sglang"],

@@ -5,7 +5,7 @@ import re
 import string
 
 # Agreement of one run with another lives in the package: the accuracy gate (check_model) uses it too.
-from sglang_mepic.agreement import prefix_agreement, top1_agreement  # noqa: F401
+from sglang_mepic.gate.agreement import prefix_agreement, top1_agreement  # noqa: F401
 
 
 def normalize(s: str) -> list[str]:

@@ -3,7 +3,7 @@ error about it can say which item it is (intake.labelled)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.intake import ITEM_ATTR
+from sglang_mepic.frontend.intake import ITEMS
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.io_struct.GenerateReqInput.__getitem__"
@@ -11,5 +11,5 @@ HOOK_TYPE = HookType.AFTER
 
 
 def hook(result, obj, i, *args, **kwargs):
-    setattr(result, ITEM_ATTR, i)
+    ITEMS.set(result, i)
     return result

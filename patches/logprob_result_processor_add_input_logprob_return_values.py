@@ -2,7 +2,7 @@
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import logprobs
+from sglang_mepic.cache import logprobs
 
 WRITTEN_FOR = "0.5.23"
 TARGET = ("sglang.srt.managers.scheduler_components.logprob_result_processor."

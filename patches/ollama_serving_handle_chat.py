@@ -4,7 +4,7 @@ separator, auto-chunking, no chat with nothing to say) and answers a refusal wit
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import ollama_routes
+from sglang_mepic.frontend import ollama_routes
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_chat"

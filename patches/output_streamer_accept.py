@@ -1,8 +1,8 @@
-"""Report a laid-out request's token counts in real tokens, and its MEPIC figures (sglang_mepic.output_counts)."""
+"""Report a laid-out request's token counts in real tokens, and its MEPIC figures (sglang_mepic.cache.output_counts)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import output_counts
+from sglang_mepic.cache import output_counts
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept"

@@ -6,7 +6,7 @@ docs/design.md, Ownership.
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import ownership
+from sglang_mepic.pages import ownership
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.free"

@@ -6,7 +6,7 @@ allocator is owned (patch paged_allocator_free). See docs/design.md, Ownership.
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import ownership
+from sglang_mepic.pages import ownership
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.free_page_ids"

@@ -1,4 +1,4 @@
-"""Keep keys NoPE for models served by the mepic attention backend (sglang_mepic.rope).
+"""Keep keys NoPE for models served by the mepic attention backend (sglang_mepic.attention.rope).
 
 The backend marks the rotary modules it has validated (`mepic_nope_key`); for
 those, queries are rotated as usual and keys pass through unrotated, to be
@@ -7,7 +7,7 @@ rotated inside attention at each slot's position in the current request.
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import rope
+from sglang_mepic.attention import rope
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.forward"

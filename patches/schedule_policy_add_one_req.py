@@ -2,7 +2,7 @@
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import scheduling
+from sglang_mepic.cache import scheduling
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req"

@@ -14,7 +14,7 @@ round comes to admit it, as under FCFS.
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.radix_cache import MepicRadixCache
+from sglang_mepic.cache.radix_cache import MepicRadixCache
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.schedule_policy.SchedulePolicy._compute_prefix_matches"

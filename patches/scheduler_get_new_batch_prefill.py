@@ -4,7 +4,7 @@ a chunk sit it out, and requests planned but not admitted let go of their chunk 
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import scheduling
+from sglang_mepic.cache import scheduling
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill"

@@ -3,7 +3,7 @@ with compile rows made in the scheduler (compile_rows.py) it equals the requests
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.radix_cache import MepicRadixCache
+from sglang_mepic.cache.radix_cache import MepicRadixCache
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.scheduler.Scheduler.handle_generate_request"

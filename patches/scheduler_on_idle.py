@@ -11,8 +11,8 @@ at the idle pass where the pool's use changed (`metrics.refresh_sglang_usage_whe
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import metrics
-from sglang_mepic.radix_cache import MepicRadixCache
+from sglang_mepic.cache import metrics
+from sglang_mepic.cache.radix_cache import MepicRadixCache
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.scheduler.Scheduler.on_idle"

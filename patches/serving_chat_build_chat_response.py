@@ -1,8 +1,8 @@
-"""Non-streamed chat completions carry the MEPIC figures in `metadata["mepic"]` (see sglang_mepic.openai_meta)."""
+"""Non-streamed chat completions carry the MEPIC figures in `metadata["mepic"]` (see sglang_mepic.frontend.openai_meta)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import openai_meta
+from sglang_mepic.frontend import openai_meta
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._build_chat_response"

@@ -1,9 +1,9 @@
 """Non-streamed completions carry the MEPIC figures in `metadata["mepic"]` (see
-sglang_mepic.openai_meta), and echo the prompt without chunk markers (sglang_mepic.echo)."""
+sglang_mepic.frontend.openai_meta), and echo the prompt without chunk markers (sglang_mepic.frontend.echo)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import echo, openai_meta
+from sglang_mepic.frontend import echo, openai_meta
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._build_completion_response"

@@ -1,8 +1,8 @@
-"""Streamed completions echo the prompt without chunk markers, as non-streamed ones do (sglang_mepic.echo)."""
+"""Streamed completions echo the prompt without chunk markers, as non-streamed ones do (sglang_mepic.frontend.echo)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import echo
+from sglang_mepic.frontend import echo
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._get_echo_text"

@@ -3,7 +3,7 @@ answered with a 500; request_limits.check_token_ids)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import request_limits
+from sglang_mepic.frontend import request_limits
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingDetokenize._handle_non_streaming_request"

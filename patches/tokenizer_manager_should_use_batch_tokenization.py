@@ -1,9 +1,9 @@
 """Keep batches with markup or the separator off SGLang's batch tokenizer, which would tokenize
-them as text; the per-request path splits them instead (sglang_mepic.request_markup)."""
+them as text; the per-request path splits them instead (sglang_mepic.frontend.request_markup)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.auto_chunk import any_may_split
+from sglang_mepic.frontend.auto_chunk import any_may_split
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._should_use_batch_tokenization"

@@ -1,8 +1,8 @@
-"""Strip chunk markup before SGLang tokenizes a generate request (sglang_mepic.request_markup.prepare)."""
+"""Strip chunk markup before SGLang tokenizes a generate request (sglang_mepic.frontend.request_markup.prepare)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import request_markup
+from sglang_mepic.frontend import request_markup
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._tokenize_one_request"

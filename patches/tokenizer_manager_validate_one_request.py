@@ -7,7 +7,7 @@ request's final input_ids, markup already removed.
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic import intake, request_limits
+from sglang_mepic.frontend import intake, request_limits
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"

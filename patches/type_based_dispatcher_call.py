@@ -17,6 +17,7 @@ must raise, if at all, before its first side effect.
 """
 
 import logging
+import weakref
 
 from sglang.srt.managers import io_struct
 from sglang.srt.plugins.hook_registry import HookType
@@ -34,11 +35,13 @@ GUARDED = {io_struct.SendWeightsToRemoteInstanceReqInput: io_struct.SendWeightsT
 SCHEDULER_MARKS = (io_struct.TokenizedGenerateReqInput, io_struct.FlushCacheReqInput)
 
 
+_SCHEDULER = weakref.WeakKeyDictionary()  # dispatcher -> whether it is the scheduler's, decided once
+
+
 def is_scheduler_dispatcher(dispatcher) -> bool:
-    known = getattr(dispatcher, "_mepic_scheduler", None)
+    known = _SCHEDULER.get(dispatcher)
     if known is None:
-        known = all(t in dispatcher._mapping for t in SCHEDULER_MARKS)
-        dispatcher._mepic_scheduler = known
+        known = _SCHEDULER[dispatcher] = all(t in dispatcher._mapping for t in SCHEDULER_MARKS)
     return known
 
 

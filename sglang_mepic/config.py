@@ -10,8 +10,13 @@ import os
 import re
 from dataclasses import dataclass
 
-from sglang_mepic.markup import CHUNK_CLOSE, CHUNK_OPEN
-from sglang_mepic.segments import Placement
+
+
+class Placement(enum.Enum):
+    """Where a chunk's padding goes in its pages (segments.layout): the setting `--mepic-placement`."""
+    LEADING = "leading"
+    TRAILING = "trailing"
+
 
 PLACEMENT_ENV = "SGLANG_MEPIC_PLACEMENT"
 MODE_ENV = "SGLANG_MEPIC_MODE"
@@ -251,18 +256,7 @@ def auto_chunk() -> str:
     return _choice(AUTO_CHUNK_ENV, DEFAULT_AUTO_CHUNK, AUTO_CHUNKS)
 
 
-def parse_separator(text: str) -> str:
-    """The string that splits text requests into chunks (auto_chunk.py); kept exactly, spaces included."""
-    if not text.strip():
-        raise ValueError(f"--mepic-separator {text!r}: give a string with a visible character "
-                         "(LMCache's CacheBlend uses ' # # ')")
-    if CHUNK_OPEN in text or CHUNK_CLOSE in text:
-        raise ValueError(f"--mepic-separator {text!r} holds chunk markup ({CHUNK_OPEN} or {CHUNK_CLOSE}); "
-                         "choose a string that markup cannot be confused with")
-    return text
-
-
 def separator() -> str | None:
-    """None: no separator (text is split only by markup)."""
-    value = os.environ.get(SEPARATOR_ENV)
-    return None if value is None else parse_separator(value)
+    """The separator as set, or None (text is split only by markup); auto_chunk.separator() is the
+    checked value its users read."""
+    return os.environ.get(SEPARATOR_ENV)

@@ -11,7 +11,7 @@
         s += "Question: " + question + "\\nAnswer:" + sgl.gen("answer", max_tokens=32)
 """
 
-from sglang_mepic.markup import CHUNK_CLOSE, CHUNK_OPEN, MarkupError, has_text_markup
+from sglang_mepic.frontend.markup import CHUNK_CLOSE, CHUNK_OPEN, MarkupError, has_text_markup
 
 
 def chunk(text: str) -> str:

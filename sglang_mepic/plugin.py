@@ -29,7 +29,7 @@ def register() -> None:
     if _registered:
         return
     version = check_sglang_version()
-    from sglang_mepic import quiet
+    from sglang_mepic.launch import quiet
 
     quiet.install_from_env()  # the launcher's log filters, in this process too
 
@@ -37,7 +37,8 @@ def register() -> None:
     from sglang.srt.layers.attention.attention_registry import register_attention_backend
     from sglang.srt.mem_cache.registry import register_radix_cache_backend
 
-    from sglang_mepic import backend, cache_backend
+    from sglang_mepic.attention import backend
+    from sglang_mepic.cache import cache_backend
     from sglang_mepic.patches import register_all
 
     register_radix_cache_backend(cache_backend.BACKEND_NAME, cache_backend.build)

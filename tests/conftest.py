@@ -13,8 +13,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # SGLang modules imported by unit tests pick their CPU code paths at import time.
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
-from sglang_mepic import models  # noqa: E402
-from sglang_mepic.server_process import ServerProcess  # noqa: E402
+from sglang_mepic.launch import models
+from sglang_mepic.process.server_process import ServerProcess  # noqa: E402
 
 
 def _register_eval() -> None:

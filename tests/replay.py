@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_mepic import config, hint
-from sglang_mepic.request_layout import PAD_FILL_ID
-from sglang_mepic.segments import PAD_ID, Kind, Piece, Placement, Segment, layout, span_hash
+from sglang_mepic import config
+from sglang_mepic.wire import hint
+from sglang_mepic.wire.request_layout import PAD_FILL_ID
+from sglang_mepic.wire.segments import PAD_ID, Kind, Piece, Placement, Segment, layout, span_hash
 
 
 def apply_hooks():
@@ -44,9 +45,9 @@ def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    from sglang_mepic.radix_cache import MepicRadixCache
-    from sglang_mepic.storage import Storage
-    from sglang_mepic.tiers import Tiers
+    from sglang_mepic.cache.radix_cache import MepicRadixCache
+    from sglang_mepic.tiers.levels import Tiers
+    from sglang_mepic.tiers.storage import Storage
 
     kv = MHATokenToKVPool(num_pages * B, B, torch.float32, 1, 4, 2, "cpu", False, start_layer=0, end_layer=1)
     for buffer in (*kv.k_buffer, *kv.v_buffer):
@@ -87,8 +88,8 @@ def laid_out(lay):
 
 def compiled(seg, sink=None):
     """The compile row the scheduler makes for one chunk: its ids and its layout, which
-    `new_request` marks it with (compile_rows.MARK) in place of a hint."""
-    from sglang_mepic import compile_rows
+    `new_request` marks it with (compile_rows.LAYOUTS) in place of a hint."""
+    from sglang_mepic.cache import compile_rows
 
     pads = ([(0, seg.lead_pad)] if seg.lead_pad else []) + \
         ([(seg.size - seg.tail_pad, seg.tail_pad)] if seg.tail_pad else [])
@@ -114,19 +115,23 @@ def chunk_hash(seg: Segment, placement: Placement, page_size: int, model_fingerp
     return span_hash(seg.padded_tokens(), placement, page_size, model_fingerprint, namespace)
 
 
+class FakeReq(SimpleNamespace):
+    """A request as the cache sees it; weak-referenceable, as SGLang's Req is (side_table.py)."""
+
+
 def new_request(ids, hints, namespace=None, rid="r"):
     """A request as the tokenizer sends it (or, with a compile row's layout for `hints`, as the
     scheduler makes a compile row), before the scheduler has seen it."""
-    from sglang_mepic import compile_rows
+    from sglang_mepic.cache import compile_rows
 
     row = isinstance(hints, compile_rows.CompileLayout)
-    req = SimpleNamespace(rid=rid, origin_input_ids=array("q", ids), output_ids=array("q"),
+    req = FakeReq(rid=rid, origin_input_ids=array("q", ids), output_ids=array("q"),
                           kv_hints=None if row else hints,
                           extra_key=namespace, cache_salt=None, priority=0, lock=None, last_node=None,
                           kv=SimpleNamespace(req_pool_idx=None, cache_protected_len=0, cache_inserted_len=0,
                                              swa_evict_floor=0))
     if row:
-        setattr(req, compile_rows.MARK, hints)
+        compile_rows.LAYOUTS.set(req, hints)
     return req
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from sglang_mepic.attention import attend
-from sglang_mepic.rope import Rope, cos_sin_cache
+from sglang_mepic.attention.reference import attend
+from sglang_mepic.attention.rope import Rope, cos_sin_cache
 
 D = 64
 
@@ -98,7 +98,7 @@ def test_key_rotation_matches_sglang_rotary(kwargs):
 
 
 def test_unsupported_rope_is_refused():
-    from sglang_mepic.rope import UnsupportedRope
+    from sglang_mepic.attention.rope import UnsupportedRope
 
     module = sglang_rope(rotary_dim=D, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     with pytest.raises(UnsupportedRope, match="cannot rotate keys"):
@@ -108,7 +108,7 @@ def test_unsupported_rope_is_refused():
 # 7: the masked path; 20 and 33: queries padded to the keys (attention.REDUNDANT_QUERIES).
 @pytest.mark.parametrize("n", [1, 7, 20, 33, 40])
 def test_fast_paths_equal_the_reference(n):
-    from sglang_mepic.attention import attend_paged, attend_plain
+    from sglang_mepic.attention.reference import attend_paged, attend_plain
 
     rope = make_rope()
     q, k, v = random_case(n_q=n, m=40, seed=4)
@@ -127,7 +127,7 @@ def test_fast_paths_equal_the_reference(n):
 
 
 def test_position_map_writes():
-    from sglang_mepic.positions import PositionMap
+    from sglang_mepic.attention.positions import PositionMap
 
     pm = PositionMap(torch.zeros(4, 16, dtype=torch.int32))
     # Row 2: 3 cached prefix slots + 2 new tokens; row 0: a fresh prompt of 4.
@@ -152,7 +152,7 @@ def test_position_map_writes():
 
 
 def test_rotated_keys_across_decode_steps():
-    from sglang_mepic.attention import RotatedKeys
+    from sglang_mepic.attention.reference import RotatedKeys
 
     rope = make_rope()
     g = torch.Generator().manual_seed(6)
@@ -175,8 +175,8 @@ def test_backend_decode_steps_with_pads_equal_the_general_path():
     path gives what `attend_paged` gives from scratch, step after step."""
     from types import SimpleNamespace
 
-    from sglang_mepic.attention import attend_paged
-    from sglang_mepic.backend import MepicAttnBackend
+    from sglang_mepic.attention.backend import MepicAttnBackend
+    from sglang_mepic.attention.reference import attend_paged
 
     rope = make_rope()
     g = torch.Generator().manual_seed(8)

@@ -1,4 +1,4 @@
-"""Chunks without hand-written markup: the separator and chat auto-chunking (sglang_mepic.auto_chunk).
+"""Chunks without hand-written markup: the separator and chat auto-chunking (sglang_mepic.frontend.auto_chunk).
 
 Unit tests of the rules first; then one server per flag setting shows that the
 marker, separator and auto-chunk forms of one prompt give the same layout (the
@@ -13,12 +13,12 @@ import requests
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 
 from sglang_mepic import config
-from sglang_mepic.auto_chunk import (MIN_PAGES, any_may_split, as_markup, candidates, chat_messages, split_separated,
+from sglang_mepic.frontend.auto_chunk import (MIN_PAGES, any_may_split, as_markup, candidates, chat_messages, split_separated,
                                      text_pieces)
+from sglang_mepic.frontend.markup import Marked, MarkupError, split_text, tokenize_pieces, tokenize_text
 from sglang_mepic.lang import chunk
-from sglang_mepic.markup import Marked, MarkupError, split_text, tokenize_pieces, tokenize_text
-from sglang_mepic.segments import Kind
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.process.server_process import ServerProcess
+from sglang_mepic.wire.segments import Kind
 from test_chunk_api import post
 
 P, C = Kind.PROMPT, Kind.CHUNK

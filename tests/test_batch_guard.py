@@ -1,4 +1,4 @@
-"""A batch whose forward raises ends its requests with a 500, not the server (sglang_mepic/batch_guard.py).
+"""A batch whose forward raises ends its requests with a 500, not the server (sglang_mepic/cache/batch_guard.py).
 
 The fault is injected where a real one happens, in the model worker's forward, for
 requests whose rid starts with a given prefix (SGLANG_MEPIC_TEST_FAIL_RID_PREFIX),
@@ -10,9 +10,9 @@ before the faults, and a flush gives every page back.
 import pytest
 import requests
 
-from sglang_mepic.batch_guard import FAULT_ENV
+from sglang_mepic.cache.batch_guard import FAULT_ENV
 from sglang_mepic.lang import chunk
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.server
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from sglang_mepic.markup import CHUNK_BEGIN_ID as BEG
-from sglang_mepic.markup import CHUNK_END_ID as END
+from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
+from sglang_mepic.frontend.markup import CHUNK_END_ID as END
 
 pytestmark = pytest.mark.server
 SEED = 1  # it caught the tree-key collision of issue 29 (defect 1) before the fix

@@ -13,9 +13,11 @@ import sys
 import pytest
 import requests
 
-from sglang_mepic import calibration, gate, verdict_cache
-from sglang_mepic.agreement import lumped_kl
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.gate import calibration
+from sglang_mepic.gate import verdict as gate
+from sglang_mepic.gate import verdict_cache
+from sglang_mepic.gate.agreement import lumped_kl
+from sglang_mepic.process.server_process import ServerProcess
 
 QUESTIONS = "8"  # the tiny model is at chance on every question: a few show it
 SMOLLM2_QUESTIONS = "16"
@@ -107,7 +109,7 @@ def test_tiny_random_model_fails(tiny_model):
 @pytest.mark.server
 @pytest.mark.slow
 def test_smollm2_passes_with_mepic():
-    from sglang_mepic import models
+    from sglang_mepic.launch import models
 
     model = str(models.build(models.DEFAULT_MODEL))
     result = check_model("--model-path", model, "--questions", SMOLLM2_QUESTIONS)
@@ -163,7 +165,8 @@ def test_verify_restart_uses_the_cached_verdict(refused_server, tiny_model, veri
 
 
 def test_verify_has_nothing_to_check_in_full_mode(tiny_model, monkeypatch, capsys):
-    from sglang_mepic import config, verify
+    from sglang_mepic import config
+    from sglang_mepic.gate import verify
 
     monkeypatch.setenv(config.MODE_ENV, "full")
     lines = []
@@ -172,7 +175,7 @@ def test_verify_has_nothing_to_check_in_full_mode(tiny_model, monkeypatch, capsy
 
 
 def test_gate_server_drops_the_launch_address_and_key():
-    from sglang_mepic.verify import gate_server_args
+    from sglang_mepic.gate.verify import gate_server_args
 
     argv = ["--model-path", "m", "--host", "0.0.0.0", "--port=8000", "--api-key", "k", "--dtype", "float32"]
     assert gate_server_args(argv) == ["--dtype", "float32"]

@@ -8,11 +8,11 @@ import os
 import pytest
 import requests
 
+from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
+from sglang_mepic.frontend.markup import CHUNK_END_ID as END
+from sglang_mepic.frontend.markup import split_text
 from sglang_mepic.lang import chunk
-from sglang_mepic.markup import CHUNK_BEGIN_ID as BEG
-from sglang_mepic.markup import CHUNK_END_ID as END
-from sglang_mepic.markup import split_text
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.server
 

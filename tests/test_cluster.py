@@ -13,9 +13,9 @@ import pytest
 import requests
 
 from sglang_mepic.lang import chunk
-from sglang_mepic.launch_cluster import Cluster
-from sglang_mepic.mooncake_master import MasterError, check_client
-from sglang_mepic.storage import _HEADER, MooncakeIO, envelope
+from sglang_mepic.launch.cluster import Cluster
+from sglang_mepic.process.mooncake_master import MasterError, check_client
+from sglang_mepic.tiers.storage import _HEADER, MooncakeIO, envelope
 
 HEADER_BYTES = _HEADER.size
 
@@ -104,7 +104,7 @@ def test_tenants_never_share_chunks_across_instances(cluster):
 
 @pytest.mark.timeout(120)
 def test_a_corrupt_or_foreign_entry_in_the_store_is_rejected_never_loaded(cluster):
-    from sglang_mepic.storage import Storage
+    from sglang_mepic.tiers.storage import Storage
 
     a, b = (s.url for s in cluster.servers)
     text = prompt(doc(5))

@@ -3,7 +3,7 @@
 Before, every chunk of every request was first sent from the tokenizer side as an internal
 compile request, and a request whose chunk was absent waited a prefill round for it. Now a
 chunk no tier holds is a compile row in its first reader's own prefill batch
-(sglang_mepic/compile_rows.py). On a real server: one client request is one request to the
+(sglang_mepic/cache/compile_rows.py). On a real server: one client request is one request to the
 scheduler, a cold request gets its first token in one prefill round, concurrent readers of a
 new chunk share one computation of it, and outputs are those of a warm cache in every case,
 a chunk longer than the chunked-prefill budget and the private-copy modes included.
@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.server
 GREEDY = {"max_new_tokens": 6, "temperature": 0}

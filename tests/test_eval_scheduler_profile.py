@@ -15,7 +15,7 @@ EXTEND = f"EagerRunner._execute_extend ({SITE}/model_executor/runner/eager_runne
 DECODE = f"EagerRunner._execute_decode ({SITE}/model_executor/runner/eager_runner.py:268)"
 NEXT = f"Scheduler.get_next_batch_to_run ({SITE}/managers/scheduler.py:3000)"
 HOOK = "hook (/repo/patches/scheduler_get_new_batch_prefill.py:40)"
-MATCH = "MepicRadixCache.match_prefix (/repo/sglang_mepic/radix_cache.py:120)"
+MATCH = "MepicRadixCache.match_prefix (/repo/sglang_mepic/cache/radix_cache.py:120)"
 
 RAW = "\n".join([
     f"{LOOP};{FORWARD};{EXTEND} 50",
@@ -42,7 +42,7 @@ def test_classify_splits_main_thread_samples():
 def test_report_marks_project_code_and_verdict_compares_shares():
     split = classify(parse_raw(RAW))
     text = "\n".join(report("mepic", split, top=5))
-    assert "[mepic] MepicRadixCache.match_prefix  (sglang_mepic/radix_cache.py)" in text
+    assert "[mepic] MepicRadixCache.match_prefix  (sglang_mepic/cache/radix_cache.py)" in text
     assert "this project's own code outside the forward: 12.0% of busy samples" in text
     assert " 12.0% / 12.0%  MepicRadixCache.match_prefix" in text and " 12.0% /  0.0%  hook" in text
     assert "Scheduler.get_next_batch_to_run  (sglang/srt/managers/scheduler.py)" in text

@@ -157,7 +157,7 @@ DOC_B = " ".join(f"row{i} holds {i * 7 % 13}." for i in range(40))
 @pytest.fixture(scope="module")
 def sep_server(tiny_model):
     """The separator and chat auto-chunking on: /api/chat takes them as /v1/chat/completions does."""
-    from sglang_mepic.server_process import ServerProcess
+    from sglang_mepic.process.server_process import ServerProcess
 
     with ServerProcess(tiny_model, "--dtype", "float32", "--mepic-separator", SEP,
                        "--mepic-auto-chunk", "messages") as server:

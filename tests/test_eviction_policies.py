@@ -134,7 +134,7 @@ def test_an_allocator_that_overrides_its_frees_is_refused():
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.allocator.page_interleave import PageInterleavePoolAllocator
 
-    from sglang_mepic.pool_pages import FREE_PATH, check_allocator
+    from sglang_mepic.pages.pool_pages import FREE_PATH, check_allocator
 
     assert "free_segment" in vars(PageInterleavePoolAllocator)
     allocator = make_tree(num_pages=NUM_PAGES).token_to_kv_pool_allocator
@@ -160,7 +160,7 @@ def test_the_cache_refuses_such_an_allocator_when_built():
     from sglang.srt.mem_cache.allocator.page_interleave import PageInterleavePoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-    from sglang_mepic.radix_cache import MepicRadixCache
+    from sglang_mepic.cache.radix_cache import MepicRadixCache
 
     class Interleaved(PagedTokenToKVPoolAllocator):
         free_segment = PageInterleavePoolAllocator.free_segment

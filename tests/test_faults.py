@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from sglang_mepic.lang import chunk
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.server
 POOL_TOKENS = 4096

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.server
 REQUESTS = int(os.environ.get("MEPIC_FUZZ_REQUESTS", 300))

@@ -1,11 +1,11 @@
-"""The `mepic.chunks` codec (sglang_mepic.hint): every shape round-trips, and anything
+"""The `mepic.chunks` codec (sglang_mepic.wire.hint): every shape round-trips, and anything
 malformed is refused with a reason, never read half-way."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from sglang_mepic.hint import HINT_TYPE, MARK_KEY, VERSION, Hint, HintError, decode, decode_laid_out, encode
+from sglang_mepic.wire.hint import HINT_TYPE, MARK_KEY, VERSION, Hint, HintError, decode, decode_laid_out, encode
 
 
 def envelope(*actions):

@@ -18,13 +18,14 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import decode_kv_hints_envelope
 from sglang.srt.utils.request_logger import RequestLogger
 
-from sglang_mepic import hint, intake
-from sglang_mepic.hint import MARK_KEY
-from sglang_mepic.markup import CHUNK_BEGIN_ID as BEG
-from sglang_mepic.markup import CHUNK_END_ID as END
+from sglang_mepic.frontend import intake
+from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
+from sglang_mepic.frontend.markup import CHUNK_END_ID as END
+from sglang_mepic.frontend.request_markup import CHUNKS_ATTR, with_hint
 from sglang_mepic.patches import request_logger_compute_metadata as log_patch
-from sglang_mepic.request_markup import CHUNKS_ATTR, with_hint
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.process.server_process import ServerProcess
+from sglang_mepic.wire import hint
+from sglang_mepic.wire.hint import MARK_KEY
 
 GREEDY = {"max_new_tokens": 2, "temperature": 0}
 DOC = " ".join(f"fact{i} is {i * 7 % 13}." for i in range(24))

@@ -1,4 +1,4 @@
-"""What the server refuses before a request reaches the scheduler (sglang_mepic/intake.py).
+"""What the server refuses before a request reaches the scheduler (sglang_mepic/frontend/intake.py).
 
 One empty prompt took the whole server down (SmolLM2's tokenizer adds no BOS, so
 `text: ""` reached the model as an extend of no tokens). Every shape of an empty
@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from sglang_mepic import intake
-from sglang_mepic.markup import CHUNK_BEGIN_ID as BEG
-from sglang_mepic.markup import CHUNK_END_ID as END
+from sglang_mepic.frontend import intake
+from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
+from sglang_mepic.frontend.markup import CHUNK_END_ID as END
 
 GREEDY = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
 
@@ -79,8 +79,13 @@ def test_text_beside_ids_does_not_decide():
         intake.check(SimpleNamespace(text="  ", input_ids=None, kv_hints=None), [220, 220])
 
 
+class Item(SimpleNamespace):
+    """A batch item as SGLang splits it off: weak-referenceable, as GenerateReqInput is."""
+
+
 def test_errors_name_the_batch_item():
-    item = SimpleNamespace(text="", input_ids=[], kv_hints=None, _mepic_item=2)
+    item = Item(text="", input_ids=[], kv_hints=None)
+    intake.ITEMS.set(item, 2)
     with pytest.raises(intake.IntakeError, match="^batch item 2: "):
         intake.check(item, [])
 

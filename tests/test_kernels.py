@@ -1,4 +1,4 @@
-"""Triton kernels under TRITON_INTERPRET=1 against the torch path (sglang_mepic.attention)."""
+"""Triton kernels under TRITON_INTERPRET=1 against the torch path (sglang_mepic.attention.reference)."""
 
 import math
 import os
@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from sglang_mepic.attention import attend
-from sglang_mepic.rope import Rope, cos_sin_cache
+from sglang_mepic.attention.reference import attend
+from sglang_mepic.attention.rope import Rope, cos_sin_cache
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "conftest sets TRITON_INTERPRET before the kernels load"
 from sglang_mepic.kernels import attention as kernels  # noqa: E402
@@ -208,7 +208,7 @@ def test_backend_sizes_decode_splits_from_the_kernels_capacity(monkeypatch):
     every decode's splits from that figure (eager, graph and unprepared paths alike)."""
     from types import SimpleNamespace
 
-    from sglang_mepic.backend import MepicAttnBackend
+    from sglang_mepic.attention.backend import MepicAttnBackend
 
     asked = []
     monkeypatch.setattr(kernels, "decode_ctas_per_sm", lambda *args, **kwargs: asked.append(args) or 1)
@@ -297,7 +297,7 @@ def test_backend_computes_cos_sin_on_chip_unless_told_or_unable(monkeypatch):
     """The backend's default is on-chip cos/sin (faster than the table in 8 of 10 cases on an H100,
     eval/results/gpu/after.md) where the cache is cos(p * inv_freq) * mscale; MEPIC_ROPE_TABLE=1 forces the
     table, and a cache of another form (linear scaling) keeps it."""
-    from sglang_mepic.backend import MepicAttnBackend
+    from sglang_mepic.attention.backend import MepicAttnBackend
 
     assert kernels.DEFAULT_TABLE_ROPE is False
     d = 64
@@ -340,7 +340,7 @@ def test_backend_triton_path_equals_torch_path(decode):
     """The backend's GPU glue (argument plumbing into the kernels), run on CPU under the interpreter."""
     from types import SimpleNamespace
 
-    from sglang_mepic.backend import MepicAttnBackend
+    from sglang_mepic.attention.backend import MepicAttnBackend
 
     d, hq, hkv = 64, 6, 2
     seq_lens, ext = [30, 45], ([1, 1] if decode else [30, 12])
@@ -375,7 +375,7 @@ def test_backend_decode_graph_hooks_use_fixed_buffers():
     """
     from types import SimpleNamespace
 
-    from sglang_mepic.backend import MepicAttnBackend
+    from sglang_mepic.attention.backend import MepicAttnBackend
 
     d, hq, hkv = 64, 6, 2
     seq_lens = [30, 300]
@@ -557,7 +557,7 @@ def test_decode_preparation_does_not_sync(monkeypatch):
     """A decode forward's preparation on the Triton path is device ops only: no .item(), .tolist(), .cpu()."""
     from types import SimpleNamespace
 
-    from sglang_mepic.backend import MepicAttnBackend
+    from sglang_mepic.attention.backend import MepicAttnBackend
 
     d, hq, hkv = 64, 6, 2
     seq_lens = [30, 45]
@@ -585,7 +585,7 @@ def test_decode_preparation_does_not_sync(monkeypatch):
 def test_quantized_kv_cache_is_refused():
     from types import SimpleNamespace
 
-    from sglang_mepic.backend import _refuse_quantized_kv
+    from sglang_mepic.attention.backend import _refuse_quantized_kv
 
     with pytest.raises(ValueError, match="quantized KV cache"):
         _refuse_quantized_kv(SimpleNamespace(dtype=torch.float8_e4m3fn, store_dtype=torch.uint8))

@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from sglang_mepic import launch_server, models
-from sglang_mepic.launch_server import with_defaults
+from sglang_mepic.launch import models
+from sglang_mepic.launch import server as launch_server
+from sglang_mepic.launch.server import with_defaults
 
 
 def flag_value(argv, flag):
@@ -215,7 +216,7 @@ def test_quiet_start_up_hides_cpu_notices_and_shortens_server_args(monkeypatch):
     import logging
     import warnings
 
-    from sglang_mepic import quiet
+    from sglang_mepic.launch import quiet
 
     monkeypatch.setattr(warnings, "filters", list(warnings.filters))
     loggers = [logging.getLogger(name) for name in ("sglang.srt.models.registry", quiet.SERVER_ARGS_LOGGER,
@@ -270,7 +271,7 @@ def settings_line(monkeypatch, *flags):
 def test_start_up_line_shows_the_effective_mepic_settings_defaults_included(monkeypatch, tmp_path):
     import logging
 
-    from sglang_mepic import quiet
+    from sglang_mepic.launch import quiet
 
     assert settings_line(monkeypatch) == (
         "--mepic-mode mepic --mepic-recompute-blocks 1 --mepic-compile-sink none --mepic-placement trailing "
@@ -443,7 +444,7 @@ def test_model_checks_follow_the_attention_backend(tiny_model, tmp_path):
 
 
 def test_the_launcher_knows_the_backends_architectures():
-    from sglang_mepic import backend
+    from sglang_mepic.attention import backend
 
     assert launch_server.MEPIC_ARCHITECTURES == backend.SUPPORTED_ARCHITECTURES
 
@@ -487,7 +488,7 @@ def test_bad_flag_values_of_ours_are_one_line(capsys):
 
 def test_a_flag_sglang_refuses_is_one_line_and_status_2(tiny_model):
     """SGLang's own argument checks (here: the chunked prefill size must be a multiple of the page)."""
-    from sglang_mepic.server_process import free_port
+    from sglang_mepic.process.server_process import free_port
 
     out = run_launcher("--model-path", tiny_model, "--port", str(free_port()), "--page-size", "7", timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]
@@ -498,7 +499,7 @@ def test_a_flag_sglang_refuses_is_one_line_and_status_2(tiny_model):
 
 def test_a_combination_sglang_refuses_when_it_resolves_its_flags_is_one_line(tiny_model):
     """SGLang checks some combinations only in `run_server` (ServerArgs.resolve_once), before any process."""
-    from sglang_mepic.server_process import free_port
+    from sglang_mepic.process.server_process import free_port
 
     out = run_launcher("--model-path", tiny_model, "--port", str(free_port()), "--speculative-algorithm", "NGRAM",
                        "--attention-backend", "torch_native", "--radix-cache-backend", "sglang", "--page-size", "16",
@@ -513,7 +514,7 @@ def test_a_combination_sglang_refuses_when_it_resolves_its_flags_is_one_line(tin
 
 def test_a_flag_sglang_does_not_know_is_one_line_not_its_usage(tiny_model):
     """SGLang's parser prints its whole usage block (hundreds of lines) for an unknown flag."""
-    from sglang_mepic.server_process import free_port
+    from sglang_mepic.process.server_process import free_port
 
     out = run_launcher("--model-path", tiny_model, "--port", str(free_port()), "--no-such-flag", timeout=120)
     assert_refused(out, "unrecognized arguments: --no-such-flag")

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from sglang_mepic.launch_cluster import Cluster, share_of_cores
+from sglang_mepic.launch.cluster import Cluster, share_of_cores
 
 
 def test_each_instance_gets_an_equal_share_of_the_cores(monkeypatch):

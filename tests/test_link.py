@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from sglang_mepic.markup import CHUNK_BEGIN_ID, CHUNK_END_ID
-from sglang_mepic.segments import Kind, Piece, layout
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID, CHUNK_END_ID
+from sglang_mepic.process.server_process import ServerProcess
+from sglang_mepic.wire.segments import Kind, Piece, layout
 from server_log import prefill_logged
 
 pytestmark = pytest.mark.server
@@ -276,7 +276,7 @@ def test_cacheblend_selecting_every_token_equals_full_on_four_layers():
     """On a model with layers after CacheBlend's check layer, copied KV sits in the request's own
     slots and is overwritten by fresh KV only for selected tokens: selecting all of them
     (ratio 1) must give full recompute's tokens exactly, chunks first compiled and then reused."""
-    from sglang_mepic import models
+    from sglang_mepic.launch import models
 
     four = str(models.build(models.EVAL_MODEL))
     prompts = [p for *_, p in workload()[:6]]

@@ -5,8 +5,9 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sglang_mepic.logprobs import next_real_ids, per_token, start_slot
-from sglang_mepic.segments import PAD_ID, Kind, Piece, layout
+from sglang_mepic.cache.logprobs import next_real_ids, per_token
+from sglang_mepic.wire.request_layout import start_slot
+from sglang_mepic.wire.segments import PAD_ID, Kind, Piece, layout
 
 
 def score(slot, target):

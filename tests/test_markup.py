@@ -1,11 +1,11 @@
 import pytest
 
 from replay import chunks_from_hints
-from sglang_mepic.hint import HintError
 from sglang_mepic.lang import chunk
-from sglang_mepic.markup import (CHUNK_BEGIN_ID as BEG, CHUNK_END_ID as END, Marked, MarkupError, split_ids,
+from sglang_mepic.wire.hint import HintError
+from sglang_mepic.frontend.markup import (CHUNK_BEGIN_ID as BEG, CHUNK_END_ID as END, Marked, MarkupError, split_ids,
                                  split_text, tokenize_text)
-from sglang_mepic.segments import Kind, Piece
+from sglang_mepic.wire.segments import Kind, Piece
 
 P, C = Kind.PROMPT, Kind.CHUNK
 
@@ -95,8 +95,8 @@ def test_tokenize_hook_lays_out_slots_only_with_the_mepic_cache(radix, laid_out)
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     from replay import pad_runs
-    from sglang_mepic.request_layout import PAD_FILL_ID
-    from sglang_mepic.request_markup import strip_markup
+    from sglang_mepic.frontend.request_markup import strip_markup
+    from sglang_mepic.wire.request_layout import PAD_FILL_ID
 
     encode = {"intro ": [5, 6], "doc " * 10: list(range(10, 30)), " q?": [7]}
     tokenizer = SimpleNamespace(encode=lambda s, add_special_tokens: ([1] if add_special_tokens else []) + encode[s])
@@ -124,8 +124,8 @@ def test_markup_in_a_session_is_refused_where_it_would_be_laid_out():
 
     from sglang.srt.managers.io_struct import GenerateReqInput
 
-    from sglang_mepic.intake import IntakeError
-    from sglang_mepic.request_markup import strip_markup
+    from sglang_mepic.frontend.intake import IntakeError
+    from sglang_mepic.frontend.request_markup import strip_markup
 
     encode = {"intro ": [5, 6], "doc " * 10: list(range(10, 30)), " q?": [7]}
     tokenizer = SimpleNamespace(encode=lambda s, add_special_tokens: ([1] if add_special_tokens else []) + encode[s])
@@ -144,7 +144,7 @@ def test_markup_in_a_session_is_refused_where_it_would_be_laid_out():
 
 
 def test_slot_positions_and_keys_of_a_laid_out_request():
-    from sglang_mepic.request_layout import masked_key, slot_positions
+    from sglang_mepic.wire.request_layout import masked_key, slot_positions
 
     runs = [(3, 2), (8, 1)]
     # 10 prompt slots then 2 generated tokens: positions continue after the prompt.

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.server
 

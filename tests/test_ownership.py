@@ -10,9 +10,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sglang_mepic import context, ownership
-from sglang_mepic.chunk_store import ChunkStore
-from sglang_mepic.pages import FreeList, PageError, PageRefs
+from sglang_mepic.pages import context, ownership
+from sglang_mepic.pages.chunk_store import ChunkStore
+from sglang_mepic.pages.refs import FreeList, PageError, PageRefs
 
 NUM_PAGES = 48
 CHUNK_PAGES = {f"c{i}": 2 + i % 4 for i in range(8)}  # chunk -> pages incl. its first block
@@ -183,7 +183,7 @@ class AllocatorOwnership(RuleBasedStateMachine):
         super().__init__()
         import torch
 
-        from sglang_mepic.pool_pages import PoolPages
+        from sglang_mepic.pages.pool_pages import PoolPages
 
         self.torch = torch
         self.scope = context.scoped()

@@ -8,10 +8,10 @@ import time
 import pytest
 import torch
 
-from sglang_mepic import storage
-from sglang_mepic.prefetch import ABSENT, PENDING, Prefetch
-from sglang_mepic.storage import Storage, Unavailable, envelope
-from sglang_mepic.tiers import Tiers
+from sglang_mepic.tiers import storage
+from sglang_mepic.tiers.levels import Tiers
+from sglang_mepic.tiers.prefetch import ABSENT, PENDING, Prefetch
+from sglang_mepic.tiers.storage import Storage, Unavailable, envelope
 from test_storage import master, mooncake_storage  # noqa: F401 (master: a fixture)
 from test_tiers import PAGE, kv_pool, slots  # noqa: F401 (kv_pool: a fixture)
 

@@ -15,7 +15,7 @@ from replay import (B, NUM_PAGES, allocate, apply_hooks, compile_all, compiled, 
                     make_tree, new_request, planned, prepare_batch, release, replanned, request, serve,
                     serve_round)
 
-from sglang_mepic.compile_rows import is_compile_row
+from sglang_mepic.cache.compile_rows import is_compile_row
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -156,7 +156,7 @@ def test_a_request_that_needs_more_compile_rows_than_there_are_request_rows_make
     47: it returned without adding any, every round, and the queue behind it stalled)."""
     from sglang.srt.managers.schedule_policy import AddReqResult
 
-    from sglang_mepic import scheduling
+    from sglang_mepic.cache import scheduling
 
     tree = make_tree()
     tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, None, rid)
@@ -194,8 +194,8 @@ def test_epic_and_cacheblend_readers_wait_for_their_chunks_to_be_stored():
 
 
 def test_a_compile_row_is_greedy_and_generates_nothing():
-    from sglang_mepic.compile_rows import layout
-    from sglang_mepic.scheduling import compile_req
+    from sglang_mepic.cache.compile_rows import layout
+    from sglang_mepic.cache.scheduling import compile_req
 
     scheduler = SimpleNamespace(model_config=SimpleNamespace(hf_eos_token_id={2}, vocab_size=1000),
                                 dllm_config=None, tokenizer=None, init_req_max_new_tokens=lambda req: None)

@@ -43,8 +43,8 @@ from urllib.parse import quote
 import pytest
 import requests
 
-from sglang_mepic import models
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.launch import models
+from sglang_mepic.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.server
 SEED = 20261124

@@ -1,5 +1,5 @@
 """Requests outside a bound the scheduler relies on are a 400, and the server keeps serving
-(sglang_mepic/request_limits.py).
+(sglang_mepic/frontend/request_limits.py).
 
 Each of these took a whole server down: a top-logprobs count above the vocabulary
 (the sampler's top-k raised in the scheduler), an empty prompt beside a media field
@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from sglang_mepic import request_limits
-from sglang_mepic.server_process import ServerProcess
+from sglang_mepic.frontend import request_limits
+from sglang_mepic.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.server
 GREEDY = {"max_new_tokens": 2, "temperature": 0}
@@ -272,7 +272,7 @@ def test_a_full_small_pool_makes_requests_wait_and_answers_as_alone(small_pool_s
 def test_a_refused_laid_out_request_reports_no_negative_prompt_size():
     """SGLang replaces the ids of a request its scheduler refuses by one token; the pads of the
     layout it had are not among them, so its prompt size is that token, not 1 less the pads."""
-    from sglang_mepic import output_counts
+    from sglang_mepic.cache import output_counts
 
     class Accumulator:
         def __init__(self):

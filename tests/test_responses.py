@@ -7,10 +7,11 @@ import os
 import pytest
 import requests
 
-from sglang_mepic import config, echo
+from sglang_mepic import config
+from sglang_mepic.frontend import echo
+from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
+from sglang_mepic.frontend.markup import CHUNK_END_ID as END
 from sglang_mepic.lang import chunk
-from sglang_mepic.markup import CHUNK_BEGIN_ID as BEG
-from sglang_mepic.markup import CHUNK_END_ID as END
 
 WORDS = open(os.__file__).read().split()
 DOC = " ".join(WORDS[:60])  # several pages: a chunk that is reused

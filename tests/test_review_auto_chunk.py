@@ -16,8 +16,9 @@ from types import SimpleNamespace
 import pytest
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 
-from sglang_mepic import chat_markup, config
-from sglang_mepic.markup import CHUNK_BEGIN_ID, MarkupError
+from sglang_mepic import config
+from sglang_mepic.frontend import chat_markup
+from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID, MarkupError
 
 SEP = " # # "
 TOOL_TEXT = "pass <|chunk|>x<|/chunk|> to it literally"

@@ -11,7 +11,9 @@ import os
 
 import pytest
 
-from sglang_mepic import gate, verdict_cache, weights
+from sglang_mepic.gate import verdict as gate
+from sglang_mepic.gate import verdict_cache
+from sglang_mepic.tiers import weights
 
 FAILING = gate.Figures(questions=8, top1=0.1, kl=3.0, prefix=0.0, positions=128)
 
@@ -78,7 +80,8 @@ def test_stored_chunk_keys_follow_the_weights_not_only_the_path(tmp_path, monkey
     """Chunk KV in storage outlives the process: weights saved over the same folder must key apart."""
     from types import SimpleNamespace
 
-    from sglang_mepic import cache_backend, config
+    from sglang_mepic import config
+    from sglang_mepic.cache import cache_backend
 
     model = tmp_path / "model"
     model.mkdir()

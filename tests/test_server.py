@@ -174,8 +174,8 @@ def test_input_logprobs_with_chunks_are_the_users_tokens_in_order(tiny_server, e
     from token 0 every token is computed, so the values are those of full recompute."""
     from transformers import AutoTokenizer
 
+    from sglang_mepic.frontend.markup import split_text
     from sglang_mepic.lang import chunk
-    from sglang_mepic.markup import split_text
 
     words = open(os.__file__).read().split()
     text = ("Read these. " + chunk(" ".join(words[3000:3050])) + " and " + chunk(" ".join(words[3100:3170]))

@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from sglang_mepic import storage
-from sglang_mepic.storage import CorruptEntry, ForeignEntry, Storage, Unavailable, envelope, open_envelope
+from sglang_mepic.tiers import storage
+from sglang_mepic.tiers.storage import CorruptEntry, ForeignEntry, Storage, Unavailable, envelope, open_envelope
 
 PAGE = 16
 
@@ -243,7 +243,7 @@ def test_a_full_write_queue_drops_writes_instead_of_growing(monkeypatch):
 
 @pytest.fixture()
 def master():
-    from sglang_mepic.mooncake_master import MasterError, MooncakeMaster, check_client
+    from sglang_mepic.process.mooncake_master import MasterError, MooncakeMaster, check_client
 
     try:
         check_client()
@@ -362,7 +362,7 @@ def test_settings_choose_the_backend(monkeypatch, tmp_path):
 
 @pytest.mark.server
 def test_a_master_that_cannot_be_reached_at_start_is_a_logged_miss(caplog):
-    from sglang_mepic.server_process import free_port
+    from sglang_mepic.process.server_process import free_port
 
     port = free_port()
     config = {"master_server_address": f"127.0.0.1:{port}", "metadata_server": f"http://127.0.0.1:{port}/metadata",
@@ -386,7 +386,7 @@ def test_servers_of_different_recompute_blocks_share_a_directory_and_keep_hittin
     import requests
 
     from sglang_mepic.lang import chunk
-    from sglang_mepic.server_process import ServerProcess
+    from sglang_mepic.process.server_process import ServerProcess
 
     words = open(_json.__file__).read().split()
     docs = [" ".join(words[i * 300:i * 300 + 120]) for i in range(3)]  # several pages each

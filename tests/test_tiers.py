@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from sglang_mepic.storage import Storage
-from sglang_mepic.tiers import PENDING, Tiers
+from sglang_mepic.tiers.levels import PENDING, Tiers
+from sglang_mepic.tiers.storage import Storage
 
 PAGE = 16
 

@@ -50,7 +50,7 @@ def test_an_idle_pass_publishes_sglang_usage_when_the_pool_changed():
     `last_log_time = 0`) exactly when the pool's use differs from the published figure."""
     from types import SimpleNamespace
 
-    from sglang_mepic import metrics
+    from sglang_mepic.cache import metrics
 
     def scheduler(published: int, used: int):
         pool = SimpleNamespace(get_kv_token_stats=lambda: (used, used / 1000))

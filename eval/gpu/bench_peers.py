@@ -49,8 +49,8 @@ from torch.nn.attention.bias import causal_lower_right  # noqa: E402
 
 import check_kernels as ck  # noqa: E402
 from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd  # noqa: E402
+from sglang_mepic.attention.rope import Rope, cos_sin_cache  # noqa: E402
 from sglang_mepic.kernels import attention as K  # noqa: E402
-from sglang_mepic.rope import Rope, cos_sin_cache  # noqa: E402
 from sglang_decode import PDL, SglangDecode  # noqa: E402
 
 ck.dev = DEV

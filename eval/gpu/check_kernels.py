@@ -33,9 +33,9 @@ if __name__ == "__main__" and args.device == "cpu":
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from sglang_mepic.attention import attend  # noqa: E402
+from sglang_mepic.attention.reference import attend  # noqa: E402
+from sglang_mepic.attention.rope import Rope, cos_sin_cache  # noqa: E402
 from sglang_mepic.kernels import attention as K  # noqa: E402
-from sglang_mepic.rope import Rope, cos_sin_cache  # noqa: E402
 
 dev = args.device
 MAX_POS = 65536
@@ -83,7 +83,7 @@ def make_batch(seq_lens, ext_lens, hq, hkv, d, page_size, dtype, seed, pads=True
 
 
 def reference(q, qpos, k_pool, v_pool, r2t, r2p, req_idx, seq_lens, ext_lens, rope, scale):
-    """The torch path (sglang_mepic.attention.attend) in fp32, SDPA's math backend."""
+    """The torch path (sglang_mepic.attention.reference.attend) in fp32, SDPA's math backend."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     outs, start = [], 0

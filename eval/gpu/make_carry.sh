@@ -15,8 +15,8 @@ root=$(git -C "$here" rev-parse --show-toplevel)
 sgl=$(ls -d "$root"/.venv/lib/python3*/site-packages/sglang | head -1)
 out=$root/.gpu_carry
 rm -rf "$out" && mkdir -p "$out/proj/sglang_mepic/kernels" "$out/sgl/sglang/kernels/ops/attention" "$out/sgl/sglang/srt"
-files="kernels/__init__.py kernels/attention.py kernels/aot.py kernels/occupancy.py sglang_mepic/__init__.py sglang_mepic/attention.py
-       sglang_mepic/rope.py sglang_mepic/segments.py"
+files="kernels/__init__.py kernels/attention.py kernels/aot.py kernels/occupancy.py sglang_mepic/__init__.py sglang_mepic/attention/reference.py
+       sglang_mepic/attention/rope.py sglang_mepic/wire/segments.py"
 commit=$(git -C "$root" rev-parse --short HEAD)
 for f in $files; do
   dest="$out/proj/sglang_mepic/${f#sglang_mepic/}"

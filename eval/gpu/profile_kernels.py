@@ -31,8 +31,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import check_kernels as ck  # noqa: E402
+from sglang_mepic.attention.rope import Rope, cos_sin_cache  # noqa: E402
 from sglang_mepic.kernels import attention as K  # noqa: E402
-from sglang_mepic.rope import Rope, cos_sin_cache  # noqa: E402
 
 dev = ck.dev = args.device
 CPU = dev == "cpu"

@@ -37,7 +37,7 @@ def timed(fn, dev: str) -> float:
 
 def rope(d: int, dev: str, max_pos: int):
     """(cos/sin table on dev, the kwargs that make the kernels compute cos/sin on chip)."""
-    from sglang_mepic.rope import Rope, cos_sin_cache
+    from sglang_mepic.attention.rope import Rope, cos_sin_cache
 
     table = cos_sin_cache(d, max_pos)
     freqs = Rope(table, d, d, True).frequencies()

@@ -45,8 +45,8 @@ import requests
 from tqdm import tqdm
 
 from eval.run import USED_TOKENS, Sampler, flush, mepic_stats, pct, run_point
-from sglang_mepic.launch_server import MEPIC_PAGE_SIZE
-from sglang_mepic.server_process import ServerError, ServerProcess
+from sglang_mepic.launch.server import MEPIC_PAGE_SIZE
+from sglang_mepic.process.server_process import ServerError, ServerProcess
 
 ROOT = Path(__file__).resolve().parents[3]
 # Llama-3-8B's shape; the vocabulary is the tokenizer's (SmolLM2's), so the embedding and head are smaller.

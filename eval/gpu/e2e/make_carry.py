@@ -446,13 +446,18 @@ def build_wheel(source: Path, dest: Path, scratch: Path, names=None) -> Path:
     return Path(shutil.copy2(wheels[0], dest / wheels[0].name))
 
 
+# The package's parts (sglang_mepic/README.md): a wheel that lacks one fails at the first import.
+SUBPACKAGES = ("wire", "frontend", "pages", "tiers", "cache", "attention", "gate", "launch", "process")
+
+
 def check_project_wheel(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         info = dist_info(names)
         entry = z.read(f"{info}/entry_points.txt").decode() if f"{info}/entry_points.txt" in names else ""
     need = ["sglang_mepic/__init__.py", "sglang_mepic/plugin.py", "sglang_mepic/kernels/__init__.py",
-            "sglang_mepic/patches/__init__.py"]
+            "sglang_mepic/patches/__init__.py", "sglang_mepic/gate/data/calibration.json",
+            *(f"sglang_mepic/{part}/__init__.py" for part in SUBPACKAGES)]
     missing = [n for n in need if n not in names]
     if not re.search(r"^\[sglang\.srt\.plugins\]\s*$", entry, re.M) or \
             not re.search(r"^mepic\s*=\s*sglang_mepic\.plugin:register\s*$", entry, re.M):
@@ -679,7 +684,7 @@ CUDA_MODULES = ["sglang.srt.layers.attention.triton_backend", "sglang.srt.model_
 def serve_and_record(name: str, flags: list[str], env: dict, model: Path) -> None:
     import requests
 
-    from sglang_mepic.server_process import ServerProcess
+    from sglang_mepic.process.server_process import ServerProcess
 
     log(f"closure: starting the {name} server ({' '.join(flags)})", sys.stderr)  # stdout: the list
     with ServerProcess(model, *flags, env=env, startup_timeout=600) as server:
@@ -779,7 +784,7 @@ def static_imports(path: Path):
 def discover(keep: Path | None = None) -> str:
     import importlib.metadata as md
 
-    from sglang_mepic import models
+    from sglang_mepic.launch import models
 
     model = models.build(models.TEST_MODEL)
     with tempfile.TemporaryDirectory(prefix="mepic-discover-") as tmp:

@@ -2,7 +2,7 @@
 
 On SGLang 0.5.23's CUDA path the host pools import twelve of these at module level
 (mem_cache/pool_host/mha.py:61, memory_pool_host.py:45, ...), so all must import. Our host
-tier (sglang_mepic/tiers.py) constructs `MHATokenToKVPoolHost` but copies with tensor
+tier (sglang_mepic/tiers/levels.py) constructs `MHATokenToKVPoolHost` but copies with tensor
 indexing itself, calling none of them; SGLang's own radix cache calls them only with
 `--enable-hierarchical-cache`, which the run does not pass. Implemented here are the ones
 that take tensors (the layer-first `kernel` and `direct` transfers of an MHA/MLA pool), in

@@ -1,0 +1,1 @@
+"""Scheduler side, model runner: the mepic attention backend, its torch reference, positions and RoPE."""

@@ -1,0 +1,368 @@
+"""The `mepic` attention backend (`--attention-backend mepic`).
+
+Keys are written to the KV pool in NoPE form: the `rotary_embedding_forward`
+patch lets the model rotate queries only, for the rotary modules this backend
+validated at start-up. We bypass the rotation rather than un-rotating stored
+keys, because un-rotating is a lossy round trip and would make the no-chunk
+path differ from SGLang's. At attention time each key is rotated at its slot's
+position in the request (`positions.PositionMap`). On CPU the math runs in
+torch (`attention.attend`); the Triton kernels in `sglang_mepic.kernels` are
+the GPU path of the same semantics.
+"""
+
+import dataclasses
+import logging
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+from sglang_mepic import config
+from sglang_mepic.attention.positions import PositionMap
+from sglang_mepic.attention.reference import RotatedKeys, attend_causal, attend_paged, attend_plain
+from sglang_mepic.attention.rope import Rope, UnsupportedRope
+from sglang_mepic.pages import context
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "mepic"
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+@dataclass
+class GraphBuffers:
+    """What captured decode launches read beside the runner's own buffers; fixed addresses."""
+
+    splits: torch.Tensor  # [max_bs] int32: kv splits per request
+    workspace: object = None  # kernels.DecodeWorkspace for max_bs rows, made at the first captured decode
+    active: bool = False  # the current decode forward is a graph capture or replay
+
+
+def _refuse_quantized_kv(token_to_kv_pool) -> None:
+    """The kernels read the KV pool in the model's dtype and apply no k/v scales: an fp8 cache is refused."""
+    dtype = getattr(token_to_kv_pool, "store_dtype", None) or getattr(token_to_kv_pool, "dtype", None)
+    if dtype is None and hasattr(token_to_kv_pool, "get_key_buffer"):
+        dtype = token_to_kv_pool.get_key_buffer(0).dtype
+    names = {getattr(token_to_kv_pool, "dtype", None), dtype}
+    if any(d is not None and (d.is_floating_point and d.itemsize == 1 or d == torch.uint8) for d in names):
+        raise ValueError(f"--attention-backend mepic does not support a quantized KV cache ({dtype}): its kernels "
+                         "apply no k/v scales; use --kv-cache-dtype auto")
+
+
+def _rotary_modules(model) -> list:
+    return [m for name, m in model.named_modules() if name.endswith("rotary_emb")]
+
+
+class MepicAttnBackend(AttentionBackend):
+    def __init__(self, model_runner):
+        super().__init__()
+        from sglang.srt.runtime_context import get_parallel
+
+        tp = get_parallel().attn_tp_size
+        config = model_runner.model_config
+        self._graph_heads = (config.num_attention_heads // tp, config.get_num_kv_heads(tp))
+        self._attach(model_runner.device, model_runner.req_to_token_pool, model_runner.token_to_kv_pool,
+                     self._take_over_rotary(model_runner))
+        context.current().positions = self.positions
+
+    @classmethod
+    def over_pools(cls, req_to_token, k_pool, v_pool, rope: Rope, q_heads: int | None = None) -> "MepicAttnBackend":
+        """A backend around bare tensors, without a model runner (tests, benchmarks)."""
+
+        class Pool:
+            def get_key_buffer(self, layer_id):
+                return k_pool
+
+            def get_value_buffer(self, layer_id):
+                return v_pool
+
+        backend = cls.__new__(cls)
+        AttentionBackend.__init__(backend)
+        backend._graph_heads = (q_heads or k_pool.shape[1], k_pool.shape[1])
+        backend._attach(k_pool.device, type("ReqToTokenPool", (), {"req_to_token": req_to_token})(), Pool(), rope)
+        return backend
+
+    def _attach(self, device, req_to_token_pool, token_to_kv_pool, rope: Rope) -> None:
+        self.device = device
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool = token_to_kv_pool
+        self.positions = PositionMap(req_to_token_pool.req_to_token)
+        self.rope = rope
+        self.rotated_keys = RotatedKeys(rope)
+        self.copies = None
+        mode = config.mode()
+        self.blend = None
+        if mode.kind is config.Kind.CACHEBLEND:  # a one-layer model checks its only layer
+            layers = getattr(token_to_kv_pool, "layer_num", mode.check_layer + 1)
+            self.blend = dataclasses.replace(mode, check_layer=min(mode.check_layer, layers - 1))
+        _refuse_quantized_kv(token_to_kv_pool)
+        self.use_triton = torch.device(device).type == "cuda"
+        self.graph: GraphBuffers | None = None
+        # Split decode's partial results, reused by every layer of an eager forward: one per CUDA stream,
+        # since two streams' decodes (e.g. overlapped micro-batches) would otherwise share it.
+        self._workspaces: dict[int, object] = {}
+        self._splits = None  # this decode forward's split counts (device), computed once for every layer
+        self._kv_end = None  # this extend forward's key-loop bounds (device), computed once for every layer
+        if self.use_triton:
+            from sglang_mepic.kernels import attention as kernels
+
+            self._use_kernels(kernels)
+
+    def _use_kernels(self, kernels) -> None:
+        kernels.check_shapes(self.rope.head_size, self.rope.rotary_dim, 1, 1)
+        self.use_triton = True
+        self.kernels = kernels
+        self.cos_sin = self.rope.cos_sin_cache.float().contiguous()
+        # cos/sin computed on chip when the model's cache is cos(p * inv_freq) * mscale (what
+        # `Rope.frequencies` detects), else read from its fp32 table. Measured on an H100
+        # (eval/results/gpu/after.md), on chip was faster than the table in 8 of 10 cases (the table took
+        # 6-18% longer on every extend, 1-10% at decode B>=8) and slower only at decode B=1.
+        # MEPIC_ROPE_TABLE=1 forces the table; MEPIC_ROPE_ON_CHIP, which used to opt in to on chip, is no
+        # longer read.
+        table = os.environ.get("MEPIC_ROPE_TABLE") == "1" or kernels.DEFAULT_TABLE_ROPE
+        freqs = None if table else self.rope.frequencies()
+        self.rope_args = {} if freqs is None else dict(inv_freq=freqs[0].float().contiguous(), mscale=freqs[1])
+        self.sm_count = kernels.sm_count(self.device)
+        self.decode_ctas_per_sm = self._decode_capacity()
+        logger.info("mepic attention: Triton kernels, RoPE cos/sin %s; decode kernel %d CTAs/SM on %d SMs",
+                    "on chip" if freqs else "from the table", self.decode_ctas_per_sm, self.sm_count)
+
+    def _decode_capacity(self) -> int:
+        """CTAs per SM of the decode kernel this backend launches, what split counts are sized from.
+
+        Asked once, here, before any decode or CUDA-graph capture: on a GPU Triton compiles the kernel
+        for arguments specialized as a decode's are (the pools, the row tables, int64 request indices,
+        lengths and positions; a query of the model's dtype) and the capacity comes from that compiled
+        kernel's registers and shared memory (`kernels.decode_ctas_per_sm`); on a CPU, the static figure."""
+        k_pool = self.token_to_kv_pool.get_key_buffer(0)
+        v_pool = self.token_to_kv_pool.get_value_buffer(0)
+        q = k_pool.new_empty((1, self._graph_heads[0], k_pool.shape[-1]))
+        index = torch.zeros(1, dtype=torch.int64, device=k_pool.device)
+        return self.kernels.decode_ctas_per_sm(
+            q, k_pool, v_pool, self.req_to_token_pool.req_to_token, self.positions.req_to_pos, index, index + 1,
+            index, self.cos_sin, self.rope.rotary_dim, self.rope.is_neox_style, 1.0, **self.rope_args)
+
+    @staticmethod
+    def _take_over_rotary(model_runner) -> Rope:
+        archs = getattr(model_runner.model_config.hf_config, "architectures", None) or []
+        if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+            raise UnsupportedRope(f"--attention-backend mepic supports {', '.join(SUPPORTED_ARCHITECTURES)}; "
+                                  f"this model is {archs}")
+        if getattr(model_runner.model_config.hf_config, "sliding_window", None) and \
+                getattr(model_runner.model_config.hf_config, "use_sliding_window", True):
+            raise UnsupportedRope("--attention-backend mepic does not support sliding-window attention")
+        modules = _rotary_modules(model_runner.model)
+        if not modules:
+            raise UnsupportedRope("--attention-backend mepic needs a model with rotary position embedding; "
+                                  "none was found")
+        ropes = [Rope.from_module(m) for m in modules]
+        first = ropes[0]
+        shape = (first.rotary_dim, first.head_size, first.is_neox_style)
+        for r in ropes[1:]:
+            if (r.rotary_dim, r.head_size, r.is_neox_style) != shape or not torch.equal(r.cos_sin_cache,
+                                                                                        first.cos_sin_cache):
+                raise UnsupportedRope("--attention-backend mepic needs one RoPE for all layers")
+        for m in modules:
+            m.mepic_nope_key = True
+        logger.info("mepic attention: NoPE keys, RoPE %s-style, rotary_dim %d of %d",
+                    "neox" if first.is_neox_style else "gptj", first.rotary_dim, first.head_size)
+        return first
+
+    def init_forward_metadata(self, forward_batch):
+        """Per-forward state, read by every layer. On the Triton path a decode's preparation is device
+        ops only (no host sync: SGLang's overlap scheduler runs ahead of the GPU); the torch path reads
+        per-request values on the host."""
+        if self.graph is not None:
+            self.graph.active = False
+        mode = forward_batch.forward_mode
+        self.copies = None
+        self._splits = self._kv_end = None
+        if not self.use_triton:
+            self.rows = forward_batch.req_pool_indices.tolist()
+            self.seq_lens = forward_batch.seq_lens.tolist()
+            # Rows without a placement plan have slot j at position j: the plain fast path.
+            self.plain_rows = (~self.positions.planned[forward_batch.req_pool_indices.long()]).tolist()
+        # The model reads forward_batch.positions after this: planned rows get theirs here.
+        if mode.is_decode():
+            if not self.use_triton:
+                self.rotated_keys.keep_only(self.rows)
+            forward_batch.positions = self.positions.on_decode(
+                forward_batch.req_pool_indices, forward_batch.seq_lens, forward_batch.positions)
+            if self.use_triton:
+                batch = forward_batch.seq_lens.shape[0]
+                self._splits = self.kernels.num_kv_splits(
+                    forward_batch.seq_lens, self.kernels.decode_programs_per_split(batch, *self._graph_heads),
+                    self.sm_count, ctas_per_sm=self.decode_ctas_per_sm)
+        elif mode.is_extend():
+            if not self.use_triton:
+                self.rotated_keys.drop(self.rows)
+            forward_batch.positions = self.positions.on_extend(
+                forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
+                forward_batch.positions)
+            self.copies = self.positions.copies_for_extend(
+                forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens)
+            if self.use_triton:
+                seq_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+                self._max_seq_len = int(seq_cpu.max()) if seq_cpu is not None else None
+                self._kv_end = self.kernels.extend_kv_end(
+                    self.positions.req_to_pos, forward_batch.req_pool_indices, forward_batch.seq_lens,
+                    forward_batch.extend_seq_lens, forward_batch.positions, self._max_seq_len)
+
+    def _save(self, layer, forward_batch, k, v, save_kv_cache):
+        if not (save_kv_cache and k is not None and v is not None):
+            return
+        loc = forward_batch.out_cache_loc
+        if self.copies is not None and self.blend is not None and layer.layer_id >= self.blend.check_layer:
+            fresh = self._select(layer.layer_id, loc, k, v)
+            if layer.layer_id > self.blend.check_layer:
+                loc, k, v = loc[fresh], k[fresh], v[fresh]
+        self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
+
+    def _select(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """CacheBlend: which extend tokens write their fresh KV after the check layer.
+
+        The tokens that read stored KV found it in their own slots, copied there when they
+        were allocated (admission.copy_sources). At the check layer, which every token computes,
+        the ones whose fresh KV deviates most from it (the `ratio` share per request) are
+        selected for recompute; in the layers after it every other one keeps the stored KV.
+
+        Every layer runs every token: SGLang's model runner cannot narrow the token set between
+        layers without forking model code. So this baseline is faithful in what attention sees
+        and in memory, and its compute time is an upper bound on CacheBlend's.
+        """
+        if layer_id == self.blend.check_layer:
+            idx, batch = self.copies
+            keys = self.token_to_kv_pool.get_key_buffer(layer_id)
+            values = self.token_to_kv_pool.get_value_buffer(layer_id)
+            dst = loc[idx].long()
+            deviation = ((k[idx].reshape(-1, *keys.shape[1:]).float() - keys[dst].float()) ** 2).sum((1, 2)) + \
+                        ((v[idx].reshape(-1, *values.shape[1:]).float() - values[dst].float()) ** 2).sum((1, 2))
+            stored = torch.ones_like(idx, dtype=torch.bool)
+            for b in torch.unique(batch).tolist():
+                mine = torch.nonzero(batch == b).flatten()
+                n = math.ceil(self.blend.ratio * mine.numel())
+                stored[mine[deviation[mine].topk(n).indices]] = False
+            self._fresh = torch.ones(k.shape[0], dtype=torch.bool, device=k.device)
+            self._fresh[idx[stored]] = False
+        return self._fresh
+
+    def _run(self, q, layer, forward_batch, q_lens, decode=False):
+        if layer.is_cross_attention or (layer.sliding_window_size is not None and layer.sliding_window_size > -1):
+            raise NotImplementedError("mepic attention: cross or sliding-window attention is not supported")
+        q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        out = q.new_empty((q.shape[0], layer.tp_q_head_num, layer.v_head_dim))
+        k_pool = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        v_pool = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        req_to_token = self.req_to_token_pool.req_to_token
+        req_to_pos = self.positions.req_to_pos
+        positions = forward_batch.positions
+        start = 0
+        for row, seq_len, n, plain in zip(self.rows, self.seq_lens, q_lens, self.plain_rows):
+            end = start + n
+            slots = req_to_token[row, :seq_len]
+            kv_pos = None if plain else req_to_pos[row, :seq_len]
+            if decode and (plain or int(kv_pos.max()) <= int(positions[start])):
+                # The new token has the largest position: every real slot is visible.
+                pads = None if plain else kv_pos < 0
+                if pads is not None and not bool(pads.any()):
+                    pads = None
+                k = self.rotated_keys.get(layer.layer_id, row, k_pool, slots, q.dtype,
+                                          None if plain else kv_pos.clamp(min=0))
+                out[start:end] = attend_causal(q[start:end], k, v_pool[slots].to(q.dtype), layer.scaling, pads)
+            elif plain:
+                out[start:end] = attend_plain(q[start:end], k_pool, v_pool, slots, self.rope, layer.scaling)
+            else:
+                out[start:end] = attend_paged(q[start:end], positions[start:end], k_pool, v_pool, slots, kv_pos,
+                                              self.rope, layer.scaling)
+            start = end
+        return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def _run_triton(self, q, layer, forward_batch, decode: bool):
+        q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        args = (self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+                self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+                self.req_to_token_pool.req_to_token, self.positions.req_to_pos, forward_batch.req_pool_indices,
+                forward_batch.seq_lens)
+        rope = (self.cos_sin, self.rope.rotary_dim, self.rope.is_neox_style, layer.scaling)
+        if decode:
+            splits, workspace = self._decode_buffers(q, args[0].shape[1], layer.v_head_dim, forward_batch.seq_lens)
+            out = self.kernels.decode(q, *args, forward_batch.positions, *rope, splits=splits, workspace=workspace,
+                                      **self.rope_args)
+        else:
+            lens = forward_batch.extend_seq_lens
+            if self._kv_end is None:  # a forward this backend did not prepare (tests): bounds per call
+                self._max_seq_len = None
+                self._kv_end = self.kernels.extend_kv_end(self.positions.req_to_pos, args[4], args[5], lens,
+                                                          forward_batch.positions)
+            out = self.kernels.extend(q, *args, torch.cumsum(lens, 0) - lens, lens, forward_batch.positions, *rope,
+                                      max_ext_len=max(forward_batch.extend_seq_lens_cpu), kv_end=self._kv_end,
+                                      max_seq_len=self._max_seq_len, **self.rope_args)
+        return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def _decode_buffers(self, q, kv_heads: int, dv: int, seq_lens):
+        """Split counts and workspace of a decode: the graph's fixed ones, or this forward's (eager)."""
+        batch, heads = q.shape[0], q.shape[1]
+        graph = self.graph
+        if graph is not None and graph.active:
+            if graph.workspace is None:
+                graph.workspace = self.kernels.DecodeWorkspace(graph.splits.shape[0], heads, dv, q.device)
+            return graph.splits[:batch], graph.workspace
+        stream = torch.cuda.current_stream(q.device).cuda_stream if q.device.type == "cuda" else 0
+        workspace = self._workspaces.get(stream)
+        if workspace is None or not workspace.fits(batch, heads, dv):
+            workspace = self._workspaces[stream] = self.kernels.DecodeWorkspace(batch, heads, dv, q.device)
+        splits = self._splits
+        if splits is None or splits.shape[0] != batch:  # a forward this backend did not prepare (tests)
+            splits = self._splits = self.kernels.num_kv_splits(
+                seq_lens, self.kernels.decode_programs_per_split(batch, heads, kv_heads), self.sm_count,
+                ctas_per_sm=self.decode_ctas_per_sm)
+        return splits, workspace
+
+    # CUDA graphs, decode only (SGLang's graph runner calls these).
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        self.graph = GraphBuffers(splits=torch.ones(max_bs, dtype=torch.int32, device=self.device))
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        if not forward_batch.forward_mode.is_decode():
+            raise NotImplementedError("the mepic backend captures CUDA graphs for decode only")
+        self.graph.active = True
+        # Planned rows decode at their plan's next position; padding rows (capture: all) are left alone.
+        real = forward_batch.batch_size - (getattr(forward_batch, "num_padding", 0) or 0)
+        if real and not in_capture:
+            positions = forward_batch.positions[:real]
+            positions.copy_(self.positions.on_decode(forward_batch.req_pool_indices[:real],
+                                                     forward_batch.seq_lens[:real], positions))
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        """Captured: the split counts of this batch, into the fixed buffer (device ops only)."""
+        batch = forward_batch.seq_lens.shape[0]
+        self.kernels.num_kv_splits(forward_batch.seq_lens,
+                                   self.kernels.decode_programs_per_split(batch, *self._graph_heads),
+                                   self.sm_count, out=self.graph.splits, ctas_per_sm=self.decode_ctas_per_sm)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        self._save(layer, forward_batch, k, v, save_kv_cache)
+        if self.use_triton:
+            return self._run_triton(q, layer, forward_batch, decode=False)
+        return self._run(q, layer, forward_batch, forward_batch.extend_seq_lens.tolist())
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        self._save(layer, forward_batch, k, v, save_kv_cache)
+        if self.use_triton:
+            return self._run_triton(q, layer, forward_batch, decode=True)
+        return self._run(q, layer, forward_batch, [1] * forward_batch.batch_size, decode=True)
+
+    def support_triton(self):
+        return False
+
+
+def create(model_runner) -> MepicAttnBackend:
+    return MepicAttnBackend(model_runner)

@@ -1,0 +1,1 @@
+"""Scheduler side: the mepic radix cache, a request's link and plan, admission, scheduling and its figures."""

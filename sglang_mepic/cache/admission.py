@@ -1,0 +1,146 @@
+"""Requests getting their KV row: what a planned request keeps, copies and reports.
+
+A planned request holds the stored chunks it will read (residency.py), so the
+scheduler's memory check, which follows the match, does not count them as
+evictable. The request at the head of a batch is admitted just before the batch
+allocates (patch schedule_batch_prepare_for_extend) and keeps them until it
+releases its row; a request planned in a round but not admitted lets go when
+the round ends (`end_round`), or chunks wanted only by waiting requests could
+fill the pool. EPIC's admitted requests copy their reused pages into pages of
+their own here; CacheBlend's copy the stored KV of their chunk tokens into the
+pages SGLang has just allocated for them (`copy_sources`), so each page is
+charged once, as in EPIC.
+"""
+
+import logging
+from collections import Counter
+
+import torch
+
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
+
+from sglang_mepic import config
+from sglang_mepic.cache import figures
+from sglang_mepic.cache.link import Link, link_of
+
+logger = logging.getLogger(__name__)
+
+
+class Admission:
+    def __init__(self, cache):
+        self.cache = cache
+        self._unadmitted: dict[int, Link] = {}  # planned, holding their chunks, not admitted yet
+
+    def hold(self, link: Link, found) -> None:
+        """A request is planned (again): it holds the chunks `found` (residency.Found) pinned for it
+        instead of what an earlier plan pinned, until it is admitted or the round ends."""
+        self.let_go(link)
+        link.unplan()
+        link.held = found.pins
+        link.found_where(found.where)
+        if link.held:
+            self._unadmitted[id(link)] = link
+
+    def let_go(self, link: Link) -> None:
+        """Drop the chunks a planned request holds (it is planned again, or was not admitted)."""
+        self._unadmitted.pop(id(link), None)
+        if link.held:
+            self.cache.refs.release(link.held)
+            link.held = []
+
+    def end_round(self) -> None:
+        """A scheduling round is over: requests planned in it but not admitted let go of their chunks."""
+        for link in list(self._unadmitted.values()):
+            self.let_go(link)
+            link.unplan()
+
+    def admit(self, req, reserve: int = 0) -> None:
+        """The request is about to get its KV row: hold the pages it reads, fix its plan, count it.
+
+        reserve: pages the batch's own extends will take right after (EPIC's copies leave them free).
+        """
+        link = link_of(req)
+        if link is None or link.admitted:
+            return
+        c = self.cache
+        self._unadmitted.pop(id(link), None)  # it keeps what it holds until its release
+        link.admit()
+        if c.mode.kind is config.Kind.EPIC and link.injected is not None and not link.compile:
+            self._copy_private(link, reserve)
+        if not link.compile:
+            # Computed for it: by compile rows in its batch (add_request put them there), or in an
+            # earlier batch it waited for.
+            link.made_for.update(link.compiling)
+            link.compiled = tuple(i for i, key in enumerate(link.keys) if key in link.made_for)
+            if link.found is not None:
+                link.found = ["absent" if key in link.made_for else where for key, where in zip(link.keys, link.found)]
+            for where in link.found or ():
+                c.tiers.lookups[where] += 1
+            if link.keys:
+                logger.info("MEPIC request %s: %d chunk(s) found %s; %d computed in its batch", req.rid,
+                            len(link.keys), ", ".join(f"{n} {tier}" for tier, n in Counter(link.found).items()),
+                            len(link.compiled))
+            for key in link.keys:  # counts hits and misses, refreshes LRU order
+                c.store.lookup(key)
+        plan = link.planned.plan
+        hits = plan.hits if plan is not None else sum(1 for k in link.keys if c.store.peek(k) is not None)
+        figures.count_admitted(link, req.prefix_len, c.figures.counters, c.mode, c.canonical_from or 0,
+                               c.page_size, hits)
+
+    def _copy_private(self, link: Link, reserve: int) -> None:
+        """EPIC: the stored pages the request reads become a copy in pages of its own, before
+        its forward (as EPIC loads, then computes the rest); the store's pages are let go.
+
+        SGLang's budget did not count these pages. When they do not fit beside `reserve`
+        (evicting the tree and unheld chunks for them), the request reads the store's
+        pages in place instead: same KV, shared for once (`private_copy_fallbacks`).
+        """
+        c = self.cache
+        src = link.injected
+        n = len(src) // c.page_size
+        short = n + reserve - c.pages.available()
+        if short > 0:
+            c.evict(EvictParams(num_tokens=short * c.page_size))
+        pages = c.refs.alloc(n) if c.pages.available() >= n + reserve else None
+        if pages is None:
+            c.figures.counters.private_copy_fallbacks += 1
+            logger.warning("epic: no room for a private copy of %d pages; this request reads the store's "
+                           "pages in place", n)
+            return
+        dst = c.pages.slots(pages)
+        move_kv_cache_native(c.kv_pool.k_buffer, c.kv_pool.v_buffer, dst, src.to(dst.device))
+        c.refs.release(link.held)
+        link.held = list(pages)
+        link.injected = dst
+
+    def copy_sources(self, req, row_slots) -> None:
+        """CacheBlend: SGLang has allocated the request's extend; every token that reads stored
+        KV gets it now in its own slot, in the layers from the check layer on (the forward
+        compares it there and keeps it after it for the tokens not selected for recompute:
+        backend.py). Once the whole prompt has its slots, the stored pages are let go: each
+        page is charged once.
+
+        row_slots: the request's row of `req_to_token` (physical slot of each of its slots).
+        """
+        link = link_of(req)
+        if link is None or link.sources is None or not link.held:
+            return
+        start, end = req.prefix_len, min(req.prefix_len + req.extend_len, len(link.sources))
+        src = torch.as_tensor(link.sources[start:end], dtype=torch.int64)
+        take = torch.nonzero(src >= 0).flatten()
+        if take.numel():
+            dst = row_slots[start:end].to(torch.int64)[take.to(row_slots.device)]
+            c = self.cache
+            # Layers before the check layer are computed for every token and overwrite it.
+            first = min(c.mode.check_layer, len(c.kv_pool.k_buffer) - 1)
+            move_kv_cache_native(c.kv_pool.k_buffer[first:], c.kv_pool.v_buffer[first:], dst,
+                                 src[take].to(dst.device))
+        if end >= len(link.sources):  # chunked prefill: the last part has its slots
+            self.cache.refs.release(link.held)
+            link.held = []
+
+    def reset(self) -> None:
+        for link in self._unadmitted.values():
+            link.held = []
+        self._unadmitted.clear()

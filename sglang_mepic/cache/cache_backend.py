@@ -1,0 +1,61 @@
+"""The `mepic` radix-cache backend's factory: settings checked at start-up, then the cache.
+
+`plugin.py` registers `build` with SGLang under `BACKEND_NAME` (`--radix-cache-backend mepic`).
+"""
+
+import hashlib
+import json
+import os
+
+from sglang_mepic import config
+from sglang_mepic.cache import metrics
+from sglang_mepic.cache.radix_cache import MepicRadixCache
+from sglang_mepic.tiers import weights
+
+BACKEND_NAME = "mepic"
+
+
+def model_fingerprint(model_config) -> str:
+    """What makes KV reusable: the weights (path, revision), their dtype and the architecture.
+
+    With a storage backend, chunk KV outlives this process: weights replaced in the same
+    folder (a fine-tune saved over the original) must not read the old weights' KV, so the
+    folder's contents are hashed too (weights.py; paid once at start, and only then)."""
+    hf = getattr(model_config, "hf_config", None)
+    described = json.dumps(hf.to_dict() if hf is not None else {}, sort_keys=True, default=str)
+    path = str(getattr(model_config, "model_path", ""))
+    parts = [path, str(getattr(model_config, "revision", "")), str(getattr(model_config, "dtype", "")), described]
+    if config.storage_backend() not in (None, "none") and os.path.isdir(path):
+        parts.append(weights.digest(path))
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def build(ctx) -> MepicRadixCache:
+    if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
+        raise ValueError("--radix-cache-backend mepic supports full-attention models only "
+                         "(no sliding-window or state-space layers)")
+    if ctx.enable_hierarchical_cache:
+        raise ValueError("--radix-cache-backend mepic does not support --enable-hierarchical-cache")
+    config.placement()  # fail at start-up on a bad setting
+    config.compile_sink()
+    config.host_tier_gb()
+    config.storage_config()
+    config.storage_timeout()
+    directory = config.storage_dir() if config.storage_backend() == "file" else None
+    if directory is not None:
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--mepic-storage-dir {directory}: cannot create it ({e.strerror})") from None
+        if not os.access(directory, os.W_OK):
+            raise ValueError(f"--mepic-storage-dir {directory}: not writable")
+    mode = config.mode()
+    config.canonical_from()
+    metrics.publish_reuse_refused(mode.name, config.reuse_refused())
+    if ctx.disable_radix_cache and mode.reuses:
+        raise ValueError(f"--mepic-mode {mode.name} needs the radix cache: drop --disable-radix-cache "
+                         "or use --mepic-mode full")
+    params = ctx.params
+    if ctx.disable_radix_cache:
+        params.disable = True
+    return MepicRadixCache(params, model_fingerprint(ctx.model_config), mode)

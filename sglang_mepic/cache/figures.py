@@ -1,0 +1,125 @@
+"""What the cache reports: each request's figures (its response's `mepic_*` meta_info) and
+the cache's totals (/metrics, /server_info, the eval harness)."""
+
+import math
+from dataclasses import dataclass
+
+from sglang_mepic import config
+from sglang_mepic.cache import metrics
+
+
+@dataclass
+class Counters:
+    recomputed_tokens: int = 0   # chunk and prompt tokens computed in a request's context
+    reused_tokens: int = 0       # chunk tokens served from the store (shared or copied)
+    compiled_chunks: int = 0     # compile rows that produced new canonical pages
+    compiled_tokens: int = 0     # real tokens computed by compile rows
+    requests_received: int = 0   # generate requests the scheduler received (patch scheduler_handle_generate_request)
+    private_copy_fallbacks: int = 0  # epic requests that read stored pages in place for lack of room
+
+
+def compiled_reuse(link, canonical_from: int, page_size: int) -> int:
+    """Real tokens the request reuses from chunks that compile rows in its own batch computed.
+
+    The plan reuses them like stored chunks, but they were computed for this request:
+    neither a cache hit nor a recompute in context.
+    """
+    plan = link.planned.plan if link.planned is not None else None
+    if plan is None or not link.compiled:
+        return 0
+    real = link.shape.real_per_page(page_size)
+    reused = set(plan.order[:len(plan.reused)])
+    total = 0
+    for i in set(link.compiled):
+        if i < len(link.chunk_slots):
+            start, end = link.chunk_slots[i]
+            total += sum(real[p] for p in range(start // page_size + canonical_from, end // page_size) if p in reused)
+    return total
+
+
+def count_admitted(link, prefix_len: int, counters: Counters, mode: config.Mode, canonical_from: int,
+                   page_size: int, plan_hits: int) -> None:
+    """Fill the admitted request's report and add it to the totals."""
+    prefix = min(prefix_len, link.size)
+    if link.compile:
+        computed = link.real_slots(prefix, link.size)
+        counters.compiled_tokens += computed
+        link.report = {"mepic_residency": link.found[0], "mepic_compiled_tokens": computed}
+        return
+    substituted = 0
+    if link.sources is not None:  # CacheBlend: its selected fraction is computed after all
+        substituted = sum(1 for s in link.sources[prefix_len:] if s >= 0)
+        substituted -= math.ceil(mode.ratio * substituted)
+    compiled = link.own_reuse = compiled_reuse(link, canonical_from, page_size)
+    cached = link.real_slots(0, prefix) + substituted - compiled
+    recomputed = link.real_slots(prefix, link.size) - substituted
+    link.report = {"mepic_recomputed_tokens": recomputed, "mepic_chunk_hits": plan_hits,
+                   "mepic_chunk_misses": len(link.keys) - plan_hits, "mepic_cached_tokens": cached,
+                   "mepic_compiled_tokens": compiled, "mepic_residency": list(link.found or ())}
+    counters.recomputed_tokens += recomputed
+    counters.reused_tokens += link.real_slots(0, prefix) if link.planned.plan is not None else substituted
+
+
+class Figures:
+    """The cache's totals, sampled after allocations and when idle (peak pages in use, /metrics)."""
+
+    def __init__(self, cache):
+        self.cache = cache
+        self.counters = Counters()
+        self.peak_pages_in_use = 0
+        self._sampled = None  # the counts `sample` compares, at the last sample
+
+    def pages_in_use(self) -> int:
+        """Pages running requests hold: allocated pages that evicting every unlocked tree node
+        and every unheld chunk would not free (SGLang's "used" = total - available - evictable)."""
+        c = self.cache
+        return c.pages.allocator.size // c.page_size - c.pages.available() - c.ledger.freeable()
+
+    def sample(self) -> None:
+        """Skipped while the counts below are what they were at the last sample (all O(1)):
+        most decode steps allocate nothing, and an idle poll changes nothing. A finished
+        request may change the freeable count alone (its pages go to the tree), a published
+        compile the store's counts alone."""
+        c, store = self.cache, self.cache.store
+        counts = (c.pages.available(), c.ledger.freeable(), len(store), store.canonical_pages(),
+                  c.refs.shared(), store.stats.hits, store.stats.misses, store.stats.evictions,
+                  self.counters.compiled_chunks, self.counters.requests_received, c.compile_rows.made)
+        if counts != self._sampled:
+            self._sampled = counts
+            metrics.publish(self.stats())
+
+    def stats(self) -> dict:
+        c, store, counters = self.cache, self.cache.store, self.counters
+        in_use = self.pages_in_use()
+        self.peak_pages_in_use = max(self.peak_pages_in_use, in_use)
+        return {
+            "mode": c.mode.name,
+            "reuse_refused": config.reuse_refused(),  # the mode --mepic-verify refused (then mode is full)
+            "page_size": c.page_size,
+            "kv_pages_total": c.pages.allocator.size // c.page_size,
+            "kv_pages_free": c.pages.available(),
+            "kv_pages_in_use": in_use,
+            "kv_pages_in_use_peak": self.peak_pages_in_use,
+            "canonical_chunk_pages": store.canonical_pages(),
+            "chunks_resident": len(store),
+            "shared_pages": c.refs.shared(),
+            "chunk_hits": store.stats.hits,
+            "chunk_misses": store.stats.misses,
+            "chunk_evictions": store.stats.evictions,
+            "chunks_compiled": counters.compiled_chunks,
+            "compiled_tokens": counters.compiled_tokens,
+            "compile_rows": c.compile_rows.made,
+            "requests_received": counters.requests_received,
+            "recomputed_tokens": counters.recomputed_tokens,
+            "reused_tokens": counters.reused_tokens,
+            "private_copy_fallbacks": counters.private_copy_fallbacks,
+            **c.tiers.stats(),
+        }
+
+    def reset(self) -> None:
+        """The pool is being cleared: say so without waiting for the next sample."""
+        self.peak_pages_in_use = 0
+        self._sampled = None
+        metrics.publish({"kv_pages_in_use": 0, "kv_pages_in_use_peak": 0, "canonical_chunk_pages": 0,
+                         "shared_pages": 0, "chunks_resident": 0,
+                         "kv_pages_free": self.cache.pages.allocator.size // self.cache.page_size})

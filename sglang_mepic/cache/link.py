@@ -1,0 +1,224 @@
+"""Scheduler-side state of one laid-out request (`link_of(req)`), and its phases.
+
+A request arrives laid out in its natural slot order with the `mepic.chunks`
+hint (hint.py). Its `Shape` (ids, pads, chunks and their keys) never changes.
+Around it, the request moves through three phases, and every move is checked:
+
+    LINKED --plan--> PLANNED --admit--> ADMITTED --release--> LINKED
+       ^                |
+       +----let go------+   (not admitted this round, or planned again)
+
+- PLANNED: the cache matched it (planner.py): it holds the stored chunks it
+  will read and its token ids are in planned order.
+- ADMITTED: it has a KV row; its plan is fixed until it releases the row (a
+  retracted request is planned again from its natural order).
+"""
+
+import enum
+from array import array
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+from sglang_mepic.cache.plan import ChunkSpan, Plan
+from sglang_mepic.cache.planner import Planned
+from sglang_mepic.wire.request_layout import pad_mask, slot_positions
+from sglang_mepic.wire.segments import NO_POSITION
+
+
+ATTR = "mepic"  # the one attribute this package sets on SGLang's (scheduler-side) Req
+
+
+def link_of(req) -> "Link | None":
+    """The request's Link, set when the mepic cache first laid it out; None: not laid out (a plain
+    request, or one under another cache). Every module reaches request state through this."""
+    return getattr(req, ATTR, None)
+
+
+def attach(req, link: "Link") -> "Link":
+    setattr(req, ATTR, link)
+    return link
+
+
+class Phase(enum.Enum):
+    LINKED = "linked"
+    PLANNED = "planned"
+    ADMITTED = "admitted"
+
+
+class PhaseError(RuntimeError):
+    """A request state moved in a way its lifecycle does not allow (a bug, never client input)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Shape:
+    """What the request's hint and namespace fix: the same at every match."""
+
+    natural: array                      # prompt token ids in natural slot order
+    pads: tuple[tuple[int, int], ...]   # (first slot, count) in natural order
+    chunk_slots: tuple[tuple[int, int], ...]  # [start, end) of each chunk segment
+    keys: tuple[str, ...]               # chunk key of each chunk segment (segments.span_hash)
+    compile: bool                       # a compile row: one chunk computed standalone (compile_rows.py)
+    owner: int = 0                      # unique per request: EPIC's and CacheBlend's private tree keys
+
+    @property
+    def size(self) -> int:
+        return len(self.natural)
+
+    def spans(self) -> list[ChunkSpan]:
+        return [ChunkSpan(s, e, k) for (s, e), k in zip(self.chunk_slots, self.keys)]
+
+    @cached_property
+    def _prompt_positions(self) -> torch.Tensor:
+        return slot_positions(self.size, self.pads)
+
+    def natural_positions(self, num_slots: int) -> torch.Tensor:
+        """Positions of the request's slots in natural order (output slots follow the prompt)."""
+        prompt = self._prompt_positions
+        if num_slots <= self.size:
+            return prompt[:num_slots]
+        real = self.size - sum(count for _, count in self.pads)
+        return torch.cat([prompt, torch.arange(real, real + num_slots - self.size, dtype=prompt.dtype)])
+
+    @cached_property
+    def _ids(self) -> torch.Tensor:
+        return torch.frombuffer(self.natural, dtype=torch.int64) if self.natural else torch.zeros(0, dtype=torch.int64)
+
+    def ids_in(self, index: torch.Tensor) -> array:
+        """The prompt's ids at natural slots `index` (a planned order)."""
+        return array("q", self._ids[index].numpy().tobytes())
+
+    def pad_slots(self) -> list[bool]:
+        """Whether each natural prompt slot is a pad."""
+        return pad_mask(self.size, self.pads).tolist()
+
+    def real_per_page(self, page_size: int) -> list[int]:
+        """Real (non-pad) slots of each natural page of the prompt."""
+        real = (self._prompt_positions != NO_POSITION).to(torch.int32)
+        pages = -(-self.size // page_size)
+        return torch.nn.functional.pad(real, (0, pages * page_size - self.size)).view(pages, page_size).sum(1).tolist()
+
+
+@dataclass(eq=False)
+class Link:
+    shape: Shape
+    phase: Phase = Phase.LINKED
+    planned: Planned | None = None
+    held: list[int] = field(default_factory=list)  # pages this request holds a reference on
+    found: list[str] | None = None      # where each chunk was found when planned: device, host, storage, absent
+    # The match: reused KV slots appended to the tree's (None: none), the slots the tree matched
+    # before them, and how many of them the tree has since taken its own reference on.
+    injected: torch.Tensor | None = None
+    tree_len: int = 0
+    tree_took: int = 0
+    # Per chunk key: the compile row in this request's batch that computes it (compile_rows.py);
+    # set when planned, the chunk's planned pages are placeholders until the batch is allocated.
+    compiling: dict = field(default_factory=dict)
+    wait: bool = False                  # planned, but must not be admitted this round (compile_rows.py)
+    made_for: set = field(default_factory=set)  # chunk keys a compile row was made for it for, in any plan
+    compiled: tuple[int, ...] = ()      # chunk segments computed in its own batch (known at admission)
+    own_reuse: int = 0                  # real tokens it reuses from those (figures.compiled_reuse), at admission
+    report: dict = field(default_factory=dict)  # per-request figures for its response (figures.py)
+    _positions: tuple = (None, -1, None)  # (planned, num_slots, positions): match, insert and admit ask alike
+    _real_before: tuple = (None, None)     # (planned, real prompt slots before each planned slot)
+
+    # ---- phases ---------------------------------------------------------------
+
+    def _move(self, allowed: tuple[Phase, ...], to: Phase) -> None:
+        if self.phase not in allowed:
+            raise PhaseError(f"request state: {self.phase.value} -> {to.value} is not a transition")
+        self.phase = to
+
+    def set_planned(self, planned: Planned) -> None:
+        self._move((Phase.LINKED,), Phase.PLANNED)
+        self.planned = planned
+
+    def unplan(self) -> None:
+        """Back to linked before it is planned again, or when its round ended without it."""
+        self._move((Phase.LINKED, Phase.PLANNED), Phase.LINKED)
+
+    def admit(self) -> None:
+        self._move((Phase.PLANNED,), Phase.ADMITTED)
+
+    def release(self) -> None:
+        self._move((Phase.LINKED, Phase.PLANNED, Phase.ADMITTED), Phase.LINKED)
+        self.injected, self.tree_took, self.compiling = None, 0, {}
+
+    def found_where(self, where: list[str]) -> None:
+        """Where each chunk was found when first planned. A plan that found nothing (or could not
+        load it for lack of room) yields to a later one, as the request is computed by the last."""
+        self.found = list(where) if self.found is None else [new if old == "absent" else old
+                                                             for old, new in zip(self.found, where)]
+
+    @property
+    def admitted(self) -> bool:
+        return self.phase is Phase.ADMITTED
+
+    # ---- what the shape and the plan say ----------------------------------------
+
+    natural = property(lambda self: self.shape.natural)
+    pads = property(lambda self: self.shape.pads)
+    chunk_slots = property(lambda self: self.shape.chunk_slots)
+    keys = property(lambda self: self.shape.keys)
+    compile = property(lambda self: self.shape.compile)
+    size = property(lambda self: self.shape.size)
+
+    @property
+    def plan(self) -> Plan | None:
+        return self.planned.plan if self.planned is not None else None
+
+    @property
+    def private_key(self) -> int | None:
+        return self.planned.private_key if self.planned is not None else None
+
+    @property
+    def order(self) -> tuple[int, ...] | None:
+        """Natural slot of each planned prompt slot (None: natural order)."""
+        return self.planned.order if self.planned is not None else None
+
+    @property
+    def sources(self) -> tuple[int, ...] | None:
+        return self.planned.sources if self.planned is not None else None
+
+    def spans(self) -> list[ChunkSpan]:
+        return self.shape.spans()
+
+    def pad_slots(self) -> list[bool]:
+        return self.shape.pad_slots()
+
+    def natural_positions(self, num_slots: int) -> torch.Tensor:
+        return self.shape.natural_positions(num_slots)
+
+    def positions(self, num_slots: int) -> torch.Tensor:
+        """Positions of the first `num_slots` slots in planned order (a chunked prefill's part, or
+        the prompt and its output tokens)."""
+        planned, slots, cached = self._positions
+        if planned is self.planned and slots == num_slots:
+            return cached
+        natural = self.shape.natural_positions(max(num_slots, self.size))
+        if self.planned is None or not self.planned.reuses:
+            out = natural[:num_slots]
+        else:
+            index = self.planned.slot_index
+            if num_slots > self.size:
+                index = torch.cat([index, torch.arange(self.size, num_slots)])
+            out = natural[index][:num_slots]
+        self._positions = (self.planned, num_slots, out)
+        return out
+
+    def masked(self, token_ids) -> array:
+        """The radix-tree key of `token_ids` (planned order): planner.Planned.key."""
+        positions = self.positions(len(token_ids))
+        if self.planned is None:
+            return Planned.natural_key(token_ids, positions)
+        return self.planned.key(token_ids, positions)
+
+    def real_slots(self, start: int, end: int) -> int:
+        """Non-pad slots among planned prompt slots [start, end)."""
+        planned, before = self._real_before
+        if planned is not self.planned or before is None:  # once per plan, for every range asked of it
+            before = [0] + torch.cumsum(self.positions(self.size) != NO_POSITION, 0).tolist()
+            self._real_before = (self.planned, before)
+        start, end = max(0, min(start, self.size)), max(0, min(end, self.size))
+        return before[end] - before[start] if end > start else 0

@@ -1,0 +1,47 @@
+"""Scheduler side: a laid-out request's token counts in real tokens, and its MEPIC figures,
+as SGLang's output streamer reports them.
+
+`prompt_tokens` and `cached_tokens` come from the request's slot counts; for a
+request laid out with pad slots those include pads, which are not tokens the
+client sent. The accumulator's newest entry is corrected after it is appended:
+`cached_tokens` becomes the real tokens whose KV was reused (prefix hits and
+chunk tokens from the store, less those of chunks compiled in this request's own
+batch: `mepic_compiled_tokens`), `cached_tokens_details` agrees with it, and
+the request's `mepic_*` figures ride along as request-level customized info,
+which the tokenizer side puts in `meta_info` (response_meta.py).
+"""
+
+from sglang_mepic.cache.compile_rows import is_compile_row
+from sglang_mepic.cache.link import link_of
+
+CACHED = "mepic_cached_tokens"  # replaces SGLang's cached_tokens rather than riding along
+
+
+def accept(original, accumulator, *args, req, **kwargs):
+    """SGLang's `_GenerationStreamAccumulator.accept`, with the request's counts in real tokens.
+    A compile row (compile_rows.py) has no client: nothing is sent for it."""
+    if is_compile_row(req):
+        if req.finished():
+            req.finished_output = True  # as SGLang marks a finished request it has streamed
+        return None
+    link = link_of(req)
+    if link is not None and link.report:
+        figures = {k: [v] for k, v in link.report.items() if k != CACHED}
+        req.customized_info = {**(req.customized_info or {}), **figures}
+    before = len(accumulator.rids)
+    result = original(accumulator, *args, req=req, **kwargs)
+    if link is not None and len(accumulator.rids) > before:
+        # Only the pads among the slots the request still holds: SGLang replaces the ids of a request
+        # it refuses at intake by one token, and a count less its pads was negative (a Prometheus
+        # counter refuses that, and the exception took the tokenizer process down).
+        held = accumulator.prompt_tokens[-1]
+        accumulator.prompt_tokens[-1] -= sum(count for start, count in link.pads if start + count <= held)
+        if CACHED in link.report:
+            cached = accumulator.cached_tokens[-1] = link.report[CACHED]
+            details = accumulator.cached_tokens_details
+            if len(details) == len(accumulator.rids) and isinstance(details[-1], dict):
+                # SGLang's breakdown counts slots, pads included: the device share is what is left
+                # of the real tokens once the other tiers' shares are taken.
+                others = sum(v for k, v in details[-1].items() if k != "device" and isinstance(v, int))
+                details[-1] = {**details[-1], "device": max(0, cached - others)}
+    return result

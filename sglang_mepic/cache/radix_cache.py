@@ -1,0 +1,432 @@
+"""The `mepic` radix-cache backend (`--radix-cache-backend mepic`): SGLang's tree, plus chunks.
+
+It extends SGLang's Python `RadixCache` rather than the default
+`UnifiedRadixCache`: the unified tree keeps its nodes in a Rust core that a
+plugin cannot give a new node kind, while the Python tree is a plain class whose
+paths can be extended in Python. For a request without chunk markup it is
+SGLang's own `RadixCache`, unchanged.
+
+This class keeps the tree work; each other job has its module, and the walk of
+a laid-out request through them is:
+
+    link (here)           the request's shape and chunk keys, once (link.py)
+    match_prefix (here)   Residency.find -> planner.plan -> the tree's match of the
+                          planned key, plus the reused pages the tree lacks (injected)
+    admit                 admission.py: pins kept, EPIC's private copy, figures.py
+    compile rows          compile_rows.py: a chunk no tier holds is computed in the
+                          batch of its first reader (`point_readers` after allocation)
+    insert / release      here: the tree caches the request under its planned key;
+                          a compile row's pages join the chunk store (`_publish`)
+
+Side effects of `match_prefix` on a laid-out request (SGLang's own match only
+splits nodes and refreshes their access time): the request lets go of what an
+earlier plan pinned, pins every stored chunk it will read (until it is admitted,
+or the round ends), may load chunks back from the host or storage tier into
+fresh pages (evicting tree leaves and unheld chunks for room), and has its
+`origin_input_ids` put in planned order. Matches made to sort the waiting queue
+(`prioritising`) do none of this.
+
+Pages are shared between the store, tree nodes and requests: see docs/design.md,
+Ownership. Tree nodes report to the `Ledger` as they are created, locked,
+unlocked and deleted, so `evictable_size` stays exact at O(1).
+"""
+
+import dataclasses
+import itertools
+import time
+from array import array
+
+import torch
+
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+from sglang_mepic import config
+from sglang_mepic.cache import compile_rows, planner
+from sglang_mepic.cache.admission import Admission
+from sglang_mepic.cache.figures import Figures
+from sglang_mepic.cache.link import Link, Shape, attach, link_of
+from sglang_mepic.cache.residency import Residency
+from sglang_mepic.pages import ownership
+from sglang_mepic.pages.chunk_store import ChunkStore
+from sglang_mepic.pages.leaves import Leaves
+from sglang_mepic.pages.ledger import Ledger
+from sglang_mepic.pages.pool_pages import PoolPages, check_allocator
+from sglang_mepic.pages.refs import PageRefs
+from sglang_mepic.tiers import storage
+from sglang_mepic.tiers.levels import Tiers
+from sglang_mepic.wire.hint import decode_laid_out
+from sglang_mepic.wire.request_layout import masked_key
+from sglang_mepic.wire.segments import span_hash
+
+
+class MepicRadixCache(RadixCache):
+    # Set while SGLang sorts the waiting queue (patch schedule_policy_compute_prefix_matches):
+    # matches then plan, pin and load nothing (`_match_unplanned`).
+    prioritising = False
+
+    def __init__(self, params, model_fingerprint: str = "", mode: config.Mode | None = None,
+                 canonical_from: int | None = -1, tiers: Tiers | None = None):
+        check_allocator(params.token_to_kv_pool_allocator)
+        super().__init__(params)
+        self.model_fingerprint = model_fingerprint
+        self.mode = mode or config.mode()
+        self.canonical_from = config.canonical_from() if canonical_from == -1 else canonical_from
+        self.placement = config.placement()
+        self.pages = PoolPages(params.token_to_kv_pool_allocator)
+        self.refs = PageRefs(self.pages)
+        self.ownership = ownership.register(params.token_to_kv_pool_allocator, self.refs)
+        self.store = ChunkStore(self.refs, on_evict=self._demote)
+        self.ledger = Ledger(self.refs, self.store)
+        self.refs.on_change = self.ledger.touch
+        self.store.on_change = self.ledger.chunk_changed
+        self.kv_pool = params.token_to_kv_pool_allocator.get_kvcache()
+        self.tiers = tiers or Tiers(self.kv_pool, self.page_size, config.host_tier_gb(),
+                                    storage.from_settings(model_fingerprint))
+        self._owners = itertools.count(1)
+        self.compile_rows = compile_rows.CompileRows(self.page_size)
+        self.residency = Residency(self.store, self.refs, self.pages, self.tiers, self.evict, self.page_size,
+                                   self.canonical_from,
+                                   self.compile_rows.in_flight if self.mode.shares else None)
+        self.admission = Admission(self)
+        self.figures = Figures(self)
+
+    # ---- the request side -------------------------------------------------
+
+    def link(self, req) -> Link | None:
+        link = link_of(req)
+        if link is None:
+            made = compile_rows.layout_of(req)  # a compile row this scheduler made
+            if made is not None:
+                chunks, pads, compile = (made.chunk,), made.pads, True
+            else:
+                h = decode_laid_out(getattr(req, "kv_hints", None))
+                if h is None:
+                    return None
+                chunks, pads, compile = h.chunks, h.pads, False
+            natural = array("q", req.origin_input_ids)
+            if any(end > len(natural) for _, end in chunks) or any(s + n > len(natural) for s, n in pads):
+                # SGLang replaced the ids of a request it refused (an invalid grammar, say) by one token:
+                # it is not laid out as its hint says, and is only streamed its error.
+                return None
+            # Everything that keeps SGLang's tree entries apart keeps chunks apart too.
+            # repr keeps None apart from "None" and a field's text from the separators: a client's
+            # extra_key or cache_salt must never spell another tenant's namespace. SGLang treats an
+            # empty cache_salt as none, and so does this.
+            namespace = repr((getattr(req, "extra_key", None), getattr(req, "cache_salt", None) or None,
+                              getattr(req, "lora_id", None)))
+            masked = masked_key(natural, pads)
+            keys = tuple(span_hash(masked[s:e], self.placement, self.page_size, self.model_fingerprint, namespace)
+                         for s, e in chunks)
+            link = attach(req, Link(Shape(natural, tuple(pads), tuple(chunks), keys, compile, next(self._owners))))
+        return link
+
+    def hold_back(self, reqs) -> list:
+        """The requests, of the waiting `reqs`, that must wait, in queue order: for a chunk whose
+        compile row has parts still to run (chunked prefill), or, in EPIC and CacheBlend, is not
+        done (compile_rows.py); or for a chunk's storage read (residency.py)."""
+        linked = [(req, link) for req in reqs if (link := self.link(req)) is not None]
+        rows, held = self.compile_rows, set()
+        if rows.running:
+            shares = self.mode.shares
+
+            def unready(key: str) -> bool:
+                return key in rows.running and key not in self.store and not (shares and rows.in_flight(key))
+
+            held.update(id(req) for req, link in linked if not link.compile and any(map(unready, link.keys)))
+        if self.tiers.prefetch is not None:
+            held.update(id(req) for req, link in linked if id(req) not in held and self.residency.waiting(link.shape))
+        return [req for req, _ in linked if id(req) in held]
+
+    def _plan(self, req, link: Link, params) -> None:
+        """Pin and load the request's chunks, plan it, and put its ids in planned order."""
+        found = self.residency.find(link.shape)
+        self.admission.hold(link, found)
+        # Input logprobs from a slot on: as SGLang limits its prefix there, chunks past it are computed.
+        start = req.logprob_start_len if getattr(req, "return_logprob", False) and req.logprob_start_len >= 0 else None
+        self._compile_absent(req, link, found, start)
+        # A compile of a stored chunk would compute its first block; when the tree holds the
+        # chunk's earlier compile whole in natural order, that order costs nothing.
+        holds_natural = link.compile and bool(found.resident) and self._holds_compile(link, params)
+        link.set_planned(planner.plan(link.shape, found.resident, self.mode, self.page_size, self.canonical_from,
+                                      start, holds_natural))
+        if link.planned.reuses:
+            # Same length, new order: fill_ids is rebuilt from it below (it would go stale).
+            req.origin_input_ids[:] = link.shape.ids_in(link.planned.slot_index)
+        else:
+            req.origin_input_ids[:] = link.natural
+        req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+
+    def _compile_absent(self, req, link: Link, found, logprob_start: int | None) -> None:
+        """Chunks of the request that no tier holds are computed by compile rows (compile_rows.py).
+
+        In the modes that read stored pages in place, the request is planned with the chunk's
+        pages as placeholders and reads them in the forward its compile rows run in. EPIC and
+        CacheBlend copy stored KV before their forward, so they wait for it to be stored.
+        """
+        link.compiling, link.wait = {}, False
+        if link.compile or not self.mode.reuses:
+            return
+        rows = self.compile_rows
+        for i, ((start, end), key) in enumerate(zip(link.chunk_slots, link.keys)):
+            if key in found.resident or key in link.compiling or not self.residency.keeps(start, end):
+                continue
+            if logprob_start is not None and end > logprob_start:
+                continue  # computed in context whatever the store holds (planner.plan)
+            row = rows.for_chunk(req, link.shape, i)
+            if row is None:
+                continue
+            link.compiling[key] = row
+            if self.mode.shares:
+                pages = (end - start) // self.page_size - self.canonical_from
+                found.resident[key] = (compile_rows.PLACEHOLDER_PAGE,) * pages
+            else:
+                link.wait = True
+
+    def point_readers(self, batch) -> None:
+        """SGLang has allocated `batch`: its compile rows start running, and each request that reads
+        a chunk one of them computes has its KV row pointed at that row's canonical pages (and
+        holds them until it releases its row). Before the forward, so it reads them in that forward."""
+        table, b = self.req_to_token_pool.req_to_token, self.page_size
+        for req in batch.reqs:
+            link = link_of(req)
+            if link is not None and link.compile and req.kv.req_pool_idx is not None:
+                whole = req.kv.kv_allocated_len >= link.chunk_slots[0][1]
+                pages = tuple(self.pages.pages_of(compile_rows.canonical_slots(req, table, b, self.canonical_from)))
+                self.compile_rows.admitted(req, link.keys[0], pages if whole else None)
+        for req in batch.reqs:
+            link = link_of(req)
+            if link is None or not link.compiling or req.kv.req_pool_idx is None or link.planned.plan is None:
+                continue
+            row = table[req.kv.req_pool_idx]
+            for key, first, count in link.planned.plan.runs:
+                compile_row = link.compiling.get(key)
+                if compile_row is None:
+                    continue
+                assert compile_row.kv.req_pool_idx is not None, "a reader was admitted without its compile row"
+                slots = compile_rows.canonical_slots(compile_row, table, b, self.canonical_from)
+                lo, hi = max(first * b, link.tree_len), min((first + count) * b, req.prefix_len)
+                if hi <= lo:
+                    continue
+                part = slots[lo - first * b:hi - first * b]
+                row[lo:hi] = part
+                link.injected[lo - link.tree_len:hi - link.tree_len] = part.to(link.injected.device,
+                                                                               link.injected.dtype)
+                pages = self.pages.pages_of(part)
+                self.refs.acquire(pages)
+                link.held += pages
+            # Pointed once, at its first forward: a chunked prefill's later parts read the row as it is
+            # (SGLang frees the compile row's request row when it finishes).
+            link.compiling = {}
+
+    def match_prefix(self, params):
+        req = params.req
+        link = self.link(req) if req is not None else None
+        if link is None:
+            return super().match_prefix(params)
+        key = params.key
+        if link.admitted:  # the plan is fixed while the request holds its row
+            params.key = RadixKey(link.masked(key.token_ids), key.extra_key, is_bigram=key.is_bigram,
+                                  limit=key.limit, cache_salt=key.cache_salt)
+            return super().match_prefix(params)
+        if self.prioritising:
+            return self._match_unplanned(link, params)
+        self._plan(req, link, params)
+        ids = req.full_untruncated_fill_ids
+        params.key = RadixKey(link.masked(ids), key.extra_key, is_bigram=key.is_bigram, limit=key.limit,
+                              cache_salt=key.cache_salt)
+        result = super().match_prefix(params)
+        link.injected, link.tree_len, link.tree_took = None, result.device_prefix_len, 0
+        if not link.planned.reuses:
+            return result
+        plan = link.planned.plan
+        limit = len(ids) if key.limit is None else min(key.limit, len(ids))
+        end = min(plan.prefix_slots, limit // self.page_size * self.page_size)
+        if end <= result.device_prefix_len:
+            return result
+        link.injected = link.planned.reused_slots[result.device_prefix_len:end].to(self.pages.allocator.device)
+        return result._replace(device_prefix_len=end)
+
+    def _match_unplanned(self, link: Link, params):
+        """The match that sorts the waiting queue (lpm and the other cache-aware policies): what
+        the tree holds for the request in natural order, with no plan, no chunk held and nothing
+        loaded from the tiers. Planning it would pin its chunks until the round ends, and the
+        request at the head, whose budget is checked after, would see them as unevictable."""
+        # With the output so far of a request retracted to the queue.
+        return self._match_natural(link, params, params.key.token_ids[link.size:])
+
+    def _match_natural(self, link: Link, params, output=()):
+        """What the tree holds for the request in natural slot order (pads as PAD_ID), unplanned."""
+        key = params.key
+        ids = array("q", masked_key(link.natural, link.pads))
+        ids.extend(output)
+        natural = RadixKey(ids, key.extra_key, is_bigram=key.is_bigram, limit=key.limit, cache_salt=key.cache_salt)
+        return super().match_prefix(dataclasses.replace(params, key=natural))
+
+    def _holds_compile(self, link: Link, params) -> bool:
+        """Whether the tree still holds this compile request, in natural order, through its chunk."""
+        return self._match_natural(link, params).device_prefix_len >= link.chunk_slots[0][1]
+
+    def _demote(self, key: str, pages: tuple[int, ...]) -> None:
+        self.tiers.demote(key, self.pages.slots(pages))
+
+    def prefix_device_indices(self, req) -> torch.Tensor:
+        link = link_of(req)
+        path = self.path_device_indices(req.last_node)
+        if link is not None and link.injected is not None:
+            path = torch.cat([path[:link.tree_len], link.injected.to(path.device, path.dtype)])
+        assert len(path) >= req.prefix_len, (req.rid, len(path), req.prefix_len)
+        return path[:req.prefix_len]
+
+    def _insert_cache(self, req, token_ids, **kwargs):
+        link = link_of(req)
+        if link is None:
+            return super()._insert_cache(req, token_ids, **kwargs)
+        key, kv_indices, existing = super()._insert_cache(req, link.masked(token_ids), **kwargs)
+        if link.injected is not None:
+            # New tree nodes over injected pages hold them from now on: give them a reference.
+            start = max(existing, link.tree_len + link.tree_took)
+            end = min(len(key), link.tree_len + len(link.injected))
+            if end > start:
+                self.refs.acquire(self.pages.pages_of(kv_indices[start:end]))
+                link.tree_took = end - link.tree_len
+        return key, kv_indices, existing
+
+    def on_release(self, req, *, checkpointed: bool) -> None:
+        link = link_of(req)
+        if link is not None:
+            if link.compile and checkpointed:
+                self._publish(req, link)
+            if link.compile:
+                self.compile_rows.released(req, link.keys[0])
+            self.admission.let_go(link)
+            link.release()
+        super().on_release(req, checkpointed=checkpointed)
+
+    def _publish(self, req, link: Link) -> None:
+        """A compiled chunk's pages (now owned by the tree) join the store."""
+        (start, end), key = link.chunk_slots[0], link.keys[0]
+        if not self.residency.keeps(start, end) or req.kv.cache_protected_len < end or key in self.store:
+            return
+        canonical = tuple(self.pages.pages_of(compile_rows.canonical_slots(
+            req, self.req_to_token_pool.req_to_token, self.page_size, self.canonical_from)))
+        self.store.put(key, canonical)
+        self.tiers.persist(key, self.pages.slots(canonical))
+        self.figures.counters.compiled_chunks += 1
+
+    # ---- tree nodes, as the ledger sees them ----------------------------------
+    # Unlocked nodes hold their pages loosely (evictable); locking one pins them.
+
+    def _node_pages(self, node) -> list[int]:
+        pages = getattr(node, "pages", None)
+        if pages is None:  # kept on the node: lock, unlock and evict read it again
+            pages = node.pages = self.pages.pages_of(node.value)
+        return pages
+
+    def _insert_helper(self, node, key, value, priority=0, inserted_len=0):
+        matched, last = super()._insert_helper(node, key, value, priority, inserted_len)
+        if matched < len(key):  # a new leaf, unlocked, over the rest of the key
+            self.ledger.nodes_hold(self._node_pages(last))
+        return matched, last
+
+    def _update_leaf_status(self, node):
+        was = node in self.evictable_leaves
+        super()._update_leaf_status(node)
+        if not was and node in self.evictable_leaves:
+            self.leaves.became_evictable(node)
+
+    def _split_node(self, key, child, split_len):
+        pages = self._node_pages(child)
+        parent = super()._split_node(key, child, split_len)
+        cut = split_len // self.page_size
+        parent.pages, child.pages = pages[:cut], pages[cut:]
+        return parent
+
+    def _delete_leaf(self, node):  # only `evict` deletes leaves
+        self.ledger.nodes_let_go(self._node_pages(node))
+        super()._delete_leaf(node)
+
+    def inc_lock_ref(self, node):
+        n = node
+        while n is not None and n is not self.root_node:
+            if n.lock_ref == 0:
+                self.ledger.nodes_let_go(self._node_pages(n))
+            n = n.parent
+        return super().inc_lock_ref(node)
+
+    def dec_lock_ref(self, node, params=None):
+        n = node
+        while n is not None and n is not self.root_node:
+            if n.lock_ref == 1:
+                self.ledger.nodes_hold(self._node_pages(n))
+            n = n.parent
+        return super().dec_lock_ref(node, params)
+
+    # ---- memory -----------------------------------------------------------
+
+    def evictable_size(self):
+        # SGLang's tree count would count a page shared by nodes and the store once per holder.
+        return self.ledger.freeable() * self.page_size
+
+    # What the scheduler and the patches ask of the request side (admission.py) and the figures
+    # (figures.py), at the names it knows the cache by.
+
+    def admit(self, req, reserve: int = 0) -> None:
+        self.admission.admit(req, reserve)
+
+    def end_round(self) -> None:
+        self.admission.end_round()
+
+    def copy_sources(self, req, row_slots) -> None:
+        self.admission.copy_sources(req, row_slots)
+
+    def pages_in_use(self) -> int:
+        return self.figures.pages_in_use()
+
+    def sample(self) -> None:
+        self.figures.sample()
+
+    def stats(self) -> dict:
+        return self.figures.stats()
+
+    def evict(self, params: EvictParams) -> EvictResult:
+        """Evict tree leaves (SGLang's heap, least recently used first), then unheld chunks (LRU),
+        until `num_tokens` slots are freed.
+
+        SGLang's own loop stops when the nodes it dropped add up to the request, but a node's
+        page that the store or another node also holds frees nothing; so this is its loop, stopped
+        by the pages actually freed (`PageRefs.freed` moves at once, inside a free group too),
+        over the leaves in SGLang's order (leaves.py).
+        """
+        if self.disable:
+            return EvictResult()
+        start_time, start = time.perf_counter(), self.refs.freed
+        want = -(-params.num_tokens // self.page_size)
+        last = []  # returned to the allocator together, after the walk
+        leaves = self.leaves.in_order()
+        while self.refs.freed - start < want and (node := next(leaves, None)) is not None:
+            last += self.refs.releasable(self._node_pages(node))
+            self._delete_leaf(node)  # tells the ledger; its parent, now a leaf, is pushed
+            self.kv_events.record_remove(node)
+        if last:
+            self.pages.free(last)
+        short = want - (self.refs.freed - start)
+        if short > 0:  # the unlocked tree is gone: chunks with no pinned page free what they hold
+            self.store.evict(short, loose=self.ledger.chunk_loose)
+        evicted = (self.refs.freed - start) * self.page_size
+        self.update_eviction_metrics(evicted, start_time)
+        return EvictResult(num_tokens_evicted=evicted)
+
+    def reset(self):
+        # SGLang clears the allocator right after resetting the tree (flush_cache), so
+        # the store and the counts are dropped, not released page by page.
+        self.leaves = Leaves(self)  # before SGLang's reset, which makes the root
+        super().reset()
+        if getattr(self, "store", None) is not None:
+            self.store.forget()
+            self.refs.forget()
+            self.ledger.clear()
+            self.tiers.clear_host()
+            self.admission.reset()
+            self.compile_rows.reset()
+            self.figures.reset()

@@ -1,0 +1,110 @@
+"""Where a request's chunks are when it is planned, and the pins that keep them there.
+
+Before the planner runs, each chunk of the request is looked up in the chunk
+store. Chunks the device pool holds are pinned first, all of them, and only
+then are missing ones loaded from the tiers below (tiers/levels.py): a load may evict
+for room, and must never evict a chunk this request is about to read.
+
+Storage is never read on the scheduler thread. While a request waits, its
+missing chunks' entries are read in the background (`waiting`, prefetch.py);
+the request is held back until none is pending, then planned, and a load only
+copies what was fetched into the pages it allocates.
+"""
+
+from dataclasses import dataclass
+
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+from sglang_mepic.pages.chunk_store import ChunkStore
+from sglang_mepic.pages.pool_pages import PoolPages
+from sglang_mepic.pages.refs import PageRefs
+from sglang_mepic.tiers.levels import PENDING, Tiers
+
+
+@dataclass
+class Found:
+    resident: dict[str, tuple[int, ...]]  # chunk key -> canonical pages on the device, pinned
+    where: list[str]                      # per chunk segment: device, host, storage or absent
+    pins: list[int]                       # pages pinned for the request (one reference each)
+
+
+class Residency:
+    def __init__(self, store: ChunkStore, refs: PageRefs, pages: PoolPages, tiers: Tiers, evict,
+                 page_size: int, canonical_from: int | None, in_flight=None):
+        self.store, self.refs, self.pages, self.tiers = store, refs, pages, tiers
+        # key -> canonical pages a compile row in a batch already launched writes (compile_rows.py), or None
+        self.in_flight = in_flight
+        self.evict = evict  # the cache's evict(EvictParams)
+        self.page_size = page_size
+        self.canonical_from = canonical_from
+
+    def keeps(self, start: int, end: int) -> bool:
+        """Whether the store keeps pages of a chunk over slots [start, end): not when every page
+        of it is recomputed in context (`--mepic-recompute-blocks` at or above its page count)."""
+        return self.canonical_from is not None and (end - start) // self.page_size > self.canonical_from
+
+    def waiting(self, shape) -> bool:
+        """Whether a chunk of the request is still being read from storage; starts the reads
+        of its missing chunks that are neither running nor remembered."""
+        pending = False
+        for (start, end), key in zip(shape.chunk_slots, shape.keys):
+            if self.keeps(start, end) and key not in self.store:
+                pending |= self.tiers.want(key, self._canonical_slots(start, end)) == PENDING
+        return pending
+
+    def _canonical_slots(self, start: int, end: int) -> int:
+        """KV slots of a chunk's canonical pages (its pages after the ones computed in context)."""
+        return end - start - self.canonical_from * self.page_size
+
+    def find(self, shape) -> Found:
+        """Pin the request's resident chunks, then load the missing ones the tiers have."""
+        resident, pins = {}, []
+        where = []
+        for key in shape.keys:
+            pages = self.store.peek(key)
+            if pages is None and self.in_flight is not None and not shape.compile:
+                pages = self.in_flight(key)
+            if pages is not None and key not in resident:
+                self.refs.acquire(pages)
+                resident[key] = pages
+                pins += pages
+            where.append("device" if pages is not None else "absent")
+        for i, ((start, end), key) in enumerate(zip(shape.chunk_slots, shape.keys)):
+            if where[i] != "absent":
+                continue
+            if key in resident:  # loaded for an earlier segment of the same chunk
+                where[i] = "device"
+                continue
+            if not self.keeps(start, end):
+                continue
+            pages, where[i] = self.load(key, self._canonical_slots(start, end) // self.page_size)
+            if pages is not None:
+                self.refs.acquire(pages)  # before the next load, which may evict
+                resident[key] = pages
+                pins += pages
+        return Found(resident, where, pins)
+
+    def load(self, key: str, num_pages: int) -> tuple[tuple[int, ...] | None, str]:
+        """Copy a chunk from the host or storage tier into fresh device pages and store it.
+
+        Returns its pages and the tier it came from, or (None, "absent") when no tier has it
+        sound or the pool has no room for it.
+        """
+        if self.tiers.want(key, num_pages * self.page_size) not in ("host", "storage"):
+            return None, "absent"  # or still being read: the request is computed without it
+        pages = self.refs.alloc(num_pages)
+        if pages is None:
+            short = num_pages - self.pages.available()
+            self.evict(EvictParams(num_tokens=short * self.page_size))
+            pages = self.refs.alloc(num_pages)
+            if pages is None:
+                return None, "absent"
+        # After the allocation: making room may have demoted chunks into the host tier, over this one.
+        fetched = self.tiers.take(key, num_pages * self.page_size)
+        if fetched is None:
+            self.refs.release(pages)
+            return None, "absent"
+        self.tiers.place(fetched, self.pages.slots(pages), key)
+        pages = self.store.put(key, tuple(pages))
+        self.refs.release(pages)  # the store is now their only holder
+        return pages, fetched[1]

@@ -1,0 +1,44 @@
+"""Tokenizer side: every response's `meta_info` carries each `mepic_*` figure as a number.
+
+The scheduler sends them as request-level customized info, which the tokenizer
+side hands on as one-element lists (and, when streaming, repeats on every chunk
+after the first). Every response a request yields passes through `stream`.
+
+`mepic_chunks` lists the request's chunks as `[start, end)` token spans of its
+prompt (real tokens, as `prompt_tokens` counts them), however they were marked:
+markup, the separator or auto-chunking (auto_chunk.py).
+
+`mepic_residency` lists where each chunk segment of the request was when the
+scheduler planned it: device, host, storage (the file tier) or absent (then a
+compile row computed it in the request's own batch, compile_rows.py).
+
+A request that did no chunk work (no chunk longer than a page, `full` mode, a
+server without the mepic cache) gets every figure too (openai_meta.complete),
+so `/generate` and the OpenAI responses' `metadata.mepic` say the same.
+"""
+
+from sglang.srt.managers.io_struct import GenerateReqInput
+
+from sglang_mepic.frontend import openai_meta, request_markup
+
+
+def scalars(meta_info: dict) -> None:
+    for key, value in list(meta_info.items()):
+        if key.startswith("mepic_") and isinstance(value, list):
+            if value:
+                meta_info[key] = value[-1]
+            else:
+                del meta_info[key]
+
+
+async def stream(original, manager, obj, *args, **kwargs):
+    """SGLang's `_stream_one_response`, with the figures in each response's meta_info."""
+    client = isinstance(obj, GenerateReqInput)
+    async for out in original(manager, obj, *args, **kwargs):
+        if isinstance(out, dict) and isinstance(out.get("meta_info"), dict):
+            meta = out["meta_info"]
+            scalars(meta)
+            if client:
+                meta["mepic_chunks"] = request_markup.chunk_spans(obj)
+                openai_meta.complete(meta)
+        yield out

@@ -1,0 +1,1 @@
+"""Launcher side: the per-model accuracy gate (calibration, agreement, verdicts and their cache)."""

@@ -1,0 +1,1 @@
+"""Scheduler side, lowest layer: refcounted pages, their ownership, the chunk store and what eviction frees."""

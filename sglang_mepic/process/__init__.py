@@ -1,0 +1,1 @@
+"""Processes this package starts and always stops: an sglang-mepic server, Mooncake's master, on loopback."""

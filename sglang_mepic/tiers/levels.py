@@ -1,0 +1,214 @@
+"""Where a chunk's canonical KV lives below the device pool: host memory, then shared storage.
+
+The device pool holds a chunk's canonical pages while the chunk store keeps it.
+When the store evicts a chunk under memory pressure, its KV is copied to the
+host tier (`--mepic-host-tier-gb`) instead of being lost; a later lookup copies
+it back into fresh device pages, so the chunk costs a copy plus the per-request
+first-block recompute instead of a standalone compile. Below that, shared
+storage (`--mepic-storage-backend`, storage.py: a directory or Mooncake Store)
+keeps every compiled chunk by hash, so other server instances, or this one
+after a restart, reuse chunks they never computed.
+
+Chunk keys hash the chunk's tokens with the model fingerprint (segments.span_hash),
+never its position, so an entry is valid wherever the chunk appears. Shared storage
+keys entries by the chunk key and every setting that shapes the KV bytes (storage.py).
+
+The host tier's memory is SGLang's HiCache host pool (`MHATokenToKVPoolHost`,
+layer-first layout): its sizing in GB against the host's free memory, its page
+allocator and its buffer. Its transfer methods are not used: on CPU they need
+sgl_kernel's `transfer_kv_*` ops, which the CPU install does not have, so the
+copies are plain tensor indexing (what the `direct` io backend does).
+
+Lookups never read storage on the scheduler's thread. `want`/`poll` never block
+and never copy: a storage
+entry is read and checked by a background worker (prefetch.py) and what it found
+is remembered, so the scheduler may ask each round at the cost of a dict lookup;
+`take` then hands over the KV to place. A host-tier copy is made on the
+scheduler's thread, by `take`: it is a copy in memory the size of the device
+copy that follows it, and the host pool is the scheduler's own (the store demotes
+into it), so a worker could not read it safely.
+"""
+
+from collections import Counter, OrderedDict
+
+import torch
+
+from sglang_mepic.tiers.prefetch import ABSENT, PENDING, Prefetch  # noqa: F401 (PENDING, for want's callers)
+from sglang_mepic.tiers.storage import Storage
+
+
+class DevicePool:
+    """The device KV buffers seen as [2, layers, tokens, heads, dim] at given token slots."""
+
+    def __init__(self, kv_pool):
+        self.k = kv_pool.k_buffer
+        self.v = kv_pool.v_buffer
+
+    def gather(self, slots: torch.Tensor) -> torch.Tensor:
+        return torch.stack([torch.stack([b[slots] for b in self.k]), torch.stack([b[slots] for b in self.v])])
+
+    def scatter(self, slots: torch.Tensor, kv: torch.Tensor) -> None:
+        for layer, (k, v) in enumerate(zip(self.k, self.v)):
+            k[slots] = kv[0, layer].to(k.device, k.dtype)
+            v[slots] = kv[1, layer].to(v.device, v.dtype)
+
+    def empty(self, num_slots: int, device: str = "cpu") -> torch.Tensor:
+        k = self.k[0]
+        return torch.empty((2, len(self.k), num_slots, *k.shape[1:]), dtype=k.dtype, device=device)
+
+
+class HostTier:
+    """A bounded LRU of chunk KV in SGLang's HiCache host pool."""
+
+    def __init__(self, kv_pool, page_size: int, gigabytes: float):
+        from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+        info = kv_pool.get_device_pool_infos()[0].buffer_info
+        self.pool = MHATokenToKVPoolHost(
+            info, 1.0, gigabytes, page_size, "layer_first", pin_memory=False, device="cpu",
+            device_capacity_tokens=kv_pool.size, start_layer=kv_pool.start_layer, end_layer=kv_pool.end_layer)
+        self.page_size = page_size
+        self._chunks: "OrderedDict[str, torch.Tensor]" = OrderedDict()  # key -> host slots, oldest use first
+        self.evictions = 0
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._chunks
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def put(self, key: str, kv: torch.Tensor) -> bool:
+        """Keep `kv` ([2, layers, tokens, heads, dim]) under `key`, evicting the oldest entries for room."""
+        if key in self._chunks:
+            self._chunks.move_to_end(key)
+            return True
+        need = kv.shape[2]
+        if need > self.pool.size - self.page_size:  # the host pool keeps one padding page
+            return False
+        while self.pool.available_size() < need and self._chunks:
+            self.pool.free(self._chunks.popitem(last=False)[1])
+            self.evictions += 1
+        slots = self.pool.alloc(need)
+        if slots is None:
+            return False
+        self.pool.kv_buffer[:, :, slots] = kv.to(self.pool.kv_buffer.dtype)
+        self._chunks[key] = slots
+        return True
+
+    def tokens(self, key: str) -> int:
+        return len(self._chunks[key])
+
+    def get(self, key: str) -> torch.Tensor | None:
+        slots = self._chunks.get(key)
+        if slots is None:
+            return None
+        self._chunks.move_to_end(key)
+        return self.pool.kv_buffer[:, :, slots]
+
+    def pages_used(self) -> int:
+        return sum(len(s) for s in self._chunks.values()) // self.page_size
+
+    def pages_total(self) -> int:
+        return self.pool.size // self.page_size - 1
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self.pool.clear()
+
+
+class Tiers:
+    """The tiers below the device pool, as one lookup: host first, then shared storage."""
+
+    def __init__(self, kv_pool, page_size: int, host_gb: float = 0.0, storage: Storage | None = None):
+        self.device = DevicePool(kv_pool)
+        self.page_size = page_size
+        self.host = HostTier(kv_pool, page_size, host_gb) if host_gb > 0 else None
+        self.storage = storage
+        if storage is not None:  # entries are keyed by the page size and the KV dtype too (storage.py)
+            k = self.device.k[0]
+            storage.bind(page_size=page_size,
+                         kv_dtype=f"{getattr(kv_pool, 'dtype', k.dtype)}/{getattr(kv_pool, 'store_dtype', k.dtype)}")
+        self.prefetch = Prefetch(storage) if storage is not None else None
+        self.lookups: Counter = Counter()  # where each chunk occurrence of an admitted request was found
+        self.loads: Counter = Counter()    # chunks copied back into the device pool, by tier
+
+    def demote(self, key: str, slots: torch.Tensor) -> None:
+        """The store is evicting this chunk from the device pool: keep a host copy.
+
+        A chunk loaded back from the host is still there; its copy is only refreshed in the LRU.
+        """
+        if self.host is not None and self.host.get(key) is None:
+            self.host.put(key, self.device.gather(slots))
+
+    def persist(self, key: str, slots: torch.Tensor) -> None:
+        """A chunk was just compiled: write it through to shared storage (in the background, once)."""
+        if self.storage is not None:
+            self.storage.put(key, self.device.gather(slots))
+            self.prefetch.forget(key)
+
+    def want(self, key: str, num_slots: int) -> str:
+        """Where the chunk can be loaded from now, without blocking and without copying: "host"
+        or "storage" (`take` gives its KV), PENDING while its storage entry is read in the
+        background (ask again), or ABSENT when no tier has it whole and sound. A read is started
+        unless one is in flight or its outcome is remembered (prefetch.py)."""
+        return self._where(key, num_slots, start=True)
+
+    def poll(self, key: str, num_slots: int) -> str:
+        """As `want`, but never starts a read: ABSENT for a chunk nothing was asked of."""
+        return self._where(key, num_slots, start=False)
+
+    def _where(self, key: str, num_slots: int, start: bool) -> str:
+        if self.host is not None and key in self.host:
+            return "host" if self.host.tokens(key) == num_slots else ABSENT
+        if self.prefetch is None:
+            return ABSENT
+        got = self.prefetch.poll(key)
+        if got is None and start:
+            got = self.prefetch.want(key, self.device.empty(num_slots, "meta"))
+        if got is None or isinstance(got, str):
+            return got or ABSENT
+        return "storage" if got.shape[2] == num_slots else ABSENT
+
+    def take(self, key: str, num_slots: int) -> tuple[torch.Tensor, str] | None:
+        """The chunk's KV ([2, layers, tokens, heads, dim]) and its tier, when `want` found it "host" or
+        "storage"; None otherwise. Never reads storage. Call it once the device pages are
+        allocated: making room may demote chunks into the host tier, even over this one."""
+        kv = self.host.get(key) if self.host is not None else None
+        if kv is not None:  # host.get indexes the host pool with a slot tensor: already a copy
+            return (kv, "host") if kv.shape[2] == num_slots else None
+        kv = self.prefetch.fetched(key) if self.prefetch is not None else None
+        if kv is None or kv.shape[2] != num_slots:
+            return None
+        if self.host is not None:  # kept on the host too, for when the store evicts it again
+            self.host.put(key, kv)
+        return kv, "storage"
+
+    def place(self, fetched: tuple[torch.Tensor, str], slots: torch.Tensor, key: str | None = None) -> None:
+        """Copy fetched KV into device pages; with its `key`, a prefetched copy is let go."""
+        kv, tier = fetched
+        self.device.scatter(slots, kv)
+        self.loads[tier] += 1
+        if key is not None and tier == "storage" and self.prefetch is not None:
+            self.prefetch.taken(key)
+
+    def clear_host(self) -> None:
+        """Empty the host tier, and forget what storage reads fetched or found absent."""
+        if self.host is not None:
+            self.host.clear()
+        if self.prefetch is not None:
+            self.prefetch.clear()
+
+    def stats(self) -> dict:
+        out = {f"tier_lookups_{k}": self.lookups[k] for k in ("device", "host", "storage", "absent")}
+        total = sum(self.lookups.values())
+        for k in ("device", "host", "storage"):
+            out[f"tier_hit_rate_{k}"] = round(self.lookups[k] / total, 4) if total else 0.0
+        out["tier_loads_host"] = self.loads["host"]
+        out["tier_loads_storage"] = self.loads["storage"]
+        if self.host is not None:
+            out.update(host_chunks=len(self.host), host_pages_used=self.host.pages_used(),
+                       host_pages_total=self.host.pages_total(), host_evictions=self.host.evictions)
+        if self.storage is not None:
+            out.update(self.storage.stats())
+            out.update(self.prefetch.stats())
+        return out

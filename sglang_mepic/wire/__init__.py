@@ -1,0 +1,1 @@
+"""What crosses processes: the layout hint, the padded layout, and the layout arithmetic both sides share."""
