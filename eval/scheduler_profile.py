@@ -76,7 +76,7 @@ TARGET_RATIO = 1.2
 NEW_TOKENS = 16  # eval.run's default
 MAIN_LOOP = ("Scheduler.event_loop_normal", "Scheduler.event_loop_overlap")
 FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
-MEPIC_FILE = re.compile(r"^(?P<root>.*)/(?:sglang_mepic|patches|kernels)/[^/]+\.py$")
+MEPIC_FILE = re.compile(r"^(?P<root>.*)/(?P<top>sglang_mepic|patches|kernels)/(?:[^/]+/)*[^/]+\.py$")
 SCHEDULER_FILE = "sglang/srt/managers/scheduler.py"
 MODEL_RUNNER_FILE = "sglang/srt/model_executor/model_runner.py"
 SGLANG_FILE = "site-packages/sglang/"
@@ -182,7 +182,7 @@ def classify(stacks: list[tuple[list[Frame], int]]) -> Split:
         if loop is None:
             split.other_threads += n
             continue
-        for folder in {f.file.rsplit("/", 1)[0] for f in frames if f.mepic}:
+        for folder in {"{root}/{top}".format(**MEPIC_FILE.match(f.file).groupdict()) for f in frames if f.mepic}:
             split.mepic_folders[folder] += n
         below = frames[loop + 1:]
         if any(f.is_("Scheduler.on_idle", SCHEDULER_FILE) for f in below):

@@ -302,7 +302,7 @@ def test_the_launcher_keeps_the_site_it_was_installed_into_on_sys_path(tmp_path,
     shutil.copytree(ROOT / "sglang_mepic", folder / "sglang_mepic", ignore=shutil.ignore_patterns("__pycache__"))
     if layout == "checkout":
         (folder / "pyproject.toml").write_text("")
-    code = ("import sys; from sglang_mepic import launch_server as l; assert l.__file__.startswith(sys.argv[1]); "
+    code = ("import sys; from sglang_mepic.launch import server as l; assert l.__file__.startswith(sys.argv[1]); "
             "l._drop_checkout_root_from_path(); print(sys.argv[1] in sys.path)")
     done = subprocess.run([sys.executable, "-c", code, str(folder)], cwd=tmp_path, capture_output=True, text=True,
                           env={"PYTHONPATH": str(folder), "PATH": "/usr/bin:/bin"}, timeout=120)
