@@ -32,6 +32,3 @@ class SideTable(Generic[V]):
 
     def __contains__(self, obj) -> bool:
         return id(obj) in self._values
-
-    def __len__(self) -> int:
-        return len(self._values)

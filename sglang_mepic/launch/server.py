@@ -40,10 +40,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sglang_mepic import config
+from sglang_mepic.config import Placement
 from sglang_mepic.frontend import auto_chunk
 from sglang_mepic.gate import calibration, verdict_cache, verify
 from sglang_mepic.launch import models, quiet
-from sglang_mepic.wire.segments import Placement
 
 CPU_MAX_TOTAL_TOKENS = 65536  # SGLang would otherwise size the pool from free RAM (~14 GB)
 ATTENTION_BACKEND = "mepic"  # NoPE keys with RoPE fused into attention
@@ -210,6 +210,7 @@ def mepic_settings(argv: list[str]) -> str:
     Read back from the environment the --mepic-* flags became (what every SGLang
     process reads), and from argv after `with_defaults`; a note says when chunks are
     not reused at all, since the flags then change nothing."""
+    separator = auto_chunk.active_separator()
     shown = [("--mepic-mode", config.mode().name),
              ("--mepic-recompute-blocks", os.environ.get(config.RECOMPUTE_ENV, str(config.DEFAULT_RECOMPUTE_BLOCKS))),
              ("--mepic-compile-sink", config.compile_sink()),
@@ -218,7 +219,7 @@ def mepic_settings(argv: list[str]) -> str:
              ("--mepic-host-tier-gb", f"{config.host_tier_gb():g}"),
              ("--mepic-max-chunks", str(config.max_chunks())),
              ("--mepic-auto-chunk", config.auto_chunk()),
-             ("--mepic-separator", "none" if auto_chunk.active_separator() is None else repr(auto_chunk.active_separator()))]
+             ("--mepic-separator", "none" if separator is None else repr(separator))]
     backend = config.storage_backend()
     shown.append(("--mepic-storage-backend", backend or "none"))
     if backend == "file":
