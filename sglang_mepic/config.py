@@ -1,7 +1,13 @@
-"""MEPIC settings shared by every SGLang process.
+"""MEPIC settings shared by every SGLang process: one table, read one way.
 
-The launcher turns `--mepic-*` flags into these environment variables, so the
-scheduler and tokenizer processes SGLang spawns read the same values.
+Each `Setting` row is a `--mepic-*` flag, the environment variable the launcher
+turns it into (so the scheduler and tokenizer processes SGLang spawns read the
+same value), its default, its check and its help. The launcher builds its
+parser, the flag-to-environment split, the start-up line and the docs' flag
+table from `SETTINGS`; every process reads a value through `read()`, which
+parses each distinct environment text once. This module imports nothing else
+of the package: the rules that belong to another part (the separator's markup
+check, the calibration set's size) are added by the launcher.
 """
 
 import enum
@@ -9,45 +15,13 @@ import json
 import os
 import re
 from dataclasses import dataclass
-
+from typing import Any, Callable
 
 
 class Placement(enum.Enum):
     """Where a chunk's padding goes in its pages (segments.layout): the setting `--mepic-placement`."""
     LEADING = "leading"
     TRAILING = "trailing"
-
-
-PLACEMENT_ENV = "SGLANG_MEPIC_PLACEMENT"
-MODE_ENV = "SGLANG_MEPIC_MODE"
-RECOMPUTE_ENV = "SGLANG_MEPIC_RECOMPUTE_BLOCKS"
-SINK_ENV = "SGLANG_MEPIC_COMPILE_SINK"
-TEXT_MARKUP_ENV = "SGLANG_MEPIC_TEXT_MARKUP"
-HOST_TIER_ENV = "SGLANG_MEPIC_HOST_TIER_GB"
-STORAGE_ENV = "SGLANG_MEPIC_STORAGE_DIR"
-STORAGE_BACKEND_ENV = "SGLANG_MEPIC_STORAGE_BACKEND"
-STORAGE_CONFIG_ENV = "SGLANG_MEPIC_STORAGE_CONFIG"
-STORAGE_TIMEOUT_ENV = "SGLANG_MEPIC_STORAGE_TIMEOUT"
-STORAGE_SECRET_ENV = "SGLANG_MEPIC_STORAGE_SECRET"
-MAX_CHUNKS_ENV = "SGLANG_MEPIC_MAX_CHUNKS"
-AUTO_CHUNK_ENV = "SGLANG_MEPIC_AUTO_CHUNK"
-SEPARATOR_ENV = "SGLANG_MEPIC_SEPARATOR"
-AUTO_CHUNKS = ("off", "messages", "tools")
-DEFAULT_AUTO_CHUNK = "off"
-DEFAULT_MAX_CHUNKS = 64
-DEFAULT_STORAGE_TIMEOUT = 0.5
-SINKS = ("bos", "none")
-DEFAULT_SINK = "none"
-DEFAULT_TEXT_MARKUP = "on"
-TEXT_MARKUP = ("on", "off")
-DEFAULT_PLACEMENT = Placement.TRAILING
-DEFAULT_MODE = "mepic"
-DEFAULT_RECOMPUTE_BLOCKS = 1
-# `--mepic-verify` (verify.py): the launcher runs the accuracy gate before serving; a mode the
-# gate refused is named here for every process to report, while the server runs as `full`.
-VERIFY_ENV = "SGLANG_MEPIC_VERIFY"
-VERIFY_QUESTIONS_ENV = "SGLANG_MEPIC_VERIFY_QUESTIONS"
-REUSE_REFUSED_ENV = "SGLANG_MEPIC_REUSE_REFUSED"
 
 
 class Kind(enum.Enum):
@@ -88,6 +62,8 @@ class Mode:
 MODE_HELP = "full | naive | mepic | epic-K (K tokens, e.g. epic-16) | cacheblend-R (fraction, e.g. cacheblend-0.15)"
 
 
+# The parsers: text (a flag's value or its environment variable) -> typed value, or ValueError naming the flag.
+
 def parse_mode(text: str) -> Mode:
     text = text.strip().lower()
     for kind in (Kind.FULL, Kind.NAIVE, Kind.MEPIC):
@@ -113,37 +89,6 @@ def parse_recompute_blocks(text: str) -> int | None:
                      "(naive mode is the one that recomputes nothing)")
 
 
-def placement() -> Placement:
-    return Placement(_choice(PLACEMENT_ENV, DEFAULT_PLACEMENT.value, [p.value for p in Placement]))
-
-
-def mode() -> Mode:
-    return parse_mode(os.environ.get(MODE_ENV, DEFAULT_MODE))
-
-
-def recompute_blocks() -> int | None:
-    return parse_recompute_blocks(os.environ.get(RECOMPUTE_ENV, str(DEFAULT_RECOMPUTE_BLOCKS)))
-
-
-def text_markup() -> bool:
-    """Whether `<|chunk|>` ... `<|/chunk|>` in text marks chunks; off, it is text like any other
-    (chunks are then marked only by input_ids markers, kv_hints or the frontend's `chunk()`)."""
-    return _choice(TEXT_MARKUP_ENV, DEFAULT_TEXT_MARKUP, TEXT_MARKUP) == "on"
-
-
-def _choice(env: str, default: str, choices) -> str:
-    """A setting with a fixed set of values, checked where it is read."""
-    value = os.environ.get(env, default)
-    if value not in choices:
-        raise ValueError(f"{env}={value!r}: choose from {list(choices)}")
-    return value
-
-
-def compile_sink() -> str:
-    """What a standalone compile puts before the chunk: the model's BOS as an attention sink, or nothing."""
-    return _choice(SINK_ENV, DEFAULT_SINK, SINKS)
-
-
 def parse_gigabytes(text: str) -> float:
     try:
         value = float(text)
@@ -152,24 +97,6 @@ def parse_gigabytes(text: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise ValueError(f"--mepic-host-tier-gb {text!r}: give a size in GB >= 0 (0 turns the host tier off)")
     return value
-
-
-def host_tier_gb() -> float:
-    """Host memory for chunk KV evicted from the device pool (0: none)."""
-    return parse_gigabytes(os.environ.get(HOST_TIER_ENV, "0"))
-
-
-def storage_dir() -> str | None:
-    """Directory of the `file` storage backend, shared by server instances."""
-    return os.environ.get(STORAGE_ENV) or None
-
-
-def storage_backend() -> str | None:
-    """The HiCache storage backend of the shared chunk tier (None: no shared tier)."""
-    name = os.environ.get(STORAGE_BACKEND_ENV) or ("file" if storage_dir() else None)
-    if name == "file" and not storage_dir():
-        raise ValueError("--mepic-storage-backend file needs --mepic-storage-dir")
-    return name
 
 
 def parse_storage_config(text: str) -> dict:
@@ -182,11 +109,6 @@ def parse_storage_config(text: str) -> dict:
     return value
 
 
-def storage_config() -> dict:
-    """The backend's extra_config (SGLang's --hicache-storage-backend-extra-config)."""
-    return parse_storage_config(os.environ.get(STORAGE_CONFIG_ENV) or "{}")
-
-
 def parse_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -197,17 +119,6 @@ def parse_seconds(text: str) -> float:
     return value
 
 
-def storage_timeout() -> float:
-    """How long a read from shared storage may take before it counts as a miss."""
-    return parse_seconds(os.environ.get(STORAGE_TIMEOUT_ENV) or str(DEFAULT_STORAGE_TIMEOUT))
-
-
-def storage_secret() -> bytes | None:
-    """The key that authenticates shared-storage entries (HMAC-SHA256); None: entries are not authenticated."""
-    value = os.environ.get(STORAGE_SECRET_ENV)
-    return value.encode() if value else None
-
-
 def parse_max_chunks(text: str) -> int:
     text = text.strip()
     if not (text.isdigit() and int(text) >= 1):
@@ -215,21 +126,253 @@ def parse_max_chunks(text: str) -> int:
     return int(text)
 
 
+def parse_questions(text: str, most: int | None = None) -> int:
+    text = text.strip()
+    if not (text.isdigit() and int(text) >= 1 and (most is None or int(text) <= most)):
+        upto = f"from 1 to {most} (the calibration set's size)" if most else ">= 1"
+        raise ValueError(f"--mepic-verify-questions {text!r}: give a whole number {upto}")
+    return int(text)
+
+
+def _one_of(flag: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"{flag} {text!r}: choose from {list(choices)}")
+        return text
+    return parse
+
+
+# The table.
+
+@dataclass(frozen=True)
+class Setting:
+    """One `--mepic-*` setting: flag, environment variable, default, check, help, start-up display."""
+    flag: str
+    env: str
+    default: str | None            # the text a missing flag means; None: unset
+    parse: Callable[[str], Any]
+    help: str                      # `--help` and the docs' flag table; "{...}" fields are filled by the launcher
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    switch: bool = False           # a flag without a value; set, its variable is "on"
+    # The start-up line: "always", "storage" (when a shared tier is set), "storage-set" (a shared tier is set
+    # and so is this), "file" (the file backend), "never" (the launcher adds it itself).
+    shown: str = "always"
+    secret: bool = False           # shown as "(set)", never the value
+    see: str | None = None         # the docs page that tells more, linked from the docs' flag table
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+MODE = Setting(
+    "--mepic-mode", "SGLANG_MEPIC_MODE", "mepic", parse_mode, metavar="MODE",
+    help=f"how chunks are reused: {MODE_HELP}. Default: mepic.", see="modes.md")
+RECOMPUTE_BLOCKS = Setting(
+    "--mepic-recompute-blocks", "SGLANG_MEPIC_RECOMPUTE_BLOCKS", "1", parse_recompute_blocks, metavar="N|all",
+    help="mepic mode: leading blocks (pages) of each chunk recomputed per request; 'all' recomputes every "
+         "block and shares nothing. Default: 1.")
+COMPILE_SINK = Setting(
+    "--mepic-compile-sink", "SGLANG_MEPIC_COMPILE_SINK", "none",
+    _one_of("--mepic-compile-sink", ("bos", "none")), choices=("bos", "none"),
+    help="what a chunk is compiled after: 'bos' (the model's BOS token, as an attention sink) or 'none' "
+         "(the chunk alone). Default: none.")
+PLACEMENT = Setting(
+    "--mepic-placement", "SGLANG_MEPIC_PLACEMENT", Placement.TRAILING.value,
+    lambda text: Placement(_one_of("--mepic-placement", tuple(p.value for p in Placement))(text)),
+    choices=tuple(p.value for p in Placement),
+    help="where a chunk's pads go: 'leading' (as in the paper: the chunk ends on a page boundary) or "
+         "'trailing' (its first block is all real tokens). Default: trailing.")
+TEXT_MARKUP_SETTING = Setting(
+    "--mepic-text-markup", "SGLANG_MEPIC_TEXT_MARKUP", "on",
+    _one_of("--mepic-text-markup", ("on", "off")), choices=("on", "off"),
+    help="'off': <|chunk|> ... <|/chunk|> in prompt text and chat messages is plain text (for users who type "
+         "it); chunks are then marked by input_ids markers (-100/-101) or the frontend's chunk(). Default: on.")
+HOST_TIER_GB = Setting(
+    "--mepic-host-tier-gb", "SGLANG_MEPIC_HOST_TIER_GB", "0", parse_gigabytes, metavar="GB",
+    help="host memory for chunk KV evicted from the device pool; a later use copies it back instead of "
+         "compiling the chunk again. Default: 0 (no host tier).")
+MAX_CHUNKS = Setting(
+    "--mepic-max-chunks", "SGLANG_MEPIC_MAX_CHUNKS", "64", parse_max_chunks, metavar="N",
+    help="most chunks one request may mark for reuse (each absent one is a compile row in its batch); a "
+         "request with more is refused with a 400. Default: 64.")
+AUTO_CHUNK = Setting(
+    "--mepic-auto-chunk", "SGLANG_MEPIC_AUTO_CHUNK", "off",
+    _one_of("--mepic-auto-chunk", ("off", "messages", "tools")), choices=("off", "messages", "tools"),
+    help="chat requests without markup: 'messages' makes every message content but the last user turn's a "
+         "chunk, 'tools' only tool results and documents passed as text content parts (each text part "
+         "followed by another), when at least {min_pages} pages long. Default: off.",
+    see="chunks.md#using-it-from-an-unmodified-client")
+SEPARATOR = Setting(
+    "--mepic-separator", "SGLANG_MEPIC_SEPARATOR", None, str, metavar="STR",
+    help="split text prompts (and chat message contents) into chunks on STR, as LMCache's CacheBlend does "
+         "with blend_special_str (' # # ' there): instruction STR chunk STR ... STR question; STR never "
+         "reaches the model. Default: none.")
+STORAGE_BACKEND = Setting(
+    "--mepic-storage-backend", "SGLANG_MEPIC_STORAGE_BACKEND", None, str, metavar="NAME", shown="never",
+    help="shared chunk tier, one of SGLang HiCache's storage backends: every compiled chunk is written to it "
+         "by hash (with the model fingerprint, length and checksum, checked on load), so other instances, or "
+         "this one after a restart, reuse it. 'file' is a directory (--mepic-storage-dir); 'mooncake' is "
+         "Mooncake Store, set up from --mepic-storage-config or Mooncake's own MOONCAKE_* environment; "
+         "'dynamic' is a HiCacheStorage class of yours named in --mepic-storage-config (backend_name, "
+         "module_path, class_name), as in SGLang; any other backend SGLang registers is used through its "
+         "get/set/exists. A backend that is down or slow is a miss. Default: file when --mepic-storage-dir "
+         "is given, else none.")
+STORAGE_DIR = Setting(
+    "--mepic-storage-dir", "SGLANG_MEPIC_STORAGE_DIR", None, str, metavar="DIR", shown="file",
+    help="the file backend's directory (implies --mepic-storage-backend file). Default: none.")
+STORAGE_CONFIG = Setting(
+    "--mepic-storage-config", "SGLANG_MEPIC_STORAGE_CONFIG", None, parse_storage_config, metavar="JSON",
+    shown="storage-set",
+    help="the backend's extra_config, as SGLang's --hicache-storage-backend-extra-config. Mooncake: "
+         "{{\"master_server_address\": \"HOST:PORT\", \"metadata_server\": \"http://HOST:PORT/metadata\", "
+         "\"protocol\": \"tcp\", \"global_segment_size\": BYTES}} (launch_cluster writes it). Default: none.")
+STORAGE_TIMEOUT = Setting(
+    "--mepic-storage-timeout", "SGLANG_MEPIC_STORAGE_TIMEOUT", "0.5", parse_seconds, metavar="S", shown="storage",
+    help="longest wait for a read from the shared tier before the chunk counts as a miss. Default: 0.5.")
+STORAGE_SECRET = Setting(
+    "--mepic-storage-secret", "SGLANG_MEPIC_STORAGE_SECRET", None, str.encode, metavar="SECRET",
+    shown="storage-set", secret=True,
+    help="authenticate shared-tier entries with HMAC-SHA256 under SECRET: an entry not written with it is a "
+         "miss, so a writer without the secret cannot make this server load its KV. Also read from "
+         "$SGLANG_MEPIC_STORAGE_SECRET (preferred: a flag shows in the process list). Default: none "
+         "(entries are checksummed, not authenticated).", see="scale-out.md")
+# `--mepic-verify` (gate/verify.py): the launcher runs the accuracy gate before serving.
+VERIFY = Setting(
+    "--mepic-verify", "SGLANG_MEPIC_VERIFY", None, lambda text: text == "on", switch=True, shown="never",
+    help="before serving, run the accuracy gate (python -m sglang_mepic.check_model) for this model and mode "
+         "on a server of its own; a model that fails is served as --mepic-mode full (reuse refused: said in "
+         "the log, /server_info and /metrics). Verdicts are cached per model fingerprint, mode and settings "
+         "(${cache_dir_env}, default ~/.cache/sglang-mepic), so a restart does not run it again. Default: off.",
+    see="answers.md#is-my-model-a-good-fit")
+VERIFY_QUESTIONS = Setting(
+    "--mepic-verify-questions", "SGLANG_MEPIC_VERIFY_QUESTIONS", None, parse_questions, metavar="N",
+    shown="never",
+    help="calibration questions the gate runs for --mepic-verify (1-{questions}). Default: all {questions}.")
+
+SETTINGS: tuple[Setting, ...] = (
+    MODE, RECOMPUTE_BLOCKS, COMPILE_SINK, PLACEMENT, TEXT_MARKUP_SETTING, HOST_TIER_GB, MAX_CHUNKS, AUTO_CHUNK,
+    SEPARATOR, STORAGE_BACKEND, STORAGE_DIR, STORAGE_CONFIG, STORAGE_TIMEOUT, STORAGE_SECRET, VERIFY,
+    VERIFY_QUESTIONS)
+
+# Not a flag: a mode the accuracy gate refused, named by the launcher for every process to report while
+# the server runs as `full`.
+REUSE_REFUSED_ENV = "SGLANG_MEPIC_REUSE_REFUSED"
+
+# The names the rest of the package and the tests use.
+MODE_ENV, RECOMPUTE_ENV, SINK_ENV, PLACEMENT_ENV = MODE.env, RECOMPUTE_BLOCKS.env, COMPILE_SINK.env, PLACEMENT.env
+TEXT_MARKUP_ENV, HOST_TIER_ENV, MAX_CHUNKS_ENV = TEXT_MARKUP_SETTING.env, HOST_TIER_GB.env, MAX_CHUNKS.env
+AUTO_CHUNK_ENV, SEPARATOR_ENV, STORAGE_BACKEND_ENV = AUTO_CHUNK.env, SEPARATOR.env, STORAGE_BACKEND.env
+STORAGE_ENV, STORAGE_CONFIG_ENV, STORAGE_TIMEOUT_ENV = STORAGE_DIR.env, STORAGE_CONFIG.env, STORAGE_TIMEOUT.env
+STORAGE_SECRET_ENV, VERIFY_ENV, VERIFY_QUESTIONS_ENV = STORAGE_SECRET.env, VERIFY.env, VERIFY_QUESTIONS.env
+DEFAULT_MODE, DEFAULT_RECOMPUTE_BLOCKS, DEFAULT_MAX_CHUNKS = MODE.default, int(RECOMPUTE_BLOCKS.default), \
+    int(MAX_CHUNKS.default)
+DEFAULT_SINK, DEFAULT_TEXT_MARKUP, DEFAULT_AUTO_CHUNK = COMPILE_SINK.default, TEXT_MARKUP_SETTING.default, \
+    AUTO_CHUNK.default
+DEFAULT_PLACEMENT, DEFAULT_STORAGE_TIMEOUT = Placement(PLACEMENT.default), float(STORAGE_TIMEOUT.default)
+SINKS, TEXT_MARKUP, AUTO_CHUNKS = COMPILE_SINK.choices, TEXT_MARKUP_SETTING.choices, AUTO_CHUNK.choices
+
+
+# Reading.
+
+_parsed: dict[tuple[str, str], Any] = {}
+
+
+def raw(setting: Setting) -> str | None:
+    """The setting's text as this process sees it: its variable if set and not empty, else the default."""
+    return os.environ.get(setting.env) or setting.default
+
+
+def read(setting: Setting) -> Any:
+    """The setting's typed value (None where it is unset and has no default), each distinct text parsed once."""
+    text = raw(setting)
+    if text is None:
+        return None
+    key = (setting.env, text)
+    if key not in _parsed:
+        try:
+            _parsed[key] = setting.parse(text)
+        except ValueError as e:
+            # The flag names itself; a variable set by hand is named as well, since that is where to look.
+            raise ValueError(f"{e} (from ${setting.env})" if setting.env in os.environ else str(e)) from None
+    return _parsed[key]
+
+
+def mode() -> Mode:
+    return read(MODE)
+
+
+def recompute_blocks() -> int | None:
+    return read(RECOMPUTE_BLOCKS)
+
+
+def compile_sink() -> str:
+    """What a standalone compile puts before the chunk: the model's BOS as an attention sink, or nothing."""
+    return read(COMPILE_SINK)
+
+
+def placement() -> Placement:
+    return read(PLACEMENT)
+
+
+def text_markup() -> bool:
+    """Whether `<|chunk|>` ... `<|/chunk|>` in text marks chunks; off, it is text like any other
+    (chunks are then marked only by input_ids markers, kv_hints or the frontend's `chunk()`)."""
+    return read(TEXT_MARKUP_SETTING) == "on"
+
+
+def host_tier_gb() -> float:
+    """Host memory for chunk KV evicted from the device pool (0: none)."""
+    return read(HOST_TIER_GB)
+
+
 def max_chunks() -> int:
     """Most chunks one request may mark for reuse: each absent one is a compile row in its batch."""
-    return parse_max_chunks(os.environ.get(MAX_CHUNKS_ENV) or str(DEFAULT_MAX_CHUNKS))
+    return read(MAX_CHUNKS)
+
+
+def auto_chunk() -> str:
+    """Which chat contents become chunks without markup (auto_chunk.py): off, messages or tools."""
+    return read(AUTO_CHUNK)
+
+
+def separator() -> str | None:
+    """The separator as set, or None (text is split only by markup); auto_chunk.active_separator() is the
+    checked value its users read."""
+    return os.environ.get(SEPARATOR.env)
+
+
+def storage_dir() -> str | None:
+    """Directory of the `file` storage backend, shared by server instances."""
+    return read(STORAGE_DIR)
+
+
+def storage_backend() -> str | None:
+    """The HiCache storage backend of the shared chunk tier (None: no shared tier)."""
+    name = read(STORAGE_BACKEND) or ("file" if storage_dir() else None)
+    if name == "file" and not storage_dir():
+        raise ValueError("--mepic-storage-backend file needs --mepic-storage-dir")
+    return name
+
+
+def storage_config() -> dict:
+    """The backend's extra_config (SGLang's --hicache-storage-backend-extra-config)."""
+    return read(STORAGE_CONFIG) or {}
+
+
+def storage_timeout() -> float:
+    """How long a read from shared storage may take before it counts as a miss."""
+    return read(STORAGE_TIMEOUT)
+
+
+def storage_secret() -> bytes | None:
+    """The key that authenticates shared-storage entries (HMAC-SHA256); None: entries are not authenticated."""
+    return read(STORAGE_SECRET)
 
 
 def verify() -> bool:
-    return os.environ.get(VERIFY_ENV, "") == "on"
-
-
-def parse_questions(text: str, most: int) -> int:
-    text = text.strip()
-    if not (text.isdigit() and 1 <= int(text) <= most):
-        raise ValueError(f"--mepic-verify-questions {text!r}: give a whole number from 1 to {most} "
-                         "(the calibration set's size)")
-    return int(text)
+    return bool(read(VERIFY))
 
 
 def reuse_refused() -> str | None:
@@ -249,14 +392,3 @@ def canonical_from() -> int | None:
     if m.kind is Kind.MEPIC:
         return recompute_blocks()
     return 0
-
-
-def auto_chunk() -> str:
-    """Which chat contents become chunks without markup (auto_chunk.py): off, messages or tools."""
-    return _choice(AUTO_CHUNK_ENV, DEFAULT_AUTO_CHUNK, AUTO_CHUNKS)
-
-
-def separator() -> str | None:
-    """The separator as set, or None (text is split only by markup); auto_chunk.separator() is the
-    checked value its users read."""
-    return os.environ.get(SEPARATOR_ENV)

@@ -38,7 +38,7 @@ def gate_server_args(argv: list[str]) -> list[str]:
 
 
 def questions() -> int:
-    text = os.environ.get(config.VERIFY_QUESTIONS_ENV)
+    text = config.raw(config.VERIFY_QUESTIONS)
     return config.parse_questions(text, calibration.size()) if text else calibration.size()
 
 

@@ -40,7 +40,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sglang_mepic import config
-from sglang_mepic.config import Placement
 from sglang_mepic.frontend import auto_chunk
 from sglang_mepic.gate import calibration, verdict_cache, verify
 from sglang_mepic.launch import models, quiet
@@ -132,76 +131,56 @@ def quiet_start(argv: list[str]) -> bool:
     return (_known_flags(argv).log_level or "").lower() != "debug"
 
 
+def _rules() -> dict[config.Setting, object]:
+    """The checks that belong to another part than config (which imports nothing of the package)."""
+    return {config.SEPARATOR: auto_chunk.parse_separator,
+            config.VERIFY_QUESTIONS: lambda text: config.parse_questions(text, calibration.size())}
+
+
+def help_fields() -> dict[str, object]:
+    """What the settings' help texts name from other parts."""
+    return {"min_pages": auto_chunk.MIN_PAGES, "questions": calibration.size(),
+            "cache_dir_env": verdict_cache.CACHE_DIR_ENV}
+
+
 def mepic_parser() -> argparse.ArgumentParser:
+    """The --mepic-* flags, one per row of config.SETTINGS."""
     p = _Parser(add_help=False, allow_abbrev=False)
     g = p.add_argument_group("sglang-mepic options (consumed here, not passed to SGLang)")
-    g.add_argument("--mepic-placement", choices=[x.value for x in Placement], default=None,
-                   help=f"where a chunk's pads go: 'leading' (as in the paper) or 'trailing' "
-                        f"(first block full of real tokens). Default: {config.DEFAULT_PLACEMENT.value}.")
-    g.add_argument("--mepic-mode", type=_checked(config.parse_mode), default=None, metavar="MODE",
-                   help=f"how chunks are reused: {config.MODE_HELP}. Default: {config.DEFAULT_MODE}.")
-    g.add_argument("--mepic-verify", action="store_true", default=None,
-                   help="before serving, run the accuracy gate (python -m sglang_mepic.check_model) for this model "
-                        "and mode on a server of its own; a model that fails is served as --mepic-mode full (reuse "
-                        "refused: said in the log, /server_info and /metrics). Verdicts are cached per model "
-                        f"fingerprint, mode and settings (${verdict_cache.CACHE_DIR_ENV}, default "
-                        "~/.cache/sglang-mepic), so a restart does not run it again. Default: off.")
-    g.add_argument("--mepic-verify-questions", default=None, metavar="N",
-                   type=_checked(lambda text: config.parse_questions(text, calibration.size())),
-                   help=f"calibration questions the gate runs for --mepic-verify (1-{calibration.size()}). "
-                        f"Default: all {calibration.size()}.")
-    g.add_argument("--mepic-recompute-blocks", type=_checked(config.parse_recompute_blocks), default=None,
-                   metavar="N|all",
-                   help="mepic mode: leading blocks (pages) of each chunk recomputed per request; 'all' "
-                        f"recomputes every block and shares nothing. Default: {config.DEFAULT_RECOMPUTE_BLOCKS}.")
-    g.add_argument("--mepic-compile-sink", choices=config.SINKS, default=None,
-                   help="what a chunk is compiled after: 'bos' (the model's BOS token, as an attention sink) "
-                        f"or 'none' (the chunk alone). Default: {config.DEFAULT_SINK}.")
-    g.add_argument("--mepic-text-markup", choices=config.TEXT_MARKUP, default=None,
-                   help="'off': <|chunk|> ... <|/chunk|> in prompt text and chat messages is plain text (for "
-                        "users who type it); chunks are then marked by input_ids markers (-100/-101) or the "
-                        f"frontend's chunk(). Default: {config.DEFAULT_TEXT_MARKUP}.")
-    g.add_argument("--mepic-host-tier-gb", type=_checked(config.parse_gigabytes), default=None, metavar="GB",
-                   help="host memory for chunk KV evicted from the device pool; a later use copies it back "
-                        "instead of compiling the chunk again. Default: 0 (no host tier).")
-    g.add_argument("--mepic-storage-backend", default=None, metavar="NAME",
-                   help="shared chunk tier, one of SGLang HiCache's storage backends: every compiled chunk is "
-                        "written to it by hash (with the model fingerprint, length and checksum, checked on "
-                        "load), so other instances, or this one after a restart, reuse it. 'file' is a directory "
-                        "(--mepic-storage-dir); 'mooncake' is Mooncake Store, set up from --mepic-storage-config "
-                        "or Mooncake's own MOONCAKE_* environment; 'dynamic' is a HiCacheStorage class of yours "
-                        "named in --mepic-storage-config (backend_name, module_path, class_name), as in SGLang; "
-                        "any other backend SGLang registers is used through its get/set/exists. A backend that "
-                        "is down or slow is a miss. Default: file when --mepic-storage-dir is given, else none.")
-    g.add_argument("--mepic-storage-dir", default=None, metavar="DIR",
-                   help="the file backend's directory (implies --mepic-storage-backend file). Default: none.")
-    g.add_argument("--mepic-storage-config", type=_checked(config.parse_storage_config), default=None,
-                   metavar="JSON",
-                   help="the backend's extra_config, as SGLang's --hicache-storage-backend-extra-config. "
-                        "Mooncake: {\"master_server_address\": \"HOST:PORT\", \"metadata_server\": "
-                        "\"http://HOST:PORT/metadata\", \"protocol\": \"tcp\", \"global_segment_size\": BYTES} "
-                        "(launch_cluster writes it).")
-    g.add_argument("--mepic-storage-timeout", type=_checked(config.parse_seconds), default=None, metavar="S",
-                   help="longest wait for a read from the shared tier before the chunk counts as a miss. "
-                        f"Default: {config.DEFAULT_STORAGE_TIMEOUT:g}.")
-    g.add_argument("--mepic-storage-secret", default=None, metavar="SECRET",
-                   help="authenticate shared-tier entries with HMAC-SHA256 under SECRET: an entry not written "
-                        "with it is a miss, so a writer without the secret cannot make this server load its KV. "
-                        f"Also read from ${config.STORAGE_SECRET_ENV} (preferred: a flag shows in the process "
-                        "list). Default: none (entries are checksummed, not authenticated).")
-    g.add_argument("--mepic-max-chunks", type=_checked(config.parse_max_chunks), default=None, metavar="N",
-                   help="most chunks one request may mark for reuse (each is compiled as an internal request); "
-                        f"a request with more is refused with a 400. Default: {config.DEFAULT_MAX_CHUNKS}.")
-    g.add_argument("--mepic-auto-chunk", choices=config.AUTO_CHUNKS, default=None,
-                   help="chat requests without markup: 'messages' makes every message content but the last user "
-                        f"turn's a chunk, 'tools' only tool results and documents passed as text content parts "
-                        f"(each text part followed by another), when at least {auto_chunk.MIN_PAGES} pages long. "
-                        f"Default: {config.DEFAULT_AUTO_CHUNK}.")
-    g.add_argument("--mepic-separator", type=_checked(auto_chunk.parse_separator), default=None, metavar="STR",
-                   help="split text prompts (and chat message contents) into chunks on STR, as LMCache's "
-                        "CacheBlend does with blend_special_str (' # # ' there): instruction STR chunk STR ... "
-                        "STR question; STR never reaches the model. Default: none.")
+    rules, fields = _rules(), help_fields()
+    for setting in config.SETTINGS:
+        text = setting.help.format(**fields)
+        if setting.switch:
+            g.add_argument(setting.flag, action="store_true", default=None, help=text)
+        elif setting.choices:
+            g.add_argument(setting.flag, choices=setting.choices, default=None, help=text)
+        else:
+            g.add_argument(setting.flag, type=_checked(rules.get(setting, setting.parse)), default=None,
+                           metavar=setting.metavar, help=text)
     return p
+
+
+def _shown(setting: config.Setting, backend: str | None) -> bool:
+    """Whether the start-up line names a setting: the shared tier's only where one is set."""
+    return {"always": True, "never": False, "file": backend == "file", "storage": backend is not None,
+            "storage-set": backend is not None and bool(os.environ.get(setting.env))}[setting.shown]
+
+
+def _display(setting: config.Setting) -> str:
+    """A setting's value on the start-up line, as a flag would give it."""
+    if setting.secret:
+        return "(set)"
+    if setting is config.SEPARATOR:
+        separator = auto_chunk.active_separator()
+        return "none" if separator is None else repr(separator)
+    if setting in (config.STORAGE_CONFIG, config.RECOMPUTE_BLOCKS):  # as given: JSON, or a count or 'all'
+        return f"'{config.raw(setting)}'" if setting is config.STORAGE_CONFIG else config.raw(setting)
+    value = config.read(setting)
+    if isinstance(value, config.Mode):
+        return value.name
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(getattr(value, "value", value))
 
 
 def mepic_settings(argv: list[str]) -> str:
@@ -210,27 +189,14 @@ def mepic_settings(argv: list[str]) -> str:
     Read back from the environment the --mepic-* flags became (what every SGLang
     process reads), and from argv after `with_defaults`; a note says when chunks are
     not reused at all, since the flags then change nothing."""
-    separator = auto_chunk.active_separator()
-    shown = [("--mepic-mode", config.mode().name),
-             ("--mepic-recompute-blocks", os.environ.get(config.RECOMPUTE_ENV, str(config.DEFAULT_RECOMPUTE_BLOCKS))),
-             ("--mepic-compile-sink", config.compile_sink()),
-             ("--mepic-placement", config.placement().value),
-             ("--mepic-text-markup", "on" if config.text_markup() else "off"),
-             ("--mepic-host-tier-gb", f"{config.host_tier_gb():g}"),
-             ("--mepic-max-chunks", str(config.max_chunks())),
-             ("--mepic-auto-chunk", config.auto_chunk()),
-             ("--mepic-separator", "none" if separator is None else repr(separator))]
     backend = config.storage_backend()
-    shown.append(("--mepic-storage-backend", backend or "none"))
-    if backend == "file":
-        shown.append(("--mepic-storage-dir", config.storage_dir()))
-    if backend is not None:
-        if os.environ.get(config.STORAGE_CONFIG_ENV):
-            shown.append(("--mepic-storage-config", "'" + os.environ[config.STORAGE_CONFIG_ENV] + "'"))
-        shown.append(("--mepic-storage-timeout", f"{config.storage_timeout():g}"))
-        if config.storage_secret():
-            shown.append(("--mepic-storage-secret", "(set)"))
-    line = " ".join(f"{flag} {value}" for flag, value in shown)
+    shown = []
+    for setting in config.SETTINGS:
+        if setting is config.STORAGE_BACKEND:
+            shown.append(f"{setting.flag} {backend or 'none'}")
+        elif _shown(setting, backend):
+            shown.append(f"{setting.flag} {_display(setting)}")
+    line = " ".join(shown)
     if config.verify():
         line += f" --mepic-verify --mepic-verify-questions {verify.questions()}"
     if config.reuse_refused():
@@ -259,38 +225,13 @@ def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     """Remove the --mepic-* flags from argv and return them as environment settings."""
     known, rest = mepic_parser().parse_known_args(argv)
     env = {}
-    if known.mepic_placement:
-        env[config.PLACEMENT_ENV] = known.mepic_placement
-    if known.mepic_mode:
-        env[config.MODE_ENV] = known.mepic_mode
-    if known.mepic_verify:
-        env[config.VERIFY_ENV] = "on"
-    if known.mepic_verify_questions:
-        env[config.VERIFY_QUESTIONS_ENV] = known.mepic_verify_questions
-    if known.mepic_recompute_blocks:
-        env[config.RECOMPUTE_ENV] = known.mepic_recompute_blocks
-    if known.mepic_compile_sink:
-        env[config.SINK_ENV] = known.mepic_compile_sink
-    if known.mepic_text_markup:
-        env[config.TEXT_MARKUP_ENV] = known.mepic_text_markup
-    if known.mepic_host_tier_gb:
-        env[config.HOST_TIER_ENV] = known.mepic_host_tier_gb
-    if known.mepic_storage_dir:
-        env[config.STORAGE_ENV] = check_storage_dir(known.mepic_storage_dir)
-    if known.mepic_storage_backend:
-        env[config.STORAGE_BACKEND_ENV] = known.mepic_storage_backend
-    if known.mepic_storage_config:
-        env[config.STORAGE_CONFIG_ENV] = known.mepic_storage_config
-    if known.mepic_storage_timeout:
-        env[config.STORAGE_TIMEOUT_ENV] = known.mepic_storage_timeout
-    if known.mepic_storage_secret:
-        env[config.STORAGE_SECRET_ENV] = known.mepic_storage_secret
-    if known.mepic_max_chunks:
-        env[config.MAX_CHUNKS_ENV] = known.mepic_max_chunks
-    if known.mepic_auto_chunk:
-        env[config.AUTO_CHUNK_ENV] = known.mepic_auto_chunk
-    if known.mepic_separator is not None:
-        env[config.SEPARATOR_ENV] = known.mepic_separator
+    for setting in config.SETTINGS:
+        value = getattr(known, setting.dest)
+        if value is None or value is False:
+            continue
+        if setting is config.STORAGE_DIR:
+            value = check_storage_dir(value)
+        env[setting.env] = "on" if setting.switch else value
     check_storage(known.mepic_storage_backend or ("file" if known.mepic_storage_dir else None), known)
     return rest, env
 
