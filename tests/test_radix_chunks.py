@@ -16,6 +16,7 @@ from replay import (B, NUM_PAGES, allocate, apply_hooks, compile_all, compiled, 
                     serve_round)
 
 from sglang_mepic.cache.compile_rows import is_compile_row
+from sglang_mepic.wire.report import Report
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,9 +43,8 @@ def test_compile_publishes_non_first_pages_and_a_request_reuses_them(tree):
     assert link.plan.order == (2, 3, 5, 6, 7, 0, 1, 4, 8)
     canonical = [p for key in link.keys for p in tree.store.peek(key)]
     assert row[:5] == canonical
-    assert link.report == {"mepic_recomputed_tokens": 3 + 16 + 16 + 4, "mepic_chunk_hits": 2,
-                           "mepic_chunk_misses": 0, "mepic_cached_tokens": 24 + 34, "mepic_compiled_tokens": 0,
-                           "mepic_residency": ["device", "device"]}
+    assert link.report == Report(recomputed_tokens=3 + 16 + 16 + 4, chunk_hits=2, chunk_misses=0,
+                                 cached_tokens=24 + 34, compiled_tokens=0, residency=["device", "device"])
     # the request's ids were reordered to match
     assert list(req.origin_input_ids[:B]) == list(C1[B:2 * B])
 
@@ -57,10 +57,10 @@ def test_reuse_of_chunks_compiled_for_the_request_is_not_counted_as_cached(tree)
     assert len(batch) == 2 and is_compile_row(batch[0])  # C2's compile row, right before it
     assert req.mepic.compiled == (1,)
     report = req.mepic.report
-    assert report["mepic_compiled_tokens"] == 34 and report["mepic_cached_tokens"] == 24
-    assert report["mepic_recomputed_tokens"] == 3 + 16 + 16 + 4  # what was computed in context is unchanged
-    assert report["mepic_chunk_hits"] == 2 and report["mepic_chunk_misses"] == 0  # both reused, none in context
-    assert report["mepic_residency"] == ["device", "absent"]
+    assert report.compiled_tokens == 34 and report.cached_tokens == 24
+    assert report.recomputed_tokens == 3 + 16 + 16 + 4  # what was computed in context is unchanged
+    assert report.chunk_hits == 2 and report.chunk_misses == 0  # both reused, none in context
+    assert report.residency == ["device", "absent"]
 
 
 def test_a_chunk_no_tier_holds_is_computed_in_its_readers_batch(tree):
@@ -189,8 +189,8 @@ def test_epic_and_cacheblend_readers_wait_for_their_chunks_to_be_stored():
         assert batch == [reader] and not reader.mepic.wait and reader.mepic.compiling == {}
         # Computed for it, in the round before: not a cache hit.
         report = reader.mepic.report
-        assert report["mepic_chunk_hits"] == 2 and report["mepic_residency"] == ["absent", "absent"]
-        assert report["mepic_compiled_tokens"] > 0 or mode.startswith("cacheblend")  # CacheBlend: substituted
+        assert report.chunk_hits == 2 and report.residency == ["absent", "absent"]
+        assert report.compiled_tokens > 0 or mode.startswith("cacheblend")  # CacheBlend: substituted
 
 
 def test_a_compile_row_is_greedy_and_generates_nothing():
@@ -217,7 +217,7 @@ def test_compiled_after_a_sink_the_chunk_keeps_its_identity(tree):
     compile_all(tree, lay, sink=5)
     assert len(tree.store) == 2 and tree.store.canonical_pages() == 2 + 3
     req, row = serve(tree, *laid_out(lay))
-    assert req.mepic.report["mepic_chunk_hits"] == 2
+    assert req.mepic.report.chunk_hits == 2
     assert row[:5] == [p for key in req.mepic.keys for p in tree.store.peek(key)]
 
 
@@ -226,7 +226,7 @@ def test_chunked_prefill_checkpoints_a_planned_request_midway(tree):
     compile_all(tree, lay)
     req, row = serve(tree, *laid_out(lay), checkpoint_at=7 * B + 3)
     again, row2 = serve(tree, *laid_out(lay))
-    assert row2[:-1] == row[:-1] and again.mepic.report["mepic_recomputed_tokens"] == 4
+    assert row2[:-1] == row[:-1] and again.mepic.report.recomputed_tokens == 4
 
 
 def test_identical_request_matches_all_the_way(tree):
@@ -236,7 +236,7 @@ def test_identical_request_matches_all_the_way(tree):
     again, row2 = serve(tree, *laid_out(lay))
     assert row2[:-1] == row[:-1]
     # only the unaligned question page is computed again
-    assert again.mepic.report["mepic_recomputed_tokens"] == 4
+    assert again.mepic.report.recomputed_tokens == 4
 
 
 def test_reordered_chunks_share_the_same_canonical_pages(tree):
@@ -244,7 +244,7 @@ def test_reordered_chunks_share_the_same_canonical_pages(tree):
     _, row_a = serve(tree, *laid_out(request(C1, C2)))
     req_c, row_c = serve(tree, *laid_out(request(C2, C1, question=(5, 5))))
     assert set(row_c[:5]) == set(row_a[:5])
-    assert req_c.mepic.report["mepic_recomputed_tokens"] == 3 + 16 + 16 + 2
+    assert req_c.mepic.report.recomputed_tokens == 3 + 16 + 16 + 2
     # holders of each canonical page: the store, the compile's tree node and both requests'
     # tree paths (the requests themselves let go when they were released)
     assert {tree.refs.count(p) for p in row_a[:5]} == {4}
@@ -253,7 +253,7 @@ def test_reordered_chunks_share_the_same_canonical_pages(tree):
 def test_missing_chunk_is_a_miss_computed_in_context(tree):
     serve(tree, *compiled(request(C1).chunks[0]))
     req, row = serve(tree, *laid_out(request(C2, C1)))
-    assert req.mepic.report["mepic_chunk_misses"] == 1 and req.mepic.report["mepic_chunk_hits"] == 1
+    assert req.mepic.report.chunk_misses == 1 and req.mepic.report.chunk_hits == 1
     assert req.mepic.plan.order[:2] == (6, 7)  # C1's canonical pages, in C2-then-C1 layout
 
 
@@ -261,7 +261,7 @@ def test_namespaces_never_share(tree):
     lay = request(C1)
     compile_all(tree, lay, namespace="tenant-a")
     req, _ = serve(tree, *laid_out(lay), namespace="tenant-b")
-    assert req.mepic.report["mepic_chunk_hits"] == 0 and req.mepic.plan.reused == ()
+    assert req.mepic.report.chunk_hits == 0 and req.mepic.plan.reused == ()
 
 
 @pytest.mark.parametrize("spelled", ["None", "None\x1fNone"])
@@ -272,7 +272,7 @@ def test_a_tenant_cannot_spell_the_default_namespace(spelled):
     lay = request(C1)
     compile_all(tree, lay)  # the default tenant (no extra_key)
     req, _ = serve(tree, *laid_out(lay), namespace=spelled)
-    assert req.mepic.report["mepic_chunk_hits"] == 0 and req.mepic.plan.reused == ()
+    assert req.mepic.report.chunk_hits == 0 and req.mepic.plan.reused == ()
 
 
 def test_pages_return_to_the_pool_after_eviction(tree):
@@ -316,7 +316,7 @@ def test_an_evicted_chunk_comes_back_from_the_host_tier_as_a_copy_plus_its_first
         tree = make_tree(host_gb=host_gb)
         compile_all(tree, lay)
         again, _ = serve(tree, *compiled_c1)
-        assert again.mepic.report == {"mepic_residency": "device", "mepic_compiled_tokens": 0}  # all in the tree
+        assert again.mepic.report == Report(residency=["device"], compiled_tokens=0)  # all in the tree
         computed = kv_of(tree, again.mepic.keys[0])
         evict_all(tree)
         req, _ = serve(tree, *compiled_c1)
@@ -326,9 +326,9 @@ def test_an_evicted_chunk_comes_back_from_the_host_tier_as_a_copy_plus_its_first
             assert torch.equal(kv_of(tree, req.mepic.keys[0]), computed)  # the same KV, copied back
         user, _ = serve(tree, *laid_out(lay))
         # C1 is back on the device; C2 comes back from the host when the request is planned
-        assert user.mepic.report["mepic_chunk_hits"] == (2 if host_gb else 1)
-    assert reports[0.0] == {"mepic_residency": "absent", "mepic_compiled_tokens": 40}  # the whole chunk
-    assert reports[1e-3] == {"mepic_residency": "host", "mepic_compiled_tokens": 16}  # its first block
+        assert user.mepic.report.chunk_hits == (2 if host_gb else 1)
+    assert reports[0.0] == Report(residency=["absent"], compiled_tokens=40)  # the whole chunk
+    assert reports[1e-3] == Report(residency=["host"], compiled_tokens=16)  # its first block
 
 
 def test_a_load_makes_room_by_evicting_what_nobody_holds():
@@ -353,7 +353,7 @@ def test_a_load_that_finds_no_room_waits_for_the_next_plan():
     tree.end_round()  # the scheduler could not admit it either
     tree.refs.release(running)
     req, _ = finish(tree, replanned(tree, first))  # the next round: room now
-    assert req.mepic.report == {"mepic_residency": "host", "mepic_compiled_tokens": 16}
+    assert req.mepic.report == Report(residency=["host"], compiled_tokens=16)
 
 
 def test_the_file_tier_serves_a_restarted_server_and_rejects_what_does_not_check(tmp_path, caplog):
@@ -364,7 +364,7 @@ def test_the_file_tier_serves_a_restarted_server_and_rejects_what_does_not_check
     kv = kv_of(first, next(iter(first.store._chunks)))
     restarted = make_tree(storage_dir=str(tmp_path))
     req, _ = serve(restarted, *compiled(lay.chunks[0]))
-    assert req.mepic.report == {"mepic_residency": "storage", "mepic_compiled_tokens": 16}
+    assert req.mepic.report == Report(residency=["storage"], compiled_tokens=16)
     assert torch.equal(kv_of(restarted, req.mepic.keys[0]), kv)
 
     storage = restarted.tiers.storage
@@ -374,7 +374,7 @@ def test_the_file_tier_serves_a_restarted_server_and_rejects_what_does_not_check
     open(path, "wb").write(bytes(data))
     again = make_tree(storage_dir=str(tmp_path))
     req, _ = serve(again, *compiled(lay.chunks[0]))
-    assert req.mepic.report == {"mepic_residency": "absent", "mepic_compiled_tokens": 40}  # rejected: computed
+    assert req.mepic.report == Report(residency=["absent"], compiled_tokens=40)  # rejected: computed
     assert again.tiers.storage.rejected == 1 and "checksum mismatch" in caplog.text
 
 
@@ -398,7 +398,7 @@ def test_epic_requests_copy_into_pages_of_their_own():
         assert req.prefix_len == (2 + 3) * B  # C1's pages 1-2, C2's pages 1-3
         assert not {s // B for s in prefix.tolist()} & set(canonical)  # a private copy ...
         assert torch.equal(tree.tiers.device.gather(prefix), tree.tiers.device.gather(tree.pages.slots(canonical)))
-        assert req.mepic.report["mepic_recomputed_tokens"] == 3 + 16 + 16 + 4  # ... the rest is computed
+        assert req.mepic.report.recomputed_tokens == 3 + 16 + 16 + 4  # ... the rest is computed
         # the store's pages are let go at once: the copy is made
         assert {p: tree.refs.count(p) for p in held} == held
         rows.append(set(s // B for s in prefix.tolist()))
@@ -419,7 +419,7 @@ def test_canonical_pages_are_never_matched_by_their_tokens_alone(tree):
     assert req.prefix_len == 0
     serve(tree, plain, None)  # now the tree holds the plain prompt's own KV under those tokens
     again, row = serve(tree, *laid_out(lay))
-    assert again.mepic.report["mepic_recomputed_tokens"] == 4  # its own earlier path, whole
+    assert again.mepic.report.recomputed_tokens == 4  # its own earlier path, whole
     assert row[:5] == [p for key in again.mepic.keys for p in tree.store.peek(key)]
 
 

@@ -283,7 +283,7 @@ def test_a_refused_laid_out_request_reports_no_negative_prompt_size():
         acc.prompt_tokens.append(len(req.origin_input_ids))
         acc.cached_tokens.append(0)
 
-    link = SimpleNamespace(report={}, pads=((5, 11), (32, 15)))
+    link = SimpleNamespace(report=None, pads=((5, 11), (32, 15)))
     laid_out = SimpleNamespace(rid="a", mepic=link, customized_info=None, origin_input_ids=[7] * 64)
     refused = SimpleNamespace(rid="b", mepic=link, customized_info=None, origin_input_ids=[0])
     acc = Accumulator()

@@ -1,11 +1,12 @@
-"""What the cache reports: each request's figures (its response's `mepic_*` meta_info) and
-the cache's totals (/metrics, /server_info, the eval harness)."""
+"""What the cache reports: each request's figures (its `wire.report.Report`, which becomes its
+response's `mepic_*` meta_info) and the cache's totals (/metrics, /server_info, the eval harness)."""
 
 import math
 from dataclasses import dataclass
 
 from sglang_mepic import config
 from sglang_mepic.cache import metrics
+from sglang_mepic.wire.report import Report
 
 
 @dataclass
@@ -44,7 +45,7 @@ def count_admitted(link, prefix_len: int, counters: Counters, mode: config.Mode,
     if link.compile:
         computed = link.real_slots(prefix, link.size)
         counters.compiled_tokens += computed
-        link.report = {"mepic_residency": link.found[0], "mepic_compiled_tokens": computed}
+        link.report = Report(compiled_tokens=computed, residency=[link.found[0]])
         return
     substituted = 0
     if link.sources is not None:  # CacheBlend: its selected fraction is computed after all
@@ -53,9 +54,9 @@ def count_admitted(link, prefix_len: int, counters: Counters, mode: config.Mode,
     compiled = link.own_reuse = compiled_reuse(link, canonical_from, page_size)
     cached = link.real_slots(0, prefix) + substituted - compiled
     recomputed = link.real_slots(prefix, link.size) - substituted
-    link.report = {"mepic_recomputed_tokens": recomputed, "mepic_chunk_hits": plan_hits,
-                   "mepic_chunk_misses": len(link.keys) - plan_hits, "mepic_cached_tokens": cached,
-                   "mepic_compiled_tokens": compiled, "mepic_residency": list(link.found or ())}
+    link.report = Report(recomputed_tokens=recomputed, compiled_tokens=compiled, chunk_hits=plan_hits,
+                         chunk_misses=len(link.keys) - plan_hits, residency=list(link.found or ()),
+                         cached_tokens=cached)
     counters.recomputed_tokens += recomputed
     counters.reused_tokens += link.real_slots(0, prefix) if link.planned.plan is not None else substituted
 

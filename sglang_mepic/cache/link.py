@@ -24,6 +24,7 @@ import torch
 from sglang_mepic.cache.plan import ChunkSpan, Plan
 from sglang_mepic.cache.planner import Planned
 from sglang_mepic.wire.request_layout import pad_mask, slot_positions
+from sglang_mepic.wire.report import Report
 from sglang_mepic.wire.segments import NO_POSITION
 
 
@@ -119,7 +120,7 @@ class Link:
     made_for: set = field(default_factory=set)  # chunk keys a compile row was made for it for, in any plan
     compiled: tuple[int, ...] = ()      # chunk segments computed in its own batch (known at admission)
     own_reuse: int = 0                  # real tokens it reuses from those (figures.compiled_reuse), at admission
-    report: dict = field(default_factory=dict)  # per-request figures for its response (figures.py)
+    report: Report | None = None        # its figures, for its response (figures.py), once admitted
     _positions: tuple = (None, -1, None)  # (planned, num_slots, positions): match, insert and admit ask alike
     _real_before: tuple = (None, None)     # (planned, real prompt slots before each planned slot)
 

@@ -7,14 +7,13 @@ client sent. The accumulator's newest entry is corrected after it is appended:
 `cached_tokens` becomes the real tokens whose KV was reused (prefix hits and
 chunk tokens from the store, less those of chunks compiled in this request's own
 batch: `mepic_compiled_tokens`), `cached_tokens_details` agrees with it, and
-the request's `mepic_*` figures ride along as request-level customized info,
-which the tokenizer side puts in `meta_info` (response_meta.py).
+the request's report (wire/report.py) rides along as request-level customized
+info, which the tokenizer side turns into `meta_info` figures (response_meta.py).
 """
 
 from sglang_mepic.cache.compile_rows import is_compile_row
 from sglang_mepic.cache.link import link_of
-
-CACHED = "mepic_cached_tokens"  # replaces SGLang's cached_tokens rather than riding along
+from sglang_mepic.wire import report
 
 
 def accept(original, accumulator, *args, req, **kwargs):
@@ -25,9 +24,8 @@ def accept(original, accumulator, *args, req, **kwargs):
             req.finished_output = True  # as SGLang marks a finished request it has streamed
         return None
     link = link_of(req)
-    if link is not None and link.report:
-        figures = {k: [v] for k, v in link.report.items() if k != CACHED}
-        req.customized_info = {**(req.customized_info or {}), **figures}
+    if link is not None and link.report is not None:
+        req.customized_info = {**(req.customized_info or {}), report.KEY: [link.report.to_wire()]}
     before = len(accumulator.rids)
     result = original(accumulator, *args, req=req, **kwargs)
     if link is not None and len(accumulator.rids) > before:
@@ -36,8 +34,8 @@ def accept(original, accumulator, *args, req, **kwargs):
         # counter refuses that, and the exception took the tokenizer process down).
         held = accumulator.prompt_tokens[-1]
         accumulator.prompt_tokens[-1] -= sum(count for start, count in link.pads if start + count <= held)
-        if CACHED in link.report:
-            cached = accumulator.cached_tokens[-1] = link.report[CACHED]
+        if link.report is not None and link.report.cached_tokens is not None:
+            cached = accumulator.cached_tokens[-1] = link.report.cached_tokens
             details = accumulator.cached_tokens_details
             if len(details) == len(accumulator.rids) and isinstance(details[-1], dict):
                 # SGLang's breakdown counts slots, pads included: the device share is what is left

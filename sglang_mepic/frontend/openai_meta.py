@@ -15,22 +15,22 @@ tokens, hits and misses and an empty residency, and as recomputed tokens those
 it computed in context, as a chunked request does.
 """
 
-COUNTS = ("recomputed_tokens", "compiled_tokens", "chunk_hits", "chunk_misses")
+from sglang_mepic.wire.report import CHUNKS, COUNTS, key
 
 
 def complete(meta_info: dict) -> None:
     """Give `meta_info` every `mepic_*` figure: the scheduler reports only those of chunk work,
     and a client should not have to tell "no chunk work" from "not reported"."""
-    if "mepic_recomputed_tokens" not in meta_info:
+    if key("recomputed_tokens") not in meta_info:
         # Not zero: the figure counts tokens computed in context (docs/design.md, Figures), and
         # without chunk work that is every prompt token the prefix cache did not hold. Zero would
         # also tell eval.run and eval.fidelity that `full` and vanilla SGLang computed nothing.
         computed = _count(meta_info.get("prompt_tokens")) - _count(meta_info.get("cached_tokens"))
-        meta_info["mepic_recomputed_tokens"] = max(0, computed)
+        meta_info[key("recomputed_tokens")] = max(0, computed)
     for name in COUNTS:
-        meta_info.setdefault(f"mepic_{name}", 0)
-    meta_info.setdefault("mepic_residency", [])
-    meta_info.setdefault("mepic_chunks", [])
+        meta_info.setdefault(key(name), 0)
+    meta_info.setdefault(key("residency"), [])
+    meta_info.setdefault(CHUNKS, [])
 
 
 def _count(value) -> int:
@@ -43,9 +43,9 @@ def figures(responses: list[dict], n_choices: int = 1) -> dict:
     for response in responses[::max(n_choices, 1)]:
         meta = response.get("meta_info") or {}
         for name in COUNTS:
-            out[name] += _count(meta.get(f"mepic_{name}", 0))
-        out["residency"] += list(meta.get("mepic_residency") or [])
-        out["chunks"] += list(meta.get("mepic_chunks") or [])
+            out[name] += _count(meta.get(key(name), 0))
+        out["residency"] += list(meta.get(key("residency")) or [])
+        out["chunks"] += list(meta.get(CHUNKS) or [])
     return out
 
 

@@ -1,8 +1,9 @@
 """Tokenizer side: every response's `meta_info` carries each `mepic_*` figure as a number.
 
-The scheduler sends them as request-level customized info, which the tokenizer
-side hands on as one-element lists (and, when streaming, repeats on every chunk
-after the first). Every response a request yields passes through `stream`.
+The scheduler sends them as one report (wire/report.py) in request-level
+customized info, which the tokenizer side hands on as a one-element list (and,
+when streaming, repeats on every chunk after the first). Every response a
+request yields passes through `stream`, which turns the report into the figures.
 
 `mepic_chunks` lists the request's chunks as `[start, end)` token spans of its
 prompt (real tokens, as `prompt_tokens` counts them), however they were marked:
@@ -20,15 +21,15 @@ so `/generate` and the OpenAI responses' `metadata.mepic` say the same.
 from sglang.srt.managers.io_struct import GenerateReqInput
 
 from sglang_mepic.frontend import openai_meta, request_markup
+from sglang_mepic.wire import report
 
 
-def scalars(meta_info: dict) -> None:
-    for key, value in list(meta_info.items()):
-        if key.startswith("mepic_") and isinstance(value, list):
-            if value:
-                meta_info[key] = value[-1]
-            else:
-                del meta_info[key]
+def unpack(meta_info: dict) -> None:
+    """The report's figures in place of the report (its newest, when a stream has repeated it)."""
+    sent = meta_info.pop(report.KEY, None)
+    got = report.Report.from_wire(sent[-1] if isinstance(sent, list) and sent else sent)
+    if got is not None:
+        meta_info.update(got.meta_info())
 
 
 async def stream(original, manager, obj, *args, **kwargs):
@@ -37,8 +38,8 @@ async def stream(original, manager, obj, *args, **kwargs):
     async for out in original(manager, obj, *args, **kwargs):
         if isinstance(out, dict) and isinstance(out.get("meta_info"), dict):
             meta = out["meta_info"]
-            scalars(meta)
+            unpack(meta)
             if client:
-                meta["mepic_chunks"] = request_markup.chunk_spans(obj)
+                meta[report.CHUNKS] = request_markup.chunk_spans(obj)
                 openai_meta.complete(meta)
         yield out
