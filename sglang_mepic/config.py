@@ -89,14 +89,18 @@ def parse_recompute_blocks(text: str) -> int | None:
                      "(naive mode is the one that recomputes nothing)")
 
 
-def parse_gigabytes(text: str) -> float:
+def _number(flag: str, text: str, ok: Callable[[float], bool], wanted: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"--mepic-host-tier-gb {text!r}: give a size in GB >= 0 (0 turns the host tier off)")
+        value = float("nan")
+    if not (value == value and value != float("inf") and ok(value)):
+        raise ValueError(f"{flag} {text!r}: {wanted}")
     return value
+
+
+def parse_gigabytes(text: str) -> float:
+    return _number("--mepic-host-tier-gb", text, lambda v: v >= 0, "give a size in GB >= 0 (0 turns the host tier off)")
 
 
 def parse_storage_config(text: str) -> dict:
@@ -110,13 +114,7 @@ def parse_storage_config(text: str) -> dict:
 
 
 def parse_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise ValueError(f"--mepic-storage-timeout {text!r}: give seconds > 0")
-    return value
+    return _number("--mepic-storage-timeout", text, lambda v: v > 0, "give seconds > 0")
 
 
 def parse_max_chunks(text: str) -> int:
@@ -134,11 +132,11 @@ def parse_questions(text: str, most: int | None = None) -> int:
     return int(text)
 
 
-def _one_of(flag: str, choices: tuple[str, ...]) -> Callable[[str], str]:
-    def parse(text: str) -> str:
+def _one_of(flag: str, choices: tuple[str, ...], convert: Callable[[str], Any] = str) -> Callable[[str], Any]:
+    def parse(text: str):
         if text not in choices:
             raise ValueError(f"{flag} {text!r}: choose from {list(choices)}")
-        return text
+        return convert(text)
     return parse
 
 
@@ -173,20 +171,23 @@ RECOMPUTE_BLOCKS = Setting(
     "--mepic-recompute-blocks", "SGLANG_MEPIC_RECOMPUTE_BLOCKS", "1", parse_recompute_blocks, metavar="N|all",
     help="mepic mode: leading blocks (pages) of each chunk recomputed per request; 'all' recomputes every "
          "block and shares nothing. Default: 1.")
-COMPILE_SINK = Setting(
-    "--mepic-compile-sink", "SGLANG_MEPIC_COMPILE_SINK", "none",
-    _one_of("--mepic-compile-sink", ("bos", "none")), choices=("bos", "none"),
+
+
+def _choice(flag: str, env: str, default: str, choices: tuple[str, ...], help: str, convert=str, **more) -> Setting:
+    """A setting with a fixed set of values."""
+    return Setting(flag, env, default, _one_of(flag, choices, convert), choices=choices, help=help, **more)
+
+
+COMPILE_SINK = _choice(
+    "--mepic-compile-sink", "SGLANG_MEPIC_COMPILE_SINK", "none", ("bos", "none"),
     help="what a chunk is compiled after: 'bos' (the model's BOS token, as an attention sink) or 'none' "
          "(the chunk alone). Default: none.")
-PLACEMENT = Setting(
-    "--mepic-placement", "SGLANG_MEPIC_PLACEMENT", Placement.TRAILING.value,
-    lambda text: Placement(_one_of("--mepic-placement", tuple(p.value for p in Placement))(text)),
-    choices=tuple(p.value for p in Placement),
+PLACEMENT = _choice(
+    "--mepic-placement", "SGLANG_MEPIC_PLACEMENT", Placement.TRAILING.value, tuple(p.value for p in Placement),
     help="where a chunk's pads go: 'leading' (as in the paper: the chunk ends on a page boundary) or "
-         "'trailing' (its first block is all real tokens). Default: trailing.")
-TEXT_MARKUP_SETTING = Setting(
-    "--mepic-text-markup", "SGLANG_MEPIC_TEXT_MARKUP", "on",
-    _one_of("--mepic-text-markup", ("on", "off")), choices=("on", "off"),
+         "'trailing' (its first block is all real tokens). Default: trailing.", convert=Placement)
+TEXT_MARKUP_SETTING = _choice(
+    "--mepic-text-markup", "SGLANG_MEPIC_TEXT_MARKUP", "on", ("on", "off"),
     help="'off': <|chunk|> ... <|/chunk|> in prompt text and chat messages is plain text (for users who type "
          "it); chunks are then marked by input_ids markers (-100/-101) or the frontend's chunk(). Default: on.")
 HOST_TIER_GB = Setting(
@@ -197,9 +198,8 @@ MAX_CHUNKS = Setting(
     "--mepic-max-chunks", "SGLANG_MEPIC_MAX_CHUNKS", "64", parse_max_chunks, metavar="N",
     help="most chunks one request may mark for reuse (each absent one is a compile row in its batch); a "
          "request with more is refused with a 400. Default: 64.")
-AUTO_CHUNK = Setting(
-    "--mepic-auto-chunk", "SGLANG_MEPIC_AUTO_CHUNK", "off",
-    _one_of("--mepic-auto-chunk", ("off", "messages", "tools")), choices=("off", "messages", "tools"),
+AUTO_CHUNK = _choice(
+    "--mepic-auto-chunk", "SGLANG_MEPIC_AUTO_CHUNK", "off", ("off", "messages", "tools"),
     help="chat requests without markup: 'messages' makes every message content but the last user turn's a "
          "chunk, 'tools' only tool results and documents passed as text content parts (each text part "
          "followed by another), when at least {min_pages} pages long. Default: off.",
