@@ -214,11 +214,13 @@ def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, n
     start = time.perf_counter()
 
     def send(i):
-        time.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
+        delay = max(0.0, start + arrivals[i] - time.perf_counter())
         if watch is not None:
-            if watch.stop.is_set():
+            if watch.stop.wait(delay):  # a probe that ended early sends nothing more, without waiting for it
                 return None
             watch.sent(i)
+        else:
+            time.sleep(delay)
         try:
             out = stream(server.url, texts[i], new_tokens, ignore_eos)
         except (requests.RequestException, KeyError, TypeError):

@@ -135,6 +135,51 @@ def test_a_closed_loop_keeps_as_many_requests_in_flight_as_it_has_clients(monkey
     assert most[0] == 4
 
 
+def test_a_probe_that_ended_early_does_not_wait_out_its_arrivals(monkeypatch):
+    """Once the watch stops a probe, the requests not yet sent are dropped at once, not when their
+    arrival times come (a failing probe at 2 req/s would otherwise last its whole 150 s schedule)."""
+    from eval import run
+
+    def stream(url, text, new_tokens, ignore_eos=False):
+        return [1], text, {}, 0.005, 0.01, 0.0
+
+    class NoSampler:
+        period, pages = 0.0, []
+
+        def __init__(self, *a):
+            self.stop = threading.Event()
+
+        def start(self):
+            pass
+
+        def join(self):
+            pass
+
+    class StopAfter:
+        def __init__(self, n):
+            self.stop, self.n = threading.Event(), n
+
+        def sent(self, i):
+            pass
+
+        def done(self, i, output):
+            self.n -= 1
+            if self.n <= 0:
+                self.stop.set()
+
+    monkeypatch.setattr(run, "stream", stream)
+    monkeypatch.setattr(run, "flush", lambda url: None)
+    monkeypatch.setattr(run, "mepic_stats", lambda server: {})
+    monkeypatch.setattr(run, "Sampler", NoSampler)
+    bar = SimpleNamespace(update=lambda: None)
+    began = time.perf_counter()
+    # 40 requests at 0.5 req/s: about 80 s of arrivals; the watch stops the probe after 3 answers.
+    outputs, _, _, seconds, _ = run.run_point(SimpleNamespace(url="http://x"), 16, 64, [f"t{i}" for i in range(40)],
+                                              0.5, 4, 0, bar, watch=StopAfter(3))
+    assert time.perf_counter() - began < 30 and seconds < 30
+    assert 3 <= sum(o is not None for o in outputs) < 40
+
+
 def cell(system, pool, cap, peak=100.0, mean=50.0, kind="capacity"):
     probe = {"rate": cap, "ok": True, "peak_kv_pages": peak, "mean_kv_pages": mean, "ttft_p50": 0.2,
              "in_flight": 8.0, "counters": {"retractions": 0, "chunk_evictions": 1, "chunks_compiled": 9}}
