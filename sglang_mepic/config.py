@@ -378,17 +378,3 @@ def verify() -> bool:
 def reuse_refused() -> str | None:
     """The mode the accuracy gate refused for this model (the server then runs as `full`), or None."""
     return os.environ.get(REUSE_REFUSED_ENV) or None
-
-
-def canonical_from() -> int | None:
-    """Index of a chunk's first page that the chunk store keeps (None: the store keeps nothing).
-
-    Shared modes keep the pages they do not recompute; private-copy modes keep the whole
-    chunk, since which tokens they patch is decided per request.
-    """
-    m = mode()
-    if m.kind is Kind.FULL:
-        return None
-    if m.kind is Kind.MEPIC:
-        return recompute_blocks()
-    return 0

@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LIB = ("config", "side_table", "__init__")  # importable from everywhere (the package's own names)
+LIB = ("config", "side_table", "modes", "__init__")  # importable from everywhere (the package's own names)
 MAY_IMPORT = {
-    "config": set(), "side_table": set(), "__init__": set(),
+    "config": set(), "side_table": set(), "__init__": set(), "modes": {"config"},
     "wire": {"config"},
     "frontend": {"config", "side_table", "wire"},
     "pages": {"config", "side_table", "wire"},
-    "tiers": {"config", "side_table", "wire", "pages"},
-    "cache": {"config", "side_table", "wire", "pages", "tiers"},
-    "attention": {"config", "side_table", "wire", "pages", "kernels"},
+    "tiers": {"config", "side_table", "modes", "wire", "pages"},
+    "cache": {"config", "side_table", "modes", "wire", "pages", "tiers"},
+    "attention": {"config", "side_table", "modes", "wire", "pages", "kernels"},
     "process": {"config"},
     "lang": {"config", "wire", "frontend"},
     "gate": {"config", "side_table", "wire", "frontend", "lang", "process", "tiers"},

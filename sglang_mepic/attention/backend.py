@@ -12,7 +12,6 @@ the GPU path of the same semantics.
 
 import dataclasses
 import logging
-import math
 import os
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from sglang_mepic import config
+from sglang_mepic import config, modes
 from sglang_mepic.attention.positions import PositionMap
 from sglang_mepic.attention.reference import RotatedKeys, attend_causal, attend_paged, attend_plain
 from sglang_mepic.attention.rope import Rope, UnsupportedRope
@@ -96,9 +95,9 @@ class MepicAttnBackend(AttentionBackend):
         self.copies = None
         mode = config.mode()
         self.blend = None
-        if mode.kind is config.Kind.CACHEBLEND:  # a one-layer model checks its only layer
+        if modes.planning(mode) is modes.Planning.BLEND:
             layers = getattr(token_to_kv_pool, "layer_num", mode.check_layer + 1)
-            self.blend = dataclasses.replace(mode, check_layer=min(mode.check_layer, layers - 1))
+            self.blend = dataclasses.replace(mode, check_layer=modes.blend_check_layer(mode, layers))
         _refuse_quantized_kv(token_to_kv_pool)
         self.use_triton = torch.device(device).type == "cuda"
         self.graph: GraphBuffers | None = None
@@ -241,11 +240,7 @@ class MepicAttnBackend(AttentionBackend):
             dst = loc[idx].long()
             deviation = ((k[idx].reshape(-1, *keys.shape[1:]).float() - keys[dst].float()) ** 2).sum((1, 2)) + \
                         ((v[idx].reshape(-1, *values.shape[1:]).float() - values[dst].float()) ** 2).sum((1, 2))
-            stored = torch.ones_like(idx, dtype=torch.bool)
-            for b in torch.unique(batch).tolist():
-                mine = torch.nonzero(batch == b).flatten()
-                n = math.ceil(self.blend.ratio * mine.numel())
-                stored[mine[deviation[mine].topk(n).indices]] = False
+            stored = modes.blend_keep_stored(self.blend, deviation, batch)
             self._fresh = torch.ones(k.shape[0], dtype=torch.bool, device=k.device)
             self._fresh[idx[stored]] = False
         return self._fresh

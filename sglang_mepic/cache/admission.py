@@ -20,7 +20,7 @@ import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
 
-from sglang_mepic import config
+from sglang_mepic import modes
 from sglang_mepic.cache import figures
 from sglang_mepic.cache.link import Link, link_of
 
@@ -66,7 +66,7 @@ class Admission:
         c = self.cache
         self._unadmitted.pop(id(link), None)  # it keeps what it holds until its release
         link.admit()
-        if c.mode.kind is config.Kind.EPIC and link.injected is not None and not link.compile:
+        if modes.copies_private_prefix(c.mode) and link.injected is not None and not link.compile:
             self._copy_private(link, reserve)
         if not link.compile:
             # Computed for it: by compile rows in its batch (add_request put them there), or in an
@@ -133,7 +133,7 @@ class Admission:
             dst = row_slots[start:end].to(torch.int64)[take.to(row_slots.device)]
             c = self.cache
             # Layers before the check layer are computed for every token and overwrite it.
-            first = min(c.mode.check_layer, len(c.kv_pool.k_buffer) - 1)
+            first = modes.blend_check_layer(c.mode, len(c.kv_pool.k_buffer))
             move_kv_cache_native(c.kv_pool.k_buffer[first:], c.kv_pool.v_buffer[first:], dst,
                                  src[take].to(dst.device))
         if end >= len(link.sources):  # chunked prefill: the last part has its slots

@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 
-from sglang_mepic import config
+from sglang_mepic import config, modes
 from sglang_mepic.cache import metrics
 from sglang_mepic.cache.radix_cache import MepicRadixCache
 from sglang_mepic.tiers import weights
@@ -50,7 +50,7 @@ def build(ctx) -> MepicRadixCache:
         if not os.access(directory, os.W_OK):
             raise ValueError(f"--mepic-storage-dir {directory}: not writable")
     mode = config.mode()
-    config.canonical_from()
+    modes.canonical_from()
     metrics.publish_reuse_refused(mode.name, config.reuse_refused())
     if ctx.disable_radix_cache and mode.reuses:
         raise ValueError(f"--mepic-mode {mode.name} needs the radix cache: drop --disable-radix-cache "

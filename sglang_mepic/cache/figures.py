@@ -1,10 +1,9 @@
 """What the cache reports: each request's figures (its `wire.report.Report`, which becomes its
 response's `mepic_*` meta_info) and the cache's totals (/metrics, /server_info, the eval harness)."""
 
-import math
 from dataclasses import dataclass
 
-from sglang_mepic import config
+from sglang_mepic import config, modes
 from sglang_mepic.cache import metrics
 from sglang_mepic.wire.report import Report
 
@@ -50,7 +49,7 @@ def count_admitted(link, prefix_len: int, counters: Counters, mode: config.Mode,
     substituted = 0
     if link.sources is not None:  # CacheBlend: its selected fraction is computed after all
         substituted = sum(1 for s in link.sources[prefix_len:] if s >= 0)
-        substituted -= math.ceil(mode.ratio * substituted)
+        substituted -= modes.blend_recomputed(mode, substituted)
     compiled = link.own_reuse = compiled_reuse(link, canonical_from, page_size)
     cached = link.real_slots(0, prefix) + substituted - compiled
     recomputed = link.real_slots(prefix, link.size) - substituted

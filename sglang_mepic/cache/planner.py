@@ -17,7 +17,7 @@ from functools import cached_property
 
 import torch
 
-from sglang_mepic import config
+from sglang_mepic import config, modes
 from sglang_mepic.cache.plan import Plan, arrangement_tag, make_plan, page_tag, private, sources
 from sglang_mepic.wire.segments import NO_POSITION, PAD_ID
 
@@ -86,17 +86,18 @@ def plan(shape, resident: dict[str, tuple[int, ...]], mode: config.Mode, page_si
     compile of it): natural order then costs nothing, where the planned one computes a block.
     """
     spans = shape.spans()
-    if shape.compile or mode.shares:
+    how = modes.planning(mode)
+    if shape.compile or how is modes.Planning.SHARED:
         p = make_plan(shape.size, page_size, spans, resident, canonical_from, logprob_start)
         if p.reused and shape.compile and holds_natural:
             return Planned()
-    elif mode.kind is config.Kind.EPIC:
+    elif how is modes.Planning.PRIVATE_PREFIX:
         # Planned like mepic from each chunk's first K tokens on; its prefix is copied into
         # pages of the request's own at admission, and no other request may match it.
-        lead = -(-mode.tokens // page_size)
+        lead = modes.epic_lead_pages(mode, page_size)
         tail = {key: pages[lead:] for key, pages in resident.items()}
         p = private(make_plan(shape.size, page_size, spans, tail, lead, logprob_start), str(shape.owner))
-    elif mode.kind is config.Kind.CACHEBLEND:
+    elif how is modes.Planning.BLEND:
         natural_pos = shape.natural_positions(shape.size).tolist()
         src, _, _ = sources(shape.size, page_size, spans, resident, natural_pos, 0, logprob_start)
         # Which slots are recomputed is chosen per request, over its whole extend, so blended KV

@@ -41,7 +41,7 @@ import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
-from sglang_mepic import config
+from sglang_mepic import config, modes
 from sglang_mepic.cache import compile_rows, planner
 from sglang_mepic.cache.admission import Admission
 from sglang_mepic.cache.figures import Figures
@@ -71,7 +71,7 @@ class MepicRadixCache(RadixCache):
         super().__init__(params)
         self.model_fingerprint = model_fingerprint
         self.mode = mode or config.mode()
-        self.canonical_from = config.canonical_from() if canonical_from == -1 else canonical_from
+        self.canonical_from = modes.canonical_from() if canonical_from == -1 else canonical_from
         self.placement = config.placement()
         self.pages = PoolPages(params.token_to_kv_pool_allocator)
         self.refs = PageRefs(self.pages)

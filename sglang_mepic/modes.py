@@ -1,0 +1,90 @@
+"""What each reuse mode recomputes and keeps: the one home of the mode rules.
+
+The planner (cache/planner.py), admission (cache/admission.py), the figures
+(cache/figures.py) and the attention backend (attention/backend.py) ask these
+functions instead of testing the mode themselves, so that a mode's rule is
+written once and the parts that apply it agree:
+- full: no chunk reuse (SGLang's prefix cache only);
+- naive, mepic: requests read the store's canonical pages in place (shared);
+- EPIC: each chunk's first `tokens` (whole pages) recomputed; the rest copied into
+  pages of the request's own at admission (a private copy no one else matches);
+- CacheBlend: every token computed up to the check layer; there the `ratio`
+  share of each request's stored tokens whose fresh KV deviates most is selected
+  for recompute, and the others keep the stored KV (copied into the request's
+  own slots at admission) in the layers after it.
+Imports only config: both the cache and the attention backend use it.
+"""
+
+import enum
+import math
+
+import torch
+
+from sglang_mepic import config
+from sglang_mepic.config import Kind, Mode
+
+
+class Planning(enum.Enum):
+    """How a request's chunks are planned against the store."""
+    NONE = "none"                      # full: nothing reused
+    SHARED = "shared"                  # naive, mepic: canonical pages read in place
+    PRIVATE_PREFIX = "private-prefix"  # EPIC: planned from each chunk's first K tokens on, then copied
+    BLEND = "blend"                    # CacheBlend: natural order, stored KV substituted slot by slot
+
+
+def planning(mode: Mode) -> Planning:
+    if mode.shares:
+        return Planning.SHARED
+    return {Kind.EPIC: Planning.PRIVATE_PREFIX, Kind.CACHEBLEND: Planning.BLEND}.get(mode.kind, Planning.NONE)
+
+
+def canonical_from(mode: Mode | None = None) -> int | None:
+    """Index of a chunk's first page that the chunk store keeps (None: the store keeps nothing).
+
+    Shared modes keep the pages they do not recompute; private-copy modes keep the whole
+    chunk, since which tokens they patch is decided per request. Default: the configured mode.
+    """
+    mode = config.mode() if mode is None else mode
+    if mode.kind is Kind.FULL:
+        return None
+    if mode.kind is Kind.MEPIC:
+        return config.recompute_blocks()
+    return 0
+
+
+# EPIC
+
+def epic_lead_pages(mode: Mode, page_size: int) -> int:
+    """Pages at the head of each chunk that EPIC recomputes: its `tokens`, rounded up to whole pages."""
+    return -(-mode.tokens // page_size)
+
+
+def copies_private_prefix(mode: Mode) -> bool:
+    """Whether an admitted request copies the stored pages it reads into pages of its own (EPIC)."""
+    return mode.kind is Kind.EPIC
+
+
+# CacheBlend
+
+def blend_check_layer(mode: Mode, layers: int) -> int:
+    """The layer whose KV deviation selects the recomputed tokens; a model with fewer layers checks its last."""
+    return min(mode.check_layer, layers - 1)
+
+
+def blend_recomputed(mode: Mode, stored: int) -> int:
+    """Of `stored` tokens that found stored KV, how many one request recomputes after all."""
+    return math.ceil(mode.ratio * stored)
+
+
+def blend_keep_stored(mode: Mode, deviation: torch.Tensor, request: torch.Tensor) -> torch.Tensor:
+    """Which of the tokens that found stored KV keep it (True) after the check layer.
+
+    deviation: each such token's squared distance between its fresh KV and the stored KV at the
+    check layer; request: the batch row each belongs to. Per request, the `blend_recomputed` tokens
+    that deviate most are recomputed; the selection never crosses requests.
+    """
+    keep = torch.ones_like(request, dtype=torch.bool)
+    for b in torch.unique(request).tolist():
+        mine = torch.nonzero(request == b).flatten()
+        keep[mine[deviation[mine].topk(blend_recomputed(mode, mine.numel())).indices]] = False
+    return keep
