@@ -213,14 +213,14 @@ def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, n
     sampler.start()
     start = time.perf_counter()
 
+    # Set by the watch (a probe that ended early) or by an interrupt: nothing more is sent, at once.
+    halt = watch.stop if watch is not None else threading.Event()
+
     def send(i):
-        delay = max(0.0, start + arrivals[i] - time.perf_counter())
+        if halt.wait(max(0.0, start + arrivals[i] - time.perf_counter())):
+            return None
         if watch is not None:
-            if watch.stop.wait(delay):  # a probe that ended early sends nothing more, without waiting for it
-                return None
             watch.sent(i)
-        else:
-            time.sleep(delay)
         try:
             out = stream(server.url, texts[i], new_tokens, ignore_eos)
         except (requests.RequestException, KeyError, TypeError):
@@ -243,12 +243,24 @@ def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, n
                     return
                 outputs[i] = send(i)
 
-        with ThreadPoolExecutor(clients) as pool:
+        pool = ThreadPoolExecutor(clients)
+        try:
             for running in [pool.submit(client) for _ in range(clients)]:
                 running.result()
+        except BaseException:
+            _interrupted(server, halt)  # before the pool waits for its threads
+            raise
+        finally:
+            pool.shutdown(wait=True)
     else:
-        with ThreadPoolExecutor(len(texts)) as pool:
+        pool = ThreadPoolExecutor(len(texts))
+        try:
             outputs = list(pool.map(send, range(len(texts))))
+        except BaseException:
+            _interrupted(server, halt)
+            raise
+        finally:
+            pool.shutdown(wait=True)
     seconds = time.perf_counter() - start
     time.sleep(2 * sampler.period)
     sampler.stop.set()
@@ -258,6 +270,16 @@ def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, n
     after = mepic_stats(server)
     counters = {k: after[k] - before.get(k, 0) for k in COUNTERS if k in after}
     return outputs, sampler, after.get("kv_pages_in_use_peak"), seconds, counters
+
+
+def _interrupted(server, halt: threading.Event) -> None:
+    """Ctrl-C (or SIGTERM, which eval.capacity turns into it) mid-run: the threads still waiting to
+    send give up and the requests in flight are aborted, so the pool's threads end and the run stops."""
+    halt.set()
+    try:
+        abort_all(server.url)
+    except requests.RequestException:
+        pass
 
 
 def abort_all(url: str) -> None:

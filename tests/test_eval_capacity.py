@@ -180,6 +180,41 @@ def test_a_probe_that_ended_early_does_not_wait_out_its_arrivals(monkeypatch):
     assert 3 <= sum(o is not None for o in outputs) < 40
 
 
+def test_an_interrupted_run_stops_at_once_and_aborts_what_is_in_flight(monkeypatch):
+    """Ctrl-C, or SIGTERM (eval.capacity turns it into one), mid-probe: the run stops now, not when the
+    last arrival of its schedule comes, and the server is told to abort what is in flight."""
+    import _thread
+
+    from eval import run
+
+    class NoSampler:
+        period, pages = 0.0, []
+
+        def __init__(self, *a):
+            self.stop = threading.Event()
+
+        def start(self):
+            pass
+
+        def join(self):
+            pass
+
+    aborted = []
+    monkeypatch.setattr(run, "stream", lambda url, text, new_tokens, ignore_eos=False: ([1], text, {}, 0.0, 0.0, 0.0))
+    monkeypatch.setattr(run, "flush", lambda url: None)
+    monkeypatch.setattr(run, "mepic_stats", lambda server: {})
+    monkeypatch.setattr(run, "Sampler", NoSampler)
+    monkeypatch.setattr(run, "abort_all", aborted.append)
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    began = time.perf_counter()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):  # 40 requests at 0.5 req/s: about 80 s of arrivals
+        run.run_point(SimpleNamespace(url="http://x"), 16, 64, [f"t{i}" for i in range(40)], 0.5, 4, 0,
+                      SimpleNamespace(update=lambda: None))
+    assert time.perf_counter() - began < 30
+    assert aborted == ["http://x"]
+
+
 def cell(system, pool, cap, peak=100.0, mean=50.0, kind="capacity"):
     probe = {"rate": cap, "ok": True, "peak_kv_pages": peak, "mean_kv_pages": mean, "ttft_p50": 0.2,
              "in_flight": 8.0, "counters": {"retractions": 0, "chunk_evictions": 1, "chunks_compiled": 9}}
