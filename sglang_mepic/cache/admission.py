@@ -28,8 +28,14 @@ logger = logging.getLogger(__name__)
 
 
 class Admission:
-    def __init__(self, cache):
-        self.cache = cache
+    """Built by MepicRadixCache with what it reads: the pool's pages and their holders, the chunk store,
+    the tiers' lookup counts, the KV buffers (EPIC's and CacheBlend's copies), the cache's eviction (room
+    for EPIC's copies) and the totals it adds each admitted request's figures to."""
+
+    def __init__(self, *, pages, refs, store, tiers, kv_pool, evict, counters, mode, canonical_from, page_size):
+        self.pages, self.refs, self.store, self.tiers, self.kv_pool = pages, refs, store, tiers, kv_pool
+        self.evict, self.counters = evict, counters
+        self.mode, self.canonical_from, self.page_size = mode, canonical_from, page_size
         self._unadmitted: dict[int, Link] = {}  # planned, holding their chunks, not admitted yet
 
     def hold(self, link: Link, found) -> None:
@@ -46,7 +52,7 @@ class Admission:
         """Drop the chunks a planned request holds (it is planned again, or was not admitted)."""
         self._unadmitted.pop(id(link), None)
         if link.held:
-            self.cache.refs.release(link.held)
+            self.refs.release(link.held)
             link.held = []
 
     def end_round(self) -> None:
@@ -63,10 +69,9 @@ class Admission:
         link = link_of(req)
         if link is None or link.admitted:
             return
-        c = self.cache
         self._unadmitted.pop(id(link), None)  # it keeps what it holds until its release
         link.admit()
-        if modes.copies_private_prefix(c.mode) and link.injected is not None and not link.compile:
+        if modes.copies_private_prefix(self.mode) and link.injected is not None and not link.compile:
             self._copy_private(link, reserve)
         if not link.compile:
             # Computed for it: by compile rows in its batch (add_request put them there), or in an
@@ -76,17 +81,17 @@ class Admission:
             if link.found is not None:
                 link.found = ["absent" if key in link.made_for else where for key, where in zip(link.keys, link.found)]
             for where in link.found or ():
-                c.tiers.lookups[where] += 1
+                self.tiers.lookups[where] += 1
             if link.keys:
                 logger.info("MEPIC request %s: %d chunk(s) found %s; %d computed in its batch", req.rid,
                             len(link.keys), ", ".join(f"{n} {tier}" for tier, n in Counter(link.found).items()),
                             len(link.compiled))
             for key in link.keys:  # counts hits and misses, refreshes LRU order
-                c.store.lookup(key)
+                self.store.lookup(key)
         plan = link.planned.plan
-        hits = plan.hits if plan is not None else sum(1 for k in link.keys if c.store.peek(k) is not None)
-        figures.count_admitted(link, req.prefix_len, c.figures.counters, c.mode, c.canonical_from or 0,
-                               c.page_size, hits)
+        hits = plan.hits if plan is not None else sum(1 for k in link.keys if self.store.peek(k) is not None)
+        figures.count_admitted(link, req.prefix_len, self.counters, self.mode, self.canonical_from or 0,
+                               self.page_size, hits)
 
     def _copy_private(self, link: Link, reserve: int) -> None:
         """EPIC: the stored pages the request reads become a copy in pages of its own, before
@@ -96,21 +101,20 @@ class Admission:
         (evicting the tree and unheld chunks for them), the request reads the store's
         pages in place instead: same KV, shared for once (`private_copy_fallbacks`).
         """
-        c = self.cache
         src = link.injected
-        n = len(src) // c.page_size
-        short = n + reserve - c.pages.available()
+        n = len(src) // self.page_size
+        short = n + reserve - self.pages.available()
         if short > 0:
-            c.evict(EvictParams(num_tokens=short * c.page_size))
-        pages = c.refs.alloc(n) if c.pages.available() >= n + reserve else None
+            self.evict(EvictParams(num_tokens=short * self.page_size))
+        pages = self.refs.alloc(n) if self.pages.available() >= n + reserve else None
         if pages is None:
-            c.figures.counters.private_copy_fallbacks += 1
+            self.counters.private_copy_fallbacks += 1
             logger.warning("epic: no room for a private copy of %d pages; this request reads the store's "
                            "pages in place", n)
             return
-        dst = c.pages.slots(pages)
-        move_kv_cache_native(c.kv_pool.k_buffer, c.kv_pool.v_buffer, dst, src.to(dst.device))
-        c.refs.release(link.held)
+        dst = self.pages.slots(pages)
+        move_kv_cache_native(self.kv_pool.k_buffer, self.kv_pool.v_buffer, dst, src.to(dst.device))
+        self.refs.release(link.held)
         link.held = list(pages)
         link.injected = dst
 
@@ -131,13 +135,12 @@ class Admission:
         take = torch.nonzero(src >= 0).flatten()
         if take.numel():
             dst = row_slots[start:end].to(torch.int64)[take.to(row_slots.device)]
-            c = self.cache
             # Layers before the check layer are computed for every token and overwrite it.
-            first = modes.blend_check_layer(c.mode, len(c.kv_pool.k_buffer))
-            move_kv_cache_native(c.kv_pool.k_buffer[first:], c.kv_pool.v_buffer[first:], dst,
+            first = modes.blend_check_layer(self.mode, len(self.kv_pool.k_buffer))
+            move_kv_cache_native(self.kv_pool.k_buffer[first:], self.kv_pool.v_buffer[first:], dst,
                                  src[take].to(dst.device))
         if end >= len(link.sources):  # chunked prefill: the last part has its slots
-            self.cache.refs.release(link.held)
+            self.refs.release(link.held)
             link.held = []
 
     def reset(self) -> None:

@@ -61,59 +61,65 @@ def count_admitted(link, prefix_len: int, counters: Counters, mode: config.Mode,
 
 
 class Figures:
-    """The cache's totals, sampled after allocations and when idle (peak pages in use, /metrics)."""
+    """The cache's totals, sampled after allocations and when idle (peak pages in use, /metrics).
 
-    def __init__(self, cache):
-        self.cache = cache
+    Built by MepicRadixCache with what it reads: the pool's pages, their holders and the ledger's
+    freeable count, the chunk store, the compile rows' count and the tiers' figures."""
+
+    def __init__(self, *, pages, refs, ledger, store, compile_rows, tiers, mode, page_size):
+        self.pages, self.refs, self.ledger, self.store = pages, refs, ledger, store
+        self.compile_rows, self.tiers, self.mode, self.page_size = compile_rows, tiers, mode, page_size
         self.counters = Counters()
         self.peak_pages_in_use = 0
         self._sampled = None  # the counts `sample` compares, at the last sample
 
+    def total_pages(self) -> int:
+        return self.pages.allocator.size // self.page_size
+
     def pages_in_use(self) -> int:
         """Pages running requests hold: allocated pages that evicting every unlocked tree node
         and every unheld chunk would not free (SGLang's "used" = total - available - evictable)."""
-        c = self.cache
-        return c.pages.allocator.size // c.page_size - c.pages.available() - c.ledger.freeable()
+        return self.total_pages() - self.pages.available() - self.ledger.freeable()
 
     def sample(self) -> None:
         """Skipped while the counts below are what they were at the last sample (all O(1)):
         most decode steps allocate nothing, and an idle poll changes nothing. A finished
         request may change the freeable count alone (its pages go to the tree), a published
         compile the store's counts alone."""
-        c, store = self.cache, self.cache.store
-        counts = (c.pages.available(), c.ledger.freeable(), len(store), store.canonical_pages(),
-                  c.refs.shared(), store.stats.hits, store.stats.misses, store.stats.evictions,
-                  self.counters.compiled_chunks, self.counters.requests_received, c.compile_rows.made)
+        store = self.store
+        counts = (self.pages.available(), self.ledger.freeable(), len(store), store.canonical_pages(),
+                  self.refs.shared(), store.stats.hits, store.stats.misses, store.stats.evictions,
+                  self.counters.compiled_chunks, self.counters.requests_received, self.compile_rows.made)
         if counts != self._sampled:
             self._sampled = counts
             metrics.publish(self.stats())
 
     def stats(self) -> dict:
-        c, store, counters = self.cache, self.cache.store, self.counters
+        store, counters = self.store, self.counters
         in_use = self.pages_in_use()
         self.peak_pages_in_use = max(self.peak_pages_in_use, in_use)
         return {
-            "mode": c.mode.name,
+            "mode": self.mode.name,
             "reuse_refused": config.reuse_refused(),  # the mode --mepic-verify refused (then mode is full)
-            "page_size": c.page_size,
-            "kv_pages_total": c.pages.allocator.size // c.page_size,
-            "kv_pages_free": c.pages.available(),
+            "page_size": self.page_size,
+            "kv_pages_total": self.total_pages(),
+            "kv_pages_free": self.pages.available(),
             "kv_pages_in_use": in_use,
             "kv_pages_in_use_peak": self.peak_pages_in_use,
             "canonical_chunk_pages": store.canonical_pages(),
             "chunks_resident": len(store),
-            "shared_pages": c.refs.shared(),
+            "shared_pages": self.refs.shared(),
             "chunk_hits": store.stats.hits,
             "chunk_misses": store.stats.misses,
             "chunk_evictions": store.stats.evictions,
             "chunks_compiled": counters.compiled_chunks,
             "compiled_tokens": counters.compiled_tokens,
-            "compile_rows": c.compile_rows.made,
+            "compile_rows": self.compile_rows.made,
             "requests_received": counters.requests_received,
             "recomputed_tokens": counters.recomputed_tokens,
             "reused_tokens": counters.reused_tokens,
             "private_copy_fallbacks": counters.private_copy_fallbacks,
-            **c.tiers.stats(),
+            **self.tiers.stats(),
         }
 
     def reset(self) -> None:
@@ -121,5 +127,4 @@ class Figures:
         self.peak_pages_in_use = 0
         self._sampled = None
         metrics.publish({"kv_pages_in_use": 0, "kv_pages_in_use_peak": 0, "canonical_chunk_pages": 0,
-                         "shared_pages": 0, "chunks_resident": 0,
-                         "kv_pages_free": self.cache.pages.allocator.size // self.cache.page_size})
+                         "shared_pages": 0, "chunks_resident": 0, "kv_pages_free": self.total_pages()})

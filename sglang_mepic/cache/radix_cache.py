@@ -88,8 +88,13 @@ class MepicRadixCache(RadixCache):
         self.residency = Residency(self.store, self.refs, self.pages, self.tiers, self.evict, self.page_size,
                                    self.canonical_from,
                                    self.compile_rows.in_flight if self.mode.shares else None)
-        self.admission = Admission(self)
-        self.figures = Figures(self)
+        # The parts, each handed only what it reads.
+        self.figures = Figures(pages=self.pages, refs=self.refs, ledger=self.ledger, store=self.store,
+                               compile_rows=self.compile_rows, tiers=self.tiers, mode=self.mode,
+                               page_size=self.page_size)
+        self.admission = Admission(pages=self.pages, refs=self.refs, store=self.store, tiers=self.tiers,
+                                   kv_pool=self.kv_pool, evict=self.evict, counters=self.figures.counters,
+                                   mode=self.mode, canonical_from=self.canonical_from, page_size=self.page_size)
 
     # ---- the request side -------------------------------------------------
 
