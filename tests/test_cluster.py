@@ -15,7 +15,8 @@ import requests
 from sglang_mepic.lang import chunk
 from sglang_mepic.launch.cluster import Cluster
 from sglang_mepic.process.mooncake_master import MasterError, check_client
-from sglang_mepic.tiers.storage import _HEADER, MooncakeIO, envelope
+from sglang_mepic.tiers.backends import MooncakeIO
+from sglang_mepic.tiers.envelope import _HEADER, envelope
 
 HEADER_BYTES = _HEADER.size
 

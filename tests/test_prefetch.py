@@ -11,7 +11,9 @@ import torch
 from sglang_mepic.tiers import storage
 from sglang_mepic.tiers.levels import Tiers
 from sglang_mepic.tiers.prefetch import ABSENT, PENDING, Prefetch
-from sglang_mepic.tiers.storage import Storage, Unavailable, envelope
+from sglang_mepic.tiers.backends import Unavailable
+from sglang_mepic.tiers.envelope import envelope
+from sglang_mepic.tiers.storage import Storage
 from test_storage import master, mooncake_storage  # noqa: F401 (master: a fixture)
 from test_tiers import PAGE, kv_pool, slots  # noqa: F401 (kv_pool: a fixture)
 

@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from sglang_mepic.tiers import storage
-from sglang_mepic.tiers.storage import CorruptEntry, ForeignEntry, Storage, Unavailable, envelope, open_envelope
+from sglang_mepic.tiers import backends
+from sglang_mepic.tiers import envelope as entries
+from sglang_mepic.tiers.backends import Unavailable
+from sglang_mepic.tiers.envelope import CorruptEntry, ForeignEntry, envelope, open_envelope
+from sglang_mepic.tiers.storage import Storage
 
 PAGE = 16
 
@@ -55,7 +59,7 @@ def test_an_entry_is_authenticated_with_the_secret():
     forged = signed.clone()  # payload changed and its checksum recomputed: only the HMAC can tell
     forged[-1] ^= 0xFF
     import hashlib
-    forged[40:72] = torch.frombuffer(bytearray(hashlib.sha256(forged[storage._HEADER.size:].numpy().tobytes())
+    forged[40:72] = torch.frombuffer(bytearray(hashlib.sha256(forged[entries._HEADER.size:].numpy().tobytes())
                                                .digest()), dtype=torch.uint8)
     with pytest.raises(CorruptEntry, match="authentication failed"):
         open_envelope(forged, "fp", torch.empty_like(x), b"s3cret")
@@ -68,7 +72,7 @@ OTHER = dict(model="m2", mode="naive", canonical_from=2, compile_sink="bos", pla
 
 
 def test_the_settings_fingerprint_covers_every_setting_that_shapes_the_bytes():
-    assert set(SETTINGS) == set(storage.SETTINGS) == set(OTHER)
+    assert set(SETTINGS) == set(entries.SETTINGS) == set(OTHER)
     base = storage.settings_fingerprint(**SETTINGS)
     assert base == storage.settings_fingerprint(**SETTINGS) and len(base) == 32
     prints = {name: storage.settings_fingerprint(**{**SETTINGS, name: OTHER[name]}) for name in SETTINGS}
@@ -315,7 +319,7 @@ def test_any_other_backend_goes_through_its_hicache_methods(tmp_path, caplog):
     x = kv(5)
     writer, reader = (Storage("dynamic", extra, "fp", timeout=READ_S) for _ in range(2))
     assert writer.connected() and reader.connected()
-    assert type(writer._io) is storage.HiCacheIO
+    assert type(writer._io) is backends.HiCacheIO
     assert writer.put("chunk", x) and writer.drain() and writer.written == 1
     assert torch.equal(reader.get("chunk", torch.empty_like(x)), x)
     assert reader.get("absent", torch.empty_like(x)) is None and reader.state() == "up"
@@ -339,7 +343,7 @@ def test_a_backend_that_raises_is_an_outage_not_an_error(caplog):
         def set(self, key, value):
             return False
 
-    s = Storage("broken", {}, "fp", io=storage.HiCacheIO(Broken()))
+    s = Storage("broken", {}, "fp", io=backends.HiCacheIO(Broken()))
     with caplog.at_level(logging.WARNING):
         assert s.get("chunk", torch.empty_like(kv(0))) is None
     assert "unavailable: get: ConnectionError: gone" in caplog.text and s.state() == "down"

@@ -243,16 +243,16 @@ def check_storage(backend: str | None, known: argparse.Namespace) -> None:
             raise LaunchError("--mepic-storage-config, --mepic-storage-timeout and --mepic-storage-secret need "
                               "--mepic-storage-backend")
         return
-    from sglang_mepic.tiers import storage
+    from sglang_mepic.tiers import backends
 
-    usable = [b for b in storage.backends() if b not in storage.NO_BYTES]
+    usable = [b for b in backends.backends() if b not in backends.NO_BYTES]
     if backend not in usable:
         raise LaunchError(f"--mepic-storage-backend {backend}: "
-                          + ("it keeps no KV bytes (a stand-in of SGLang's)" if backend in storage.NO_BYTES
+                          + ("it keeps no KV bytes (a stand-in of SGLang's)" if backend in backends.NO_BYTES
                              else "SGLang has no such storage backend")
                           + f"; choose one of {', '.join(usable)}")
     try:
-        storage.importable(backend)
+        backends.importable(backend)
     except ImportError as e:
         raise LaunchError(f"--mepic-storage-backend {backend}: {e}") from None
     if backend == "dynamic":

@@ -1,5 +1,8 @@
 """The shared chunk tier: chunk KV by key in one of SGLang HiCache's storage backends.
 
+This module is the tier's client (`Storage`: keys, timeouts, the write queue, outages,
+what is logged); an entry's bytes are envelope.py's, the backends' adapters backends.py's.
+
 Every compiled chunk is written here, so other server instances, or this one
 after a restart, reuse chunks they never computed. Chunk keys hash the padded
 tokens, the model fingerprint and the namespace, never a position, so one entry
@@ -52,11 +55,8 @@ figures and the backend's state), so both paths count and log alike.
 """
 
 import hashlib
-import hmac
 import json
 import logging
-import os
-import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -65,254 +65,15 @@ from concurrent.futures import TimeoutError as ReadTimeout
 import torch
 
 from sglang_mepic import config, modes
+from sglang_mepic.tiers.backends import Unavailable, connect
+from sglang_mepic.tiers.envelope import (CorruptEntry, ForeignEntry, envelope, envelope_bytes, open_envelope, secret_id,
+                                         settings_fingerprint)
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"MEPICKV2"
-# magic, settings fingerprint, sha256 of payload, payload bytes, HMAC-SHA256 of header (this field zeroed) + payload
-_HEADER = struct.Struct("<8s32s32sQ32s")
-_NO_MAC = bytes(32)
 RETRY_S = 2.0      # how long a backend that failed is left alone
 MAX_QUEUED = 64    # writes waiting for the backend; more are dropped (the chunk is compiled again later)
 MAX_LOGGED = 4096  # rejected keys remembered so each is logged once
-
-# Every setting that shapes the bytes of a stored chunk.
-SETTINGS = ("model", "mode", "canonical_from", "compile_sink", "placement", "page_size", "kv_dtype",
-            "tp_rank", "tp_size")
-
-
-def settings_fingerprint(**settings) -> str:
-    """32 hex digits naming the settings an entry's bytes depend on (SETTINGS, every one required)."""
-    missing = [k for k in SETTINGS if k not in settings]
-    unknown = [k for k in settings if k not in SETTINGS]
-    if missing or unknown:
-        raise TypeError(f"settings_fingerprint: missing {missing}, unknown {unknown}")
-    text = json.dumps({k: str(settings[k]) for k in SETTINGS}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def secret_id(secret: bytes | None) -> str:
-    """What storage keys carry of the secret: instances with other secrets use other keys."""
-    return hmac.new(secret, b"mepic storage key", hashlib.sha256).hexdigest()[:16] if secret else ""
-
-
-class CorruptEntry(ValueError):
-    """A stored entry that must not be loaded."""
-
-
-class ForeignEntry(CorruptEntry):
-    """An entry that does not claim our settings (another format or configuration): left alone."""
-
-
-class Unavailable(RuntimeError):
-    """The backend did not answer."""
-
-
-def _mac(secret: bytes, header: bytes, payload: torch.Tensor) -> bytes:
-    m = hmac.new(secret, header, hashlib.sha256)
-    m.update(payload.numpy().tobytes())
-    return m.digest()
-
-
-def envelope(kv: torch.Tensor, fingerprint: str, secret: bytes | None = None) -> torch.Tensor:
-    payload = kv.contiguous().view(torch.uint8).reshape(-1)
-    digest = hashlib.sha256(payload.numpy().tobytes()).digest()
-    fields = (MAGIC, fingerprint.encode()[:32].ljust(32, b"\0"), digest, payload.numel())
-    mac = _mac(secret, _HEADER.pack(*fields, _NO_MAC), payload) if secret else _NO_MAC
-    header = _HEADER.pack(*fields, mac)
-    return torch.cat([torch.frombuffer(bytearray(header), dtype=torch.uint8), payload])
-
-
-def envelope_bytes(like: torch.Tensor) -> int:
-    return _HEADER.size + like.numel() * like.element_size()
-
-
-def open_envelope(data: torch.Tensor, fingerprint: str, like: torch.Tensor,
-                  secret: bytes | None = None) -> torch.Tensor:
-    """The KV in `data`, shaped as `like`; raises CorruptEntry when it must not be loaded
-    (ForeignEntry when it does not claim our settings)."""
-    if data.numel() < _HEADER.size:
-        raise ForeignEntry("shorter than its header")
-    magic, fp, digest, size, mac = _HEADER.unpack(data[:_HEADER.size].numpy().tobytes())
-    if magic != MAGIC:
-        raise ForeignEntry("not a MEPIC chunk entry of this format")
-    written_for = fp.rstrip(b"\0")
-    if written_for != fingerprint.encode()[:32]:
-        raise ForeignEntry(f"written for other settings or another model (fingerprint "
-                           f"{written_for.decode(errors='replace')})")
-    payload = data[_HEADER.size:]
-    if size != payload.numel() or size != like.numel() * like.element_size():
-        raise CorruptEntry(f"payload of {size} bytes, expected {like.numel() * like.element_size()}")
-    if secret is not None:
-        header = _HEADER.pack(magic, fp, digest, size, _NO_MAC)
-        if not hmac.compare_digest(mac, _mac(secret, header, payload)):
-            raise CorruptEntry("authentication failed (HMAC mismatch: not written with this --mepic-storage-secret)")
-    if hashlib.sha256(payload.numpy().tobytes()).digest() != digest:
-        raise CorruptEntry("checksum mismatch")
-    return payload.view(like.dtype).reshape(like.shape)
-
-
-class FileIO:
-    """Entries as files through HiCacheFile."""
-
-    def __init__(self, backend):
-        self.files = backend
-
-    def path(self, key: str) -> str:
-        return os.path.join(self.files.file_path, f"{key}{self.files.config_suffix}.bin")
-
-    def exists(self, key: str) -> bool:
-        return self.files.exists(key)
-
-    def read(self, key: str, nbytes: int) -> torch.Tensor | None:
-        try:
-            size = os.path.getsize(self.path(key))
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise Unavailable(e.strerror) from None
-        if size != nbytes:
-            raise CorruptEntry(f"file of {size} bytes, expected {nbytes}")
-        data = torch.empty(nbytes, dtype=torch.uint8)
-        try:
-            return data if self.files.get(key, data) is not None else None
-        except OSError as e:  # a short read: the file changed under us
-            raise CorruptEntry(str(e)) from None
-
-    def write(self, key: str, data: torch.Tensor) -> None:
-        if not self.files.set(key, data):
-            raise Unavailable(f"cannot write {self.path(key)}")
-
-    def remove(self, key: str) -> None:
-        try:
-            os.remove(self.path(key))
-        except OSError:
-            pass
-
-
-class MooncakeIO:
-    """Entries as Mooncake objects, through the client SGLang's MooncakeStore set up."""
-
-    EXISTS, ABSENT = 1, 0
-    NOT_FOUND = -704    # Mooncake's OBJECT_NOT_FOUND
-    TOO_SMALL = -600    # INVALID_PARAMS: the stored object is larger than the buffer given
-    ALREADY_THERE = -706
-
-    def __init__(self, backend):
-        self.client = backend.store
-        # (role, thread) -> registered staging buffer: the storage's reader and writer and the
-        # prefetch workers (prefetch.py) each use their own, as they read and write at once
-        self._buffers: dict[tuple[str, int], torch.Tensor] = {}
-
-    def _staging(self, role: str, nbytes: int) -> torch.Tensor:
-        slot = (role, threading.get_ident())
-        buf = self._buffers.get(slot)
-        if buf is None or buf.numel() < nbytes:
-            new = torch.empty(max(nbytes, 2 * (buf.numel() if buf is not None else 0), 1 << 20), dtype=torch.uint8)
-            if self.client.register_buffer(new.data_ptr(), new.numel()) != 0:
-                raise Unavailable("cannot register a staging buffer")
-            if buf is not None:
-                self.client.unregister_buffer(buf.data_ptr())
-            self._buffers[slot] = buf = new
-        return buf
-
-    def exists(self, key: str) -> bool:
-        code = self.client.batch_is_exist([key])[0]
-        if code < 0:
-            raise Unavailable(f"error {code}")
-        return code == self.EXISTS
-
-    def read(self, key: str, nbytes: int) -> torch.Tensor | None:
-        buf = self._staging("read", nbytes)
-        code = self.client.batch_get_into([key], [buf.data_ptr()], [nbytes])[0]
-        if code == self.NOT_FOUND:
-            return None
-        if code == self.TOO_SMALL:
-            raise CorruptEntry(f"larger than the {nbytes} bytes expected")
-        if code < 0:
-            raise Unavailable(f"error {code}")
-        if code != nbytes:
-            raise CorruptEntry(f"{code} bytes, expected {nbytes}")
-        return buf[:nbytes].clone()
-
-    def write(self, key: str, data: torch.Tensor) -> None:
-        buf = self._staging("write", data.numel())
-        buf[:data.numel()].copy_(data)
-        code = self.client.batch_put_from([key], [buf.data_ptr()], [data.numel()])[0]
-        if code < 0 and code != self.ALREADY_THERE:
-            raise Unavailable(f"error {code}")
-
-    def remove(self, key: str) -> None:
-        try:
-            self.client.remove(key, force=True)  # under a read lease still: it is garbage either way
-        except Exception:  # removal is best effort: the entry is rejected on every read anyway
-            pass
-
-
-class HiCacheIO:
-    """Entries through a backend's own HiCache methods, for every backend without a class here."""
-
-    def __init__(self, backend):
-        self.backend = backend
-
-    def _call(self, method: str, *args):
-        try:
-            return getattr(self.backend, method)(*args)
-        except Exception as e:  # whatever a backend raises is an outage, never the scheduler's problem
-            raise Unavailable(f"{method}: {type(e).__name__}: {e}") from None
-
-    def exists(self, key: str) -> bool:
-        return bool(self._call("exists", key))
-
-    def read(self, key: str, nbytes: int) -> torch.Tensor | None:
-        data = self._call("get", key, torch.empty(nbytes, dtype=torch.uint8))
-        if data is None:
-            return None
-        data = data.reshape(-1).view(torch.uint8)
-        if data.numel() != nbytes:
-            raise CorruptEntry(f"{data.numel()} bytes, expected {nbytes}")
-        return data
-
-    def write(self, key: str, data: torch.Tensor) -> None:
-        if not self._call("set", key, data):
-            raise Unavailable(f"set: the backend refused {key}")
-
-    def remove(self, key: str) -> None:
-        if hasattr(self.backend, "delete"):  # not part of HiCacheStorage: a rejected entry may stay
-            try:
-                self.backend.delete(key)
-            except Exception:
-                pass
-
-
-IO = {"file": FileIO, "mooncake": MooncakeIO}
-NO_BYTES = ("sim", "shm")  # SGLang's simulator and shared-memory stand-in: they store no KV
-
-
-def backends() -> list[str]:
-    """The backend names SGLang's factory knows, and `dynamic`."""
-    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
-
-    return [*StorageBackendFactory._registry, "dynamic"]
-
-
-def importable(backend: str) -> None:
-    """Import a registered backend's class; ImportError says what its library needs."""
-    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
-
-    if backend in StorageBackendFactory._registry:
-        StorageBackendFactory._registry[backend]["loader"]()
-
-
-def connect(backend: str, extra_config: dict):
-    """One of SGLang's HiCache storage backends, made by its factory, wrapped for chunk entries."""
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
-    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
-
-    config = HiCacheStorageConfig(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
-        enable_storage_metrics=False, is_page_first_layout=False, model_name="mepic", extra_config=extra_config)
-    return IO.get(backend, HiCacheIO)(StorageBackendFactory.create_backend(backend, config, None))
 
 
 class Storage:
