@@ -644,7 +644,8 @@ def main(argv=None) -> None:
     header = ["Commands (one line an invocation; a stopped run goes on with --resume):"]
     header += [f"- `python -m eval.capacity {shlex.join(r['argv'])}`: {r['started']} UTC, {r['cells_run']} cells in "
                f"{r['wall_s'] / 60:.1f} min, load average {r['load_before']} before, {r['load_after']} after"
-               + (" (stopped part way)" if r.get("stopped") else "") for r in runs]
+               + (" (stopped part way)" if r.get("stopped") else "")
+               + "".join(f"; {r[k]}" for k in ("withdrawn", "note") if r.get(k)) for r in runs]
     header += [f"Machine: {platform.node()}, {os.cpu_count()} CPUs; {sum(c.seconds for c in cells) / 60:.1f} min over "
                f"the {len(cells)} cells", runs[-1].get("settings", settings) if runs else settings]
     text = "\n\n".join(["# Serving capacity at a fixed KV budget", "\n".join(header[:-2]), *header[-2:],

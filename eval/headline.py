@@ -169,7 +169,9 @@ def headline() -> str:
     sources = [(p, load(p)) for p in (TINY_BASE, TINY_QPS, *SMOL.values(), *SMOL_TTFT.values())]
     runs = (cap or {}).get("invocations", [])
     notes = [f"- `{rel(CAPACITY)}`: " + ("; ".join(f"`python -m eval.capacity {' '.join(r['argv'])}` "
-                                                 f"({r['wall_s'] / 60:.0f} min)" for r in runs) or "not run yet")
+                                                 f"({r['wall_s'] / 60:.0f} min"
+                                                 + (", cells withdrawn: see its table" if r.get("withdrawn") else "")
+                                                 + ")" for r in runs) or "not run yet")
              + ("; the fixed-QPS rows below it are the secondary figures" if runs else "")]
     notes += [f"- `{rel(p)}`: " + (f"`{r['command']}`, model {r['model']}, {runs_per_point(r)}, "
                                    f"pool {' / '.join(f'{x:,}' for x in r.get('pool_pages', []))} pages, "

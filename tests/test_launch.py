@@ -518,3 +518,29 @@ def test_a_flag_sglang_does_not_know_is_one_line_not_its_usage(tiny_model):
 
     out = run_launcher("--model-path", tiny_model, "--port", str(free_port()), "--no-such-flag", timeout=120)
     assert_refused(out, "unrecognized arguments: --no-such-flag")
+
+
+def test_a_package_whose_hooks_come_from_another_checkout_does_not_serve(tiny_model, tmp_path):
+    """PYTHONPATH set to another checkout (a git worktree) while the editable install maps the hooks to
+    this one: the plugin refuses, and the launcher stops instead of serving without MEPIC's hooks (a
+    capacity run once did that for an hour, its plugin failing on every server it started)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    import sglang_mepic
+
+    other = tmp_path / "worktree"
+    shutil.copytree(Path(sglang_mepic.__file__).parent, other / "sglang_mepic",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (other / "patches").mkdir()
+    (other / "kernels").mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = subprocess.run([sys.executable, "-m", "sglang_mepic.launch_server", "--model-path", tiny_model,
+                          "--port", str(port)], capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(other)})
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "sglang_mepic.patches from" in out.stderr and "run from the checkout" in out.stderr
+    assert "the sglang-mepic plugin did not register" in out.stderr

@@ -590,6 +590,11 @@ def _main(argv: list[str] | None) -> None:
     from sglang.srt.utils import kill_process_tree
 
     load_plugins()
+    from sglang_mepic import plugin
+
+    if not plugin._registered:  # SGLang logs a plugin's exception and goes on without it
+        raise LaunchError("the sglang-mepic plugin did not register (its error is logged above): the server would "
+                          "run without MEPIC's backends and hooks")
     try:
         with _one_line_argument_errors():
             server_args = prepare_server_args(argv)
