@@ -20,7 +20,7 @@ MAY_IMPORT = {
     "lang": {"config", "wire", "frontend"},
     "gate": {"config", "side_table", "wire", "frontend", "lang", "process", "tiers"},
 }
-MAY_IMPORT["launch"] = MAY_IMPORT["gate"] | {"gate"}
+MAY_IMPORT["launch"] = MAY_IMPORT["gate"] | {"gate", "plugin"}  # the launcher checks the plugin registered
 SCHEDULER_SIDE = {"pages", "tiers", "cache", "attention"}
 ANYTHING = {"plugin", "launch_server", "launch_cluster", "models", "check_model"}
 
