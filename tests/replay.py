@@ -118,6 +118,11 @@ def chunk_hash(seg: Segment, placement: Placement, page_size: int, model_fingerp
 class FakeReq(SimpleNamespace):
     """A request as the cache sees it; weak-referenceable, as SGLang's Req is (side_table.py)."""
 
+    finished_reason = None
+
+    def finished(self) -> bool:  # as SGLang's Req
+        return self.finished_reason is not None
+
 
 def new_request(ids, hints, namespace=None, rid="r"):
     """A request as the tokenizer sends it (or, with a compile row's layout for `hints`, as the

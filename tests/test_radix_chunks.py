@@ -15,7 +15,7 @@ from replay import (B, NUM_PAGES, allocate, apply_hooks, compile_all, compiled, 
                     make_tree, new_request, planned, prepare_batch, release, replanned, request, serve,
                     serve_round)
 
-from sglang_mepic.cache.compile_rows import is_compile_row
+from sglang_mepic.cache.compile_rows import is_compile_row, layout_of
 from sglang_mepic.wire.report import Report
 
 
@@ -191,6 +191,24 @@ def test_epic_and_cacheblend_readers_wait_for_their_chunks_to_be_stored():
         report = reader.mepic.report
         assert report.chunk_hits == 2 and report.residency == ["absent", "absent"]
         assert report.compiled_tokens > 0 or mode.startswith("cacheblend")  # CacheBlend: substituted
+
+
+def test_a_reader_does_not_wait_for_a_compile_row_that_ended_unreleased():
+    """An aborted compile row can end on a path that never hands its KV back through the cache
+    (found by tests/test_abort_pages.py: a CacheBlend reader then sat in the queue for ever, and its
+    client with it). The next round stops holding its readers back; the chunk is computed anew."""
+    tree = make_tree("cacheblend-0.15", canonical_from=0)
+    lay = request(C1, C2)
+    reader = new_request(*laid_out(lay), rid="r")
+    batch, _ = serve_round(tree, reader)
+    rows = [r for r in batch if is_compile_row(r)]
+    assert rows and reader.mepic.wait
+    key = layout_of(rows[0]).key
+    evict_all(tree)  # the chunk is not stored
+    tree.compile_rows.running[key] = (rows[0], None)  # admitted, and then aborted without a release
+    assert tree.hold_back([reader]) == [reader]
+    rows[0].finished_reason = "abort"
+    assert tree.hold_back([reader]) == [] and key not in tree.compile_rows.running
 
 
 def test_a_compile_row_is_greedy_and_generates_nothing():

@@ -160,6 +160,15 @@ class CompileRows:
         if key in self.running and self.running[key][0] is row:
             del self.running[key]
 
+    def forget_finished(self) -> None:
+        """Drop rows that ended without being released here: an aborted row (abort_all, a client's
+        abort of the request it was made for) may be finished on a path that never hands its KV back
+        through the cache, and a reader waiting for its chunk would wait for ever. The chunk, not
+        stored, is then computed by a new row for whoever reads it next."""
+        for key, (row, _) in list(self.running.items()):
+            if row.finished():
+                del self.running[key]
+
     def end_round(self) -> None:
         """Rows made this round that SGLang did not admit are dropped: they hold nothing."""
         self.pending.clear()

@@ -132,6 +132,7 @@ class MepicRadixCache(RadixCache):
         done (compile_rows.py); or for a chunk's storage read (residency.py)."""
         linked = [(req, link) for req in reqs if (link := self.link(req)) is not None]
         rows, held = self.compile_rows, set()
+        rows.forget_finished()
         if rows.running:
             shares = self.mode.shares
 
