@@ -205,9 +205,15 @@ def test_a_reader_does_not_wait_for_a_compile_row_that_ended_unreleased():
     assert rows and reader.mepic.wait
     key = layout_of(rows[0]).key
     evict_all(tree)  # the chunk is not stored
-    tree.compile_rows.running[key] = (rows[0], None)  # admitted, and then aborted without a release
+    row = rows[0]
+    row.kv.req_pool_idx = 7
+    tree.compile_rows.running[key] = (row, None)  # admitted (it has a KV row), still running
     assert tree.hold_back([reader]) == [reader]
-    rows[0].finished_reason = "abort"
+    row.finished_reason = "abort"  # ended without a release
+    assert tree.hold_back([reader]) == [] and key not in tree.compile_rows.running
+    row.finished_reason = None
+    tree.compile_rows.running[key] = (row, None)
+    row.kv.req_pool_idx = None  # SGLang took its KV row back (an abort mid chunked prefill), no release here
     assert tree.hold_back([reader]) == [] and key not in tree.compile_rows.running
 
 
