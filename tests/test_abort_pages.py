@@ -4,9 +4,7 @@ A server that is never flushed (production) must not lose pages to requests
 aborted mid-flight: in the waiting queue, planned, copying stored KV (CacheBlend),
 mid chunked prefill or decoding. Found here (2026-11-27): under CacheBlend a request that
 reached the scheduler around an `abort_all` stays in the waiting queue for ever.
-One cause, a reader held back for a compile row that SGLang aborted mid chunked
-prefill without the cache hearing of it, is fixed (CompileRows.forget_finished);
-with a host tier the hang remains (see the marker).
+Not fixed yet (see the marker).
 """
 
 import json
@@ -54,10 +52,10 @@ def server(tiny_model):
 
 
 @pytest.mark.xfail(run=False, reason=(
-    "open bug: with a host tier, a CacheBlend request that reached the scheduler around abort_all still "
-    "stays in the waiting queue for ever (#queue-req 1, #running-req 0; its client never gets an answer, "
-    "flush_cache is refused). Without a host tier it no longer does since CompileRows.forget_finished "
-    "(3 of 3 trials of this workload, 2026-11-28). Remove this marker with the fix; the test takes ~5 min."))
+    "open bug: a CacheBlend request that reached the scheduler around abort_all can stay in the waiting queue "
+    "for ever (#queue-req 1, #running-req 0; its client never gets an answer, flush_cache is refused). Seen with "
+    "and without a host tier; CompileRows.forget_finished (rows SGLang ended without telling the cache) did not "
+    "stop it: 1 hang in 6 host-tier-less trials after it, 2026-11-28. Remove this marker with the fix (~5 min)."))
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("delay", [0.0, 0.3, 1.0, 2.5])
 def test_an_abort_gives_every_page_back_without_a_flush(server, delay):

@@ -206,14 +206,14 @@ def test_a_reader_does_not_wait_for_a_compile_row_that_ended_unreleased():
     key = layout_of(rows[0]).key
     evict_all(tree)  # the chunk is not stored
     row = rows[0]
-    row.kv.req_pool_idx = 7
+    row.kv.holds_kv = True
     tree.compile_rows.running[key] = (row, None)  # admitted (it has a KV row), still running
     assert tree.hold_back([reader]) == [reader]
     row.finished_reason = "abort"  # ended without a release
     assert tree.hold_back([reader]) == [] and key not in tree.compile_rows.running
     row.finished_reason = None
     tree.compile_rows.running[key] = (row, None)
-    row.kv.req_pool_idx = None  # SGLang took its KV row back (an abort mid chunked prefill), no release here
+    row.kv.holds_kv = False  # SGLang took its KV row back (an abort mid chunked prefill), no release here
     assert tree.hold_back([reader]) == [] and key not in tree.compile_rows.running
 
 

@@ -166,7 +166,7 @@ class CompileRows:
         through the cache, and a reader waiting for its chunk would wait for ever. The chunk, not
         stored, is then computed by a new row for whoever reads it next."""
         for key, (row, _) in list(self.running.items()):
-            if row.finished() or row.kv.req_pool_idx is None:  # ended, or SGLang has taken its KV row back
+            if row.finished() or not getattr(row.kv, "holds_kv", True):  # ended, or SGLang took its KV row back
                 del self.running[key]
 
     def end_round(self) -> None:
