@@ -243,24 +243,18 @@ def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, n
                     return
                 outputs[i] = send(i)
 
-        pool = ThreadPoolExecutor(clients)
-        try:
+    pool = ThreadPoolExecutor(clients or len(texts))
+    try:
+        if clients:
             for running in [pool.submit(client) for _ in range(clients)]:
                 running.result()
-        except BaseException:
-            _interrupted(server, halt)  # before the pool waits for its threads
-            raise
-        finally:
-            pool.shutdown(wait=True)
-    else:
-        pool = ThreadPoolExecutor(len(texts))
-        try:
+        else:
             outputs = list(pool.map(send, range(len(texts))))
-        except BaseException:
-            _interrupted(server, halt)
-            raise
-        finally:
-            pool.shutdown(wait=True)
+    except BaseException:
+        _interrupted(server, halt)  # before the pool waits for its threads
+        raise
+    finally:
+        pool.shutdown(wait=True)
     seconds = time.perf_counter() - start
     time.sleep(2 * sampler.period)
     sampler.stop.set()

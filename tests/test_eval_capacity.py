@@ -98,9 +98,32 @@ def test_a_cell_starts_its_search_from_its_neighbours():
     assert found <= 3.5 < found * 1.15 and len(probes) <= 3
 
 
-def test_a_closed_loop_keeps_as_many_requests_in_flight_as_it_has_clients(monkeypatch):
+class NoSampler:
+    """eval.run's KV sampler, without a server."""
+    period, pages = 0.0, []
+
+    def __init__(self, *a):
+        self.stop = threading.Event()
+
+    def start(self):
+        pass
+
+    def join(self):
+        pass
+
+
+def offline(monkeypatch, stream):
+    """eval.run's run_point without a server: requests answered by `stream`, nothing flushed or sampled."""
     from eval import run
 
+    monkeypatch.setattr(run, "stream", stream)
+    monkeypatch.setattr(run, "flush", lambda url: None)
+    monkeypatch.setattr(run, "mepic_stats", lambda server: {})
+    monkeypatch.setattr(run, "Sampler", NoSampler)
+    return run
+
+
+def test_a_closed_loop_keeps_as_many_requests_in_flight_as_it_has_clients(monkeypatch):
     in_flight, most, lock = [0], [0], threading.Lock()
 
     def stream(url, text, new_tokens, ignore_eos=False):
@@ -112,22 +135,7 @@ def test_a_closed_loop_keeps_as_many_requests_in_flight_as_it_has_clients(monkey
             in_flight[0] -= 1
         return [1], text, {}, 0.005, 0.01, 0.0
 
-    class NoSampler:
-        period, pages = 0.0, []
-
-        def __init__(self, *a):
-            self.stop = threading.Event()
-
-        def start(self):
-            pass
-
-        def join(self):
-            pass
-
-    monkeypatch.setattr(run, "stream", stream)
-    monkeypatch.setattr(run, "flush", lambda url: None)
-    monkeypatch.setattr(run, "mepic_stats", lambda server: {})
-    monkeypatch.setattr(run, "Sampler", NoSampler)
+    run = offline(monkeypatch, stream)
     bar = SimpleNamespace(update=lambda: None)
     outputs, *_ = run.run_point(SimpleNamespace(url="http://x"), 16, 64, [f"t{i}" for i in range(40)], 0.0, 4, 0, bar,
                                 clients=4)
@@ -138,22 +146,8 @@ def test_a_closed_loop_keeps_as_many_requests_in_flight_as_it_has_clients(monkey
 def test_a_probe_that_ended_early_does_not_wait_out_its_arrivals(monkeypatch):
     """Once the watch stops a probe, the requests not yet sent are dropped at once, not when their
     arrival times come (a failing probe at 2 req/s would otherwise last its whole 150 s schedule)."""
-    from eval import run
-
     def stream(url, text, new_tokens, ignore_eos=False):
         return [1], text, {}, 0.005, 0.01, 0.0
-
-    class NoSampler:
-        period, pages = 0.0, []
-
-        def __init__(self, *a):
-            self.stop = threading.Event()
-
-        def start(self):
-            pass
-
-        def join(self):
-            pass
 
     class StopAfter:
         def __init__(self, n):
@@ -167,10 +161,7 @@ def test_a_probe_that_ended_early_does_not_wait_out_its_arrivals(monkeypatch):
             if self.n <= 0:
                 self.stop.set()
 
-    monkeypatch.setattr(run, "stream", stream)
-    monkeypatch.setattr(run, "flush", lambda url: None)
-    monkeypatch.setattr(run, "mepic_stats", lambda server: {})
-    monkeypatch.setattr(run, "Sampler", NoSampler)
+    run = offline(monkeypatch, stream)
     bar = SimpleNamespace(update=lambda: None)
     began = time.perf_counter()
     # 40 requests at 0.5 req/s: about 80 s of arrivals; the watch stops the probe after 3 answers.
@@ -185,25 +176,8 @@ def test_an_interrupted_run_stops_at_once_and_aborts_what_is_in_flight(monkeypat
     last arrival of its schedule comes, and the server is told to abort what is in flight."""
     import _thread
 
-    from eval import run
-
-    class NoSampler:
-        period, pages = 0.0, []
-
-        def __init__(self, *a):
-            self.stop = threading.Event()
-
-        def start(self):
-            pass
-
-        def join(self):
-            pass
-
     aborted = []
-    monkeypatch.setattr(run, "stream", lambda url, text, new_tokens, ignore_eos=False: ([1], text, {}, 0.0, 0.0, 0.0))
-    monkeypatch.setattr(run, "flush", lambda url: None)
-    monkeypatch.setattr(run, "mepic_stats", lambda server: {})
-    monkeypatch.setattr(run, "Sampler", NoSampler)
+    run = offline(monkeypatch, lambda url, text, new_tokens, ignore_eos=False: ([1], text, {}, 0.0, 0.0, 0.0))
     monkeypatch.setattr(run, "abort_all", aborted.append)
     timer = threading.Timer(1.0, _thread.interrupt_main)
     began = time.perf_counter()
