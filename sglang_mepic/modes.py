@@ -66,6 +66,12 @@ def copies_private_prefix(mode: Mode) -> bool:
 
 # CacheBlend
 
+def holds_chunks_beside_prompt(mode: Mode) -> bool:
+    """Whether a planned request holds its chunks' stored pages until slots of its own for its whole
+    prompt are allocated (CacheBlend copies the stored KV into them): the pool must hold both."""
+    return planning(mode) is Planning.BLEND
+
+
 def blend_check_layer(mode: Mode, layers: int) -> int:
     """The layer whose KV deviation selects the recomputed tokens; a model with fewer layers checks its last."""
     return min(mode.check_layer, layers - 1)

@@ -133,6 +133,7 @@ def new_request(ids, hints, namespace=None, rid="r"):
     req = FakeReq(rid=rid, origin_input_ids=array("q", ids), output_ids=array("q"),
                           kv_hints=None if row else hints,
                           extra_key=namespace, cache_salt=None, priority=0, lock=None, last_node=None,
+                          sampling_params=SimpleNamespace(max_new_tokens=8),
                           kv=SimpleNamespace(req_pool_idx=None, cache_protected_len=0, cache_inserted_len=0,
                                              swa_evict_floor=0))
     if row:

@@ -194,9 +194,9 @@ def test_epic_and_cacheblend_readers_wait_for_their_chunks_to_be_stored():
 
 
 def test_a_reader_does_not_wait_for_a_compile_row_that_ended_unreleased():
-    """An aborted compile row can end on a path that never hands its KV back through the cache
-    (found by tests/test_abort_pages.py: a CacheBlend reader then sat in the queue for ever, and its
-    client with it). The next round stops holding its readers back; the chunk is computed anew."""
+    """An aborted compile row can end on a path that never hands its KV back through the cache;
+    a reader held back for its chunk would sit in the queue for ever, and its client with it.
+    The next round stops holding its readers back; the chunk is computed anew."""
     tree = make_tree("cacheblend-0.15", canonical_from=0)
     lay = request(C1, C2)
     reader = new_request(*laid_out(lay), rid="r")
@@ -215,6 +215,27 @@ def test_a_reader_does_not_wait_for_a_compile_row_that_ended_unreleased():
     tree.compile_rows.running[key] = (row, None)
     row.kv.holds_kv = False  # SGLang took its KV row back (an abort mid chunked prefill), no release here
     assert tree.hold_back([reader]) == [] and key not in tree.compile_rows.running
+
+
+def test_cacheblend_pins_only_the_stored_chunks_that_fit_beside_its_prompt():
+    """CacheBlend holds the stored pages of its chunks until slots for its whole prompt are allocated
+    (it copies the stored KV into them): in a pool too small for both, it reuses the chunks that fit
+    and computes the rest, makes no compile row for them, and so is never left waiting for room
+    (found by tests/test_abort_pages.py: such a request sat in the queue for ever)."""
+    lay = request(C1, C2, tuple(range(300, 350)))  # chunks of 3, 4 and 4 pages
+    reused = {}
+    for num_pages in (64, 24, 20, 16):
+        tree = make_tree("cacheblend-0.15", canonical_from=0, num_pages=num_pages)
+        compile_all(tree, lay)
+        req = planned(tree, *laid_out(lay))
+        link = req.mepic
+        need = -(-(link.size + req.sampling_params.max_new_tokens) // B) + 1  # its slots, a page to align
+        assert len(link.held) + need <= num_pages - 1, (num_pages, len(link.held), need)  # SGLang: strictly less
+        assert link.compiling == {} and not link.wait
+        reused[num_pages] = link.found
+        tree.end_round()
+    assert reused == {64: ["device"] * 3, 24: ["device", "device", "absent"], 20: ["device", "absent", "absent"],
+                      16: ["absent"] * 3}, reused
 
 
 def test_a_compile_row_is_greedy_and_generates_nothing():

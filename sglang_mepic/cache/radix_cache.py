@@ -40,6 +40,7 @@ import torch
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 
 from sglang_mepic import config, modes
 from sglang_mepic.cache import compile_rows, planner
@@ -146,7 +147,7 @@ class MepicRadixCache(RadixCache):
 
     def _plan(self, req, link: Link, params) -> None:
         """Pin and load the request's chunks, plan it, and put its ids in planned order."""
-        found = self.residency.find(link.shape)
+        found = self.residency.find(link.shape, self._pin_budget(req, link))
         self.admission.hold(link, found)
         # Input logprobs from a slot on: as SGLang limits its prefix there, chunks past it are computed.
         start = req.logprob_start_len if getattr(req, "return_logprob", False) and req.logprob_start_len >= 0 else None
@@ -163,6 +164,19 @@ class MepicRadixCache(RadixCache):
             req.origin_input_ids[:] = link.natural
         req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
 
+    def _pin_budget(self, req, link: Link) -> int | None:
+        """Pages the request may pin for its chunks; None: no limit. Where it holds them beside
+        slots for its whole prompt (modes.holds_chunks_beside_prompt), the pool must fit both, as
+        SGLang counts them when it admits it: its prompt, what it may generate, a page for
+        alignment; or it waits for room no one can give."""
+        total = getattr(self.pages.allocator, "size", None)
+        if not modes.holds_chunks_beside_prompt(self.mode) or total is None:
+            return None
+        params = req.sampling_params
+        generated = len(req.output_ids)
+        to_come = min(max(params.max_new_tokens - generated, 0), CLIP_MAX_NEW_TOKENS)
+        return total // self.page_size - -(-(link.size + generated + to_come) // self.page_size) - 1
+
     def _compile_absent(self, req, link: Link, found, logprob_start: int | None) -> None:
         """Chunks of the request that no tier holds are computed by compile rows (compile_rows.py).
 
@@ -175,7 +189,8 @@ class MepicRadixCache(RadixCache):
             return
         rows = self.compile_rows
         for i, ((start, end), key) in enumerate(zip(link.chunk_slots, link.keys)):
-            if key in found.resident or key in link.compiling or not self.residency.keeps(start, end):
+            if key in found.resident or key in link.compiling or key in found.left_out \
+                    or not self.residency.keeps(start, end):
                 continue
             if logprob_start is not None and end > logprob_start:
                 continue  # computed in context whatever the store holds (planner.plan)

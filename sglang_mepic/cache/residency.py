@@ -9,9 +9,15 @@ Storage is never read on the scheduler thread. While a request waits, its
 missing chunks' entries are read in the background (`waiting`, prefetch.py);
 the request is held back until none is pending, then planned, and a load only
 copies what was fetched into the pages it allocates.
+
+A request may be given a budget of pages it may pin. CacheBlend's request holds
+the stored pages of its chunks until its own slots, allocated whole for its
+prompt, have their copy: it needs its prompt and its chunks at once, and one
+whose chunks were all stored could need more than the pool and wait for ever.
+Chunks beyond the budget are left out: the request computes them.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
@@ -26,6 +32,7 @@ class Found:
     resident: dict[str, tuple[int, ...]]  # chunk key -> canonical pages on the device, pinned
     where: list[str]                      # per chunk segment: device, host, storage or absent
     pins: list[int]                       # pages pinned for the request (one reference each)
+    left_out: set = field(default_factory=set)  # chunks neither pinned nor loaded for the budget: computed
 
 
 class Residency:
@@ -56,33 +63,46 @@ class Residency:
         """KV slots of a chunk's canonical pages (its pages after the ones computed in context)."""
         return end - start - self.canonical_from * self.page_size
 
-    def find(self, shape) -> Found:
-        """Pin the request's resident chunks, then load the missing ones the tiers have."""
-        resident, pins = {}, []
+    def find(self, shape, budget: int | None = None) -> Found:
+        """Pin the request's resident chunks, then load the missing ones the tiers have; at most
+        `budget` pages pinned in all (None: no limit), in chunk order, the rest left out."""
+        resident, pins, left_out = {}, [], set()
         where = []
+
+        def fits(pages: int) -> bool:
+            return budget is None or len(pins) + pages <= budget
+
         for key in shape.keys:
             pages = self.store.peek(key)
             if pages is None and self.in_flight is not None and not shape.compile:
                 pages = self.in_flight(key)
             if pages is not None and key not in resident:
+                if not fits(len(pages)):
+                    left_out.add(key)
+                    where.append("absent")
+                    continue
                 self.refs.acquire(pages)
                 resident[key] = pages
                 pins += pages
             where.append("device" if pages is not None else "absent")
         for i, ((start, end), key) in enumerate(zip(shape.chunk_slots, shape.keys)):
-            if where[i] != "absent":
+            if where[i] != "absent" or key in left_out:
                 continue
             if key in resident:  # loaded for an earlier segment of the same chunk
                 where[i] = "device"
                 continue
             if not self.keeps(start, end):
                 continue
-            pages, where[i] = self.load(key, self._canonical_slots(start, end) // self.page_size)
+            num_pages = self._canonical_slots(start, end) // self.page_size
+            if not fits(num_pages):
+                left_out.add(key)
+                continue
+            pages, where[i] = self.load(key, num_pages)
             if pages is not None:
                 self.refs.acquire(pages)  # before the next load, which may evict
                 resident[key] = pages
                 pins += pages
-        return Found(resident, where, pins)
+        return Found(resident, where, pins, left_out)
 
     def load(self, key: str, num_pages: int) -> tuple[tuple[int, ...] | None, str]:
         """Copy a chunk from the host or storage tier into fresh device pages and store it.
