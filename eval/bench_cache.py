@@ -119,7 +119,7 @@ def measure(size: int, mepic: bool, calls: int) -> dict[str, float | None]:
 
         def match():
             replanned(tree, req)
-            tree.end_round()
+            tree.admission.end_round()
     else:
         req = new_request(strip(big), None)
 

@@ -1,9 +1,10 @@
 """Put the request-shape check (sglang_mepic.frontend.request_shape) and the answer for routes SGLang did not
-start (sglang_mepic.frontend.unserved_routes) in front of SGLang's HTTP app before it starts."""
+start (sglang_mepic.frontend.unserved_routes) in front of SGLang's HTTP app, and add the route that registers
+documents (sglang_mepic.frontend.known_routes), before it starts."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.frontend import request_shape, unserved_routes
+from sglang_mepic.frontend import known_routes, request_shape, unserved_routes
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
@@ -13,3 +14,4 @@ HOOK_TYPE = HookType.BEFORE
 def hook(*args, **kwargs):
     request_shape.install()
     unserved_routes.install()
+    known_routes.install()

@@ -13,5 +13,5 @@ HOOK_TYPE = HookType.AFTER
 def hook(result, batch, *args, **kwargs):
     tree = batch.tree_cache
     if isinstance(tree, MepicRadixCache):
-        tree.sample()
+        tree.figures.sample()
     return result

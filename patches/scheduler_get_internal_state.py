@@ -13,5 +13,5 @@ def hook(original, scheduler, *args, **kwargs):
     result = original(scheduler, *args, **kwargs)
     tree = scheduler.tree_cache
     if isinstance(tree, MepicRadixCache):
-        result.internal_state["mepic"] = tree.stats()
+        result.internal_state["mepic"] = tree.figures.stats()
     return result

@@ -24,5 +24,5 @@ def hook(original, scheduler, *args, **kwargs):
     result = original(scheduler, *args, **kwargs)
     tree = getattr(scheduler, "tree_cache", None)
     if isinstance(tree, MepicRadixCache):
-        tree.sample()
+        tree.figures.sample()
     return result

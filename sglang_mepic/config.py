@@ -117,6 +117,12 @@ def parse_seconds(text: str) -> float:
     return _number("--mepic-storage-timeout", text, lambda v: v > 0, "give seconds > 0")
 
 
+def parse_millions(text: str) -> int:
+    """Millions of characters, given as a positive number; returned as characters."""
+    value = _number("--mepic-known-texts-mb", text, lambda v: v > 0, "a positive number of millions of characters")
+    return int(value * 1_000_000)
+
+
 def parse_max_chunks(text: str) -> int:
     text = text.strip()
     if not (text.isdigit() and int(text) >= 1):
@@ -154,7 +160,7 @@ class Setting:
     choices: tuple[str, ...] | None = None
     switch: bool = False           # a flag without a value; set, its variable is "on"
     # The start-up line: "always", "storage" (when a shared tier is set), "storage-set" (a shared tier is set
-    # and so is this), "file" (the file backend), "never" (the launcher adds it itself).
+    # and so is this), "file" (the file backend), "known" (known texts are on), "never" (the launcher adds it).
     shown: str = "always"
     secret: bool = False           # shown as "(set)", never the value
     see: str | None = None         # the docs page that tells more, linked from the docs' flag table
@@ -199,10 +205,19 @@ MAX_CHUNKS = Setting(
     help="most chunks one request may mark for reuse (each absent one is a compile row in its batch); a "
          "request with more is refused with a 400. Default: 64.")
 AUTO_CHUNK = _choice(
-    "--mepic-auto-chunk", "SGLANG_MEPIC_AUTO_CHUNK", "off", ("off", "messages", "tools"),
-    help="chat requests without markup: 'messages' makes every message content but the last user turn's a "
-         "chunk, 'tools' only tool results and documents passed as text content parts (each text part "
-         "followed by another), when at least {min_pages} pages long. Default: off.",
+    "--mepic-auto-chunk", "SGLANG_MEPIC_AUTO_CHUNK", "off",
+    ("off", "messages", "tools", "known", "messages+known", "tools+known"),
+    help="reuse without markup. Chat requests: 'messages' makes every message content but the last user "
+         "turn's a chunk, 'tools' only tool results and documents passed as text content parts (each text "
+         "part followed by another), when at least {min_pages} pages long. 'known': in any prompt without "
+         "markup (text, completions, chat), the documents registered with POST /mepic/chunks in the "
+         "request's namespace are found by content and laid out as if marked; combine with '+'. Default: off.",
+    see="chunks.md#using-it-from-an-unmodified-client")
+KNOWN_TEXTS_MB = Setting(
+    "--mepic-known-texts-mb", "SGLANG_MEPIC_KNOWN_TEXTS_MB", "64", parse_millions,
+    metavar="MB", shown="known",
+    help="text each cache namespace may register for --mepic-auto-chunk known, in millions of characters; "
+         "past it the least recently registered or found texts are forgotten. Default: 64.",
     see="chunks.md#using-it-from-an-unmodified-client")
 SEPARATOR = Setting(
     "--mepic-separator", "SGLANG_MEPIC_SEPARATOR", None, str, metavar="STR",
@@ -253,7 +268,7 @@ VERIFY_QUESTIONS = Setting(
 
 SETTINGS: tuple[Setting, ...] = (
     MODE, RECOMPUTE_BLOCKS, COMPILE_SINK, PLACEMENT, TEXT_MARKUP_SETTING, HOST_TIER_GB, MAX_CHUNKS, AUTO_CHUNK,
-    SEPARATOR, STORAGE_BACKEND, STORAGE_DIR, STORAGE_CONFIG, STORAGE_TIMEOUT, STORAGE_SECRET, VERIFY,
+    KNOWN_TEXTS_MB, SEPARATOR, STORAGE_BACKEND, STORAGE_DIR, STORAGE_CONFIG, STORAGE_TIMEOUT, STORAGE_SECRET, VERIFY,
     VERIFY_QUESTIONS)
 
 # Not a flag: a mode the accuracy gate refused, named by the launcher for every process to report while
@@ -333,8 +348,19 @@ def max_chunks() -> int:
 
 
 def auto_chunk() -> str:
-    """Which chat contents become chunks without markup (auto_chunk.py): off, messages or tools."""
-    return read(AUTO_CHUNK)
+    """Which chat contents become chunks without markup (auto_chunk.py): off, messages or tools
+    (a '+known' is left out: `known_texts_on`)."""
+    return read(AUTO_CHUNK).replace("+known", "").replace("known", "off")
+
+
+def known_texts_on() -> bool:
+    """Whether registered documents are found in prompts without markup (known_texts.py)."""
+    return "known" in read(AUTO_CHUNK)
+
+
+def known_texts_chars() -> int:
+    """Characters of registered text each namespace may hold (--mepic-known-texts-mb)."""
+    return read(KNOWN_TEXTS_MB)
 
 
 def separator() -> str | None:

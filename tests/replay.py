@@ -187,7 +187,7 @@ def allocate(tree, req):
     req.kv.cache_protected_len = req.prefix_len
     req.kv.allocated = req.kv.kv_allocated_len = len(row)
     if hasattr(tree, "sample"):  # the mepic cache; SGLang's RadixCache has no figures to take
-        tree.sample()
+        tree.figures.sample()
 
 
 def release(tree, req, checkpoint_at=None, cache=True):
@@ -215,7 +215,7 @@ def finish(tree, req, checkpoint_at=None):
     """Admit, allocate, compute (nothing), cache and release a planned request."""
     req.lock = tree.lock(req.last_node)
     if hasattr(tree, "admit"):
-        tree.admit(req)
+        tree.admission.admit(req)
     allocate(tree, req)
     size = len(req.origin_input_ids)
     row = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :size].tolist()
@@ -229,8 +229,8 @@ def prepare_batch(tree, batch):
     allocated, readers pointed at their compile rows' pages; then the round ends."""
     for req in batch:
         req.lock = tree.lock(req.last_node)
-        tree.admit(req)
-    tree.end_round()
+        tree.admission.admit(req)
+    tree.admission.end_round()
     for req in batch:
         allocate(tree, req)
     tree.point_readers(SimpleNamespace(reqs=batch))

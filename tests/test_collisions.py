@@ -140,8 +140,8 @@ class Collisions(RuleBasedStateMachine):
                 tree.unlock(req.lock)
                 req.lock = None
         for req in admitted:
-            tree.admit(req)
-        tree.end_round()
+            tree.admission.admit(req)
+        tree.admission.end_round()
         for req in admitted:
             allocate(tree, req)
             self.waiting = [r for r in self.waiting if r is not req]  # by identity: twins compare equal
@@ -296,7 +296,7 @@ def test_sorting_the_queue_pins_nothing():
         head = replanned(tree, waiting[0])
         heads[policy] = (budget(tree), pages_to_allocate(head) * B)
         assert not any(getattr(r, "mepic", None) and r.mepic.held for r in waiting[1:])
-        tree.end_round()
+        tree.admission.end_round()
     assert heads["lpm"] == heads["fcfs"]
     room, need = heads["lpm"]
     assert need <= room, heads

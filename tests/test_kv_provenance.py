@@ -99,7 +99,7 @@ def serve_checked(tree, ids, hints, segments, log):
     """Plan, admit and allocate a request; check its prefix's stamps; stamp what it computes."""
     req = planned(tree, ids, hints)
     req.lock = tree.lock(req.last_node)
-    tree.admit(req)
+    tree.admission.admit(req)
     allocate(tree, req)
     check_and_stamp(tree, req, segments, log)
     release(tree, req)

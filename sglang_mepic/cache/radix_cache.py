@@ -389,27 +389,6 @@ class MepicRadixCache(RadixCache):
         # SGLang's tree count would count a page shared by nodes and the store once per holder.
         return self.ledger.freeable() * self.page_size
 
-    # What the scheduler and the patches ask of the request side (admission.py) and the figures
-    # (figures.py), at the names it knows the cache by.
-
-    def admit(self, req, reserve: int = 0) -> None:
-        self.admission.admit(req, reserve)
-
-    def end_round(self) -> None:
-        self.admission.end_round()
-
-    def copy_sources(self, req, row_slots) -> None:
-        self.admission.copy_sources(req, row_slots)
-
-    def pages_in_use(self) -> int:
-        return self.figures.pages_in_use()
-
-    def sample(self) -> None:
-        self.figures.sample()
-
-    def stats(self) -> dict:
-        return self.figures.stats()
-
     def evict(self, params: EvictParams) -> EvictResult:
         """Evict tree leaves (SGLang's heap, least recently used first), then unheld chunks (LRU),
         until `num_tokens` slots are freed.

@@ -88,7 +88,7 @@ def prefill_round(original, scheduler, *args, **kwargs):
         if held:
             scheduler.waiting_queue = held + scheduler.waiting_queue
         if tree is not None:
-            tree.end_round()
+            tree.admission.end_round()
             tree.compile_rows.end_round()
     batch = plan.batch_to_run
     stats = getattr(batch, "prefill_stats", None)
@@ -151,10 +151,10 @@ def prepare_extend(original, batch, *args, **kwargs):
         # private copies, made at admission, must leave it free.
         reserve = sum(-(-req.extend_len // tree.page_size) + 1 for req in batch.reqs)
         for req in batch.reqs:
-            tree.admit(req, reserve)
+            tree.admission.admit(req, reserve)
         # Requests planned in this round but left waiting let go now: what they hold was
         # counted as evictable when the admitted ones were checked.
-        tree.end_round()
+        tree.admission.end_round()
     result = original(batch, *args, **kwargs)
     if tree is not None:
         tree.point_readers(batch)
@@ -168,7 +168,7 @@ def prepare_extend(original, batch, *args, **kwargs):
         link = link_of(req)
         if link is not None:
             if tree is not None:
-                tree.copy_sources(req, batch.req_to_token_pool.req_to_token[row])
+                tree.admission.copy_sources(req, batch.req_to_token_pool.req_to_token[row])
             if position_map is not None:
                 # Output tokens count too: a retracted request re-prefills them after its prompt.
                 slots = len(req.origin_input_ids) + len(req.output_ids)
@@ -176,5 +176,5 @@ def prepare_extend(original, batch, *args, **kwargs):
         elif position_map is not None:
             position_map.release(row)
     if tree is not None:
-        tree.sample()  # after CacheBlend's copies have let their stored pages go
+        tree.figures.sample()  # after CacheBlend's copies have let their stored pages go
     return result

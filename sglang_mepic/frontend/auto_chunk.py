@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sglang_mepic import config
+from sglang_mepic.frontend import known_texts
 from sglang_mepic.frontend.markup import CHUNK_CLOSE, CHUNK_OPEN, MarkupError, has_text_markup, split_text
 from sglang_mepic.wire.segments import Kind
 
@@ -102,20 +103,22 @@ def active_separator() -> str | None:
     return None if value is None else parse_separator(value)
 
 
-def text_pieces(text: str) -> Parts | None:
-    """How a text prompt splits into pieces: by its markup, by the separator, or not at all (None)."""
+def text_pieces(text: str, namespace=None) -> Parts | None:
+    """How a text prompt splits into pieces: by its markup, by the separator, by the texts registered
+    in its namespace (known_texts.py), or not at all (None)."""
     separator = active_separator()
     if _separated(text, separator):
         return split_separated(text, separator)
     if config.text_markup() and has_text_markup(text):
         return split_text(text)
-    return None
+    return known_texts.known_pieces(text, namespace)
 
 
 def may_split(text) -> bool:
     """Whether a text prompt may be split into pieces (and so must be tokenized a piece at a time)."""
     separator = active_separator()
-    return isinstance(text, str) and ((separator is not None and separator in text) or has_text_markup(text))
+    return isinstance(text, str) and ((separator is not None and separator in text) or has_text_markup(text)
+                                      or config.known_texts_on())
 
 
 def any_may_split(texts) -> bool:
@@ -185,9 +188,9 @@ def separated(messages) -> bool:
     return separator is not None and any(separator in t.text for t in chat_texts(messages))
 
 
-def chat_messages(messages, count_tokens: Callable[[str], int], page_size: int) -> list | None:
-    """The chat messages with the server's markup in them (separator or auto-chunking), or None
-    to render them as sent. `count_tokens`: a text's token count as a chunk."""
+def chat_messages(messages, count_tokens: Callable[[str], int], page_size: int, namespace=None) -> list | None:
+    """The chat messages with the server's markup in them (separator, auto-chunking or registered
+    texts), or None to render them as sent. `count_tokens`: a text's token count as a chunk."""
     texts = chat_texts(messages)
     separator = active_separator()
     separated = [t for t in texts if separator is not None and separator in t.text]
@@ -206,11 +209,24 @@ def chat_messages(messages, count_tokens: Callable[[str], int], page_size: int) 
         return _with_texts(messages, replaced)
     if typed:
         return None
+    replaced, left = {}, config.max_chunks()
     mode = config.auto_chunk()
-    if mode == "off":
-        return None
-    long = [t for t in candidates(messages, mode) if t.text.strip() and count_tokens(t.text) >= MIN_PAGES * page_size]
-    chosen = long[:config.max_chunks()]
-    if not chosen:
-        return None
-    return _with_texts(messages, {(t.message, t.part): CHUNK_OPEN + t.text + CHUNK_CLOSE for t in chosen})
+    if mode != "off":
+        long = [t for t in candidates(messages, mode) if t.text.strip() and count_tokens(t.text) >= MIN_PAGES * page_size]
+        for t in long[:left]:
+            replaced[t.message, t.part] = CHUNK_OPEN + t.text + CHUNK_CLOSE
+        left -= len(replaced)
+    # Registered texts inside the contents auto-chunking left whole.
+    for t in texts:
+        if left <= 0 or (t.message, t.part) in replaced:
+            continue
+        pieces = known_texts.known_pieces(t.text, namespace)
+        if pieces is not None:
+            kept, chunks = [], 0
+            for kind, part in pieces:  # past the request's limit, a found text stays prompt text
+                chunk = kind is Kind.CHUNK and chunks < left
+                chunks += chunk
+                kept.append((Kind.CHUNK if chunk else Kind.PROMPT, part))
+            replaced[t.message, t.part] = as_markup(kept)
+            left -= chunks
+    return _with_texts(messages, replaced) if replaced else None

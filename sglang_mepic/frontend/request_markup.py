@@ -13,7 +13,7 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
 
 from sglang_mepic import config
-from sglang_mepic.frontend import auto_chunk, intake, request_limits
+from sglang_mepic.frontend import auto_chunk, intake, known_texts, request_limits
 from sglang_mepic.frontend.markup import Marked, has_id_markup, split_ids, tokenize_pieces
 from sglang_mepic.wire import hint
 from sglang_mepic.wire.request_layout import PAD_FILL_ID, start_slot
@@ -71,7 +71,8 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
         # Also catches plain out-of-vocabulary ids, which would otherwise crash the scheduler.
         pieces = split_ids(obj.input_ids, vocab)
     elif obj.input_ids is None and isinstance(obj.text, str) \
-            and (parts := auto_chunk.text_pieces(obj.text)) is not None:
+            and (parts := auto_chunk.text_pieces(obj.text, known_texts.namespace_of(obj.extra_key, obj.cache_salt))) \
+            is not None:
         # (ids given are the prompt: a `text` beside them is SGLang's request log's decoding of them)
         intake.check_prompt("".join(part for _, part in parts), None)
         tok = manager.tokenizer

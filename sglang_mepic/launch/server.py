@@ -163,7 +163,8 @@ def mepic_parser() -> argparse.ArgumentParser:
 def _shown(setting: config.Setting, backend: str | None) -> bool:
     """Whether the start-up line names a setting: the shared tier's only where one is set."""
     return {"always": True, "never": False, "file": backend == "file", "storage": backend is not None,
-            "storage-set": backend is not None and bool(os.environ.get(setting.env))}[setting.shown]
+            "storage-set": backend is not None and bool(os.environ.get(setting.env)),
+            "known": config.known_texts_on()}[setting.shown]
 
 
 def _display(setting: config.Setting) -> str:
@@ -173,6 +174,8 @@ def _display(setting: config.Setting) -> str:
     if setting is config.SEPARATOR:
         separator = auto_chunk.active_separator()
         return "none" if separator is None else repr(separator)
+    if setting is config.KNOWN_TEXTS_MB:
+        return config.raw(setting)
     if setting in (config.STORAGE_CONFIG, config.RECOMPUTE_BLOCKS):  # as given: JSON, or a count or 'all'
         return f"'{config.raw(setting)}'" if setting is config.STORAGE_CONFIG else config.raw(setting)
     value = config.read(setting)
@@ -353,6 +356,10 @@ def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
     if known.attention_backend == "mepic" and (known.kv_cache_dtype or "auto") not in MEPIC_KV_DTYPES:
         raise LaunchError(f"--kv-cache-dtype {known.kv_cache_dtype}: --attention-backend mepic reads the KV cache "
                           "unscaled, in the model's dtype or bf16; use --kv-cache-dtype auto or bf16")
+    if config.known_texts_on() and (getattr(known, "tokenizer_worker_num", 1) or 1) > 1:
+        raise LaunchError(f"--tokenizer-worker-num {known.tokenizer_worker_num}: --mepic-auto-chunk "
+                          f"{config.raw(config.AUTO_CHUNK)} keeps the registered texts in the tokenizer process, "
+                          "and each worker would hold its own; run one tokenizer worker")
     if cuda is False and (known.device or "").startswith("cuda"):
         raise LaunchError(f"--device {known.device}: this machine has no CUDA device (torch.cuda.is_available() "
                           "is False); leave --device out to serve on the CPU")

@@ -1,0 +1,106 @@
+"""`POST /mepic/chunks`: register documents for reuse from unmarked prompts, and warm them.
+
+    curl -s 127.0.0.1:30000/mepic/chunks -H 'content-type: application/json' \
+         -d '{"texts": ["<document>", "..."], "cache_salt": "tenant-a"}'
+
+Each text is registered in the request's namespace (`extra_key`, `cache_salt`,
+known_texts.py), then, unless `"warm": false`, compiled and stored as a chunk
+by one prefill-only request per text, without generating: a RAG pipeline calls
+it at indexing time, so the first user does not pay the compile. The answer
+says, per text, whether it was new to the namespace and where its chunk was
+when asked (`absent`: compiled now; `device`, `host`, `storage`: stored
+already), as the request's own `mepic_residency` would; it never says anything
+about another namespace. Bad input is a 400 and registers nothing.
+"""
+
+from sglang_mepic import config
+from sglang_mepic.frontend import auto_chunk
+from sglang_mepic.frontend.markup import has_text_markup
+from sglang_mepic.frontend.known_texts import ANCHOR, KnownTextError, namespace_of, registry
+
+ROUTE = "/mepic/chunks"
+MAX_TEXTS = 256
+FIELDS = {"texts", "extra_key", "cache_salt", "warm"}
+# Before the chunk: its own first piece would carry the BOS the tokenizer adds to a prompt, and the chunk
+# must be tokenized as it is inside any prompt (alone, without special tokens).
+LEAD = "\n"
+
+
+class RouteError(ValueError):
+    pass
+
+
+def parse(body) -> tuple[list[str], tuple, bool]:
+    """The texts, the namespace and whether to warm them; RouteError says what is wrong."""
+    if not isinstance(body, dict):
+        raise RouteError('the body must be a JSON object: {"texts": ["...", ...]}')
+    unknown = sorted(set(body) - FIELDS)
+    if unknown:
+        raise RouteError(f"unknown field(s) {unknown}; this route takes {sorted(FIELDS)}")
+    texts = body.get("texts")
+    if not isinstance(texts, list) or not texts:
+        raise RouteError('"texts" must be a non-empty list of strings')
+    if len(texts) > MAX_TEXTS:
+        raise RouteError(f'"texts" holds {len(texts)} texts, more than the {MAX_TEXTS} one request may register; '
+                         "send them in several requests")
+    limit = config.known_texts_chars()
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise RouteError(f"texts[{i}] is a {type(text).__name__}, not a string")
+        if len(text.strip()) < ANCHOR:
+            raise RouteError(f"texts[{i}] has {len(text.strip())} characters that are not whitespace; a registered "
+                             f"text needs at least {ANCHOR} (mark shorter ones with <|chunk|>...<|/chunk|>)")
+        separator = auto_chunk.active_separator()
+        if has_text_markup(text) or (separator is not None and separator in text):
+            raise RouteError(f"texts[{i}] holds chunk markup or the separator: register the document's own text")
+        if len(text) > limit:
+            raise RouteError(f"texts[{i}] has {len(text)} characters, more than the {limit} a namespace may hold "
+                             "(--mepic-known-texts-mb)")
+    for name in ("extra_key", "cache_salt"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise RouteError(f'"{name}" must be a string')
+    warm = body.get("warm", True)
+    if not isinstance(warm, bool):
+        raise RouteError('"warm" must be true or false')
+    return texts, namespace_of(body.get("extra_key"), body.get("cache_salt")), warm
+
+
+async def register(request):
+    from fastapi.responses import JSONResponse
+    from sglang.srt.entrypoints.http_server import get_global_state
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    if not config.known_texts_on():
+        return JSONResponse(status_code=400, content={"error": {
+            "message": "registered texts are off on this server: start it with --mepic-auto-chunk known "
+                       "(or messages+known, tools+known)", "type": "invalid_request_error"}})
+    try:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise RouteError("the body is not JSON") from None
+        texts, namespace, warm = parse(body)
+        new = [registry().add(namespace, text) for text in texts]
+    except (RouteError, KnownTextError) as e:
+        return JSONResponse(status_code=400, content={"error": {"message": str(e), "type": "invalid_request_error"}})
+    out = [{"index": i, "registered": "new" if n else "known"} for i, n in enumerate(new)]
+    if warm:
+        obj = GenerateReqInput(text=[LEAD + t for t in texts], sampling_params={"max_new_tokens": 0},
+                               extra_key=namespace[0], cache_salt=namespace[1])
+        try:
+            results = await get_global_state().tokenizer_manager.generate_request(obj, request).__anext__()
+        except ValueError as e:  # a text too long for this server's context, say: registered, not warmed
+            return JSONResponse(status_code=400, content={"error": {
+                "message": f"registered, but not warmed: {e}", "type": "invalid_request_error"}, "texts": out})
+        for entry, result in zip(out, results if isinstance(results, list) else [results]):
+            where = result.get("meta_info", {}).get("mepic_residency") or []
+            entry["chunk"] = where[0] if where else "not laid out"
+    return JSONResponse(content={"texts": out})
+
+
+def install() -> None:
+    """Add the route to SGLang's HTTP app (once), before the app starts."""
+    from sglang.srt.entrypoints.http_server import app
+
+    if not any(getattr(r, "path", None) == ROUTE for r in app.routes):
+        app.add_api_route(ROUTE, register, methods=["POST"])

@@ -1,0 +1,99 @@
+"""Registered texts found in plain prompts by content (frontend/known_texts.py)."""
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_mepic.frontend.known_texts import ANCHOR, KnownTextError, KnownTexts, anchor_of, window_hashes
+
+WORDS = "river stone cloud harbor lantern meadow copper violet summit ember orchard falcon quartz".split()
+
+
+def doc(seed: int, words: int = 40) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(words)) + f" #{seed}"
+
+
+def test_window_hashes_agree_with_the_anchor_of_each_window():
+    text = doc(1, 80) + " é漢字🙂 " + doc(2, 30)
+    hashes = window_hashes(text)
+    assert len(hashes) == len(text) - ANCHOR + 1
+    for i in (0, 1, 17, len(text) // 2, len(text) - ANCHOR):
+        assert int(hashes[i]) == anchor_of(text[i:])
+
+
+def test_a_known_text_is_found_at_any_offset_and_only_where_it_is_whole():
+    known = KnownTexts(1 << 20)
+    a, b = doc(1), doc(2)
+    known.add("ns", a)
+    known.add("ns", b)
+    prompt = "Answer from the documents.\n" + b + "\n\n" + a + "\nQuestion: why?"
+    spans = known.find("ns", prompt)
+    assert [prompt[s:e] for s, e in spans] == [b, a]
+    # Same first characters, another ending: verified, not found.
+    assert known.find("ns", "x" + a[:-3] + "!!!" + " tail") == []
+    assert known.find("ns", a[:ANCHOR]) == []
+
+
+def test_overlaps_take_the_leftmost_then_the_longest_and_never_nest():
+    known = KnownTexts(1 << 20)
+    outer = doc(3, 60)
+    inner = outer[: len(outer) // 2]  # the same start, shorter
+    later = outer[len(outer) // 3:]   # starts inside outer
+    for t in (inner, later, outer):
+        known.add("ns", t)
+    prompt = "Q " + outer + " end"
+    assert known.find("ns", prompt) == [(2, 2 + len(outer))]
+    # Without the outer text the inner one is found first, and the overlapping later one is not.
+    fresh = KnownTexts(1 << 20)
+    fresh.add("ns", inner)
+    fresh.add("ns", later)
+    assert fresh.find("ns", prompt) == [(2, 2 + len(inner))]
+
+
+def test_namespaces_never_see_each_others_texts():
+    known = KnownTexts(1 << 20)
+    a = doc(4)
+    known.add(("tenant-a", None, None), a)
+    assert known.find(("tenant-b", None, None), "x " + a) == []
+    assert known.find(("tenant-a", None, None), "x " + a) == [(2, 2 + len(a))]
+    assert known.size(("tenant-b", None, None)) == 0
+
+
+def test_the_index_stays_within_its_budget_under_a_stream_of_unique_texts():
+    budget = 20_000
+    known = KnownTexts(budget)
+    for i in range(2_000):
+        known.add("ns", doc(100 + i))
+    space = known.spaces["ns"]
+    assert space.chars <= budget and len(space.texts) < 2_000
+    assert sum(len(v) for v in space.anchors.values()) == len(space.texts)
+    newest = doc(100 + 1_999)
+    assert known.find("ns", newest) == [(0, len(newest))]
+    assert known.find("ns", doc(100)) == []  # the oldest was dropped
+
+
+def test_bad_registrations_are_refused():
+    known = KnownTexts(1_000)
+    for bad in ("", "short", "x" * (ANCHOR - 1), "y" * 1_001, None, 5):
+        with pytest.raises(KnownTextError):
+            known.add("ns", bad)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 10_000), min_size=1, max_size=6, unique=True), st.data())
+def test_every_inserted_text_is_found_exactly_where_it_was_put(seeds, data):
+    known = KnownTexts(1 << 22)
+    texts = [doc(s, data.draw(st.integers(12, 60))) for s in seeds]
+    for t in texts:
+        known.add("ns", t)
+    order = data.draw(st.permutations(range(len(texts))))
+    filler = data.draw(st.lists(st.text(alphabet="xyz \n?", max_size=30), min_size=len(texts) + 1,
+                                max_size=len(texts) + 1))
+    prompt, expected = filler[0], []
+    for i, j in enumerate(order):
+        expected.append((len(prompt), len(prompt) + len(texts[j])))
+        prompt += texts[j] + filler[i + 1]
+    assert known.find("ns", prompt) == expected

@@ -1,0 +1,100 @@
+"""Registered documents found in prompts nobody marked (`--mepic-auto-chunk known`, POST /mepic/chunks):
+on a real server, an unmarked prompt is the marked one, token for token and logprob for logprob, on
+`/generate`, `/v1/completions` and `/v1/chat/completions`; tenants never see each other's texts; bad
+registrations are a 400 and register nothing."""
+
+import pytest
+import requests
+
+from sglang_mepic.lang import chunk
+from sglang_mepic.process.server_process import ServerProcess
+from test_auto_chunk import DOC_A, DOC_B, WORDS, chatted, cold, completed, generated
+from test_chunk_api import post
+
+pytestmark = pytest.mark.server
+DOC_C = " ".join(WORDS[400:480])
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    with ServerProcess(tiny_model, "--dtype", "float32", "--mepic-auto-chunk", "known") as s:
+        yield s
+
+
+def register(server, texts, expect=200, **fields):
+    r = requests.post(server.url + "/mepic/chunks", json={"texts": texts, **fields}, timeout=120)
+    assert r.status_code == expect, r.text
+    return r.json()
+
+
+def test_registered_documents_are_found_in_unmarked_prompts_as_if_marked(server, tok):
+    first = register(server, [DOC_A, DOC_B])["texts"]
+    assert [t["registered"] for t in first] == ["new", "new"] and [t["chunk"] for t in first] == ["absent"] * 2
+    again = register(server, [DOC_A])["texts"]
+    assert again == [{"index": 0, "registered": "known", "chunk": "device"}]  # warmed: stored on the device
+
+    plain = "Use the documents.\n" + DOC_B + "\n\n" + DOC_A + "\nQuestion: what is os?"
+    marked = "Use the documents.\n" + chunk(DOC_B) + "\n\n" + chunk(DOC_A) + "\nQuestion: what is os?"
+    unmarked = cold(server, generated, plain)
+    assert unmarked == cold(server, generated, marked) and len(unmarked["chunks"]) == 2
+    start = len(tok.encode("Use the documents.\n"))
+    assert unmarked["chunks"][0] == [start, start + len(tok.encode(DOC_B, add_special_tokens=False))]
+    assert cold(server, completed, plain) == cold(server, completed, marked)
+
+    def conversation(content):
+        return [{"role": "system", "content": "Answer from the files."}, {"role": "user", "content": content}]
+
+    chat = cold(server, chatted, conversation(plain))
+    assert chat == cold(server, chatted, conversation(marked)) and len(chat["chunks"]) == 2
+    # Warm (after register, the chunks are stored): reused, same answer as computed cold.
+    register(server, [DOC_A, DOC_B])
+    warm = post(server, "/generate", {"text": plain, "sampling_params": {"max_new_tokens": 6, "temperature": 0,
+                                                                          "ignore_eos": True}})
+    assert warm["meta_info"]["mepic_residency"] == ["device", "device"]
+    assert warm["output_ids"] == unmarked["ids"]
+
+
+def test_a_text_registered_by_one_tenant_is_never_found_for_another(server):
+    assert register(server, [DOC_C], cache_salt="tenant-a")["texts"][0]["registered"] == "new"
+    prompt = "Read this:\n" + DOC_C + "\nWhat does it say?"
+    other = post(server, "/generate", {"text": prompt, "cache_salt": "tenant-b",
+                                       "sampling_params": {"max_new_tokens": 2}})
+    assert other["meta_info"]["mepic_chunks"] == [] and other["meta_info"]["mepic_residency"] == []
+    own = post(server, "/generate", {"text": prompt, "cache_salt": "tenant-a", "sampling_params": {"max_new_tokens": 2}})
+    assert len(own["meta_info"]["mepic_chunks"]) == 1 and own["meta_info"]["mepic_residency"] == ["device"]
+    # Tenant b registering the same text learns nothing of tenant a's: new to it, computed for it.
+    assert register(server, [DOC_C], cache_salt="tenant-b")["texts"] == [
+        {"index": 0, "registered": "new", "chunk": "absent"}]
+
+
+BAD = [
+    ({"texts": []}, "non-empty list"),
+    ({"texts": "a document"}, "non-empty list"),
+    ({"texts": [DOC_A, 5]}, "texts[1] is a int"),
+    ({"texts": ["too short"]}, "at least 64"),
+    ({"texts": ["   " * 40]}, "at least 64"),
+    ({"texts": [DOC_A] * 257}, "more than the 256"),
+    ({"texts": [chunk(DOC_A)]}, "chunk markup"),
+    ({"texts": [DOC_A], "cache_salt": 3}, '"cache_salt" must be a string'),
+    ({"texts": [DOC_A], "warm": "yes"}, '"warm" must be true or false'),
+    ({"texts": [DOC_A], "tenant": "a"}, "unknown field"),
+    ([DOC_A], "JSON object"),
+]
+
+
+@pytest.mark.parametrize("body, message", BAD, ids=[m for _, m in BAD])
+def test_bad_registrations_are_a_400_and_register_nothing(server, body, message):
+    salt = "bad-input"
+    if isinstance(body, dict):
+        body = {**body, "cache_salt": body.get("cache_salt", salt)}
+    r = requests.post(server.url + "/mepic/chunks", json=body, timeout=60)
+    assert r.status_code == 400 and message in r.text, r.text
+    out = post(server, "/generate", {"text": "x\n" + DOC_A, "cache_salt": salt, "sampling_params": {"max_new_tokens": 1}})
+    assert out["meta_info"]["mepic_chunks"] == []  # nothing of a refused request was registered
+
+
+def test_without_the_flag_the_route_says_how_to_turn_it_on(tiny_server):
+    r = requests.post(tiny_server.url + "/mepic/chunks", json={"texts": [DOC_A]}, timeout=60)
+    assert r.status_code == 400 and "--mepic-auto-chunk known" in r.text
+    out = post(tiny_server, "/generate", {"text": "x\n" + DOC_A, "sampling_params": {"max_new_tokens": 1}})
+    assert out["meta_info"]["mepic_chunks"] == []
