@@ -216,8 +216,9 @@ AUTO_CHUNK = _choice(
 KNOWN_TEXTS_MB = Setting(
     "--mepic-known-texts-mb", "SGLANG_MEPIC_KNOWN_TEXTS_MB", "64", parse_millions,
     metavar="MB", shown="known",
-    help="text each cache namespace may register for --mepic-auto-chunk known, in millions of characters; "
-         "past it the least recently registered or found texts are forgotten. Default: 64.",
+    help="text the server may hold registered for --mepic-auto-chunk known, all namespaces together, in millions "
+         "of characters. A namespace's new texts push out its own least recently registered or found ones, "
+         "never another's: texts that do not fit beside other namespaces' are refused (507). Default: 64.",
     see="chunks.md#using-it-from-an-unmodified-client")
 SEPARATOR = Setting(
     "--mepic-separator", "SGLANG_MEPIC_SEPARATOR", None, str, metavar="STR",
@@ -359,7 +360,7 @@ def known_texts_on() -> bool:
 
 
 def known_texts_chars() -> int:
-    """Characters of registered text each namespace may hold (--mepic-known-texts-mb)."""
+    """Characters of registered text the server may hold, all namespaces together (--mepic-known-texts-mb)."""
     return read(KNOWN_TEXTS_MB)
 
 

@@ -186,7 +186,7 @@ def allocate(tree, req):
     tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(row)] = row.to(torch.int32)
     req.kv.cache_protected_len = req.prefix_len
     req.kv.allocated = req.kv.kv_allocated_len = len(row)
-    if hasattr(tree, "sample"):  # the mepic cache; SGLang's RadixCache has no figures to take
+    if hasattr(tree, "figures"):  # the mepic cache; SGLang's RadixCache has no figures to take
         tree.figures.sample()
 
 
@@ -214,7 +214,7 @@ def serve(tree, ids, hints, namespace=None, checkpoint_at=None, rid="r"):
 def finish(tree, req, checkpoint_at=None):
     """Admit, allocate, compute (nothing), cache and release a planned request."""
     req.lock = tree.lock(req.last_node)
-    if hasattr(tree, "admit"):
+    if hasattr(tree, "admission"):
         tree.admission.admit(req)
     allocate(tree, req)
     size = len(req.origin_input_ids)

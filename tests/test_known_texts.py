@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_mepic.frontend.known_texts import ANCHOR, KnownTextError, KnownTexts, anchor_of, window_hashes
+from sglang_mepic.frontend.known_texts import ANCHOR, IndexFull, KnownTextError, KnownTexts, anchor_of, window_hashes
 
 WORDS = "river stone cloud harbor lantern meadow copper violet summit ember orchard falcon quartz".split()
 
@@ -73,6 +73,22 @@ def test_the_index_stays_within_its_budget_under_a_stream_of_unique_texts():
     newest = doc(100 + 1_999)
     assert known.find("ns", newest) == [(0, len(newest))]
     assert known.find("ns", doc(100)) == []  # the oldest was dropped
+
+
+def test_a_namespace_never_pushes_out_another_namespaces_texts():
+    known = KnownTexts(10_000)
+    a = [doc(500 + i, 60) for i in range(60)]
+    while known.chars + len(a[0]) < 9_000:
+        known.add("a", a.pop())
+    held = known.size("a")
+    with pytest.raises(IndexFull):
+        known.add_all("b", [doc(900, 200), doc(901, 200), doc(902, 200)])
+    assert known.size("a") == held and known.size("b") == 0  # all or none
+    assert known.add("b", doc(903, 20)) and known.chars <= 10_000
+    # A namespace's own new texts push out its own old ones.
+    for i in range(30):
+        known.add("b", doc(1000 + i, 20))
+    assert known.size("a") == held and known.chars <= 10_000
 
 
 def test_bad_registrations_are_refused():

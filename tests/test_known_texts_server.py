@@ -13,6 +13,7 @@ from test_chunk_api import post
 
 pytestmark = pytest.mark.server
 DOC_C = " ".join(WORDS[400:480])
+WORDS_D = " ".join(WORDS[600:680])
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,7 @@ def test_bad_registrations_are_a_400_and_register_nothing(server, body, message)
     if isinstance(body, dict):
         body = {**body, "cache_salt": body.get("cache_salt", salt)}
     r = requests.post(server.url + "/mepic/chunks", json=body, timeout=60)
-    assert r.status_code == 400 and message in r.text, r.text
+    assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
     out = post(server, "/generate", {"text": "x\n" + DOC_A, "cache_salt": salt, "sampling_params": {"max_new_tokens": 1}})
     assert out["meta_info"]["mepic_chunks"] == []  # nothing of a refused request was registered
 
@@ -98,3 +99,25 @@ def test_without_the_flag_the_route_says_how_to_turn_it_on(tiny_server):
     assert r.status_code == 400 and "--mepic-auto-chunk known" in r.text
     out = post(tiny_server, "/generate", {"text": "x\n" + DOC_A, "sampling_params": {"max_new_tokens": 1}})
     assert out["meta_info"]["mepic_chunks"] == []
+
+
+def test_the_warm_command_registers_a_folder_and_a_jsonl_file(server, tmp_path, capsys):
+    import json
+
+    from sglang_mepic.launch import warm
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text(DOC_A)
+    (tmp_path / "docs" / "b.md").write_text(DOC_B)
+    (tmp_path / "docs" / "skip.bin").write_text("not a document")
+    lines = tmp_path / "more.jsonl"
+    lines.write_text(json.dumps({"text": DOC_C}) + "\n\n" + json.dumps({"text": WORDS_D}) + "\n")
+    assert warm.main([str(tmp_path / "docs"), str(lines), "--url", server.url, "--cache-salt", "warm-cli"]) == 0
+    out = capsys.readouterr().out
+    assert "4 documents: 4 new, 0 known already; chunks 4 absent" in out, out
+    assert warm.main([str(lines), "--url", server.url, "--cache-salt", "warm-cli"]) == 0
+    assert "2 documents: 0 new, 2 known already; chunks 2 device" in capsys.readouterr().out
+    (tmp_path / "short.txt").write_text("too short")
+    assert warm.main([str(tmp_path / "short.txt"), "--url", server.url]) == 1
+    err = capsys.readouterr().err
+    assert "refused (400)" in err and "short.txt" in err and "at least 64" in err

@@ -328,7 +328,7 @@ def test_auto_chunk_and_separator_become_settings(capsys):
             launch_server.split_mepic_flags(flags)
         assert named in capsys.readouterr().err
     text = " ".join(launch_server.mepic_parser().format_help().split())
-    assert "--mepic-auto-chunk {off,messages,tools}" in text and "--mepic-separator STR" in text
+    assert "--mepic-auto-chunk {off,messages,tools,known,messages+known,tools+known}" in text and "--mepic-separator STR" in text
 
 
 @pytest.mark.parametrize("flags, named", [(["--tp-size", "2"], "--tp-size 2"),

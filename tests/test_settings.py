@@ -18,7 +18,8 @@ SAMPLES = {
     config.TEXT_MARKUP_SETTING: ("off", "no"),
     config.HOST_TIER_GB: ("0.5", "-1"),
     config.MAX_CHUNKS: ("8", "0"),
-    config.AUTO_CHUNK: ("tools", "all"),
+    config.AUTO_CHUNK: ("tools+known", "all"),
+    config.KNOWN_TEXTS_MB: ("0.5", "0"),
     config.SEPARATOR: (" # # ", "<|chunk|>"),
     config.STORAGE_BACKEND: ("file", None),
     config.STORAGE_DIR: (None, None),  # needs a directory: below

@@ -10,20 +10,24 @@ it at indexing time, so the first user does not pay the compile. The answer
 says, per text, whether it was new to the namespace and where its chunk was
 when asked (`absent`: compiled now; `device`, `host`, `storage`: stored
 already), as the request's own `mepic_residency` would; it never says anything
-about another namespace. Bad input is a 400 and registers nothing.
+about another namespace. Bad input is a 400 and registers nothing; texts that
+do not fit the index beside other namespaces' are a 507 and register nothing.
 """
+
+from starlette.requests import Request
 
 from sglang_mepic import config
 from sglang_mepic.frontend import auto_chunk
 from sglang_mepic.frontend.markup import has_text_markup
-from sglang_mepic.frontend.known_texts import ANCHOR, KnownTextError, namespace_of, registry
+from sglang_mepic.frontend.known_texts import ANCHOR, IndexFull, KnownTextError, namespace_of, registry
 
 ROUTE = "/mepic/chunks"
 MAX_TEXTS = 256
 FIELDS = {"texts", "extra_key", "cache_salt", "warm"}
-# Before the chunk: its own first piece would carry the BOS the tokenizer adds to a prompt, and the chunk
-# must be tokenized as it is inside any prompt (alone, without special tokens).
-LEAD = "\n"
+# Around the chunk: as a prompt's first piece it would carry the BOS the tokenizer adds to a prompt (it
+# must be tokenized as inside any prompt: alone, without special tokens), and a chunk that ends its prompt
+# is computed in context (its last token is the one SGLang always computes), never stored.
+LEAD, TRAIL = "\n", "\n"
 
 
 class RouteError(ValueError):
@@ -54,7 +58,7 @@ def parse(body) -> tuple[list[str], tuple, bool]:
         if has_text_markup(text) or (separator is not None and separator in text):
             raise RouteError(f"texts[{i}] holds chunk markup or the separator: register the document's own text")
         if len(text) > limit:
-            raise RouteError(f"texts[{i}] has {len(text)} characters, more than the {limit} a namespace may hold "
+            raise RouteError(f"texts[{i}] has {len(text)} characters, more than the {limit} the index may hold "
                              "(--mepic-known-texts-mb)")
     for name in ("extra_key", "cache_salt"):
         if body.get(name) is not None and not isinstance(body[name], str):
@@ -65,7 +69,7 @@ def parse(body) -> tuple[list[str], tuple, bool]:
     return texts, namespace_of(body.get("extra_key"), body.get("cache_salt")), warm
 
 
-async def register(request):
+async def register(request: Request):
     from fastapi.responses import JSONResponse
     from sglang.srt.entrypoints.http_server import get_global_state
     from sglang.srt.managers.io_struct import GenerateReqInput
@@ -80,12 +84,14 @@ async def register(request):
         except ValueError:
             raise RouteError("the body is not JSON") from None
         texts, namespace, warm = parse(body)
-        new = [registry().add(namespace, text) for text in texts]
+        new = registry().add_all(namespace, texts)
+    except IndexFull as e:
+        return JSONResponse(status_code=507, content={"error": {"message": str(e), "type": "insufficient_storage"}})
     except (RouteError, KnownTextError) as e:
         return JSONResponse(status_code=400, content={"error": {"message": str(e), "type": "invalid_request_error"}})
     out = [{"index": i, "registered": "new" if n else "known"} for i, n in enumerate(new)]
     if warm:
-        obj = GenerateReqInput(text=[LEAD + t for t in texts], sampling_params={"max_new_tokens": 0},
+        obj = GenerateReqInput(text=[LEAD + t + TRAIL for t in texts], sampling_params={"max_new_tokens": 0},
                                extra_key=namespace[0], cache_salt=namespace[1])
         try:
             results = await get_global_state().tokenizer_manager.generate_request(obj, request).__anext__()

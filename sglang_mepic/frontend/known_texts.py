@@ -11,8 +11,10 @@ marked request is reused from an unmarked one and the other way round.
 what is computed, so a layout that followed residency would make a request's
 output depend on what the cache happened to hold (and let one tenant's traffic
 change another's answers). A namespace's texts stay known until its own
-registrations push them out of its budget (least recently registered or found
-first); nothing another namespace does, and no eviction, changes them.
+registrations push them out (least recently registered or found first); nothing
+another namespace does, and no eviction, changes them. The index as a whole is
+bounded: a registration that would not fit, once the namespace's own older texts
+are dropped, is refused (`IndexFull`) instead of pushing out another's.
 
 **Finding them.** Each text is indexed by the hash of its first `ANCHOR`
 characters. A prompt's windows of `ANCHOR` characters are hashed at once with
@@ -38,7 +40,6 @@ from sglang_mepic.wire.segments import Kind
 ANCHOR = 64
 _B = 0x100000001B3  # odd: invertible mod 2^64
 _B_INV = pow(_B, -1, 1 << 64)
-_MASK = (1 << 64) - 1
 
 
 class KnownTextError(ValueError):
@@ -90,29 +91,22 @@ def window_hashes(text: str) -> np.ndarray:
 
 @dataclass
 class Namespace:
-    """One namespace's registered texts: an LRU of texts within `budget` characters, and their anchors."""
+    """One namespace's registered texts: least recently registered or found first, and their anchors."""
 
-    budget: int
     texts: OrderedDict = field(default_factory=OrderedDict)   # text -> None, least recent first
     anchors: dict = field(default_factory=dict)               # anchor -> texts starting with it
     chars: int = 0
     _sorted: np.ndarray | None = None
 
-    def add(self, text: str) -> bool:
-        """Register `text` (or refresh it); True when it was not known. Drops the least recent texts
-        beyond the budget."""
-        if text in self.texts:
-            self.texts.move_to_end(text)
-            return False
+    def add(self, text: str) -> None:
         self.texts[text] = None
         self.anchors.setdefault(anchor_of(text), []).append(text)
         self.chars += len(text)
-        while self.chars > self.budget:
-            self._drop(next(iter(self.texts)))
         self._sorted = None
-        return text in self.texts
 
-    def _drop(self, text: str) -> None:
+    def drop_oldest(self) -> int:
+        """Forget the least recent text; returns its length."""
+        text = next(iter(self.texts))
         del self.texts[text]
         key = anchor_of(text)
         same = self.anchors[key]
@@ -120,6 +114,8 @@ class Namespace:
         if not same:
             del self.anchors[key]
         self.chars -= len(text)
+        self._sorted = None
+        return len(text)
 
     def find(self, prompt: str) -> list[tuple[int, int]]:
         """[start, end) character spans of the known texts in `prompt`, by the rule above."""
@@ -143,22 +139,58 @@ class Namespace:
         return spans
 
 
+class IndexFull(KnownTextError):
+    """The texts do not fit beside what other namespaces hold (a 507)."""
+
+
 class KnownTexts:
-    """The registered texts of every namespace, each namespace within its own character budget."""
+    """The registered texts of every namespace, within `budget_chars` characters in all."""
 
     def __init__(self, budget_chars: int):
         self.budget = budget_chars
+        self.chars = 0
         self.spaces: dict = {}
 
-    def add(self, namespace, text: str) -> bool:
+    @staticmethod
+    def check(text) -> None:
         if not isinstance(text, str) or len(text) < ANCHOR:
             raise KnownTextError(f"a registered text needs at least {ANCHOR} characters; mark shorter ones with "
                                  "<|chunk|>...<|/chunk|>")
-        if len(text) > self.budget:
-            raise KnownTextError(f"the text has {len(text)} characters, more than this server's budget of "
-                                 f"{self.budget} per namespace (--mepic-known-budget-mb)")
-        space = self.spaces.setdefault(namespace, Namespace(self.budget))
-        return space.add(text)
+
+    def add_all(self, namespace, texts: list[str]) -> list[bool]:
+        """Register `texts` in `namespace` (a known one is refreshed), all or none; whether each was new.
+
+        Room is made by forgetting the namespace's own least recent texts, never another's: texts that
+        do not fit beside what other namespaces hold raise IndexFull and register nothing."""
+        for text in texts:
+            self.check(text)
+        space = self.spaces.get(namespace) or Namespace()
+        fresh = list(dict.fromkeys(t for t in texts if t not in space.texts))
+        need = sum(map(len, dict.fromkeys(texts)))  # the known ones stay too
+        others = self.chars - space.chars
+        if need + others > self.budget:
+            raise IndexFull(f"the texts need {need} characters, and this server's registered-text index "
+                            f"(--mepic-known-texts-mb, {self.budget} characters in all) has "
+                            f"{max(0, self.budget - others)} left for this namespace")
+        self.spaces[namespace] = space
+        new = [t not in space.texts for t in texts]
+        for text in texts:
+            if text in space.texts:
+                space.texts.move_to_end(text)
+        kept = set(texts)
+        for text in fresh:
+            while self.chars + len(text) > self.budget:
+                oldest = next(iter(space.texts))
+                if oldest in kept:  # this request's texts stay; all of them fit, by the check above
+                    space.texts.move_to_end(oldest)
+                    continue
+                self.chars -= space.drop_oldest()
+            space.add(text)
+            self.chars += len(text)
+        return new
+
+    def add(self, namespace, text: str) -> bool:
+        return self.add_all(namespace, [text])[0]
 
     def find(self, namespace, prompt: str) -> list[tuple[int, int]]:
         space = self.spaces.get(namespace)
@@ -173,7 +205,7 @@ _REGISTRY: KnownTexts | None = None
 
 
 def registry() -> KnownTexts:
-    """This tokenizer process's registered texts (--mepic-known-texts-mb each namespace)."""
+    """This tokenizer process's registered texts (--mepic-known-texts-mb in all)."""
     global _REGISTRY
     if _REGISTRY is None:
         _REGISTRY = KnownTexts(config.known_texts_chars())
