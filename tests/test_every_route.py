@@ -66,8 +66,10 @@ NOT_HERE = {
     "/v1/responses/{response_id}/cancel": None,
 }
 # Routes that take no prompt text (administration, sessions, weights, token ids, audio files,
-# parsing model output).
+# parsing model output). /mepic/chunks takes documents to register, never a prompt: markup in one
+# is refused (tests/test_known_texts_server.py).
 NO_PROMPT = {
+    "/mepic/chunks",
     "/abort_request", "/add_external_corpus", "/api/show", "/begin_weight_update", "/close_session",
     "/configure_logging", "/continue_generation", "/destroy_weights_update_group", "/dump_expert_distribution_record",
     "/end_weight_update", "/flush_cache", "/freeze_gc", "/get_weights_by_name", "/hicache/storage-backend",
