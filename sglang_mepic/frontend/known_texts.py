@@ -19,9 +19,10 @@ are dropped, is refused (`IndexFull`) instead of pushing out another's.
 **Finding them.** Each text is indexed by the hash of its first `ANCHOR`
 characters. A prompt's windows of `ANCHOR` characters are hashed at once with
 numpy (a polynomial hash mod 2^64: prefix sums of c_j*B^j, each window scaled by
-B^-i), looked up by binary search in the namespace's sorted anchors, and each
-hit is verified character for character. Cost: linear in the prompt; the index
-size enters only as the log of a binary search. Texts shorter than `ANCHOR`
+B^-i); a bit table of the anchors' low bits (64 bits a text, so about 1 window in
+64 of a prompt passes by chance) picks the windows to look up in the anchors,
+and each hit is verified character for character. Cost: linear in the prompt,
+independent of the number of texts. Texts shorter than `ANCHOR`
 characters cannot be registered.
 
 **Overlaps.** The leftmost match is taken first; of matches starting at one
@@ -96,13 +97,13 @@ class Namespace:
     texts: OrderedDict = field(default_factory=OrderedDict)   # text -> None, least recent first
     anchors: dict = field(default_factory=dict)               # anchor -> texts starting with it
     chars: int = 0
-    _sorted: np.ndarray | None = None
+    _filter: np.ndarray | None = None   # bit table of the anchors' low bits, rebuilt after a change
 
     def add(self, text: str) -> None:
         self.texts[text] = None
         self.anchors.setdefault(anchor_of(text), []).append(text)
         self.chars += len(text)
-        self._sorted = None
+        self._filter = None
 
     def drop_oldest(self) -> int:
         """Forget the least recent text; returns its length."""
@@ -114,18 +115,19 @@ class Namespace:
         if not same:
             del self.anchors[key]
         self.chars -= len(text)
-        self._sorted = None
+        self._filter = None
         return len(text)
 
     def find(self, prompt: str) -> list[tuple[int, int]]:
         """[start, end) character spans of the known texts in `prompt`, by the rule above."""
         if not self.anchors or len(prompt) < ANCHOR:
             return []
-        if self._sorted is None:
-            self._sorted = np.array(sorted(self.anchors), dtype=np.uint64)
+        if self._filter is None:
+            size = 1 << max(12, min(24, (64 * len(self.anchors)).bit_length()))
+            self._filter = np.zeros(size, dtype=bool)
+            self._filter[np.array(list(self.anchors), dtype=np.uint64) & np.uint64(size - 1)] = True
         hashes = window_hashes(prompt)
-        at = np.searchsorted(self._sorted, hashes)
-        hit = self._sorted[np.minimum(at, len(self._sorted) - 1)] == hashes
+        hit = self._filter[hashes & np.uint64(len(self._filter) - 1)]
         spans, resume = [], 0
         for start in np.flatnonzero(hit).tolist():
             if start < resume:
