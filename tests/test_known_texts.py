@@ -113,3 +113,25 @@ def test_every_inserted_text_is_found_exactly_where_it_was_put(seeds, data):
         expected.append((len(prompt), len(prompt) + len(texts[j])))
         prompt += texts[j] + filler[i + 1]
     assert known.find("ns", prompt) == expected
+
+
+def test_what_a_reviewer_tried_stays_cheap_and_correct():
+    """Found by review (2026-11-28): a lone surrogate (a valid JSON escape) raised in the hash and left a
+    text half-registered; texts sharing one start made every window of a repeating prompt a candidate."""
+    from sglang_mepic.frontend.known_texts import MAX_SAME_START, namespace_of
+
+    known = KnownTexts(1 << 24)
+    odd = "\ud800" * 70
+    known.add("s", odd)
+    assert known.find("s", "q" + odd) == [(1, 71)] and known.chars == 70
+    same = ["A" * 200 + str(i) for i in range(MAX_SAME_START)]
+    known.add_all("n", same)
+    with pytest.raises(KnownTextError, match="same 64 characters"):
+        known.add("n", "A" * 300)
+    assert known.size("n") == MAX_SAME_START
+    assert known.find("n", "A" * 100_000) == []  # every window starts like them; none is whole
+    assert known.find("n", "zz" + same[3] + "!") == [(2, 2 + len(same[3]))]
+    with pytest.raises(IndexFull) as full:
+        KnownTexts(1_000).add_all("x", [doc(1, 200)])
+    assert not any(ch.isdigit() for ch in str(full.value).split("characters", 1)[1])  # says nothing of others
+    assert namespace_of("", "") == namespace_of(None, None) == (None, None)

@@ -10,8 +10,9 @@ it at indexing time, so the first user does not pay the compile. The answer
 says, per text, whether it was new to the namespace and where its chunk was
 when asked (`absent`: compiled now; `device`, `host`, `storage`: stored
 already), as the request's own `mepic_residency` would; it never says anything
-about another namespace. Bad input is a 400 and registers nothing; texts that
-do not fit the index beside other namespaces' are a 507 and register nothing.
+about another namespace's texts. Bad input is a 400 and registers nothing;
+texts that do not fit the index beside other namespaces' are a 507 and register
+nothing (the index is shared: a full one refuses every namespace's new texts).
 """
 
 from starlette.requests import Request

@@ -19,8 +19,8 @@ are dropped, is refused (`IndexFull`) instead of pushing out another's.
 **Finding them.** Each text is indexed by the hash of its first `ANCHOR`
 characters. A prompt's windows of `ANCHOR` characters are hashed at once with
 numpy (a polynomial hash mod 2^64: prefix sums of c_j*B^j, each window scaled by
-B^-i); a bit table of the anchors' low bits (64 bits a text, so about 1 window in
-64 of a prompt passes by chance) picks the windows to look up in the anchors,
+B^-i); two bit tables of two bit fields of the anchors (64 bits a text each, so
+about 1 window in 4,000 passes both by chance) pick the windows to look up,
 and each hit is verified character for character. Cost: linear in the prompt,
 independent of the number of texts. Texts shorter than `ANCHOR`
 characters cannot be registered.
@@ -41,6 +41,9 @@ from sglang_mepic.wire.segments import Kind
 ANCHOR = 64
 _B = 0x100000001B3  # odd: invertible mod 2^64
 _B_INV = pow(_B, -1, 1 << 64)
+_MASK = (1 << 64) - 1
+# Texts that may share one start: each is a candidate wherever the start occurs in a prompt.
+MAX_SAME_START = 8
 
 
 class KnownTextError(ValueError):
@@ -54,12 +57,17 @@ class _Powers:
         self.up = np.ones(1, dtype=np.uint64)
         self.down = np.ones(1, dtype=np.uint64)
 
+    KEPT = 1 << 20  # powers kept for prompts up to this many characters; a longer one computes its own
+
     def get(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         if len(self.up) < n:
             size = max(n, 2 * len(self.up))
             with np.errstate(over="ignore"):
-                self.up = np.concatenate([[np.uint64(1)], np.cumprod(np.full(size - 1, _B, dtype=np.uint64))])
-                self.down = np.concatenate([[np.uint64(1)], np.cumprod(np.full(size - 1, _B_INV, dtype=np.uint64))])
+                up = np.concatenate([[np.uint64(1)], np.cumprod(np.full(size - 1, _B, dtype=np.uint64))])
+                down = np.concatenate([[np.uint64(1)], np.cumprod(np.full(size - 1, _B_INV, dtype=np.uint64))])
+            if size > self.KEPT:
+                return up[:n], down[:n]
+            self.up, self.down = up, down
         return self.up[:n], self.down[:n]
 
 
@@ -67,7 +75,8 @@ _POWERS = _Powers()
 
 
 def _codes(text: str) -> np.ndarray:
-    return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+    # One code unit a Python character, lone surrogates (valid JSON escapes) included.
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.uint64)
 
 
 def anchor_of(text: str) -> int:
@@ -78,16 +87,34 @@ def anchor_of(text: str) -> int:
         return int(np.sum(codes * up, dtype=np.uint64))
 
 
+class _Hashes:
+    """Prefix sums of a text's c_j*B^j: the hash of any span in O(1), as `anchor_of` hashes a start."""
+
+    def __init__(self, text: str):
+        n = len(text)
+        up, self.down = _POWERS.get(max(n, 1))
+        with np.errstate(over="ignore"):
+            self.prefix = np.concatenate([[np.uint64(0)], np.cumsum(_codes(text) * up[:n], dtype=np.uint64)])
+
+    def windows(self) -> np.ndarray:
+        """The hash of every window of ANCHOR characters, by its first character."""
+        n = len(self.prefix) - 1
+        if n < ANCHOR:
+            return np.zeros(0, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            return (self.prefix[ANCHOR:] - self.prefix[:-ANCHOR]) * self.down[:n - ANCHOR + 1]
+
+    def span(self, start: int, length: int) -> int:
+        return ((int(self.prefix[start + length]) - int(self.prefix[start])) * int(self.down[start])) & _MASK
+
+
 def window_hashes(text: str) -> np.ndarray:
     """The hash of every window of ANCHOR characters of `text`, by its first character."""
-    n = len(text)
-    if n < ANCHOR:
-        return np.zeros(0, dtype=np.uint64)
-    codes = _codes(text)
-    up, down = _POWERS.get(n)
-    with np.errstate(over="ignore"):
-        prefix = np.concatenate([[np.uint64(0)], np.cumsum(codes * up, dtype=np.uint64)])
-        return (prefix[ANCHOR:] - prefix[:-ANCHOR]) * down[:n - ANCHOR + 1]
+    return _Hashes(text).windows()
+
+
+def text_hash(text: str) -> int:
+    return _Hashes(text).span(0, len(text))
 
 
 @dataclass
@@ -95,13 +122,14 @@ class Namespace:
     """One namespace's registered texts: least recently registered or found first, and their anchors."""
 
     texts: OrderedDict = field(default_factory=OrderedDict)   # text -> None, least recent first
-    anchors: dict = field(default_factory=dict)               # anchor -> texts starting with it
+    anchors: dict = field(default_factory=dict)               # anchor -> [(text, its hash)] starting with it
     chars: int = 0
-    _filter: np.ndarray | None = None   # bit table of the anchors' low bits, rebuilt after a change
+    _filter: tuple | None = None   # bit tables of two bit fields of the anchors, rebuilt after a change
 
     def add(self, text: str) -> None:
+        entry = (text, text_hash(text))
+        self.anchors.setdefault(anchor_of(text), []).append(entry)
         self.texts[text] = None
-        self.anchors.setdefault(anchor_of(text), []).append(text)
         self.chars += len(text)
         self._filter = None
 
@@ -111,7 +139,7 @@ class Namespace:
         del self.texts[text]
         key = anchor_of(text)
         same = self.anchors[key]
-        same.remove(text)
+        same[:] = [e for e in same if e[0] != text]
         if not same:
             del self.anchors[key]
         self.chars -= len(text)
@@ -124,20 +152,38 @@ class Namespace:
             return []
         if self._filter is None:
             size = 1 << max(12, min(24, (64 * len(self.anchors)).bit_length()))
-            self._filter = np.zeros(size, dtype=bool)
-            self._filter[np.array(list(self.anchors), dtype=np.uint64) & np.uint64(size - 1)] = True
-        hashes = window_hashes(prompt)
-        hit = self._filter[hashes & np.uint64(len(self._filter) - 1)]
+            anchors = np.array(list(self.anchors), dtype=np.uint64)
+            low, high = np.zeros(size, dtype=bool), np.zeros(size, dtype=bool)
+            low[anchors & np.uint64(size - 1)] = True
+            high[(anchors >> np.uint64(40)) & np.uint64(size - 1)] = True
+            self._filter = (low, high)
+        low, high = self._filter
+        mask = np.uint64(len(low) - 1)
+        spans_of = _Hashes(prompt)
+        hashes = spans_of.windows()
+        starts = np.flatnonzero(low[hashes & mask])
+        keys = hashes[starts]
+        starts, keys = starts[high[(keys >> np.uint64(40)) & mask]], keys[high[(keys >> np.uint64(40)) & mask]]
+        # Every (start, text) whose whole span hashes as the text does, vectorised a start and length at
+        # a time: a prompt that repeats a registered start costs array work, not a Python loop a window.
+        candidates = []
+        for key in np.unique(keys).tolist():
+            entries = self.anchors.get(key)
+            if not entries:
+                continue  # the bit table let it through by chance
+            at = starts[keys == key]
+            for text, full in entries:
+                fits = at[at + len(text) <= len(prompt)]
+                with np.errstate(over="ignore"):
+                    same = (spans_of.prefix[fits + len(text)] - spans_of.prefix[fits]) * spans_of.down[fits]
+                candidates += [(int(i), -len(text), text) for i in fits[same == np.uint64(full)]]
         spans, resume = [], 0
-        for start in np.flatnonzero(hit).tolist():
-            if start < resume:
+        for start, _, text in sorted(candidates):
+            if start < resume or not prompt.startswith(text, start):  # the longest first at one start
                 continue
-            found = [t for t in self.anchors.get(int(hashes[start]), ()) if prompt.startswith(t, start)]
-            if found:
-                text = max(found, key=len)
-                self.texts.move_to_end(text)
-                spans.append((start, start + len(text)))
-                resume = start + len(text)
+            self.texts.move_to_end(text)
+            spans.append((start, start + len(text)))
+            resume = start + len(text)
         return spans
 
 
@@ -168,12 +214,19 @@ class KnownTexts:
             self.check(text)
         space = self.spaces.get(namespace) or Namespace()
         fresh = list(dict.fromkeys(t for t in texts if t not in space.texts))
+        starts: dict = {}
+        for text in fresh:
+            key = anchor_of(text)
+            starts[key] = starts.get(key, len(space.anchors.get(key, ()))) + 1
+            if starts[key] > MAX_SAME_START:
+                raise KnownTextError(f"more than {MAX_SAME_START} registered texts would start with the same "
+                                     f"{ANCHOR} characters ({text[:ANCHOR]!r}); register them with distinct starts")
         need = sum(map(len, dict.fromkeys(texts)))  # the known ones stay too
         others = self.chars - space.chars
         if need + others > self.budget:
-            raise IndexFull(f"the texts need {need} characters, and this server's registered-text index "
-                            f"(--mepic-known-texts-mb, {self.budget} characters in all) has "
-                            f"{max(0, self.budget - others)} left for this namespace")
+            raise IndexFull(f"the texts need {need} characters, more than this server's registered-text index "
+                            "(--mepic-known-texts-mb) has room for; register fewer, or ask the operator for a "
+                            "larger index")
         self.spaces[namespace] = space
         new = [t not in space.texts for t in texts]
         for text in texts:
@@ -218,7 +271,7 @@ def namespace_of(extra_key, cache_salt) -> tuple:
     """A request's namespace for registered texts: what keeps its cache entries apart from another
     tenant's (SGLang treats an empty cache_salt as none). The LoRA adapter is left out: it keeps the
     chunks' KV apart in the cache already, and a text registered once serves every adapter."""
-    return (extra_key if isinstance(extra_key, str) else None,
+    return (extra_key if isinstance(extra_key, str) and extra_key else None,
             cache_salt if isinstance(cache_salt, str) and cache_salt else None)
 
 
