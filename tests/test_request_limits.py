@@ -80,6 +80,16 @@ def test_media_only_where_the_model_has_a_processor():
         request_limits.check(manager(), request(image_data=absent), [1])
 
 
+def test_cache_key_fields_are_strings_for_one_prompt():
+    """`"lora_id": ["x"]` on one prompt took the server down (a TypeError in SGLang's Req; request fuzzer)."""
+    for field in ("lora_id", "extra_key", "cache_salt"):
+        for bad in (["x"], 3, {"a": 1}):
+            with pytest.raises(request_limits.LimitError, match=f"{field} must be a string"):
+                request_limits.check(manager(), request(**{field: bad}), [1])
+        request_limits.check(manager(), request(**{field: "x"}), [1])
+        request_limits.check(manager(), request(**{field: None}), [1])
+
+
 def alive(server) -> None:
     r = requests.post(server.url + "/generate", timeout=60, json={"text": "still there?", "sampling_params": GREEDY})
     assert r.status_code == 200, r.text

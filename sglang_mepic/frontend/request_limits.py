@@ -77,6 +77,7 @@ def _given(field: str, value) -> bool:
 def check(manager, obj, input_ids) -> None:
     """Refuse a generate request (one item of a batch) outside the scheduler's bounds."""
     _check_media(manager, obj)
+    _check_keys(obj)
     _check_top_logprobs(obj, manager.model_config.vocab_size)
     _check_logprob_start(obj)
     _check_sampling_numbers(getattr(obj, "sampling_params", None))
@@ -88,6 +89,20 @@ def check(manager, obj, input_ids) -> None:
             raise LimitError(f"the input is {len(input_ids)} tokens, more than the {limit} this server accepts "
                              f"in one request (context length {manager.context_len}, "
                              f"KV pool input limit {getattr(manager, 'max_req_input_len', None)})")
+
+
+# Fields the scheduler joins as text into a request's cache key (Req appends lora_id to extra_key):
+# `"lora_id": ["x"]` on one prompt raised a TypeError there and the server exited (request fuzzer,
+# 2026-11-28). A list is a batch's, split one per prompt before this check.
+KEY_FIELDS = ("lora_id", "extra_key", "cache_salt")
+
+
+def _check_keys(obj) -> None:
+    for name in KEY_FIELDS:
+        value = getattr(obj, name, None)
+        if value is not None and not isinstance(value, str):
+            raise LimitError(f"{name} must be a string for one prompt (a list only in a batch, one string a "
+                             f"prompt), got {type(value).__name__}")
 
 
 def _check_media(manager, obj) -> None:
