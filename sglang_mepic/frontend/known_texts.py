@@ -79,14 +79,6 @@ def _codes(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.uint64)
 
 
-def anchor_of(text: str) -> int:
-    """The hash of a text's first ANCHOR characters (as `window_hashes` hashes a window)."""
-    codes = _codes(text[:ANCHOR])
-    up, _ = _POWERS.get(len(codes))
-    with np.errstate(over="ignore"):
-        return int(np.sum(codes * up, dtype=np.uint64))
-
-
 class _Hashes:
     """Prefix sums of a text's c_j*B^j: the hash of any span in O(1), as `anchor_of` hashes a start."""
 
@@ -106,6 +98,12 @@ class _Hashes:
 
     def span(self, start: int, length: int) -> int:
         return ((int(self.prefix[start + length]) - int(self.prefix[start])) * int(self.down[start])) & _MASK
+
+
+def anchor_of(text: str) -> int:
+    """The hash of a text's first ANCHOR characters (as `_Hashes.windows` hashes a window)."""
+    head = text[:ANCHOR]
+    return _Hashes(head).span(0, len(head))
 
 
 def window_hashes(text: str) -> np.ndarray:
