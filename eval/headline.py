@@ -30,6 +30,9 @@ SMOL_TTFT = {"squad": RESULTS / "compile-rows" / "smol-squad-after" / "results.j
              "hotpotqa": RESULTS / "compile-rows" / "smol-hotpot-after" / "results.json"}
 # What the memory buys (issue 50): capacity within the SLO at a fixed pool, and KV at matched concurrency.
 CAPACITY = RESULTS / "capacity" / "results.json"
+# The same search on another dataset and on the default model, at one pool each (issue 50).
+CAPACITY_MORE = {"capacity-hotpotqa": RESULTS / "capacity-hotpotqa" / "results.json",
+                 "capacity-smollm2": RESULTS / "capacity-smollm2" / "results.json"}
 TABLE2 = {"squad": RESULTS / "squad-paper" / "base-repeats" / "results.json",
           "hotpotqa": RESULTS / "hotpotqa-paper" / "base-repeats" / "results.json"}
 # The paper's Table 2 (Mistral-7B, vLLM + LMCache, Ascend 910B): SQuAD only of our datasets.
@@ -121,13 +124,32 @@ def capacity_rows(results: dict | None) -> list[str]:
     return lines
 
 
+def more_capacity_rows(path: Path) -> list[str]:
+    """Capacity ratios of a one-pool run (HotpotQA, SmolLM2), seed by seed: figures beside the judged ones."""
+    results = load(path)
+    cells = [capacity.Cell(**c) for c in (results or {}).get("cells", []) if c["kind"] == "capacity"]
+    if not cells:
+        return []
+    pool = min(c.pool_pages for c in cells)
+    given = results.get("args", {})
+    what = f"{Path(given.get('model', 'tiny-4l')).name}, {given.get('dataset', 'squad')}, {given.get('chunks', 7)} chunks"
+    lines = []
+    for other in ("epic-16", "vanilla"):
+        values = capacity.paired(cells, "capacity", pool, "mepic", other, capacity.capacity_of)
+        if values:
+            med, rng = span(values)
+            lines.append(f"| capacity within the SLO, mepic / {other}, at {pool:,} pages ({what}) | {med} | {rng} | "
+                         f"{len(values)} | — | `{rel(path)}` |")
+    return lines
+
+
 def headline() -> str:
     base, qps = load(TINY_BASE), load(TINY_QPS)
     smol = {k: load(v) for k, v in SMOL.items()}
     smol_ttft = {k: load(v) for k, v in SMOL_TTFT.items()}
     cap = load(CAPACITY)
     lines = ["| figure | median | range | runs | target | source |", "|---|---|---|---|---|---|",
-             *capacity_rows(cap)]
+             *capacity_rows(cap), *(row for p in CAPACITY_MORE.values() for row in more_capacity_rows(p))]
 
     def add_ratio(name, results, path, metric, a, b, target, ok, q=None):
         r = ratio(results, metric, a, b, q)
@@ -201,12 +223,12 @@ def table2() -> str:
     return "\n".join(lines + ["", "Sources (F1 from the SmolLM2 runs of the headline):", *notes])
 
 
-def capacity_tables() -> str:
+def capacity_tables(results: Path = CAPACITY) -> str:
     """eval.capacity's table.md as it wrote it, below its title."""
-    table = CAPACITY.with_name("table.md")
+    table = results.with_name("table.md")
     if not table.is_file():
-        return "Not run yet: `python -m eval.capacity`."
-    return table.read_text().split("\n", 1)[1].strip() + f"\n\nFrom `{rel(table)}`; the plot is `{rel(CAPACITY.with_name('capacity.png'))}`."
+        return f"Not run yet: `python -m eval.capacity --out {rel(results.parent)}`."
+    return table.read_text().split("\n", 1)[1].strip() + f"\n\nFrom `{rel(table)}`; the plot is `{rel(results.with_name('capacity.png'))}`."
 
 
 def replace(path: Path, name: str, body: str) -> None:
@@ -228,6 +250,8 @@ def main(argv=None) -> None:
         replace(ROOT / "README.md", "headline", head)
         replace(ROOT / "docs" / "results.md", "table2", t2)
         replace(ROOT / "docs" / "results.md", "capacity", capacity_tables())
+        for name, path in CAPACITY_MORE.items():
+            replace(ROOT / "docs" / "results.md", name, capacity_tables(path))
         print("[headline] README.md and docs/results.md updated")
 
 
