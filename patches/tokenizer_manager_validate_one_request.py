@@ -7,7 +7,7 @@ request's final input_ids, markup already removed.
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.frontend import intake, request_limits
+from sglang_mepic.frontend import intake, request_limits, request_state
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
@@ -18,5 +18,5 @@ def hook(manager, obj, input_ids, *args, **kwargs):
     try:
         request_limits.check(manager, obj, input_ids)
     except ValueError as e:
-        raise intake.relabel(obj, e) from None
+        raise request_state.relabel(obj, e) from None
     intake.check(obj, input_ids)

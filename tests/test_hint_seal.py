@@ -18,10 +18,10 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import decode_kv_hints_envelope
 from sglang.srt.utils.request_logger import RequestLogger
 
-from sglang_mepic.frontend import intake
+from sglang_mepic.frontend import intake, request_state
 from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
 from sglang_mepic.frontend.markup import CHUNK_END_ID as END
-from sglang_mepic.frontend.request_markup import CHUNKS_ATTR, with_hint
+from sglang_mepic.frontend.request_markup import with_hint
 from sglang_mepic.patches import request_logger_compute_metadata as log_patch
 from sglang_mepic.process.server_process import ServerProcess
 from sglang_mepic.wire import hint
@@ -39,7 +39,10 @@ LAYOUT = hint.Hint(chunks=((16, 48),), pads=((48, 16),))
 def made(ids=IDS, layout=LAYOUT) -> GenerateReqInput:
     """A request as the tokenizer side leaves it: final ids and the hint it sealed for them."""
     obj = GenerateReqInput(input_ids=list(ids), sampling_params=dict(GREEDY))
-    obj.kv_hints = with_hint(None, "r", hint.encode(layout), obj.input_ids)
+    obj.kv_hints = with_hint(None, "r", hint.encode(layout))
+    request_state.mark(obj, request_state.MarkedRequest.made(layout.chunks, len(ids) - sum(n for _, n in layout.pads),
+                                                      len(ids), obj.input_ids))
+    intake.check(obj, obj.input_ids)  # validation seals it
     return obj
 
 
@@ -92,7 +95,6 @@ def test_ids_changed_after_the_server_laid_out_a_request_are_named():
     """A multimodal processor that expands media placeholders changes the ids after the layout (and its
     seal) was made: refused, saying so, instead of sent with every span in the wrong place."""
     obj = made()
-    setattr(obj, CHUNKS_ATTR, ((16, 48),))
     with pytest.raises(intake.IntakeError, match="changed after its chunks were laid out"):
         intake.check(obj, obj.input_ids[:20] + [9] * 8 + obj.input_ids[20:])
 

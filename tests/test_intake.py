@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from sglang_mepic.frontend import intake
+from sglang_mepic.frontend import intake, request_state
 from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
 from sglang_mepic.frontend.markup import CHUNK_END_ID as END
 
@@ -37,7 +37,7 @@ IDS = list(range(100, 140))
 
 
 def sealed(payload, ids=IDS):
-    return intake.stamp({"action_version": "1", "payload": dict(payload)}, ids)["payload"]
+    return {**payload, intake.MARK_KEY: intake.seal("1", payload, ids)}
 
 
 def test_only_hints_the_server_sealed_pass():
@@ -85,7 +85,7 @@ class Item(SimpleNamespace):
 
 def test_errors_name_the_batch_item():
     item = Item(text="", input_ids=[], kv_hints=None)
-    intake.ITEMS.set(item, 2)
+    request_state.ITEMS.set(item, 2)
     with pytest.raises(intake.IntakeError, match="^batch item 2: "):
         intake.check(item, [])
 

@@ -124,7 +124,7 @@ def test_markup_in_a_session_is_refused_where_it_would_be_laid_out():
 
     from sglang.srt.managers.io_struct import GenerateReqInput
 
-    from sglang_mepic.frontend.intake import IntakeError
+    from sglang_mepic.frontend.markup import MarkupError
     from sglang_mepic.frontend.request_markup import strip_markup
 
     encode = {"intro ": [5, 6], "doc " * 10: list(range(10, 30)), " q?": [7]}
@@ -136,7 +136,7 @@ def test_markup_in_a_session_is_refused_where_it_would_be_laid_out():
         obj = GenerateReqInput(text="intro " + chunk("doc " * 10) + " q?", session_params={"id": "s1"})
         obj.normalize_batch_and_arguments()
         if radix == "mepic":  # pads would reach the model as tokens: refused with a reason
-            with pytest.raises(IntakeError, match="session"):
+            with pytest.raises(MarkupError, match="session"):
                 strip_markup(manager, obj)
         else:  # not laid out: plain ids, as without markup
             strip_markup(manager, obj)

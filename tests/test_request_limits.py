@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from sglang_mepic.frontend import request_limits
+from sglang_mepic.frontend import request_limits, request_state
 from sglang_mepic.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.server
@@ -42,6 +42,19 @@ def test_the_smaller_of_context_and_pool_limits_the_input():
     with pytest.raises(request_limits.LimitError, match="2042 tokens, more than the 2041"):
         request_limits.check(manager(pool=2042), request(), [1] * 2042)
     request_limits.check(manager(pool=2042, truncate=True), request(), [1] * 3000)  # SGLang truncates it
+
+
+def test_a_laid_out_request_is_held_to_the_limit_by_its_slots_even_where_sglang_would_truncate():
+    """Cutting a laid-out request would cut its layout: its padded slots must fit, whatever
+    --allow-auto-truncate says, and the refusal counts the client's tokens apart from the slots."""
+    slots = [1] * 67
+    laid_out = request(**{request_state.ATTR: request_state.MarkedRequest.made(((3, 43),), 46, 67, slots)})
+    for truncate in (False, True):
+        with pytest.raises(request_limits.LimitError, match=r"67 KV slots after chunk padding \(46 real tokens\), "
+                                                            "more than the 60"):
+            request_limits.check(manager(context=61, truncate=truncate), laid_out, slots)
+    request_limits.check(manager(context=68), laid_out, slots)
+    request_limits.check(manager(context=61, truncate=True), request(), slots)  # not laid out: SGLang truncates it
 
 
 def test_top_logprobs_are_bounded_by_the_vocabulary():

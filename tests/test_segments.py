@@ -89,12 +89,6 @@ def test_adjacent_prompts_merge():
     assert len(lay.segments) == 1 and len(lay.segments[0].tokens) == 9
 
 
-def test_too_long_for_context():
-    with pytest.raises(SegmentationError, match="context length"):
-        layout([prompt(3), chunk(40), prompt(3)], B, max_slots=60)
-    assert layout([prompt(3), chunk(40), prompt(3)], B, max_slots=67).size == 67
-
-
 def test_chunk_hash_identity():
     seg = layout([chunk(40)], B).segments[0]
     other = layout([chunk(40, 1)], B).segments[0]

@@ -12,9 +12,10 @@ batch, n > 1 and OpenAI paths all go through):
   action tells the planner where chunks and pads are. A client that could
   send one could have the scheduler key its own tokens as a chunk's. (No
   action makes the scheduler store KV: it stores what its own compile rows
-  compute, compile_rows.py.) The tokenizer side seals every action it creates: its mark is an
-  HMAC, under a key random to this process that never leaves it, of the
-  action's payload and the request's final input ids. An action whose mark is
+  compute, compile_rows.py.) The tokenizer side seals every action it made
+  (request_markup.py; request_state.MarkedRequest says which) here, once the ids are
+  final: its mark is an HMAC, under a key random to this process that never
+  leaves it, of the action's payload and the request's final input ids. An action whose mark is
   not the seal of its own payload and ids is refused, whatever path the request
   came by. A mark is no bearer token: one copied from a log or a response
   authorises only the identical request, which the server itself made.
@@ -26,7 +27,8 @@ import json
 import secrets
 from array import array
 
-from sglang_mepic.side_table import SideTable
+from sglang_mepic.frontend import request_state
+from sglang_mepic.frontend.request_state import MarkedRequest, labelled
 from sglang_mepic.wire.hint import HINT_TYPE, MARK_KEY
 
 # Random per tokenizer process; it never leaves the process (the scheduler ignores the mark).
@@ -56,38 +58,16 @@ def seal(version, payload: dict, input_ids) -> str:
     return mac.hexdigest()
 
 
-def stamp(action: dict, input_ids) -> dict:
-    """Seal an encoded `mepic.chunks` action (hint.encode) as made by this server for a request whose
-    final input ids are `input_ids`."""
-    action["payload"][MARK_KEY] = seal(action["action_version"], action["payload"], input_ids)
-    return action
-
-
 def _is_ours(action, input_ids) -> bool:
     payload = action.payload if isinstance(action.payload, dict) else {}
     mark = payload.get(MARK_KEY)
     return isinstance(mark, str) and hmac.compare_digest(mark, seal(action.action_version, payload, input_ids))
 
 
-# Set (request_markup.CHUNKS_ATTR) on a request whose markup this server turned into its hint; no
-# client can set it (a request body sets declared fields only). An attribute, not a side table:
-# with n > 1 SGLang sends and streams `copy.copy`s of the tokenized request (TokenizerManager's
-# batch path), and each copy's response reports the chunks.
-MARKED_ATTR = "_mepic_chunks"
-
-
-def check_hints(kv_hints, input_ids, marked_here: bool = False) -> None:
-    """Refuse a `mepic.chunks` action that is not sealed for its own payload and these final ids.
-
-    `marked_here`: the server made this request's hint from its markup, so a broken seal means its
-    ids changed after the layout was made (a multimodal processor expanding media placeholders),
-    which would put every span in the wrong place."""
+def check_hints(kv_hints, input_ids) -> None:
+    """Refuse a `mepic.chunks` action that is not sealed for its own payload and these final ids."""
     for action in kv_hints.actions if kv_hints is not None else []:
         if action.action_type == HINT_TYPE and not _is_ours(action, input_ids):
-            if marked_here:
-                raise IntakeError("the prompt's token ids changed after its chunks were laid out (the model's "
-                                  "processor expands media placeholders): chunk markup cannot be used with this "
-                                  "request's image, audio or video data")
             raise IntakeError(f"kv_hints action {HINT_TYPE!r} is made by the server, not sent by clients: "
                               f"mark chunks with <|chunk|>...<|/chunk|> in text, or ids -100 ... -101 in input_ids")
 
@@ -104,6 +84,19 @@ def check_prompt(text, input_ids, session_params=None, multimodal: bool = False)
         raise IntakeError("the prompt has no tokens (empty text, or chunk markers with nothing in them)")
 
 
+def seal_marked(obj, marked: MarkedRequest, input_ids) -> None:
+    """Seal the hint the server made from this request's markup (request_markup.py), now that its ids
+    are final; refuse the request if they are not the ids its layout was made for (a multimodal
+    processor expanding media placeholders would put every span in the wrong place)."""
+    if not marked.same_ids(input_ids):
+        raise IntakeError("the prompt's token ids changed after its chunks were laid out (the model's "
+                          "processor expands media placeholders): chunk markup cannot be used with this "
+                          "request's image, audio or video data")
+    for action in obj.kv_hints.actions if obj.kv_hints is not None else []:
+        if action.action_type == HINT_TYPE:
+            action.payload[MARK_KEY] = seal(action.action_version, action.payload, input_ids)
+
+
 def check(obj, input_ids) -> None:
     """Refuse what must not reach the scheduler; the message names the batch item, if any."""
     try:
@@ -111,27 +104,13 @@ def check(obj, input_ids) -> None:
         # `text`, which must not decide what is refused.
         text = getattr(obj, "text", None) if getattr(obj, "input_ids", None) is None else None
         check_prompt(text, input_ids, getattr(obj, "session_params", None), multimodal=_multimodal(obj))
-        check_hints(getattr(obj, "kv_hints", None), input_ids, marked_here=hasattr(obj, MARKED_ATTR))
+        if (marked := request_state.marked(obj)) is not None:
+            seal_marked(obj, marked, input_ids)
+        else:
+            check_hints(getattr(obj, "kv_hints", None), input_ids)
     except IntakeError as e:
         raise IntakeError(labelled(obj, str(e))) from None
 
 
 def _multimodal(obj) -> bool:
     return any(getattr(obj, f, None) for f in ("image_data", "video_data", "audio_data"))  # [] is no data
-
-
-# SGLang splits a batch into per-item objects (`GenerateReqInput.__getitem__`); the item's
-# index is kept beside it so that an error can say which item it is about.
-ITEMS: SideTable = SideTable("batch item index")
-
-
-def labelled(obj, message: str) -> str:
-    item = ITEMS.get(obj)
-    return message if item is None or message.startswith("batch item") else f"batch item {item}: {message}"
-
-
-def relabel(obj, error: ValueError) -> ValueError:
-    try:
-        return type(error)(labelled(obj, str(error)))
-    except TypeError:  # an error type that takes other arguments keeps its message
-        return error

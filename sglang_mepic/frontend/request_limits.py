@@ -8,8 +8,9 @@ refused after its chunk compiles have run:
 - **The input limit the KV pool sets.** The scheduler refuses inputs of
   `max_req_input_len` tokens or more (from the pool size when the pool holds
   fewer tokens than the context). A laid-out request is checked against the
-  smaller of the two limits when its layout is made (`max_input_slots`), before
-  any compile is sent; any other request here, as SGLang itself would refuse it.
+  smaller of the two limits (`max_input_slots`), whatever `--allow-auto-truncate`
+  says (cutting it would cut its layout); any other request as SGLang itself would
+  refuse it.
 - **Fields that size or fill a tensor.** `top_logprobs_num` is the `k` of a
   top-k over the vocabulary: above the vocabulary's size the sampler raised in
   the scheduler and the process exited. Integer sampling parameters become
@@ -20,6 +21,8 @@ refused after its chunk compiles have run:
 """
 
 import re
+
+from sglang_mepic.frontend import request_state
 
 # Fields only a model with a multimodal processor reads (`positional_embed_overrides: [1]` on the tiny
 # model took the scheduler down; request fuzzer).
@@ -40,9 +43,15 @@ def max_input_slots(manager) -> int:
     return max(0, limit - 1)
 
 
-def check_laid_out(manager, obj, slots: int, real_tokens: int) -> None:
-    """A laid-out request's slots and its new tokens must fit the context. SGLang checks the same sum,
-    but on the slots it is sent, and its refusal named a token count the client never sent."""
+def _check_laid_out(manager, obj, slots: int, real_tokens: int) -> None:
+    """A laid-out request's slots, and its slots and new tokens, must fit. SGLang checks the same, but
+    its refusal named a slot count as the client's tokens (or, after an n > 1 request's compiles had
+    run, the scheduler aborted it)."""
+    limit = max_input_slots(manager)
+    if slots > limit:
+        raise LimitError(f"request needs {slots} KV slots after chunk padding ({real_tokens} real tokens), more "
+                         f"than the {limit} this server accepts in one request (the smaller of the context length "
+                         "and the KV pool's input limit)")
     params = getattr(obj, "sampling_params", None)
     new = params.get("max_new_tokens") if isinstance(params, dict) else None
     if allows_truncation(manager) or not _whole(new):
@@ -83,7 +92,10 @@ def check(manager, obj, input_ids) -> None:
     _check_sampling_numbers(getattr(obj, "sampling_params", None))
     _check_stop_regex(getattr(obj, "sampling_params", None))
     _check_stop_token_ids(getattr(obj, "sampling_params", None), manager.model_config.vocab_size)
-    if input_ids is not None and not allows_truncation(manager):
+    marked = request_state.marked(obj)
+    if marked is not None and marked.slots is not None:
+        _check_laid_out(manager, obj, marked.slots, marked.real_tokens)
+    elif input_ids is not None and not allows_truncation(manager):
         limit = max_input_slots(manager)
         if len(input_ids) > limit:
             raise LimitError(f"the input is {len(input_ids)} tokens, more than the {limit} this server accepts "

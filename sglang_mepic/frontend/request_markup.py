@@ -13,16 +13,11 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
 
 from sglang_mepic import config
-from sglang_mepic.frontend import auto_chunk, intake, known_texts, request_limits
-from sglang_mepic.frontend.markup import Marked, has_id_markup, split_ids, tokenize_pieces
+from sglang_mepic.frontend import auto_chunk, known_texts, request_state
+from sglang_mepic.frontend.markup import Marked, MarkupError, has_id_markup, split_ids, tokenize_pieces
 from sglang_mepic.wire import hint
 from sglang_mepic.wire.request_layout import PAD_FILL_ID, start_slot
 from sglang_mepic.wire.segments import PAD_ID, Layout, layout
-
-# The chunk spans of a request, [start, end) in its real tokens (pads left out), kept on the request
-# object for its responses' meta_info (response_meta.py): the tokenizer side streams every copy of
-# an n > 1 request through a shallow copy of the object it tokenized, so it reaches every copy.
-CHUNKS_ATTR = intake.MARKED_ATTR  # also tells intake the server made the request's hint
 
 
 def prepare(manager, obj) -> None:
@@ -32,13 +27,8 @@ def prepare(manager, obj) -> None:
         return
     try:
         strip_markup(manager, obj)
-    except ValueError as e:  # malformed markup, an empty prompt, a request too long once padded
-        raise intake.relabel(obj, e) from None
-
-
-def chunk_spans(obj) -> list[list[int]]:
-    """The chunks a client request marked (by markup, separator or auto-chunking), as [start, end) pairs."""
-    return [list(span) for span in getattr(obj, CHUNKS_ATTR, ())]
+    except ValueError as e:  # malformed markup, too many chunks, markup in a session
+        raise request_state.relabel(obj, e) from None
 
 
 def page_size(manager) -> int:
@@ -53,13 +43,13 @@ def _lays_out_slots(manager) -> bool:
     return args.attention_backend == "mepic" and args.radix_cache_backend == "mepic" and config.mode().reuses
 
 
-def with_hint(envelope: KvHintsEnvelope | None, rid, action: dict, input_ids) -> KvHintsEnvelope:
-    """The request's envelope carrying the encoded hint `action` (hint.encode), sealed as this
-    server's for a request of these final `input_ids` (intake.stamp), in place of any earlier one."""
+def with_hint(envelope: KvHintsEnvelope | None, rid, action: dict) -> KvHintsEnvelope:
+    """The request's envelope carrying the encoded hint `action` (hint.encode) in place of any earlier
+    one (a client's is dropped); intake.py seals it once the request's ids are final."""
     others = [a for a in (envelope.actions if envelope else []) if a.action_type != hint.HINT_TYPE]
     return KvHintsEnvelope(protocol_version=envelope.protocol_version if envelope else "1",
                            message_id=envelope.message_id if envelope else str(rid or ""),
-                           actions=[*others, KvHintAction(**intake.stamp(action, input_ids))])
+                           actions=[*others, KvHintAction(**action)])
 
 
 def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
@@ -74,28 +64,26 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
             and (parts := auto_chunk.text_pieces(obj.text, known_texts.namespace_of(obj.extra_key, obj.cache_salt))) \
             is not None:
         # (ids given are the prompt: a `text` beside them is SGLang's request log's decoding of them)
-        intake.check_prompt("".join(part for _, part in parts), None)
+        if not (text := "".join(part for _, part in parts)).strip():
+            obj.text = text  # refused as an empty prompt at validation (intake.py)
+            return None
         tok = manager.tokenizer
         pieces = tokenize_pieces(parts, lambda s, special: tok.encode(s, add_special_tokens=special))
     else:
         return None  # a client's own mepic.chunks hint is refused at validation (intake.py)
-    # Rejects a request that no longer fits once chunks are padded, here with a 400: the scheduler
-    # would only abort it.
-    lay = layout(pieces, page_size(manager), config.placement(), max_slots=request_limits.max_input_slots(manager))
+    lay = layout(pieces, page_size(manager), config.placement())
     lays_out = _lays_out_slots(manager)
     if len(lay.chunks) > config.max_chunks() and lays_out:  # each may be a compile row
         raise ValueError(f"the request marks {len(lay.chunks)} chunks for reuse, more than the {config.max_chunks()} "
                          "this server allows (--mepic-max-chunks); join small chunks or mark fewer")
     marked = Marked.from_pieces(pieces)
-    setattr(obj, CHUNKS_ATTR, marked.chunks)
     laid_out = lays_out and bool(lay.chunks or lay.pad_runs())
     if laid_out and isinstance(obj.session_params, dict) and obj.session_params.get("id"):
         # SGLang rebuilds a session's request from its history and passes no kv_hints on: the
         # pad slots would reach the model as tokens.
-        raise intake.IntakeError("chunk markup cannot be used in a session (SGLang passes no layout on "
-                                 "through sessions); send the request without session_params, or without markup")
+        raise MarkupError("chunk markup cannot be used in a session (SGLang passes no layout on "
+                          "through sessions); send the request without session_params, or without markup")
     if laid_out:
-        request_limits.check_laid_out(manager, obj, lay.size, len(lay.real_tokens()))
         # Laid out in slots: pads have no position and are masked by the mepic backend.
         slots = lay.slot_tokens()
         obj.input_ids = [PAD_FILL_ID if t == PAD_ID else t for t in slots]
@@ -107,5 +95,10 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
         obj.input_ids = marked.input_ids
         action = marked.hint_action()
     obj.text = None
-    obj.kv_hints = with_hint(obj.kv_hints, obj.rid, action, obj.input_ids)
+    obj.kv_hints = with_hint(obj.kv_hints, obj.rid, action)
+    # What validation checks (request_limits: the slots against the limits; intake: the ids are still
+    # these) and the responses report (the chunk spans).
+    request_state.mark(obj, request_state.MarkedRequest.made(marked.chunks, real_tokens=len(marked.input_ids),
+                                                             slots=lay.size if laid_out else None,
+                                                             input_ids=obj.input_ids))
     return lay if laid_out else None

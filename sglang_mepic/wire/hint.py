@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 HINT_TYPE = "mepic.chunks"
 VERSION = "2"
-MARK_KEY = "by"  # the server's seal (intake.stamp); decoding ignores it
+MARK_KEY = "by"  # the server's seal (intake.seal, at validation); decoding ignores it
 
 ACTION_ID = "mepic-chunks"
 _KEYS = {"chunks", "pads", MARK_KEY}

@@ -127,8 +127,7 @@ def _merge(pieces: Sequence[Piece], page_size: int) -> list[Piece]:
     return merged
 
 
-def layout(pieces: Sequence[Piece], page_size: int, placement: Placement = Placement.TRAILING,
-           max_slots: int | None = None) -> Layout:
+def layout(pieces: Sequence[Piece], page_size: int, placement: Placement = Placement.TRAILING) -> Layout:
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
     merged = _merge(pieces, page_size)
@@ -149,14 +148,7 @@ def layout(pieces: Sequence[Piece], page_size: int, placement: Placement = Place
         seg = Segment(piece.kind, piece.tokens, slot, lead, tail, position)
         segments.append(seg)
         slot, position = seg.end, position + n
-    result = Layout(tuple(segments), page_size, placement)
-    if max_slots is not None and result.size > max_slots:
-        raise SegmentationError(
-            f"request needs {result.size} KV slots after chunk padding "
-            f"({len(result.real_tokens())} real tokens), more than the {max_slots} this server accepts in one request "
-            "(the smaller of the context length and the KV pool's input limit)"
-        )
-    return result
+    return Layout(tuple(segments), page_size, placement)
 
 
 def span_hash(padded_tokens: Sequence[int], placement: Placement, page_size: int, model_fingerprint: str,
