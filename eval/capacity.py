@@ -14,9 +14,11 @@ arrivals is within `--queue-slack` seconds of the first third's: a rate above ca
 queue that grows with time even where the SLOs still hold early on). The workload is eval.run's paper
 workload (SQuAD, 7 chunks a request, reuse 0.85, 16 new tokens, greedy; `--dataset`, `--chunks` and
 `--reuse` change it), the same requests for every system; each probe is a run of `--requests` (300) on a
-flushed cache. A probe ends as soon as more requests have missed the SLO than the attainment allows (a
-request still in flight past the e2e target counts as missed): the requests in flight are aborted, and
-the verdict is the one the full run would have reached, without minutes spent draining a queue.
+flushed cache. Each server first serves `--warmup` (2) of the requests one at a time, then is flushed: a
+fresh server's first forwards are slow, and in a probe they would be misses no rate caused. A probe ends
+as soon as more requests have missed the SLO than the attainment allows (a request still in flight past
+the e2e target counts as missed): the requests in flight are aborted, and the verdict is the one the
+full run would have reached, without minutes spent draining a queue.
 
 The rate is found by a bracket-then-bisect search on a log scale: from `--start-rate`, doubled while
 it holds or halved while it fails, then bisected until the ratio between the lowest failing and the
@@ -71,8 +73,8 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, abort_all, context_args, pct, pool_pages, run_point,
-                      server_process, tiered)
+from eval.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, abort_all, context_args, flush, pct, pool_pages, run_point,
+                      server_process, stream, tiered)
 from eval.workloads import DATASETS, render, with_reuse
 from sglang_mepic.launch.server import MEPIC_PAGE_SIZE
 
@@ -511,6 +513,16 @@ def run_cells(model: str, args, todo: list, cells: list[Cell], record) -> None:
                 server.pool_pages = pool_pages(server, MEPIC_PAGE_SIZE)
             return server, server.pool_pages
 
+        def warm_up(server, texts_):
+            """A fresh server's first forwards are slow (SmolLM2's first request took 24 s on a 2-core CPU):
+            in a probe they are SLO misses no rate caused. A few requests, one at a time, then a flush."""
+            if getattr(server, "warmed", False):
+                return
+            for text in texts_[:args.warmup]:
+                stream(server.url, text, NEW_TOKENS)
+            flush(server.url)
+            server.warmed = True
+
         if args.together:  # launch them all at once: their imports overlap (a smoke run's time, not for timings)
             for key in dict.fromkeys((t[0], t[1]) for t in todo):
                 launch(*key)  # while the prompts are counted; relaunched below if they need a longer context
@@ -526,6 +538,7 @@ def run_cells(model: str, args, todo: list, cells: list[Cell], record) -> None:
         for system, pool, seed, kind in todo:
             cell_started = time.time()
             server, got = server_for(system, pool)
+            warm_up(server, texts[seed])
             bar.set_postfix_str(f"{system} pool {pool} seed {seed} {kind}")
             if kind == "capacity":
                 run = lambda rate: probe(server, got, texts[seed], rate, seed, args, bar)  # noqa: E731
@@ -556,6 +569,8 @@ def main(argv=None) -> None:
     ap.add_argument("--ttft-slo", type=float, default=2.0, help="seconds")
     ap.add_argument("--e2e-slo", type=float, default=8.0, help="seconds")
     ap.add_argument("--attainment", type=float, default=0.95, help="share of requests that must meet both SLOs")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="requests sent one at a time to each new server, then flushed, before its first probe")
     ap.add_argument("--queue-slack", type=float, default=0.5,
                     help="seconds the median queue wait of the last third may exceed the first third's")
     ap.add_argument("--start-rate", type=float, default=2.0)
@@ -630,7 +645,7 @@ def main(argv=None) -> None:
     settings = (f"Model {Path(model).name}, {args.dataset}, {args.chunks} chunks, reuse "
                 f"{args.reuse:g}, {args.requests} requests a probe, {NEW_TOKENS} new tokens, greedy; SLO: "
                 f"TTFT <= {args.ttft_slo:g} s and e2e <= {args.e2e_slo:g} s for >= {args.attainment:.0%} of requests, "
-                f"queue growth <= {args.queue_slack:g} s; rate resolution {args.resolution:.0%}; a "
+                f"queue growth <= {args.queue_slack:g} s; {args.warmup} warm-up request(s) a server; rate resolution {args.resolution:.0%}; a "
                 f"probe ends early once more requests missed the SLO than {args.attainment:.0%} allows")
     if not args.report:
         with invocations.open("a") as f:
