@@ -90,6 +90,8 @@ def test_bad_registrations_are_a_400_and_register_nothing(server, body, message)
         body = {**body, "cache_salt": body.get("cache_salt", salt)}
     r = requests.post(server.url + "/mepic/chunks", json=body, timeout=60)
     assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+    if message.startswith("texts["):  # the text it is about, for a client to name (launch.warm names the file)
+        assert r.json()["error"]["index"] == int(message[len("texts["):].split("]")[0]), r.text
     out = post(server, "/generate", {"text": "x\n" + DOC_A, "cache_salt": salt, "sampling_params": {"max_new_tokens": 1}})
     assert out["meta_info"]["mepic_chunks"] == []  # nothing of a refused request was registered
 

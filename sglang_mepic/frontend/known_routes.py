@@ -32,7 +32,9 @@ LEAD, TRAIL = "\n", "\n"
 
 
 class RouteError(ValueError):
-    pass
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(message)
+        self.index = index  # the text it is about, if one: the answer's `error.index`
 
 
 def parse(body) -> tuple[list[str], tuple, bool]:
@@ -51,16 +53,16 @@ def parse(body) -> tuple[list[str], tuple, bool]:
     limit = config.known_texts_chars()
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise RouteError(f"texts[{i}] is a {type(text).__name__}, not a string")
+            raise RouteError(f"texts[{i}] is a {type(text).__name__}, not a string", i)
         if len(text.strip()) < ANCHOR:
             raise RouteError(f"texts[{i}] has {len(text.strip())} characters that are not whitespace; a registered "
-                             f"text needs at least {ANCHOR} (mark shorter ones with <|chunk|>...<|/chunk|>)")
+                             f"text needs at least {ANCHOR} (mark shorter ones with <|chunk|>...<|/chunk|>)", i)
         separator = auto_chunk.active_separator()
         if has_text_markup(text) or (separator is not None and separator in text):
-            raise RouteError(f"texts[{i}] holds chunk markup or the separator: register the document's own text")
+            raise RouteError(f"texts[{i}] holds chunk markup or the separator: register the document's own text", i)
         if len(text) > limit:
             raise RouteError(f"texts[{i}] has {len(text)} characters, more than the {limit} the index may hold "
-                             "(--mepic-known-texts-mb)")
+                             "(--mepic-known-texts-mb)", i)
     for name in ("extra_key", "cache_salt"):
         if body.get(name) is not None and not isinstance(body[name], str):
             raise RouteError(f'"{name}" must be a string')
@@ -89,7 +91,10 @@ async def register(request: Request):
     except IndexFull as e:
         return JSONResponse(status_code=507, content={"error": {"message": str(e), "type": "insufficient_storage"}})
     except (RouteError, KnownTextError) as e:
-        return JSONResponse(status_code=400, content={"error": {"message": str(e), "type": "invalid_request_error"}})
+        error = {"message": str(e), "type": "invalid_request_error"}
+        if getattr(e, "index", None) is not None:
+            error["index"] = e.index
+        return JSONResponse(status_code=400, content={"error": error})
     out = [{"index": i, "registered": "new" if n else "known"} for i, n in enumerate(new)]
     if warm:
         obj = GenerateReqInput(text=[LEAD + t + TRAIL for t in texts], sampling_params={"max_new_tokens": 0},

@@ -68,13 +68,12 @@ def main(argv: list[str] | None = None) -> int:
                               json={"texts": [t for _, t in batch], "warm": not args.no_warm, **fields})
             if r.status_code != 200:
                 try:
-                    reason = r.json()["error"]["message"]
-                except (ValueError, KeyError, TypeError):
-                    reason = r.text
-                where = ""
-                if "texts[" in reason:  # name the file the server's index points at
-                    index = int(reason.split("texts[", 1)[1].split("]", 1)[0])
-                    where = f" ({batch[index][0]})" if index < len(batch) else ""
+                    error = r.json()["error"]
+                    reason, index = error["message"], error.get("index")
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    reason, index = r.text, None
+                # name the file the server's refusal is about
+                where = f" ({batch[index][0]})" if isinstance(index, int) and 0 <= index < len(batch) else ""
                 print(f"refused ({r.status_code}){where}: {reason}", file=sys.stderr)
                 return 1
             for entry in r.json()["texts"]:
