@@ -81,7 +81,7 @@ from sglang_mepic.launch.server import MEPIC_PAGE_SIZE
 DEFAULT_SYSTEMS = ("vanilla", "full", "epic-16", "cacheblend-0.15", "mepic")
 DEFAULT_POOLS = (512, 1024, 2048, 4096)
 QUICK = {"pools": (512, 1024), "systems": ("vanilla", "mepic"), "seeds": (0,), "requests": 12, "start_rate": 4.0,
-         "min_rate": 2.0, "resolution": 1.0, "matched": (), "max_probes": 2}
+         "min_rate": 2.0, "resolution": 1.0, "matched": (), "max_probes": 2, "warmup": 0}
 NEW_TOKENS = 16
 RETRACTED = "sglang:num_retracted_requests_total"
 STAGES = "sglang:scheduler_stage_seconds_total"
@@ -594,6 +594,7 @@ def main(argv=None) -> None:
         args.seeds, args.requests, args.start_rate = "0", QUICK["requests"], QUICK["start_rate"]
         args.min_rate, args.resolution, args.max_probes = QUICK["min_rate"], QUICK["resolution"], QUICK["max_probes"]
         args.matched, args.together = ",".join(map(str, QUICK["matched"])), True
+        args.warmup = QUICK["warmup"]  # a smoke run: its timings are not read
         if args.model == "models/tiny-4l" and not Path(args.model).is_dir():
             args.model = "models/tiny"
     systems = (args.systems or ",".join(DEFAULT_SYSTEMS)).split(",")
