@@ -646,8 +646,8 @@ def main(argv=None) -> None:
     settings = (f"Model {Path(model).name}, {args.dataset}, {args.chunks} chunks, reuse "
                 f"{args.reuse:g}, {args.requests} requests a probe, {NEW_TOKENS} new tokens, greedy; SLO: "
                 f"TTFT <= {args.ttft_slo:g} s and e2e <= {args.e2e_slo:g} s for >= {args.attainment:.0%} of requests, "
-                f"queue growth <= {args.queue_slack:g} s; {args.warmup} warm-up request(s) a server; rate resolution {args.resolution:.0%}; a "
-                f"probe ends early once more requests missed the SLO than {args.attainment:.0%} allows")
+                f"queue growth <= {args.queue_slack:g} s; {args.warmup} warm-up request(s) a server; rate resolution "
+                f"{args.resolution:.0%}; a probe ends early once more requests missed the SLO than {args.attainment:.0%} allows")
     if not args.report:
         with invocations.open("a") as f:
             f.write(json.dumps({"argv": argv, "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),

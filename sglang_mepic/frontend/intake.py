@@ -28,7 +28,6 @@ import secrets
 from array import array
 
 from sglang_mepic.frontend import request_state
-from sglang_mepic.frontend.request_state import MarkedRequest, labelled
 from sglang_mepic.wire.hint import HINT_TYPE, MARK_KEY
 
 # Random per tokenizer process; it never leaves the process (the scheduler ignores the mark).
@@ -84,7 +83,7 @@ def check_prompt(text, input_ids, session_params=None, multimodal: bool = False)
         raise IntakeError("the prompt has no tokens (empty text, or chunk markers with nothing in them)")
 
 
-def seal_marked(obj, marked: MarkedRequest, input_ids) -> None:
+def seal_marked(obj, marked: request_state.MarkedRequest, input_ids) -> None:
     """Seal the hint the server made from this request's markup (request_markup.py), now that its ids
     are final; refuse the request if they are not the ids its layout was made for (a multimodal
     processor expanding media placeholders would put every span in the wrong place)."""
@@ -109,7 +108,7 @@ def check(obj, input_ids) -> None:
         else:
             check_hints(getattr(obj, "kv_hints", None), input_ids)
     except IntakeError as e:
-        raise IntakeError(labelled(obj, str(e))) from None
+        raise IntakeError(request_state.labelled(obj, str(e))) from None
 
 
 def _multimodal(obj) -> bool:
