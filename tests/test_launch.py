@@ -134,8 +134,8 @@ def test_sglang_cache_opts_out_of_chunk_reuse():
 
 def test_mepic_flags_are_consumed_here():
     argv, env = mepic_flags.split_mepic_flags(["--model-path", "m", "--mepic-placement", "leading",
-                                                 "--mepic-mode", "epic-16", "--mepic-recompute-blocks", "all",
-                                                 "--mepic-text-markup", "off"])
+                                               "--mepic-mode", "epic-16", "--mepic-recompute-blocks", "all",
+                                               "--mepic-text-markup", "off"])
     assert argv == ["--model-path", "m"]
     assert env == {"SGLANG_MEPIC_PLACEMENT": "leading", "SGLANG_MEPIC_MODE": "epic-16",
                    "SGLANG_MEPIC_RECOMPUTE_BLOCKS": "all", "SGLANG_MEPIC_TEXT_MARKUP": "off"}
@@ -166,7 +166,7 @@ def test_bad_host_tier_size_is_refused(capsys, value):
 
 def test_tier_flags_become_settings(tmp_path):
     _, env = mepic_flags.split_mepic_flags(["--mepic-host-tier-gb", "0.5", "--mepic-storage-dir",
-                                              str(tmp_path / "new")])
+                                            str(tmp_path / "new")])
     assert env == {"SGLANG_MEPIC_HOST_TIER_GB": "0.5", "SGLANG_MEPIC_STORAGE_DIR": str(tmp_path / "new")}
     assert (tmp_path / "new").is_dir()
 
@@ -183,7 +183,7 @@ def test_shared_storage_flags_become_settings_and_bad_ones_are_refused(monkeypat
         monkeypatch.delenv(var, raising=False)
     extra = '{"master_server_address": "127.0.0.1:50051"}'
     _, env = mepic_flags.split_mepic_flags(["--mepic-storage-backend", "mooncake", "--mepic-storage-config", extra,
-                                              "--mepic-storage-timeout", "0.2"])
+                                            "--mepic-storage-timeout", "0.2"])
     assert env == {"SGLANG_MEPIC_STORAGE_BACKEND": "mooncake", "SGLANG_MEPIC_STORAGE_CONFIG": extra,
                    "SGLANG_MEPIC_STORAGE_TIMEOUT": "0.2"}
     refused = {
@@ -306,7 +306,7 @@ def test_help_states_the_compile_sink_default():
 
 def test_storage_secret_and_max_chunks_become_settings(tmp_path, capsys):
     _, env = mepic_flags.split_mepic_flags(["--mepic-storage-dir", str(tmp_path), "--mepic-storage-secret", "k",
-                                              "--mepic-max-chunks", "8"])
+                                            "--mepic-max-chunks", "8"])
     assert env["SGLANG_MEPIC_STORAGE_SECRET"] == "k" and env["SGLANG_MEPIC_MAX_CHUNKS"] == "8"
     with pytest.raises(SystemExit, match="need --mepic-storage-backend"):
         mepic_flags.split_mepic_flags(["--mepic-storage-secret", "k"])  # a secret for no shared tier
@@ -341,7 +341,7 @@ def test_parallel_ranks_are_refused_with_the_mepic_cache(flags, named):
     with pytest.raises(SystemExit, match=f"{named}: --radix-cache-backend mepic runs on one GPU"):
         checks.check_parallelism(argv)
     checks.check_parallelism(with_defaults(["--model-path", "m", "--radix-cache-backend", "sglang", *flags],
-                                                  cuda=True)[0])  # SGLang's own cache: SGLang's business
+                                           cuda=True)[0])  # SGLang's own cache: SGLang's business
     checks.check_parallelism(with_defaults(["--model-path", "m", "--tp-size", "1"], cuda=True)[0])
 
 
