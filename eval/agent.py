@@ -47,7 +47,7 @@ from tqdm import tqdm
 from eval.run import Sampler, pct
 from eval.scoring import prefix_agreement, top1_agreement
 from eval.workloads import load_json, zipf_weights
-from sglang_mepic.launch.server import MEPIC_PAGE_SIZE
+from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 from sglang_mepic.process.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]

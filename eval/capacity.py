@@ -76,7 +76,7 @@ from tqdm import tqdm
 from eval.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, abort_all, context_args, flush, pct, pool_pages, run_point,
                       server_process, stream, tiered)
 from eval.workloads import DATASETS, render, with_reuse
-from sglang_mepic.launch.server import MEPIC_PAGE_SIZE
+from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 
 DEFAULT_SYSTEMS = ("vanilla", "full", "epic-16", "cacheblend-0.15", "mepic")
 DEFAULT_POOLS = (512, 1024, 2048, 4096)

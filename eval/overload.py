@@ -33,7 +33,7 @@ from transformers import AutoTokenizer
 from eval.run import DEFAULT_HOST_TIER_GB, PAPER_POOL_PAGES, SYSTEMS, context_args, run_point, serve, tiered, ttft_parts
 from eval.workloads import render, with_reuse
 from sglang_mepic.launch import models
-from sglang_mepic.launch.server import MEPIC_PAGE_SIZE
+from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 
 VARIANTS = {
     "vanilla-page16": [*SYSTEMS["vanilla"], "--page-size", str(MEPIC_PAGE_SIZE)],

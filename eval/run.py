@@ -55,7 +55,8 @@ from eval.checkpoint import Checkpoint
 from eval.scoring import contains, exact_match, f1, prefix_agreement, top1_agreement
 from eval.workloads import DATASETS, render, reuse_ratio, with_reuse
 from sglang_mepic.launch import models
-from sglang_mepic.launch.server import CPU_MAX_TOTAL_TOKENS, MEPIC_PAGE_SIZE
+from sglang_mepic.launch.defaults import CPU_MAX_TOTAL_TOKENS
+from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 from sglang_mepic.process.server_process import ServerProcess
 
 SYSTEMS = {

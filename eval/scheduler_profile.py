@@ -69,7 +69,7 @@ from tqdm import tqdm
 import sglang_mepic
 from eval.run import DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, context_args, run_point, serve, tiered
 from eval.workloads import render, with_reuse
-from sglang_mepic.launch.server import MEPIC_PAGE_SIZE
+from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 
 # Issue 47's target: mepic's share of busy scheduler time outside the forward at most this times vanilla's.
 TARGET_RATIO = 1.2

@@ -144,10 +144,13 @@ def new_request(ids, hints, namespace=None, rid="r"):
 def planned(tree, ids, hints, namespace=None, rid="r"):
     """A request as the scheduler has it right after matching it (planned, not admitted): held
     back, round after round, while its chunks' storage entries are read (as the scheduler holds it)."""
+    from sglang_mepic.cache.prefill_round import hold_back
+    from sglang_mepic.cache.radix_cache import MepicRadixCache
+
     req = new_request(ids, hints, namespace, rid)
-    if hasattr(tree, "hold_back"):
+    if isinstance(tree, MepicRadixCache):
         waited = time.monotonic()
-        while tree.hold_back([req]):
+        while hold_back(tree, [req]):
             assert time.monotonic() - waited < 60, "held back for a minute"
             time.sleep(0.001)
     return replanned(tree, req)
@@ -225,20 +228,22 @@ def finish(tree, req, checkpoint_at=None):
 
 def prepare_batch(tree, batch):
     """A planned prefill batch (compile rows before their readers) as SGLang's prepare_for_extend
-    takes it with the mepic hooks (scheduling.prepare_extend): admitted, the round's others let go,
+    takes it with the mepic hooks (extend.prepare_extend): admitted, the round's others let go,
     allocated, readers pointed at their compile rows' pages; then the round ends."""
+    from sglang_mepic.cache.extend import point_readers
+
     for req in batch:
         req.lock = tree.lock(req.last_node)
         tree.admission.admit(req)
     tree.admission.end_round()
     for req in batch:
         allocate(tree, req)
-    tree.point_readers(SimpleNamespace(reqs=batch))
+    point_readers(tree, SimpleNamespace(reqs=batch))
     tree.compile_rows.end_round()
 
 
 def serve_round(tree, *reqs):
-    """One prefill round as the scheduler runs it (scheduling.py): each request planned, the compile
+    """One prefill round as the scheduler runs it (prefill_round.py, batch_join.py, extend.py): each request planned, the compile
     rows its plan reads put in the batch right before it (each once), the batch admitted and
     allocated, its readers pointed at the compile rows' pages, then every row released, compile
     rows first. A request that waits for its chunks to be stored (EPIC, CacheBlend) is left out.
@@ -250,7 +255,7 @@ def serve_round(tree, *reqs):
         for key, row in req.mepic.compiling.items():
             if not any(r is row for r in batch):
                 batch.append(replanned(tree, row))
-            req.mepic.made_for.add(key)  # as scheduling.add_request marks the rows it adds for a request
+            req.mepic.made_for.add(key)  # as batch_join.add_request marks the rows it adds for a request
         if not req.mepic.wait:
             batch.append(req)
     prepare_batch(tree, batch)

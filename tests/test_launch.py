@@ -7,9 +7,8 @@ import sys
 
 import pytest
 
-from sglang_mepic.launch import models
-from sglang_mepic.launch import server as launch_server
-from sglang_mepic.launch.server import with_defaults
+from sglang_mepic.launch import checks, defaults, mepic_flags, models, sglang_flags
+from sglang_mepic.launch.defaults import with_defaults
 
 
 def flag_value(argv, flag):
@@ -24,7 +23,7 @@ def test_cpu_defaults_fill_missing_flags():
     assert flag_value(argv, "--page-size") == "16"
     assert "--enable-metrics" in argv and "--enable-cache-report" in argv
     assert flag_value(argv, "--cuda-graph-backend-decode") == "disabled"
-    assert int(flag_value(argv, "--max-total-tokens")) == launch_server.CPU_MAX_TOTAL_TOKENS
+    assert int(flag_value(argv, "--max-total-tokens")) == defaults.CPU_MAX_TOTAL_TOKENS
     assert "--sleep-on-idle" in argv
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
     assert env["HF_HUB_OFFLINE"] == "1"
@@ -44,14 +43,14 @@ def test_user_flags_win_over_defaults(given):
 def test_float32_by_default_on_a_cpu_without_native_bf16(monkeypatch):
     avx2_only = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
     sapphire_rapids = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
-    assert launch_server.cpu_has_native_bf16(avx2_only) is False
-    assert launch_server.cpu_has_native_bf16(sapphire_rapids) is True
-    assert launch_server.cpu_has_native_bf16("") is None  # nothing known: SGLang's own default stays
+    assert defaults.cpu_has_native_bf16(avx2_only) is False
+    assert defaults.cpu_has_native_bf16(sapphire_rapids) is True
+    assert defaults.cpu_has_native_bf16("") is None  # nothing known: SGLang's own default stays
     argv, _ = with_defaults(["--model-path", "m"], cuda=False, native_bf16=False)
     assert flag_value(argv, "--dtype") == "float32"
     argv, _ = with_defaults(["--model-path", "m"], cuda=False, native_bf16=True)
     assert "--dtype" not in argv
-    monkeypatch.setattr(launch_server, "cpu_has_native_bf16", lambda: None)  # e.g. no /proc/cpuinfo
+    monkeypatch.setattr(defaults, "cpu_has_native_bf16", lambda: None)  # e.g. no /proc/cpuinfo
     argv, _ = with_defaults(["--model-path", "m"], cuda=False)
     assert "--dtype" not in argv
     argv, _ = with_defaults(["--model-path", "m", "--dtype", "bfloat16"], cuda=False, native_bf16=False)
@@ -134,9 +133,9 @@ def test_sglang_cache_opts_out_of_chunk_reuse():
 
 
 def test_mepic_flags_are_consumed_here():
-    argv, env = launch_server.split_mepic_flags(["--model-path", "m", "--mepic-placement", "leading",
-                                                 "--mepic-mode", "epic-16", "--mepic-recompute-blocks", "all",
-                                                 "--mepic-text-markup", "off"])
+    argv, env = mepic_flags.split_mepic_flags(["--model-path", "m", "--mepic-placement", "leading",
+                                               "--mepic-mode", "epic-16", "--mepic-recompute-blocks", "all",
+                                               "--mepic-text-markup", "off"])
     assert argv == ["--model-path", "m"]
     assert env == {"SGLANG_MEPIC_PLACEMENT": "leading", "SGLANG_MEPIC_MODE": "epic-16",
                    "SGLANG_MEPIC_RECOMPUTE_BLOCKS": "all", "SGLANG_MEPIC_TEXT_MARKUP": "off"}
@@ -146,14 +145,14 @@ def test_mepic_flags_are_consumed_here():
                                   ["--mepic-mode", "turbo"], ["--mepic-recompute-blocks", "0"]])
 def test_bad_mepic_flags_are_refused_with_the_choices(flag, capsys):
     with pytest.raises(SystemExit):
-        launch_server.split_mepic_flags(["--model-path", "m", *flag])
+        mepic_flags.split_mepic_flags(["--model-path", "m", *flag])
     err = capsys.readouterr().err
     assert flag[0] in err and ("choose one of" in err or "whole number" in err)
 
 
 def test_bad_compile_sink_is_refused_with_the_choices(capsys):
     with pytest.raises(SystemExit):
-        launch_server.split_mepic_flags(["--model-path", "m", "--mepic-compile-sink", "eos"])
+        mepic_flags.split_mepic_flags(["--model-path", "m", "--mepic-compile-sink", "eos"])
     err = capsys.readouterr().err
     assert "--mepic-compile-sink" in err and "'bos'" in err and "'none'" in err
 
@@ -161,13 +160,13 @@ def test_bad_compile_sink_is_refused_with_the_choices(capsys):
 @pytest.mark.parametrize("value", ["-1", "lots", "nan", "inf"])
 def test_bad_host_tier_size_is_refused(capsys, value):
     with pytest.raises(SystemExit):
-        launch_server.split_mepic_flags(["--mepic-host-tier-gb", value])
+        mepic_flags.split_mepic_flags(["--mepic-host-tier-gb", value])
     assert "--mepic-host-tier-gb" in capsys.readouterr().err
 
 
 def test_tier_flags_become_settings(tmp_path):
-    _, env = launch_server.split_mepic_flags(["--mepic-host-tier-gb", "0.5", "--mepic-storage-dir",
-                                              str(tmp_path / "new")])
+    _, env = mepic_flags.split_mepic_flags(["--mepic-host-tier-gb", "0.5", "--mepic-storage-dir",
+                                            str(tmp_path / "new")])
     assert env == {"SGLANG_MEPIC_HOST_TIER_GB": "0.5", "SGLANG_MEPIC_STORAGE_DIR": str(tmp_path / "new")}
     assert (tmp_path / "new").is_dir()
 
@@ -176,15 +175,15 @@ def test_unwritable_storage_dir_is_a_clear_error(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     with pytest.raises(SystemExit, match="--mepic-storage-dir .*cannot create it"):
-        launch_server.split_mepic_flags(["--mepic-storage-dir", str(blocker / "sub")])
+        mepic_flags.split_mepic_flags(["--mepic-storage-dir", str(blocker / "sub")])
 
 
 def test_shared_storage_flags_become_settings_and_bad_ones_are_refused(monkeypatch, tmp_path):
     for var in ("MOONCAKE_MASTER", "MOONCAKE_CLIENT", "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"):
         monkeypatch.delenv(var, raising=False)
     extra = '{"master_server_address": "127.0.0.1:50051"}'
-    _, env = launch_server.split_mepic_flags(["--mepic-storage-backend", "mooncake", "--mepic-storage-config", extra,
-                                              "--mepic-storage-timeout", "0.2"])
+    _, env = mepic_flags.split_mepic_flags(["--mepic-storage-backend", "mooncake", "--mepic-storage-config", extra,
+                                            "--mepic-storage-timeout", "0.2"])
     assert env == {"SGLANG_MEPIC_STORAGE_BACKEND": "mooncake", "SGLANG_MEPIC_STORAGE_CONFIG": extra,
                    "SGLANG_MEPIC_STORAGE_TIMEOUT": "0.2"}
     refused = {
@@ -202,13 +201,13 @@ def test_shared_storage_flags_become_settings_and_bad_ones_are_refused(monkeypat
         refused["backend nixl: Failed to import"] = ["--mepic-storage-backend", "nixl"]
     for message, argv in refused.items():
         with pytest.raises(SystemExit, match=message):
-            launch_server.split_mepic_flags(argv)
+            mepic_flags.split_mepic_flags(argv)
     for argv in (["--mepic-storage-config", "{not json"], ["--mepic-storage-config", "[1]"],
                  ["--mepic-storage-timeout", "0"]):
         with pytest.raises(SystemExit):
-            launch_server.split_mepic_flags(argv)
+            mepic_flags.split_mepic_flags(argv)
     monkeypatch.setenv("MOONCAKE_MASTER", "127.0.0.1:50051")  # Mooncake's own convention is enough
-    assert launch_server.split_mepic_flags(["--mepic-storage-backend", "mooncake"])[1] == {
+    assert mepic_flags.split_mepic_flags(["--mepic-storage-backend", "mooncake"])[1] == {
         "SGLANG_MEPIC_STORAGE_BACKEND": "mooncake"}
 
 
@@ -246,7 +245,7 @@ def test_quiet_start_up_hides_cpu_notices_and_shortens_server_args(monkeypatch):
 
 
 def test_debug_log_level_keeps_every_line():
-    quiet_start = launch_server.quiet_start
+    quiet_start = sglang_flags.quiet_start
     assert quiet_start(["--model-path", "m"]) and quiet_start(["--log-level", "info"])
     assert not quiet_start(["--log-level", "debug"]) and not quiet_start(["--log-level=DEBUG"])
 
@@ -262,10 +261,10 @@ def settings_line(monkeypatch, *flags):
     """The start-up line's MEPIC part for a command line, as main() computes it."""
     for var in MEPIC_ENVS:
         monkeypatch.delenv(var, raising=False)
-    argv, env = launch_server.split_mepic_flags(["--model-path", "m", *flags])
+    argv, env = mepic_flags.split_mepic_flags(["--model-path", "m", *flags])
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return launch_server.mepic_settings(with_defaults(argv, cuda=False, native_bf16=True)[0])
+    return mepic_flags.mepic_settings(with_defaults(argv, cuda=False, native_bf16=True)[0])
 
 
 def test_start_up_line_shows_the_effective_mepic_settings_defaults_included(monkeypatch, tmp_path):
@@ -301,33 +300,33 @@ def test_start_up_line_shows_the_effective_mepic_settings_defaults_included(monk
 
 
 def test_help_states_the_compile_sink_default():
-    text = " ".join(launch_server.mepic_parser().format_help().split())
+    text = " ".join(mepic_flags.mepic_parser().format_help().split())
     assert "or 'none' (the chunk alone). Default: none." in text
 
 
 def test_storage_secret_and_max_chunks_become_settings(tmp_path, capsys):
-    _, env = launch_server.split_mepic_flags(["--mepic-storage-dir", str(tmp_path), "--mepic-storage-secret", "k",
-                                              "--mepic-max-chunks", "8"])
+    _, env = mepic_flags.split_mepic_flags(["--mepic-storage-dir", str(tmp_path), "--mepic-storage-secret", "k",
+                                            "--mepic-max-chunks", "8"])
     assert env["SGLANG_MEPIC_STORAGE_SECRET"] == "k" and env["SGLANG_MEPIC_MAX_CHUNKS"] == "8"
     with pytest.raises(SystemExit, match="need --mepic-storage-backend"):
-        launch_server.split_mepic_flags(["--mepic-storage-secret", "k"])  # a secret for no shared tier
+        mepic_flags.split_mepic_flags(["--mepic-storage-secret", "k"])  # a secret for no shared tier
     for bad in ("0", "-3", "many"):
         with pytest.raises(SystemExit):
-            launch_server.split_mepic_flags(["--mepic-max-chunks", bad])
+            mepic_flags.split_mepic_flags(["--mepic-max-chunks", bad])
         assert "--mepic-max-chunks" in capsys.readouterr().err
 
 
 def test_auto_chunk_and_separator_become_settings(capsys):
-    _, env = launch_server.split_mepic_flags(["--mepic-auto-chunk", "messages", "--mepic-separator", " # # "])
+    _, env = mepic_flags.split_mepic_flags(["--mepic-auto-chunk", "messages", "--mepic-separator", " # # "])
     assert env["SGLANG_MEPIC_AUTO_CHUNK"] == "messages" and env["SGLANG_MEPIC_SEPARATOR"] == " # # "  # spaces kept
     for flags, named in ((["--mepic-auto-chunk", "all"], "--mepic-auto-chunk"),
                          (["--mepic-separator", ""], "visible character"),
                          (["--mepic-separator", "  "], "visible character"),
                          (["--mepic-separator", "<|chunk|>"], "holds chunk markup")):
         with pytest.raises(SystemExit):
-            launch_server.split_mepic_flags(flags)
+            mepic_flags.split_mepic_flags(flags)
         assert named in capsys.readouterr().err
-    text = " ".join(launch_server.mepic_parser().format_help().split())
+    text = " ".join(mepic_flags.mepic_parser().format_help().split())
     assert "--mepic-auto-chunk {off,messages,tools,known,messages+known,tools+known}" in text and "--mepic-separator STR" in text
 
 
@@ -340,10 +339,10 @@ def test_auto_chunk_and_separator_become_settings(capsys):
 def test_parallel_ranks_are_refused_with_the_mepic_cache(flags, named):
     argv, _ = with_defaults(["--model-path", "m", *flags], cuda=True)
     with pytest.raises(SystemExit, match=f"{named}: --radix-cache-backend mepic runs on one GPU"):
-        launch_server.check_parallelism(argv)
-    launch_server.check_parallelism(with_defaults(["--model-path", "m", "--radix-cache-backend", "sglang", *flags],
-                                                  cuda=True)[0])  # SGLang's own cache: SGLang's business
-    launch_server.check_parallelism(with_defaults(["--model-path", "m", "--tp-size", "1"], cuda=True)[0])
+        checks.check_parallelism(argv)
+    checks.check_parallelism(with_defaults(["--model-path", "m", "--radix-cache-backend", "sglang", *flags],
+                                           cuda=True)[0])  # SGLang's own cache: SGLang's business
+    checks.check_parallelism(with_defaults(["--model-path", "m", "--tp-size", "1"], cuda=True)[0])
 
 
 def test_tp_size_2_is_refused_before_anything_loads(tiny_model):
@@ -435,22 +434,22 @@ def test_a_model_the_mepic_backend_cannot_serve_is_refused_before_it_loads(tiny_
 def test_model_checks_follow_the_attention_backend(tiny_model, tmp_path):
     qwen2 = _model_like(tiny_model, tmp_path, architectures=["Qwen2ForCausalLM"], sliding_window=4096,
                         use_sliding_window=False)  # as Qwen2 models ship: the window is off
-    launch_server.check_model_path(qwen2, with_defaults(["--model-path", qwen2], cuda=False)[0])
+    checks.check_model_path(qwen2, with_defaults(["--model-path", qwen2], cuda=False)[0])
     (tmp_path / "model" / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
-    launch_server.check_model_path(qwen2, ["--attention-backend", "torch_native"])  # not ours to judge
+    checks.check_model_path(qwen2, ["--attention-backend", "torch_native"])  # not ours to judge
     (tmp_path / "model" / "config.json").write_text("{not json")
     with pytest.raises(SystemExit, match="config.json: cannot be read as JSON"):
-        launch_server.check_model_path(qwen2, ["--attention-backend", "torch_native"])
+        checks.check_model_path(qwen2, ["--attention-backend", "torch_native"])
 
 
 def test_the_launcher_knows_the_backends_architectures():
     from sglang_mepic.attention import backend
 
-    assert launch_server.MEPIC_ARCHITECTURES == backend.SUPPORTED_ARCHITECTURES
+    assert checks.MEPIC_ARCHITECTURES == backend.SUPPORTED_ARCHITECTURES
 
 
 def check(*flags, cuda=False):
-    launch_server.check_combinations(with_defaults(["--model-path", "m", *flags], cuda=cuda)[0], cuda=cuda)
+    checks.check_combinations(with_defaults(["--model-path", "m", *flags], cuda=cuda)[0], cuda=cuda)
 
 
 def test_what_the_combination_checks_let_through(monkeypatch):
@@ -479,8 +478,8 @@ def test_bad_flag_values_of_ours_are_one_line(capsys):
     """argparse's own refusals (a bad --mepic-* value, a --port that is no number) without its usage block."""
     for flags in (["--mepic-mode", "turbo"], ["--port", "abc"]):
         with pytest.raises(SystemExit) as e:
-            launch_server.split_mepic_flags(flags) if flags[0].startswith("--mepic") else \
-                launch_server._known_flags(flags)
+            mepic_flags.split_mepic_flags(flags) if flags[0].startswith("--mepic") else \
+                sglang_flags.known_flags(flags)
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("sglang_mepic.launch_server: error: argument " + flags[0])

@@ -97,6 +97,8 @@ def test_a_chunk_no_tier_holds_is_computed_in_its_readers_batch(tree):
 def test_a_reader_waits_while_its_chunks_compile_row_runs_over_several_forwards(tree):
     """A compile row split by chunked prefill cannot be read by a row of its first forward: its
     readers sit out the rounds until its pages are stored (held back)."""
+    from sglang_mepic.cache.prefill_round import hold_back
+
     lay = request(C1)
     tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, None, rid)
     reader = replanned(tree, new_request(*laid_out(lay), rid="r"))
@@ -104,9 +106,9 @@ def test_a_reader_waits_while_its_chunks_compile_row_runs_over_several_forwards(
     tree.admission.end_round()
     tree.compile_rows.admitted(row, row_key := reader.mepic.keys[0], None)  # parts of it still to come
     tree.compile_rows.end_round()
-    assert tree.hold_back([reader]) == [reader]
+    assert hold_back(tree, [reader]) == [reader]
     tree.compile_rows.released(row, row_key)
-    assert tree.hold_back([reader]) == []
+    assert hold_back(tree, [reader]) == []
 
 
 def test_a_request_planned_while_its_chunks_compile_row_is_in_flight_reads_its_pages(tree):
@@ -114,6 +116,8 @@ def test_a_request_planned_while_its_chunks_compile_row_is_in_flight_reads_its_p
     a request then reads the pages a compile row in the launched batch writes (forwards run in order),
     pinned like a stored chunk's, instead of computing the chunk again. Once that batch's forward
     has raised, nobody may (batch_guard drops the row's pages)."""
+    from sglang_mepic.cache.prefill_round import hold_back
+
     lay = request(C1)
     tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, None, rid)
     first = replanned(tree, new_request(*laid_out(lay), rid="a"))
@@ -122,7 +126,7 @@ def test_a_request_planned_while_its_chunks_compile_row_is_in_flight_reads_its_p
     pages = tree.compile_rows.in_flight(first.mepic.keys[0])
     assert pages is not None and len(pages) == 2
     later = replanned(tree, new_request(*laid_out(request(C1, question=(5, 5))), rid="b"))
-    assert tree.hold_back([later]) == [] and later.mepic.compiling == {}
+    assert hold_back(tree, [later]) == [] and later.mepic.compiling == {}
     assert later.mepic.found == ["device"] and set(pages) <= set(later.mepic.held)
     tree.admission.end_round()
     tree.compile_rows.failed(row)
@@ -136,6 +140,8 @@ def test_a_reader_split_by_chunked_prefill_is_pointed_once(tree):
     """The reader's own extend may not fit one forward: its later parts run after its compile row
     finished and SGLang freed that row's request row. They read the reader's row as pointed at
     its first part (found by the review of issue 47: the scheduler died at the second part)."""
+    from sglang_mepic.cache.extend import point_readers
+
     tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, None, rid)
     reader = replanned(tree, new_request(*laid_out(request(C1, question=tuple(range(300, 340)))), rid="r"))
     (row,) = reader.mepic.compiling.values()
@@ -144,7 +150,7 @@ def test_a_reader_split_by_chunked_prefill_is_pointed_once(tree):
     held = list(reader.mepic.held)
     release(tree, row)
     row.kv.req_pool_idx = None  # as SGLang's ReqToTokenPool.free leaves a finished request
-    tree.point_readers(SimpleNamespace(reqs=[reader]))  # the reader's next part
+    point_readers(tree, SimpleNamespace(reqs=[reader]))  # the reader's next part
     assert torch.equal(tree.req_to_token_pool.req_to_token[reader.kv.req_pool_idx], pointed)
     assert reader.mepic.held == held  # no second reference
     release(tree, reader)
@@ -156,7 +162,7 @@ def test_a_request_that_needs_more_compile_rows_than_there_are_request_rows_make
     47: it returned without adding any, every round, and the queue behind it stalled)."""
     from sglang.srt.managers.schedule_policy import AddReqResult
 
-    from sglang_mepic.cache import scheduling
+    from sglang_mepic.cache import batch_join
 
     tree = make_tree()
     tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, None, rid)
@@ -171,7 +177,7 @@ def test_a_request_that_needs_more_compile_rows_than_there_are_request_rows_make
 
     for row in reader.mepic.compiling.values():
         row.init_next_round_input = lambda tree_cache, row=row: None
-    assert scheduling.add_request(add, adder, reader) is AddReqResult.OTHER
+    assert batch_join.add_request(add, adder, reader) is AddReqResult.OTHER
     assert len(adder.can_run_list) == 2 and all(is_compile_row(r) for r in adder.can_run_list)
     assert reader not in adder.can_run_list
 
@@ -197,6 +203,8 @@ def test_a_reader_does_not_wait_for_a_compile_row_that_ended_unreleased():
     """An aborted compile row can end on a path that never hands its KV back through the cache;
     a reader held back for its chunk would sit in the queue for ever, and its client with it.
     The next round stops holding its readers back; the chunk is computed anew."""
+    from sglang_mepic.cache.prefill_round import hold_back
+
     tree = make_tree("cacheblend-0.15", canonical_from=0)
     lay = request(C1, C2)
     reader = new_request(*laid_out(lay), rid="r")
@@ -208,13 +216,13 @@ def test_a_reader_does_not_wait_for_a_compile_row_that_ended_unreleased():
     row = rows[0]
     row.kv.holds_kv = True
     tree.compile_rows.running[key] = (row, None)  # admitted (it has a KV row), still running
-    assert tree.hold_back([reader]) == [reader]
+    assert hold_back(tree, [reader]) == [reader]
     row.finished_reason = "abort"  # ended without a release
-    assert tree.hold_back([reader]) == [] and key not in tree.compile_rows.running
+    assert hold_back(tree, [reader]) == [] and key not in tree.compile_rows.running
     row.finished_reason = None
     tree.compile_rows.running[key] = (row, None)
     row.kv.holds_kv = False  # SGLang took its KV row back (an abort mid chunked prefill), no release here
-    assert tree.hold_back([reader]) == [] and key not in tree.compile_rows.running
+    assert hold_back(tree, [reader]) == [] and key not in tree.compile_rows.running
 
 
 def test_cacheblend_pins_only_the_stored_chunks_that_fit_beside_its_prompt():
@@ -240,7 +248,7 @@ def test_cacheblend_pins_only_the_stored_chunks_that_fit_beside_its_prompt():
 
 def test_a_compile_row_is_greedy_and_generates_nothing():
     from sglang_mepic.cache.compile_rows import layout
-    from sglang_mepic.cache.scheduling import compile_req
+    from sglang_mepic.cache.prefill_round import compile_req
 
     scheduler = SimpleNamespace(model_config=SimpleNamespace(hf_eos_token_id={2}, vocab_size=1000),
                                 dllm_config=None, tokenizer=None, init_req_max_new_tokens=lambda req: None)

@@ -5,8 +5,7 @@ import dataclasses
 import pytest
 
 from sglang_mepic import config
-from sglang_mepic.launch import flags_doc
-from sglang_mepic.launch import server as launch_server
+from sglang_mepic.launch import flags_doc, mepic_flags
 
 # A value each setting accepts and one it refuses (None: a switch, or text is never wrong). A setting added to
 # the table without a row here fails test_every_setting_has_a_sample, so that it is tested too.
@@ -52,18 +51,18 @@ def test_a_flag_becomes_its_variable_and_a_bad_value_is_refused_naming_it(settin
     flags = [setting.flag] if setting.switch else [setting.flag, good or str(tmp_path)]
     if setting is config.STORAGE_DIR:
         flags = storage
-    rest, env = launch_server.split_mepic_flags(["--model-path", "m", *flags, *storage])
+    rest, env = mepic_flags.split_mepic_flags(["--model-path", "m", *flags, *storage])
     assert rest == ["--model-path", "m"]
     assert env[setting.env] == ("on" if setting.switch else good or str(tmp_path))
     if bad is not None:
         with pytest.raises(SystemExit):
-            launch_server.split_mepic_flags([setting.flag, bad])
+            mepic_flags.split_mepic_flags([setting.flag, bad])
         assert setting.flag in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("setting", config.SETTINGS, ids=lambda s: s.flag)
 def test_the_help_names_the_flag_and_its_default(setting):
-    text = " ".join(launch_server.mepic_parser().format_help().split())
+    text = " ".join(mepic_flags.mepic_parser().format_help().split())
     assert setting.flag in text
     assert "Default" in setting.help
 

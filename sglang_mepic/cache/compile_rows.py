@@ -13,7 +13,7 @@ attention reads it (`backend.forward_extend`), so the reader, planned with the
 chunk's canonical pages as part of its prefix, reads in the same layer the KV
 the compile row has just written. Its plan holds a placeholder for those pages
 until SGLang has allocated the batch; then the reader's KV row is pointed at the
-pages the compile row writes (`point_readers`). Cost: the chunk's tokens once,
+pages the compile row writes (`extend.point_readers`). Cost: the chunk's tokens once,
 plus its first block in the reader's context, in one prefill round.
 
 Readers planned in the same round share one compile row of a chunk, and so do
@@ -25,8 +25,8 @@ forward raised has its compile rows dropped before the next batch is planned
 
 A compile row that SGLang splits over several forwards (a chunk longer than the
 chunked prefill budget) cannot be read by a row of its first forward: its
-readers wait until it has run whole and its pages are stored (held back by the
-cache), as does a reader in a mode that copies stored KV before its forward
+readers wait until it has run whole and its pages are stored (held back from
+the round, `prefill_round.hold_back`), as does a reader in a mode that copies stored KV before its forward
 (EPIC, CacheBlend: a copy of pages not yet computed would be garbage).
 
 Row lifecycle: `pending` (made this round, for the readers planned in it;
@@ -54,7 +54,7 @@ LAYOUTS: SideTable = SideTable("mepic compile rows")
 
 # Placeholder page of a chunk whose compile row is in the reader's own batch, until the batch
 # is allocated. Page 0 is SGLang's padding page, never handed out; the reader's row is pointed
-# at the compile row's pages before its forward (`point_readers`).
+# at the compile row's pages before its forward (`extend.point_readers`).
 PLACEHOLDER_PAGE = 0
 
 
@@ -115,8 +115,8 @@ class CompileRows:
 
     def __init__(self, page_size: int):
         self.page_size = page_size
-        self.make_req: Callable | None = None  # set by the scheduler's prefill round (scheduling.py)
-        self.rows_left: Callable | None = None  # adder -> request rows it may still fill (scheduling.py)
+        self.make_req: Callable | None = None  # set by the scheduler's prefill round (prefill_round.py)
+        self.rows_left: Callable | None = None  # adder -> request rows it may still fill (prefill_round.py)
         self.sink: int | None = None
         self.pending: dict[str, object] = {}   # chunk key -> row made this round, not admitted
         # chunk key -> (row admitted, not released; its canonical pages once its whole chunk has them)

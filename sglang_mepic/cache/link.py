@@ -1,5 +1,8 @@
 """Scheduler-side state of one laid-out request (`link_of(req)`), and its phases.
 
+`Linker` makes it once, the first time the scheduler sees the request: the one place the
+scheduler decodes a hint (wire/hint.py).
+
 A request arrives laid out in its natural slot order with the `mepic.chunks`
 hint (hint.py). Its `Shape` (ids, pads, chunks and their keys) never changes.
 Around it, the request moves through three phases, and every move is checked:
@@ -15,17 +18,21 @@ Around it, the request moves through three phases, and every move is checked:
 """
 
 import enum
+import itertools
 from array import array
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 
+from sglang_mepic.config import Placement
+from sglang_mepic.cache.compile_rows import layout_of
 from sglang_mepic.cache.plan import ChunkSpan, Plan
 from sglang_mepic.cache.planner import Planned
-from sglang_mepic.wire.request_layout import pad_mask, slot_positions
+from sglang_mepic.wire.hint import decode_laid_out
+from sglang_mepic.wire.request_layout import masked_key, pad_mask, slot_positions
 from sglang_mepic.wire.report import Report
-from sglang_mepic.wire.segments import NO_POSITION
+from sglang_mepic.wire.segments import NO_POSITION, span_hash
 
 
 ATTR = "mepic"  # the one attribute this package sets on SGLang's (scheduler-side) Req
@@ -223,3 +230,41 @@ class Link:
             self._real_before = (self.planned, before)
         start, end = max(0, min(start, self.size)), max(0, min(end, self.size))
         return before[end] - before[start] if end > start else 0
+
+
+class Linker:
+    """Makes a request's Link the first time the scheduler sees it (the prefill round's hold-back, else
+    its match): the hint decoded once, or the layout of a compile row this scheduler made; the chunk
+    keys in the request's cache namespace. Later calls return the Link it has."""
+
+    def __init__(self, placement: Placement, page_size: int, model_fingerprint: str):
+        self.placement, self.page_size, self.model_fingerprint = placement, page_size, model_fingerprint
+        self._owners = itertools.count(1)
+
+    def link(self, req) -> Link | None:
+        link = link_of(req)
+        if link is None:
+            made = layout_of(req)  # a compile row this scheduler made
+            if made is not None:
+                chunks, pads, compile = (made.chunk,), made.pads, True
+            else:
+                h = decode_laid_out(getattr(req, "kv_hints", None))
+                if h is None:
+                    return None
+                chunks, pads, compile = h.chunks, h.pads, False
+            natural = array("q", req.origin_input_ids)
+            if any(end > len(natural) for _, end in chunks) or any(s + n > len(natural) for s, n in pads):
+                # SGLang replaced the ids of a request it refused (an invalid grammar, say) by one token:
+                # it is not laid out as its hint says, and is only streamed its error.
+                return None
+            # Everything that keeps SGLang's tree entries apart keeps chunks apart too.
+            # repr keeps None apart from "None" and a field's text from the separators: a client's
+            # extra_key or cache_salt must never spell another tenant's namespace. SGLang treats an
+            # empty cache_salt as none, and so does this.
+            namespace = repr((getattr(req, "extra_key", None), getattr(req, "cache_salt", None) or None,
+                              getattr(req, "lora_id", None)))
+            masked = masked_key(natural, pads)
+            keys = tuple(span_hash(masked[s:e], self.placement, self.page_size, self.model_fingerprint, namespace)
+                         for s, e in chunks)
+            link = attach(req, Link(Shape(natural, tuple(pads), tuple(chunks), keys, compile, next(self._owners))))
+        return link

@@ -9,12 +9,12 @@ SGLang's own `RadixCache`, unchanged.
 This class keeps the tree work; each other job has its module, and the walk of
 a laid-out request through them is:
 
-    link (here)           the request's shape and chunk keys, once (link.py)
+    link                  the request's shape and chunk keys, once (link.Linker)
     match_prefix (here)   Residency.find -> planner.plan -> the tree's match of the
                           planned key, plus the reused pages the tree lacks (injected)
     admit                 admission.py: pins kept, EPIC's private copy, figures.py
     compile rows          compile_rows.py: a chunk no tier holds is computed in the
-                          batch of its first reader (`point_readers` after allocation)
+                          batch of its first reader (extend.py points the reader at it)
     insert / release      here: the tree caches the request under its planned key;
                           a compile row's pages join the chunk store (`_publish`)
 
@@ -32,7 +32,6 @@ unlocked and deleted, so `evictable_size` stays exact at O(1).
 """
 
 import dataclasses
-import itertools
 import time
 from array import array
 
@@ -46,7 +45,7 @@ from sglang_mepic import config, modes
 from sglang_mepic.cache import compile_rows, planner
 from sglang_mepic.cache.admission import Admission
 from sglang_mepic.cache.figures import Figures
-from sglang_mepic.cache.link import Link, Shape, attach, link_of
+from sglang_mepic.cache.link import Link, Linker, link_of
 from sglang_mepic.cache.residency import Residency
 from sglang_mepic.pages import ownership
 from sglang_mepic.pages.chunk_store import ChunkStore
@@ -56,9 +55,7 @@ from sglang_mepic.pages.pool_pages import PoolPages, check_allocator
 from sglang_mepic.pages.refs import PageRefs
 from sglang_mepic.tiers import storage
 from sglang_mepic.tiers.levels import Tiers
-from sglang_mepic.wire.hint import decode_laid_out
 from sglang_mepic.wire.request_layout import masked_key
-from sglang_mepic.wire.segments import span_hash
 
 
 class MepicRadixCache(RadixCache):
@@ -84,7 +81,7 @@ class MepicRadixCache(RadixCache):
         self.kv_pool = params.token_to_kv_pool_allocator.get_kvcache()
         self.tiers = tiers or Tiers(self.kv_pool, self.page_size, config.host_tier_gb(),
                                     storage.from_settings(model_fingerprint))
-        self._owners = itertools.count(1)
+        self.linker = Linker(self.placement, self.page_size, model_fingerprint)
         self.compile_rows = compile_rows.CompileRows(self.page_size)
         self.residency = Residency(self.store, self.refs, self.pages, self.tiers, self.evict, self.page_size,
                                    self.canonical_from,
@@ -98,52 +95,6 @@ class MepicRadixCache(RadixCache):
                                    mode=self.mode, canonical_from=self.canonical_from, page_size=self.page_size)
 
     # ---- the request side -------------------------------------------------
-
-    def link(self, req) -> Link | None:
-        link = link_of(req)
-        if link is None:
-            made = compile_rows.layout_of(req)  # a compile row this scheduler made
-            if made is not None:
-                chunks, pads, compile = (made.chunk,), made.pads, True
-            else:
-                h = decode_laid_out(getattr(req, "kv_hints", None))
-                if h is None:
-                    return None
-                chunks, pads, compile = h.chunks, h.pads, False
-            natural = array("q", req.origin_input_ids)
-            if any(end > len(natural) for _, end in chunks) or any(s + n > len(natural) for s, n in pads):
-                # SGLang replaced the ids of a request it refused (an invalid grammar, say) by one token:
-                # it is not laid out as its hint says, and is only streamed its error.
-                return None
-            # Everything that keeps SGLang's tree entries apart keeps chunks apart too.
-            # repr keeps None apart from "None" and a field's text from the separators: a client's
-            # extra_key or cache_salt must never spell another tenant's namespace. SGLang treats an
-            # empty cache_salt as none, and so does this.
-            namespace = repr((getattr(req, "extra_key", None), getattr(req, "cache_salt", None) or None,
-                              getattr(req, "lora_id", None)))
-            masked = masked_key(natural, pads)
-            keys = tuple(span_hash(masked[s:e], self.placement, self.page_size, self.model_fingerprint, namespace)
-                         for s, e in chunks)
-            link = attach(req, Link(Shape(natural, tuple(pads), tuple(chunks), keys, compile, next(self._owners))))
-        return link
-
-    def hold_back(self, reqs) -> list:
-        """The requests, of the waiting `reqs`, that must wait, in queue order: for a chunk whose
-        compile row has parts still to run (chunked prefill), or, in EPIC and CacheBlend, is not
-        done (compile_rows.py); or for a chunk's storage read (residency.py)."""
-        linked = [(req, link) for req in reqs if (link := self.link(req)) is not None]
-        rows, held = self.compile_rows, set()
-        rows.forget_finished()
-        if rows.running:
-            shares = self.mode.shares
-
-            def unready(key: str) -> bool:
-                return key in rows.running and key not in self.store and not (shares and rows.in_flight(key))
-
-            held.update(id(req) for req, link in linked if not link.compile and any(map(unready, link.keys)))
-        if self.tiers.prefetch is not None:
-            held.update(id(req) for req, link in linked if id(req) not in held and self.residency.waiting(link.shape))
-        return [req for req, _ in linked if id(req) in held]
 
     def _plan(self, req, link: Link, params) -> None:
         """Pin and load the request's chunks, plan it, and put its ids in planned order."""
@@ -204,45 +155,9 @@ class MepicRadixCache(RadixCache):
             else:
                 link.wait = True
 
-    def point_readers(self, batch) -> None:
-        """SGLang has allocated `batch`: its compile rows start running, and each request that reads
-        a chunk one of them computes has its KV row pointed at that row's canonical pages (and
-        holds them until it releases its row). Before the forward, so it reads them in that forward."""
-        table, b = self.req_to_token_pool.req_to_token, self.page_size
-        for req in batch.reqs:
-            link = link_of(req)
-            if link is not None and link.compile and req.kv.req_pool_idx is not None:
-                whole = req.kv.kv_allocated_len >= link.chunk_slots[0][1]
-                pages = tuple(self.pages.pages_of(compile_rows.canonical_slots(req, table, b, self.canonical_from)))
-                self.compile_rows.admitted(req, link.keys[0], pages if whole else None)
-        for req in batch.reqs:
-            link = link_of(req)
-            if link is None or not link.compiling or req.kv.req_pool_idx is None or link.planned.plan is None:
-                continue
-            row = table[req.kv.req_pool_idx]
-            for key, first, count in link.planned.plan.runs:
-                compile_row = link.compiling.get(key)
-                if compile_row is None:
-                    continue
-                assert compile_row.kv.req_pool_idx is not None, "a reader was admitted without its compile row"
-                slots = compile_rows.canonical_slots(compile_row, table, b, self.canonical_from)
-                lo, hi = max(first * b, link.tree_len), min((first + count) * b, req.prefix_len)
-                if hi <= lo:
-                    continue
-                part = slots[lo - first * b:hi - first * b]
-                row[lo:hi] = part
-                link.injected[lo - link.tree_len:hi - link.tree_len] = part.to(link.injected.device,
-                                                                               link.injected.dtype)
-                pages = self.pages.pages_of(part)
-                self.refs.acquire(pages)
-                link.held += pages
-            # Pointed once, at its first forward: a chunked prefill's later parts read the row as it is
-            # (SGLang frees the compile row's request row when it finishes).
-            link.compiling = {}
-
     def match_prefix(self, params):
         req = params.req
-        link = self.link(req) if req is not None else None
+        link = self.linker.link(req) if req is not None else None
         if link is None:
             return super().match_prefix(params)
         key = params.key

@@ -195,7 +195,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args, server_args = parser().parse_known_args(argv)
     from sglang_mepic.launch import models
-    from sglang_mepic.launch.server import check_port_free
+    from sglang_mepic.launch.checks import check_port_free
 
     model = args.model_path or str(models.build(models.DEFAULT_MODEL))
     check_port_free(args.host, args.port)

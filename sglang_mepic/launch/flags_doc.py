@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from sglang_mepic import config
-from sglang_mepic.launch import server
+from sglang_mepic.launch import mepic_flags
 
 BEGIN = "<!-- mepic flags: written by python -m sglang_mepic.launch.flags_doc from config.SETTINGS -->"
 END = "<!-- end of mepic flags -->"
@@ -21,7 +21,7 @@ def _cell(text: str) -> str:
 
 
 def table() -> str:
-    fields = server.help_fields()
+    fields = mepic_flags.help_fields()
     rows = ["| flag | environment | meaning |", "|---|---|---|"]
     for s in config.SETTINGS:
         value = "" if s.switch else " " + ("{" + ",".join(s.choices) + "}" if s.choices else s.metavar)

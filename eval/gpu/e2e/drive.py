@@ -46,7 +46,7 @@ import requests
 from tqdm import tqdm
 
 from eval.run import USED_TOKENS, Sampler, flush, mepic_stats, pct, run_point
-from sglang_mepic.launch.server import MEPIC_PAGE_SIZE
+from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 from sglang_mepic.process.server_process import ServerError, ServerProcess
 
 ROOT = Path(__file__).resolve().parents[3]

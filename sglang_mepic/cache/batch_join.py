@@ -1,0 +1,48 @@
+"""A request joins SGLang's prefill batch (`PrefillAdder.add_one_req`, patch `schedule_policy_add_one_req`).
+
+The compile rows its plan reads are added right before it, each once; if one
+does not fit whole (the budget, a row of the request pool, chunked prefill),
+neither does the request, and SGLang's loop stops as it does for a request that
+does not fit. In EPIC and CacheBlend the request is skipped for the round
+instead (it copies stored KV before its forward, so it waits until its compile
+rows have run).
+"""
+
+from sglang_mepic.cache.compile_rows import layout_of
+from sglang_mepic.cache.link import link_of
+from sglang_mepic.cache.radix_cache import MepicRadixCache
+
+
+def add_request(original, adder, req, *args, **kwargs):
+    """SGLang's `PrefillAdder.add_one_req`, with the compile rows the request reads added first."""
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    tree = adder.tree_cache if isinstance(adder.tree_cache, MepicRadixCache) else None
+    link = link_of(req)
+    if tree is None or link is None or not link.compiling:
+        return original(adder, req, *args, **kwargs)
+    rows = tree.compile_rows
+    batched, todo = {id(r) for r in adder.can_run_list}, []
+    for row in link.compiling.values():
+        if id(row) not in batched:
+            batched.add(id(row))
+            todo.append(row)
+    # Each row takes a row of the request pool. Where they and the request do not all fit, the rows
+    # that fit go now (their chunks are stored for its next round: it needs fewer), the request waits.
+    room = rows.rows_left(adder) if rows.rows_left is not None else len(todo) + 1
+    fits = room >= len(todo) + (0 if link.wait else 1)
+    for row in todo[:max(0, room)]:
+        row.init_next_round_input(tree)
+        result = original(adder, row, *args, **kwargs)
+        whole = bool(adder.can_run_list) and adder.can_run_list[-1] is row and adder.new_chunked_req is not row
+        if bool(adder.can_run_list) and adder.can_run_list[-1] is row:
+            link.made_for.add(layout_of(row).key)
+        if not whole:
+            return result if result is not AddReqResult.CONTINUE else AddReqResult.OTHER
+        if result is not AddReqResult.CONTINUE:
+            return result
+    if not fits:
+        return AddReqResult.OTHER  # no request row left for it: the batch is full
+    if link.wait:
+        return AddReqResult.CONTINUE  # skipped this round: it reads its chunks once they are stored
+    return original(adder, req, *args, **kwargs)

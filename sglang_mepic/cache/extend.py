@@ -1,0 +1,90 @@
+"""A batch's extend (`ScheduleBatch.prepare_for_extend`, patch `schedule_batch_prepare_for_extend`).
+
+Before SGLang allocates (which may evict), the batch's requests are admitted
+(they keep the chunk pages they have held since they were planned; EPIC's get
+their private copies) and the round's others let go of theirs. After, each KV
+row gets its plan's positions (and, in private-copy modes, the slots its KV is
+copied from), and a request reading a chunk that a compile row in the batch
+computes is pointed at that row's pages (`point_readers`); every other row is
+marked unplanned (identity positions). In a batch that returns input logprobs,
+each laid-out slot scores the next real token, not the next slot (logprobs.py).
+"""
+
+from sglang_mepic.cache import compile_rows
+from sglang_mepic.cache.link import link_of
+from sglang_mepic.cache.logprobs import score_real_tokens
+from sglang_mepic.cache.radix_cache import MepicRadixCache
+from sglang_mepic.pages import context
+
+
+def point_readers(tree, batch) -> None:
+    """SGLang has allocated `batch`: its compile rows start running, and each request that reads
+    a chunk one of them computes has its KV row pointed at that row's canonical pages (and
+    holds them until it releases its row). Before the forward, so it reads them in that forward."""
+    table, b = tree.req_to_token_pool.req_to_token, tree.page_size
+    for req in batch.reqs:
+        link = link_of(req)
+        if link is not None and link.compile and req.kv.req_pool_idx is not None:
+            whole = req.kv.kv_allocated_len >= link.chunk_slots[0][1]
+            pages = tuple(tree.pages.pages_of(compile_rows.canonical_slots(req, table, b, tree.canonical_from)))
+            tree.compile_rows.admitted(req, link.keys[0], pages if whole else None)
+    for req in batch.reqs:
+        link = link_of(req)
+        if link is None or not link.compiling or req.kv.req_pool_idx is None or link.planned.plan is None:
+            continue
+        row = table[req.kv.req_pool_idx]
+        for key, first, count in link.planned.plan.runs:
+            compile_row = link.compiling.get(key)
+            if compile_row is None:
+                continue
+            assert compile_row.kv.req_pool_idx is not None, "a reader was admitted without its compile row"
+            slots = compile_rows.canonical_slots(compile_row, table, b, tree.canonical_from)
+            lo, hi = max(first * b, link.tree_len), min((first + count) * b, req.prefix_len)
+            if hi <= lo:
+                continue
+            part = slots[lo - first * b:hi - first * b]
+            row[lo:hi] = part
+            link.injected[lo - link.tree_len:hi - link.tree_len] = part.to(link.injected.device,
+                                                                           link.injected.dtype)
+            pages = tree.pages.pages_of(part)
+            tree.refs.acquire(pages)
+            link.held += pages
+        # Pointed once, at its first forward: a chunked prefill's later parts read the row as it is
+        # (SGLang frees the compile row's request row when it finishes).
+        link.compiling = {}
+
+
+def prepare_extend(original, batch, *args, **kwargs):
+    tree = batch.tree_cache if isinstance(batch.tree_cache, MepicRadixCache) else None
+    if tree is not None:
+        # What the batch's extends will allocate (a page more each for alignment): EPIC's
+        # private copies, made at admission, must leave it free.
+        reserve = sum(-(-req.extend_len // tree.page_size) + 1 for req in batch.reqs)
+        for req in batch.reqs:
+            tree.admission.admit(req, reserve)
+        # Requests planned in this round but left waiting let go now: what they hold was
+        # counted as evictable when the admitted ones were checked.
+        tree.admission.end_round()
+    result = original(batch, *args, **kwargs)
+    if tree is not None:
+        point_readers(tree, batch)
+    if tree is not None and batch.return_logprob and batch.extend_input_logprob_token_ids is not None:
+        score_real_tokens(batch)
+    position_map = context.current().positions  # None under another attention backend
+    for req in batch.reqs:
+        row = req.kv.req_pool_idx
+        if row is None:
+            continue
+        link = link_of(req)
+        if link is not None:
+            if tree is not None:
+                tree.admission.copy_sources(req, batch.req_to_token_pool.req_to_token[row])
+            if position_map is not None:
+                # Output tokens count too: a retracted request re-prefills them after its prompt.
+                slots = len(req.origin_input_ids) + len(req.output_ids)
+                position_map.assign(row, link.positions(slots).to(position_map.req_to_pos.device), link.sources)
+        elif position_map is not None:
+            position_map.release(row)
+    if tree is not None:
+        tree.figures.sample()  # after CacheBlend's copies have let their stored pages go
+    return result

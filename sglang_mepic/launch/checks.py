@@ -1,0 +1,174 @@
+"""The start-up checks: flags and combinations this server cannot serve, refused in one line before any
+server process starts (each ended in a traceback from a child process, or no start at all)."""
+
+import argparse
+import json
+import socket
+from contextlib import contextmanager
+from pathlib import Path
+
+from sglang_mepic import config
+from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE, LaunchError, known_flags
+
+# backend.SUPPORTED_ARCHITECTURES, named here without importing SGLang before its environment is set
+# (tests/test_launch.py checks that the two agree).
+MEPIC_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# KV cache dtypes the mepic attention kernels read: the model's own, or bf16 (no k/v scales are applied).
+MEPIC_KV_DTYPES = ("auto", "bf16", "bfloat16")
+# Attention backends SGLang offers for a CPU (`--device cpu`), and ours; the others need a GPU or an accelerator.
+CPU_ATTENTION_BACKENDS = ("mepic", "torch_native", "intel_amx", "flex_attention")
+
+
+def check_parallelism(argv: list[str]) -> None:
+    """Refuse tensor, pipeline and data parallelism with the mepic cache, before anything loads.
+
+    Chunk keys, shared-storage entries and tier decisions are per process: TP ranks would
+    write their own heads under one key and could plan one request differently, and a DP
+    replica would compile a request's chunks on another replica than the request."""
+    known = known_flags(argv)
+    if known.radix_cache_backend != "mepic":
+        return
+    given = [f"{flag} {value}" for flag, value in (("--tp-size", known.tp_size), ("--pp-size", known.pp_size),
+                                                   ("--dp-size", known.dp_size), ("--attn-dp-size", known.attn_dp_size))
+             if value > 1] + (["--enable-dp-attention"] if known.enable_dp_attention else [])
+    if given:
+        raise LaunchError(f"{', '.join(given)}: --radix-cache-backend mepic runs on one GPU per server "
+                          "(chunk keys, shared-storage entries and tier decisions are not shared across tensor, "
+                          "pipeline or data-parallel ranks); run one server per GPU (python -m "
+                          "sglang_mepic.launch_cluster) or use --radix-cache-backend sglang")
+
+
+def _token_count(flag: str, value: str | None, too_small: str, off: int | None = None) -> None:
+    """A flag counting tokens is a whole number of at least 1 (or its `off` value): 0 divided by zero
+    or sized an empty pool in a child process, which died with a traceback."""
+    if value is None:
+        return
+    try:
+        count = int(value)
+    except ValueError:
+        raise LaunchError(f"{flag} {value}: must be a whole number of tokens") from None
+    if count < 1 and count != off:
+        raise LaunchError(f"{flag} {value}: {too_small}")
+
+
+def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
+    """Refuse, before anything loads, the flags and combinations this server cannot serve (each
+    ended in a traceback from a child process, or no start at all).
+
+    argv: after `with_defaults`; cuda: whether this machine has a CUDA device (None: not checked)."""
+    known = known_flags(argv)
+    if not 1 <= known.port <= 65535:
+        raise LaunchError(f"--port {known.port}: a TCP port is 1-65535")
+    for flag, value in (("--tp-size", known.tp_size), ("--pp-size", known.pp_size), ("--dp-size", known.dp_size),
+                        ("--attn-dp-size", known.attn_dp_size)):
+        if value < 1:
+            raise LaunchError(f"{flag} {value}: must be at least 1")
+    check_parallelism(argv)
+    _token_count("--page-size", known.page_size, f"a page holds at least 1 token (the mepic cache uses "
+                 f"{MEPIC_PAGE_SIZE}, one MEPIC block per page)")
+    _token_count("--max-total-tokens", known.max_total_tokens, "the KV pool needs at least 1 token")
+    _token_count("--context-length", known.context_length, "a context holds at least 1 token")
+    _token_count("--chunked-prefill-size", known.chunked_prefill_size,
+                 "a prefill chunk holds at least 1 token (or -1 to turn chunked prefill off)", off=-1)
+    if known.radix_cache_backend not in (None, "mepic"):
+        raise LaunchError(f"--radix-cache-backend {known.radix_cache_backend}: this server offers mepic (chunk "
+                          "reuse, the default) and sglang (SGLang's own prefix cache)")
+    if known.enable_hierarchical_cache and known.radix_cache_backend == "mepic":
+        raise LaunchError("--enable-hierarchical-cache: SGLang's HiCache does not work with --radix-cache-backend "
+                          "mepic; the mepic cache has its own host tier (--mepic-host-tier-gb GB) and shared "
+                          "storage (--mepic-storage-backend), or use --radix-cache-backend sglang")
+    if known.enable_hierarchical_cache and known.device == "cpu":
+        raise LaunchError("--enable-hierarchical-cache: SGLang's HiCache registers its host pool with CUDA and "
+                          "needs a GPU")
+    if known.speculative_algorithm and known.attention_backend == "mepic":
+        raise LaunchError(f"--speculative-algorithm {known.speculative_algorithm}: --attention-backend mepic has "
+                          "no draft or verify path (no tree masks); serve without speculative decoding or with "
+                          "another --attention-backend")
+    if known.disable_radix_cache and known.radix_cache_backend == "mepic" and config.mode().reuses:
+        raise LaunchError(f"--disable-radix-cache: --mepic-mode {config.mode().name} reuses chunks through the "
+                          "radix cache; drop --disable-radix-cache, or use --mepic-mode full or "
+                          "--radix-cache-backend sglang")
+    if known.attention_backend == "mepic" and (known.kv_cache_dtype or "auto") not in MEPIC_KV_DTYPES:
+        raise LaunchError(f"--kv-cache-dtype {known.kv_cache_dtype}: --attention-backend mepic reads the KV cache "
+                          "unscaled, in the model's dtype or bf16; use --kv-cache-dtype auto or bf16")
+    if config.known_texts_on() and (getattr(known, "tokenizer_worker_num", 1) or 1) > 1:
+        raise LaunchError(f"--tokenizer-worker-num {known.tokenizer_worker_num}: --mepic-auto-chunk "
+                          f"{config.raw(config.AUTO_CHUNK)} keeps the registered texts in the tokenizer process, "
+                          "and each worker would hold its own; run one tokenizer worker")
+    if cuda is False and (known.device or "").startswith("cuda"):
+        raise LaunchError(f"--device {known.device}: this machine has no CUDA device (torch.cuda.is_available() "
+                          "is False); leave --device out to serve on the CPU")
+    if known.device == "cpu" and known.attention_backend not in CPU_ATTENTION_BACKENDS:
+        raise LaunchError(f"--attention-backend {known.attention_backend}: needs a GPU; on the CPU use one of "
+                          f"{', '.join(CPU_ATTENTION_BACKENDS)}")
+
+
+def check_model_fits(folder: Path, argv: list[str]) -> None:
+    """Refuse a model the mepic attention backend would refuse only once loaded (in a child process):
+    what `backend.MepicAttnBackend._take_over_rotary` checks that config.json already tells."""
+    try:
+        hf = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise LaunchError(f"{folder / 'config.json'}: cannot be read as JSON ({e})") from None
+    if not isinstance(hf, dict):
+        raise LaunchError(f"{folder / 'config.json'}: not a JSON object")
+    if known_flags(argv).attention_backend != "mepic":
+        return
+    archs = hf.get("architectures") or []
+    other = "serve it with another --attention-backend (and --radix-cache-backend sglang)"
+    if not any(a in MEPIC_ARCHITECTURES for a in archs):
+        raise LaunchError(f"--attention-backend mepic supports {', '.join(MEPIC_ARCHITECTURES)} (RoPE models); "
+                          f"this model is {', '.join(archs) or 'of no stated architecture'}: {other}")
+    if hf.get("sliding_window") and hf.get("use_sliding_window", True):
+        raise LaunchError(f"--attention-backend mepic does not support sliding-window attention (this model's "
+                          f"sliding_window is {hf['sliding_window']}): {other}")
+
+
+def check_model_path(path: str, argv: list[str] | None = None) -> None:
+    """A local HF model folder; with argv, also one the attention backend it names can serve."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise LaunchError(
+            f"model folder not found: {folder}\n"
+            "  Give --model-path a local HF model folder (hub downloads are disabled), "
+            "or build one with: python -m sglang_mepic.models {tiny,smollm2-135m}"
+        )
+    if not (folder / "config.json").is_file():
+        raise LaunchError(f"{folder} is not an HF model folder: it has no config.json")
+    if argv is not None:
+        check_model_fits(folder, argv)
+
+
+def check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # Same option uvicorn sets, so a socket in TIME_WAIT does not count as taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise LaunchError(f"cannot listen on {host}:{port}: {e.strerror} (is another server running?)") from None
+
+
+@contextmanager
+def one_line_argument_errors():
+    """SGLang's own parser refuses a flag with its whole usage block (some 300 lines) and exit status 2:
+    here, one line and status 2."""
+    def error(self, message):
+        raise LaunchError(message)
+
+    original = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = error
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = original
+
+
+def from_argument_checks(error: BaseException) -> bool:
+    """Whether SGLang's own validation of its flags raised `error` (before any process started):
+    `prepare_server_args`, or the resolution `run_server` begins with (`ServerArgs.resolve_once`)."""
+    import traceback
+
+    return any(frame.name in ("prepare_server_args", "check_server_args", "__post_init__", "resolve_once")
+               for frame in traceback.extract_tb(error.__traceback__))

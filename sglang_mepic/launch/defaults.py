@@ -1,0 +1,85 @@
+"""The defaults the wrapper fills in where the user gave no flag: the mepic backends and page size, metrics
+and cache reports, and on a machine without CUDA the CPU engine, a bounded pool and float32 where bf16 is
+emulated."""
+
+from pathlib import Path
+
+from sglang_mepic.launch import models
+from sglang_mepic.launch.sglang_flags import ATTENTION_BACKEND, MEPIC_PAGE_SIZE, SGLANG_CACHE, known_flags
+
+CPU_MAX_TOTAL_TOKENS = 65536  # SGLang would otherwise size the pool from free RAM (~14 GB)
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether the CPU computes bf16 natively (AVX512-BF16 or AMX); None where it cannot be told.
+
+    Without it, torch emulates bf16 matmuls: issue 17 measured a 1,784-token
+    prompt on SmolLM2-135M at 21.6 s in bf16 and 3.8 s in float32 (AVX2 only).
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags")
+             for flag in line.split(":", 1)[1].split()}
+    if not flags:
+        return None
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def _without_flag(argv: list[str], flag: str) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = True
+        elif not a.startswith(flag + "="):
+            out.append(a)
+    return out
+
+
+def with_defaults(argv: list[str], cuda: bool, native_bf16: bool | None = None) -> tuple[list[str], dict[str, str]]:
+    """Return (argv, env) with the defaults filled in where the user gave none.
+
+    native_bf16: whether the CPU has native bf16 (default: read from /proc/cpuinfo).
+    """
+    known = known_flags(argv)
+    argv = list(argv)
+    env = {"HF_HUB_OFFLINE": "1"}  # nothing may download from a model hub
+    if known.model_path is None:
+        argv += ["--model-path", str(models.model_dir(models.DEFAULT_MODEL))]
+    if known.radix_cache_backend == SGLANG_CACHE:
+        argv = _without_flag(argv, "--radix-cache-backend")
+    elif known.radix_cache_backend is None and (known.attention_backend or ATTENTION_BACKEND) == "mepic":
+        argv += ["--radix-cache-backend", "mepic"]
+        known.radix_cache_backend = "mepic"
+    if known.radix_cache_backend == "mepic" and known.page_size is None:
+        argv += ["--page-size", str(MEPIC_PAGE_SIZE)]
+    if known.attention_backend is None:
+        argv += ["--attention-backend", ATTENTION_BACKEND]
+    if not known.enable_metrics:
+        argv += ["--enable-metrics"]  # /metrics, with the chunk cache's figures
+    if not known.enable_cache_report:
+        argv += ["--enable-cache-report"]  # OpenAI usage reports cached prompt tokens
+    if (known.attention_backend or ATTENTION_BACKEND) == "mepic":
+        if not cuda and known.cuda_graph_backend_decode is None:
+            # No CUDA here: nothing to capture. On CUDA the mepic backend captures decode graphs.
+            argv += ["--cuda-graph-backend-decode", "disabled"]
+        if cuda and known.cuda_graph_backend_prefill is None:
+            # SGLang's default breakable prefill graphs would replay the model with the positions of
+            # capture time, not a chunked request's planned positions: prefill runs eagerly.
+            argv += ["--cuda-graph-backend-prefill", "disabled"]
+    if not cuda:
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+        if known.device is None:
+            argv += ["--device", "cpu"]
+        if known.max_total_tokens is None:
+            argv += ["--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
+        if known.dtype is None and (native_bf16 if native_bf16 is not None else cpu_has_native_bf16()) is False:
+            argv += ["--dtype", "float32"]  # emulated bf16 is several times slower than float32
+        if not known.sleep_on_idle:
+            # An idle scheduler otherwise spins a whole core of a small CPU machine.
+            argv += ["--sleep-on-idle"]
+    return argv, env
