@@ -211,6 +211,14 @@ def test_tables_and_ratios_read_the_cells(tmp_path):
     assert (tmp_path / "c.png").stat().st_size > 1000
 
 
+def test_a_slow_model_gets_its_ratios_without_a_target_verdict():
+    """SmolLM2 on a CPU: vanilla under 1 req/s at its one pool. The ratio is what the run is for; no target
+    is judged there (the targets are read where vanilla sustains 1 req/s)."""
+    lines = capacity.ratios([cell("vanilla", 512, 0.28), cell("mepic", 512, 0.8)], [512])
+    assert lines[0].startswith("at 512 pages") and "not judged" in lines[0]
+    assert lines[1:] == ["- capacity mepic / vanilla: 2.86"]
+
+
 def test_a_cell_says_what_stopped_it():
     def probe(rate, ok, peak, retractions=0):
         return {"rate": rate, "ok": ok, "peak_kv_pages": peak, "counters": {"retractions": retractions}}
