@@ -26,8 +26,9 @@ forward raised has its compile rows dropped before the next batch is planned
 A compile row that SGLang splits over several forwards (a chunk longer than the
 chunked prefill budget) cannot be read by a row of its first forward: its
 readers wait until it has run whole and its pages are stored (held back from
-the round, `prefill_round.hold_back`), as does a reader in a mode that copies stored KV before its forward
-(EPIC, CacheBlend: a copy of pages not yet computed would be garbage).
+the round, `prefill_round.hold_back`), as does a reader in a mode that copies
+stored KV before its forward (EPIC, CacheBlend: a copy of pages not yet
+computed would be garbage).
 
 Row lifecycle: `pending` (made this round, for the readers planned in it;
 dropped at the round's end unless SGLang admitted it) -> `running` (it has KV
