@@ -67,10 +67,8 @@ class MepicRadixCache(RadixCache):
                  canonical_from: int | None = -1, tiers: Tiers | None = None):
         check_allocator(params.token_to_kv_pool_allocator)
         super().__init__(params)
-        self.model_fingerprint = model_fingerprint
         self.mode = mode or config.mode()
         self.canonical_from = modes.canonical_from() if canonical_from == -1 else canonical_from
-        self.placement = config.placement()
         self.pages = PoolPages(params.token_to_kv_pool_allocator)
         self.refs = PageRefs(self.pages)
         self.ownership = ownership.register(params.token_to_kv_pool_allocator, self.refs)
@@ -81,7 +79,7 @@ class MepicRadixCache(RadixCache):
         self.kv_pool = params.token_to_kv_pool_allocator.get_kvcache()
         self.tiers = tiers or Tiers(self.kv_pool, self.page_size, config.host_tier_gb(),
                                     storage.from_settings(model_fingerprint))
-        self.linker = Linker(self.placement, self.page_size, model_fingerprint)
+        self.linker = Linker(config.placement(), self.page_size, model_fingerprint)
         self.compile_rows = compile_rows.CompileRows(self.page_size)
         self.residency = Residency(self.store, self.refs, self.pages, self.tiers, self.evict, self.page_size,
                                    self.canonical_from,
