@@ -502,6 +502,7 @@ def run_cells(model: str, args, todo: list, cells: list[Cell], record) -> None:
             extra, env = context
             server = server_process(model, [*extra, "--max-total-tokens", str(pool * MEPIC_PAGE_SIZE)], flags, env)
             server.launch()  # from this (the main) thread: a server dies with the thread that launched it
+            server.launched_at = time.time()
             stack.callback(server.stop)
             servers[(system, pool)] = server
             return server
@@ -518,6 +519,8 @@ def run_cells(model: str, args, todo: list, cells: list[Cell], record) -> None:
             if not getattr(server, "pool_pages", None):
                 server.wait_ready()
                 server.pool_pages = pool_pages(server, MEPIC_PAGE_SIZE)
+                print(f"[capacity] {system} pool {pool}: server ready within {time.time() - server.launched_at:.0f} s of "
+                      f"its launch ({server.pool_pages} pages)", flush=True)
             return server, server.pool_pages
 
         def warm_up(server, texts_):

@@ -51,22 +51,11 @@ def _rows_left(scheduler, adder) -> int:
 
 
 def hold_back(tree, reqs) -> list:
-    """The requests, of the waiting `reqs`, that must wait, in queue order: for a chunk whose
-    compile row has parts still to run (chunked prefill), or, in EPIC and CacheBlend, is not
-    done (compile_rows.py); or for a chunk's storage read (residency.py)."""
-    linked = [(req, link) for req in reqs if (link := tree.linker.link(req)) is not None]
-    rows, held = tree.compile_rows, set()
-    rows.forget_finished()
-    if rows.running:
-        shares = tree.mode.shares
-
-        def unready(key: str) -> bool:
-            return key in rows.running and key not in tree.store and not (shares and rows.in_flight(key))
-
-        held.update(id(req) for req, link in linked if not link.compile and any(map(unready, link.keys)))
-    if tree.tiers.prefetch is not None:
-        held.update(id(req) for req, link in linked if id(req) not in held and tree.residency.waiting(link.shape))
-    return [req for req, _ in linked if id(req) in held]
+    """The requests, of the waiting `reqs`, that must wait for a chunk (readiness.py), in queue
+    order. Compile rows that ended unreleased (an abort) are forgotten first: nobody waits on them."""
+    tree.compile_rows.forget_finished()
+    linked = ((req, tree.linker.link(req)) for req in reqs)
+    return [req for req, link in linked if link is not None and tree.readiness.must_wait(link)]
 
 
 def prefill_round(original, scheduler, *args, **kwargs):

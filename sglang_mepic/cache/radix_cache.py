@@ -46,6 +46,7 @@ from sglang_mepic.cache import compile_rows, planner
 from sglang_mepic.cache.admission import Admission
 from sglang_mepic.cache.figures import Figures
 from sglang_mepic.cache.link import Link, Linker, link_of
+from sglang_mepic.cache.readiness import Readiness
 from sglang_mepic.cache.residency import Residency
 from sglang_mepic.pages import ownership
 from sglang_mepic.pages.chunk_store import ChunkStore
@@ -85,6 +86,9 @@ class MepicRadixCache(RadixCache):
                                    self.canonical_from,
                                    self.compile_rows.in_flight if self.mode.shares else None)
         # The parts, each handed only what it reads.
+        self.readiness = Readiness(rows=self.compile_rows, store=self.store, tiers=self.tiers,
+                                   shares=self.mode.shares, keeps=self.residency.keeps,
+                                   canonical_slots=self.residency.canonical_slots)
         self.figures = Figures(pages=self.pages, refs=self.refs, ledger=self.ledger, store=self.store,
                                compile_rows=self.compile_rows, tiers=self.tiers, mode=self.mode,
                                page_size=self.page_size)

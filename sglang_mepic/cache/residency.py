@@ -6,7 +6,7 @@ then are missing ones loaded from the tiers below (tiers/levels.py): a load may 
 for room, and must never evict a chunk this request is about to read.
 
 Storage is never read on the scheduler thread. While a request waits, its
-missing chunks' entries are read in the background (`waiting`, prefetch.py);
+missing chunks' entries are read in the background (readiness.py, prefetch.py);
 the request is held back until none is pending, then planned, and a load only
 copies what was fetched into the pages it allocates.
 
@@ -24,7 +24,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang_mepic.pages.chunk_store import ChunkStore
 from sglang_mepic.pages.pool_pages import PoolPages
 from sglang_mepic.pages.refs import PageRefs
-from sglang_mepic.tiers.levels import PENDING, Tiers
+from sglang_mepic.tiers.levels import Tiers
 
 
 @dataclass
@@ -50,16 +50,7 @@ class Residency:
         of it is recomputed in context (`--mepic-recompute-blocks` at or above its page count)."""
         return self.canonical_from is not None and (end - start) // self.page_size > self.canonical_from
 
-    def waiting(self, shape) -> bool:
-        """Whether a chunk of the request is still being read from storage; starts the reads
-        of its missing chunks that are neither running nor remembered."""
-        pending = False
-        for (start, end), key in zip(shape.chunk_slots, shape.keys):
-            if self.keeps(start, end) and key not in self.store:
-                pending |= self.tiers.want(key, self._canonical_slots(start, end)) == PENDING
-        return pending
-
-    def _canonical_slots(self, start: int, end: int) -> int:
+    def canonical_slots(self, start: int, end: int) -> int:
         """KV slots of a chunk's canonical pages (its pages after the ones computed in context)."""
         return end - start - self.canonical_from * self.page_size
 
@@ -93,7 +84,7 @@ class Residency:
                 continue
             if not self.keeps(start, end):
                 continue
-            num_pages = self._canonical_slots(start, end) // self.page_size
+            num_pages = self.canonical_slots(start, end) // self.page_size
             if not fits(num_pages):
                 left_out.add(key)
                 continue
