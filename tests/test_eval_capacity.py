@@ -175,16 +175,24 @@ def test_an_interrupted_run_stops_at_once_and_aborts_what_is_in_flight(monkeypat
     """Ctrl-C, or SIGTERM (eval.capacity turns it into one), mid-probe: the run stops now, not when the
     last arrival of its schedule comes, and the server is told to abort what is in flight."""
     import _thread
+    import signal
 
     aborted = []
     run = offline(monkeypatch, lambda url, text, new_tokens, ignore_eos=False: ([1], text, {}, 0.0, 0.0, 0.0))
     monkeypatch.setattr(run, "abort_all", aborted.append)
+    # interrupt_main does nothing while SIGINT is not Python's to handle (an earlier test's library may
+    # have left it ignored): Ctrl-C's own handler for the test, the one a user's shell reaches.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.0, _thread.interrupt_main)
     began = time.perf_counter()
     timer.start()
-    with pytest.raises(KeyboardInterrupt):  # 40 requests at 0.5 req/s: about 80 s of arrivals
-        run.run_point(SimpleNamespace(url="http://x"), 16, 64, [f"t{i}" for i in range(40)], 0.5, 4, 0,
-                      SimpleNamespace(update=lambda: None))
+    try:
+        with pytest.raises(KeyboardInterrupt):  # 40 requests at 0.5 req/s: about 80 s of arrivals
+            run.run_point(SimpleNamespace(url="http://x"), 16, 64, [f"t{i}" for i in range(40)], 0.5, 4, 0,
+                          SimpleNamespace(update=lambda: None))
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert time.perf_counter() - began < 30
     assert aborted == ["http://x"]
 
