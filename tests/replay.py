@@ -235,7 +235,7 @@ def prepare_batch(tree, batch):
     for req in batch:
         req.lock = tree.lock(req.last_node)
         tree.admission.admit(req)
-    tree.admission.end_round()
+    tree.residency.end_round()
     for req in batch:
         allocate(tree, req)
     point_readers(tree, SimpleNamespace(reqs=batch))

@@ -141,7 +141,7 @@ class Collisions(RuleBasedStateMachine):
                 req.lock = None
         for req in admitted:
             tree.admission.admit(req)
-        tree.admission.end_round()
+        tree.residency.end_round()
         for req in admitted:
             allocate(tree, req)
             self.waiting = [r for r in self.waiting if r is not req]  # by identity: twins compare equal
@@ -296,7 +296,7 @@ def test_sorting_the_queue_pins_nothing():
         head = replanned(tree, waiting[0])
         heads[policy] = (budget(tree), pages_to_allocate(head) * B)
         assert not any(getattr(r, "mepic", None) and r.mepic.held for r in waiting[1:])
-        tree.admission.end_round()
+        tree.residency.end_round()
     assert heads["lpm"] == heads["fcfs"]
     room, need = heads["lpm"]
     assert need <= room, heads

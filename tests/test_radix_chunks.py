@@ -103,7 +103,7 @@ def test_a_reader_waits_while_its_chunks_compile_row_runs_over_several_forwards(
     tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, None, rid)
     reader = replanned(tree, new_request(*laid_out(lay), rid="r"))
     (row,) = reader.mepic.compiling.values()
-    tree.admission.end_round()
+    tree.residency.end_round()
     tree.compile_rows.admitted(row, row_key := reader.mepic.keys[0], None)  # parts of it still to come
     tree.compile_rows.end_round()
     assert hold_back(tree, [reader]) == [reader]
@@ -128,11 +128,11 @@ def test_a_request_planned_while_its_chunks_compile_row_is_in_flight_reads_its_p
     later = replanned(tree, new_request(*laid_out(request(C1, question=(5, 5))), rid="b"))
     assert hold_back(tree, [later]) == [] and later.mepic.compiling == {}
     assert later.mepic.found == ["device"] and set(pages) <= set(later.mepic.held)
-    tree.admission.end_round()
+    tree.residency.end_round()
     tree.compile_rows.failed(row)
     again = replanned(tree, new_request(*laid_out(request(C1, question=(6, 6))), rid="c"))
     assert len(again.mepic.compiling) == 1  # computed anew
-    tree.admission.end_round()
+    tree.residency.end_round()
     tree.compile_rows.end_round()
 
 
@@ -241,7 +241,7 @@ def test_cacheblend_pins_only_the_stored_chunks_that_fit_beside_its_prompt():
         assert len(link.held) + need <= num_pages - 1, (num_pages, len(link.held), need)  # SGLang: strictly less
         assert link.compiling == {} and not link.wait
         reused[num_pages] = link.found
-        tree.admission.end_round()
+        tree.residency.end_round()
     assert reused == {64: ["device"] * 3, 24: ["device", "device", "absent"], 20: ["device", "absent", "absent"],
                       16: ["absent"] * 3}, reused
 
@@ -355,7 +355,7 @@ def test_a_planned_request_holds_its_chunks_until_the_round_ends(tree):
     assert tree.evictable_size() == idle_evictable - 2 * B  # C1's canonical pages are spoken for
     tree.evict(EvictParams(num_tokens=NUM_PAGES * B))
     assert len(tree.store) == 1 and tree.store.canonical_pages() == 2
-    tree.admission.end_round()  # not admitted: it lets go
+    tree.residency.end_round()  # not admitted: it lets go
     assert tree.evictable_size() == (start - tree.pages.available()) * B
     tree.evict(EvictParams(num_tokens=NUM_PAGES * B))
     assert tree.pages.available() == start and tree.refs.shared() == 0
@@ -403,7 +403,7 @@ def test_a_load_that_finds_no_room_waits_for_the_next_plan():
     running = tree.refs.alloc(tree.pages.available())  # running requests hold every page
     first = planned(tree, *compiled(request(C1).chunks[0]))
     assert first.mepic.found == ["absent"] and len(tree.store) == 0  # no room to load it into
-    tree.admission.end_round()  # the scheduler could not admit it either
+    tree.residency.end_round()  # the scheduler could not admit it either
     tree.refs.release(running)
     req, _ = finish(tree, replanned(tree, first))  # the next round: room now
     assert req.mepic.report == Report(residency=["host"], compiled_tokens=16)
@@ -528,6 +528,6 @@ def test_cacheblend_pages_match_no_other_request():
     ids, hints = laid_out(lay)
     again = planned(tree, ids, hints)
     assert again.prefix_len == 0 and again.mepic.private_key is not None
-    tree.admission.end_round()
+    tree.residency.end_round()
     plain = planned(tree, ids, None)
     assert plain.prefix_len == 0

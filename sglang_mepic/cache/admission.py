@@ -1,15 +1,12 @@
 """Requests getting their KV row: what a planned request keeps, copies and reports.
 
-A planned request holds the stored chunks it will read (residency.py), so the
-scheduler's memory check, which follows the match, does not count them as
-evictable. The request at the head of a batch is admitted just before the batch
-allocates (patch schedule_batch_prepare_for_extend) and keeps them until it
-releases its row; a request planned in a round but not admitted lets go when
-the round ends (`end_round`), or chunks wanted only by waiting requests could
-fill the pool. EPIC's admitted requests copy their reused pages into pages of
-their own here; CacheBlend's copy the stored KV of their chunk tokens into the
-pages SGLang has just allocated for them (`copy_sources`), so each page is
-charged once, as in EPIC.
+A planned request holds the stored chunks it will read (residency.py). The
+requests of a batch are admitted just before the batch allocates (patch
+schedule_batch_prepare_for_extend): each then keeps what it holds until it
+releases its row, and its plan is fixed. EPIC's admitted requests copy their
+reused pages into pages of their own here; CacheBlend's copy the stored KV of
+their chunk tokens into the pages SGLang has just allocated for them
+(`copy_sources`), so each page is charged once, as in EPIC.
 """
 
 import logging
@@ -36,30 +33,6 @@ class Admission:
         self.pages, self.refs, self.store, self.tiers, self.kv_pool = pages, refs, store, tiers, kv_pool
         self.evict, self.counters = evict, counters
         self.mode, self.canonical_from, self.page_size = mode, canonical_from, page_size
-        self._unadmitted: dict[int, Link] = {}  # planned, holding their chunks, not admitted yet
-
-    def hold(self, link: Link, found) -> None:
-        """A request is planned (again): it holds the chunks `found` (residency.Found) pinned for it
-        instead of what an earlier plan pinned, until it is admitted or the round ends."""
-        self.let_go(link)
-        link.unplan()
-        link.held = found.pins
-        link.found_where(found.where)
-        if link.held:
-            self._unadmitted[id(link)] = link
-
-    def let_go(self, link: Link) -> None:
-        """Drop the chunks a planned request holds (it is planned again, or was not admitted)."""
-        self._unadmitted.pop(id(link), None)
-        if link.held:
-            self.refs.release(link.held)
-            link.held = []
-
-    def end_round(self) -> None:
-        """A scheduling round is over: requests planned in it but not admitted let go of their chunks."""
-        for link in list(self._unadmitted.values()):
-            self.let_go(link)
-            link.unplan()
 
     def admit(self, req, reserve: int = 0) -> None:
         """The request is about to get its KV row: hold the pages it reads, fix its plan, count it.
@@ -69,8 +42,7 @@ class Admission:
         link = link_of(req)
         if link is None or link.admitted:
             return
-        self._unadmitted.pop(id(link), None)  # it keeps what it holds until its release
-        link.admit()
+        link.admit()  # it keeps what it holds (residency.py) until its release
         if modes.copies_private_prefix(self.mode) and link.injected is not None and not link.compile:
             self._copy_private(link, reserve)
         if not link.compile:
@@ -142,8 +114,3 @@ class Admission:
         if end >= len(link.sources):  # chunked prefill: the last part has its slots
             self.refs.release(link.held)
             link.held = []
-
-    def reset(self) -> None:
-        for link in self._unadmitted.values():
-            link.held = []
-        self._unadmitted.clear()

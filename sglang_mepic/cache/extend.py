@@ -64,7 +64,7 @@ def prepare_extend(original, batch, *args, **kwargs):
             tree.admission.admit(req, reserve)
         # Requests planned in this round but left waiting let go now: what they hold was
         # counted as evictable when the admitted ones were checked.
-        tree.admission.end_round()
+        tree.residency.end_round()
     result = original(batch, *args, **kwargs)
     if tree is not None:
         point_readers(tree, batch)

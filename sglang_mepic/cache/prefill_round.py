@@ -6,7 +6,7 @@ SGLang builds a request. A request that must wait for a chunk (a compile row
 running over several forwards, a storage read) is held out of the waiting queue
 for the round (`hold_back`) and goes back to its head when the round ends.
 Requests planned in the round but not admitted let go of their chunks at its end
-(admission.py), and compile rows made in it that SGLang did not admit are dropped.
+(residency.py), and compile rows made in it that SGLang did not admit are dropped.
 
 The batch's prefill stats (the log's `#new-token` and `#cached-token`, the
 cache-hit metrics) count slots; for laid-out requests they are brought to real
@@ -76,7 +76,7 @@ def prefill_round(original, scheduler, *args, **kwargs):
         if held:
             scheduler.waiting_queue = held + scheduler.waiting_queue
         if tree is not None:
-            tree.admission.end_round()
+            tree.residency.end_round()
             tree.compile_rows.end_round()
     batch = plan.batch_to_run
     stats = getattr(batch, "prefill_stats", None)

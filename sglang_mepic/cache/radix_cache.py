@@ -12,7 +12,7 @@ a laid-out request through them is:
     link                  the request's shape and chunk keys, once (link.Linker)
     match_prefix (here)   Residency.find -> planner.plan -> the tree's match of the
                           planned key, plus the reused pages the tree lacks (injected)
-    admit                 admission.py: pins kept, EPIC's private copy, figures.py
+    admit                 admission.py: plan fixed, EPIC's private copy, figures.py
     compile rows          compile_rows.py: a chunk no tier holds is computed in the
                           batch of its first reader (extend.py points the reader at it)
     insert / release      here: the tree caches the request under its planned key;
@@ -101,7 +101,7 @@ class MepicRadixCache(RadixCache):
     def _plan(self, req, link: Link, params) -> None:
         """Pin and load the request's chunks, plan it, and put its ids in planned order."""
         found = self.residency.find(link.shape, self._pin_budget(req, link))
-        self.admission.hold(link, found)
+        self.residency.hold(link, found)
         # Input logprobs from a slot on: as SGLang limits its prefix there, chunks past it are computed.
         start = req.logprob_start_len if getattr(req, "return_logprob", False) and req.logprob_start_len >= 0 else None
         self._compile_absent(req, link, found, start)
@@ -237,7 +237,7 @@ class MepicRadixCache(RadixCache):
                 self._publish(req, link)
             if link.compile:
                 self.compile_rows.released(req, link.keys[0])
-            self.admission.let_go(link)
+            self.residency.let_go(link)
             link.release()
         super().on_release(req, checkpointed=checkpointed)
 
@@ -344,6 +344,6 @@ class MepicRadixCache(RadixCache):
             self.refs.forget()
             self.ledger.clear()
             self.tiers.clear_host()
-            self.admission.reset()
+            self.residency.reset()
             self.compile_rows.reset()
             self.figures.reset()

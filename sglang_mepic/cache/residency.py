@@ -15,12 +15,19 @@ the stored pages of its chunks until its own slots, allocated whole for its
 prompt, have their copy: it needs its prompt and its chunks at once, and one
 whose chunks were all stored could need more than the pool and wait for ever.
 Chunks beyond the budget are left out: the request computes them.
+
+The pins are the request's from the moment it is planned (`hold`). Here they stay
+in custody until the request is admitted (admission.py, which then keeps them
+until its release) or the round ends without it (`end_round`): the scheduler's
+memory check, which follows the match, must not count them as evictable, and
+chunks wanted only by waiting requests must not fill the pool.
 """
 
 from dataclasses import dataclass, field
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
+from sglang_mepic.cache.link import Link
 from sglang_mepic.pages.chunk_store import ChunkStore
 from sglang_mepic.pages.pool_pages import PoolPages
 from sglang_mepic.pages.refs import PageRefs
@@ -44,6 +51,7 @@ class Residency:
         self.evict = evict  # the cache's evict(EvictParams)
         self.page_size = page_size
         self.canonical_from = canonical_from
+        self._planned: dict[int, Link] = {}  # planned in this round, holding their chunks
 
     def keeps(self, start: int, end: int) -> bool:
         """Whether the store keeps pages of a chunk over slots [start, end): not when every page
@@ -119,3 +127,37 @@ class Residency:
         pages = self.store.put(key, tuple(pages))
         self.refs.release(pages)  # the store is now their only holder
         return pages, fetched[1]
+
+    # ---- the pins a planned request holds ---------------------------------------
+
+    def hold(self, link: Link, found: Found) -> None:
+        """A request is planned (again): it holds the chunks `found` pinned for it instead of
+        what an earlier plan pinned, until it is admitted or the round ends."""
+        self.let_go(link)
+        link.unplan()
+        link.held = found.pins
+        link.found_where(found.where)
+        if link.held:
+            self._planned[id(link)] = link
+
+    def let_go(self, link: Link) -> None:
+        """Drop the pages the request holds (it is planned again, was not admitted, or ended)."""
+        self._planned.pop(id(link), None)
+        if link.held:
+            self.refs.release(link.held)
+            link.held = []
+
+    def end_round(self) -> None:
+        """A scheduling round is over: requests planned in it but not admitted let go of their
+        chunks; admitted ones keep theirs until their release."""
+        for link in list(self._planned.values()):
+            if link.admitted:
+                del self._planned[id(link)]
+            else:
+                self.let_go(link)
+                link.unplan()
+
+    def reset(self) -> None:
+        for link in self._planned.values():
+            link.held = []
+        self._planned.clear()
