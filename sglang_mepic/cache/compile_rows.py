@@ -13,7 +13,7 @@ attention reads it (`backend.forward_extend`), so the reader, planned with the
 chunk's canonical pages as part of its prefix, reads in the same layer the KV
 the compile row has just written. Its plan holds a placeholder for those pages
 until SGLang has allocated the batch; then the reader's KV row is pointed at the
-pages the compile row writes (`extend.point_readers`). Cost: the chunk's tokens once,
+pages the compile row writes (`readers.py`). Cost: the chunk's tokens once,
 plus its first block in the reader's context, in one prefill round.
 
 Readers planned in the same round share one compile row of a chunk, and so do
@@ -55,7 +55,7 @@ LAYOUTS: SideTable = SideTable("mepic compile rows")
 
 # Placeholder page of a chunk whose compile row is in the reader's own batch, until the batch
 # is allocated. Page 0 is SGLang's padding page, never handed out; the reader's row is pointed
-# at the compile row's pages before its forward (`extend.point_readers`).
+# at the compile row's pages before its forward (`readers.py`).
 PLACEHOLDER_PAGE = 0
 
 

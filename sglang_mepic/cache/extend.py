@@ -10,7 +10,6 @@ marked unplanned (identity positions). In a batch that returns input logprobs,
 each laid-out slot scores the next real token, not the next slot (logprobs.py).
 """
 
-from sglang_mepic.cache import compile_rows
 from sglang_mepic.cache.link import link_of
 from sglang_mepic.cache.logprobs import score_real_tokens
 from sglang_mepic.cache.radix_cache import MepicRadixCache
@@ -18,40 +17,9 @@ from sglang_mepic.pages import context
 
 
 def point_readers(tree, batch) -> None:
-    """SGLang has allocated `batch`: its compile rows start running, and each request that reads
-    a chunk one of them computes has its KV row pointed at that row's canonical pages (and
-    holds them until it releases its row). Before the forward, so it reads them in that forward."""
-    table, b = tree.req_to_token_pool.req_to_token, tree.page_size
-    for req in batch.reqs:
-        link = link_of(req)
-        if link is not None and link.compile and req.kv.req_pool_idx is not None:
-            whole = req.kv.kv_allocated_len >= link.chunk_slots[0][1]
-            pages = tuple(tree.pages.pages_of(compile_rows.canonical_slots(req, table, b, tree.canonical_from)))
-            tree.compile_rows.admitted(req, link.keys[0], pages if whole else None)
-    for req in batch.reqs:
-        link = link_of(req)
-        if link is None or not link.compiling or req.kv.req_pool_idx is None or link.planned.plan is None:
-            continue
-        row = table[req.kv.req_pool_idx]
-        for key, first, count in link.planned.plan.runs:
-            compile_row = link.compiling.get(key)
-            if compile_row is None:
-                continue
-            assert compile_row.kv.req_pool_idx is not None, "a reader was admitted without its compile row"
-            slots = compile_rows.canonical_slots(compile_row, table, b, tree.canonical_from)
-            lo, hi = max(first * b, link.tree_len), min((first + count) * b, req.prefix_len)
-            if hi <= lo:
-                continue
-            part = slots[lo - first * b:hi - first * b]
-            row[lo:hi] = part
-            link.injected[lo - link.tree_len:hi - link.tree_len] = part.to(link.injected.device,
-                                                                           link.injected.dtype)
-            pages = tree.pages.pages_of(part)
-            tree.refs.acquire(pages)
-            link.held += pages
-        # Pointed once, at its first forward: a chunked prefill's later parts read the row as it is
-        # (SGLang frees the compile row's request row when it finishes).
-        link.compiling = {}
+    """SGLang has allocated `batch`: its readers of a compile row in it are pointed at the row's
+    pages before the forward (readers.py)."""
+    tree.readers.point(batch.reqs, tree.req_to_token_pool.req_to_token)
 
 
 def prepare_extend(original, batch, *args, **kwargs):

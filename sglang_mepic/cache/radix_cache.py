@@ -46,6 +46,7 @@ from sglang_mepic.cache import compile_rows, planner
 from sglang_mepic.cache.admission import Admission
 from sglang_mepic.cache.figures import Figures
 from sglang_mepic.cache.link import Link, Linker, link_of
+from sglang_mepic.cache.readers import Readers
 from sglang_mepic.cache.readiness import Readiness
 from sglang_mepic.cache.residency import Residency
 from sglang_mepic.pages import ownership
@@ -89,6 +90,8 @@ class MepicRadixCache(RadixCache):
         self.readiness = Readiness(rows=self.compile_rows, store=self.store, tiers=self.tiers,
                                    shares=self.mode.shares, keeps=self.residency.keeps,
                                    canonical_slots=self.residency.canonical_slots)
+        self.readers = Readers(rows=self.compile_rows, pages=self.pages, refs=self.refs,
+                               page_size=self.page_size, canonical_from=self.canonical_from)
         self.figures = Figures(pages=self.pages, refs=self.refs, ledger=self.ledger, store=self.store,
                                compile_rows=self.compile_rows, tiers=self.tiers, mode=self.mode,
                                page_size=self.page_size)
