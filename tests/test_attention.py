@@ -126,29 +126,34 @@ def test_fast_paths_equal_the_reference(n):
     torch.testing.assert_close(attend_paged(q_rot, laid[40 - n:], k, v, slots, laid, rope, 0.125), reference)
 
 
-def test_position_map_writes():
+def test_position_map_rows():
     from sglang_mepic.attention.positions import PositionMap
 
     pm = PositionMap(torch.zeros(4, 16, dtype=torch.int32))
-    # Row 2: 3 cached prefix slots + 2 new tokens; row 0: a fresh prompt of 4.
-    pm.on_extend(torch.tensor([2, 0]), torch.tensor([3, 0]), torch.tensor([2, 4]),
-                 torch.tensor([3, 4, 0, 1, 2, 3]))
-    assert pm.req_to_pos[2, :6].tolist() == [0, 1, 2, 3, 4, -1]
-    assert pm.req_to_pos[0, :5].tolist() == [0, 1, 2, 3, -1]
-    pm.on_decode(torch.tensor([2]), torch.tensor([6]), torch.tensor([5]))
-    assert pm.req_to_pos[2, :6].tolist() == [0, 1, 2, 3, 4, 5]
+    # Unplanned rows are the identity from the start and keep SGLang's positions.
+    assert pm.req_to_pos[2].tolist() == list(range(16))
+    out = pm.on_extend(torch.tensor([2, 0]), torch.tensor([3, 0]), torch.tensor([2, 4]),
+                       torch.tensor([3, 4, 0, 1, 2, 3]))
+    assert out.tolist() == [3, 4, 0, 1, 2, 3]
     # A planned row: the plan's positions win over SGLang's (which count pads), pads
-    # rotate at 0 but stay -1 in the map, and decode follows the last real position.
+    # rotate at 0 but stay -1 in the map, and the slots past the plan follow its last real position.
     pm.assign(1, torch.tensor([0, 1, -1, -1, 2, 3, 4]))
+    assert pm.req_to_pos[1, :10].tolist() == [0, 1, -1, -1, 2, 3, 4, 5, 6, 7]
     out = pm.on_extend(torch.tensor([1, 0]), torch.tensor([2, 4]), torch.tensor([5, 1]),
                        torch.tensor([2, 3, 4, 5, 6, 4]))
     assert out.tolist() == [0, 0, 2, 3, 4, 4]
-    assert pm.req_to_pos[1, :8].tolist() == [0, 1, -1, -1, 2, 3, 4, -1]
     out = pm.on_decode(torch.tensor([0, 1]), torch.tensor([6, 8]), torch.tensor([5, 7]))
     assert out.tolist() == [5, 5]
-    assert pm.req_to_pos[1, :8].tolist() == [0, 1, -1, -1, 2, 3, 4, 5]
+    # The same token reached as a decode step or as a one-token extend in a mixed batch
+    # (--enable-mixed-chunk) gets the same position, and neither writes the map.
+    before = pm.req_to_pos.clone()
+    as_decode = pm.on_decode(torch.tensor([1]), torch.tensor([9]), torch.tensor([8]))
+    as_mixed = pm.on_extend(torch.tensor([0, 1]), torch.tensor([5, 8]), torch.tensor([3, 1]),
+                            torch.tensor([5, 6, 7, 8]))
+    assert as_decode.tolist() == [6] and as_mixed.tolist() == [5, 6, 7, 6]
+    assert torch.equal(pm.req_to_pos, before)
     pm.release(1)
-    assert not pm.planned[1]
+    assert not pm.planned[1] and pm.req_to_pos[1].tolist() == list(range(16))
 
 
 def test_rotated_keys_across_decode_steps():

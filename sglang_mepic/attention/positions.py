@@ -7,16 +7,18 @@
                            or NO_POSITION (-1) for a pad slot (masked, no position)
 
 A shared canonical page holds NoPE keys, so it can sit at any j with any
-positions. Writers:
+positions. Writers (the scheduler side, when a request gets its row):
 - `assign(row, positions)`: a placement plan (chunked requests) sets the whole
-  row when the request is admitted; the row is then "planned".
-- `on_extend` / `on_decode` (the attention backend, every forward, before the
-  model runs): they return the positions the model must rotate queries with.
-  An unplanned row is the identity (every request without chunks): its new
-  tokens keep SGLang's positions. A planned row's new tokens take the plan's
-  positions (pads, which the model still embeds, rotate at 0 and stay masked),
-  and a decoded token follows the row's last real position.
-- `release(row)` for a request without a plan, so a reused row is unplanned.
+  row when the request is admitted; the row is then "planned". Slots past the
+  plan (output tokens) follow the plan's last real position.
+- `release(row)` for a request without a plan: the row is the identity again.
+Readers (the attention backend, every forward, before the model runs):
+`on_extend` / `on_decode` return the positions the model must rotate queries
+with. An unplanned row's new tokens keep SGLang's positions; a planned row's
+take the map's (pads, which the model still embeds, rotate at 0 and stay
+masked). They write nothing, so how SGLang batches a token (prefill, decode,
+a decode token inside a mixed prefill batch, a CUDA graph's capture) cannot
+change where it sits.
 
 CacheBlend also sets `req_to_src`: for each slot, the stored KV slot its keys and
 values were copied from into the request's own slot when it was allocated
@@ -33,82 +35,102 @@ from sglang_mepic.wire.segments import NO_POSITION
 
 
 class PositionMap:
+    """Every row holds a position for every slot, from the moment the map exists: an unplanned
+    row is the identity, a planned row its plan's positions and, past them, the positions its
+    decoded tokens will take. So a forward's positions are a gather, never a write: the same
+    whether a token arrives in a prefill, a decode step, or as one decode token riding in a
+    mixed prefill batch (`--enable-mixed-chunk`), and nothing a forward does (a CUDA graph's
+    capture included) touches a row a live request owns. Sizes come from the tensors' shapes
+    and which rows are planned is mirrored on the host, so no per-batch call syncs with the
+    device."""
+
     def __init__(self, req_to_token: torch.Tensor):
-        self.req_to_pos = torch.full(req_to_token.shape, NO_POSITION, dtype=torch.int32,
-                                     device=req_to_token.device)
-        self.planned = torch.zeros(req_to_token.shape[0], dtype=torch.bool, device=req_to_token.device)
-        self.copies = torch.zeros(req_to_token.shape[0], dtype=torch.bool, device=req_to_token.device)
+        rows, width = req_to_token.shape
+        device = req_to_token.device
+        self._identity = torch.arange(width, dtype=torch.int32, device=device)
+        self.req_to_pos = self._identity.repeat(rows, 1)
+        self.planned = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.copies = torch.zeros(rows, dtype=torch.bool, device=device)
         self.req_to_src: torch.Tensor | None = None  # allocated on first use
-        # max(req_to_pos[row, :filled]) + 1 over the row's filled slots: where a planned row's next
-        # decoded token goes. Kept by assign / on_extend / on_decode, so a decode step reads it
-        # without scanning the row or syncing with the host.
-        self.next_pos = torch.zeros(req_to_token.shape[0], dtype=torch.int64, device=req_to_token.device)
+        # Host mirrors of `planned` and `copies`: release and the per-batch calls ask them, not the device.
+        self._planned_rows: set[int] = set()
+        self._copy_rows: set[int] = set()
 
     def assign(self, row: int, positions: torch.Tensor, sources=None) -> None:
+        """The plan's positions for the row's first slots; the slots after them (output tokens not
+        yet decoded) follow the plan's last real position, as decode will place them."""
+        positions = positions.to(torch.int64)
         n = positions.numel()
-        self.req_to_pos[row, :n] = positions.to(self.req_to_pos.dtype)
-        self.req_to_pos[row, n:] = NO_POSITION
+        after = int(positions.max()) + 1 if n else 0  # the host plan's figure: no device sync
+        self.req_to_pos[row, :n] = positions.to(self.req_to_pos.device, self.req_to_pos.dtype)
+        self.req_to_pos[row, n:] = self._identity[n:] + (after - n)
         self.planned[row] = True
-        self.next_pos[row] = positions.max().to(torch.int64) + 1 if n else 0
+        self._planned_rows.add(row)
         self.copies[row] = sources is not None
         if sources is not None:
+            self._copy_rows.add(row)
             if self.req_to_src is None:
                 self.req_to_src = torch.full(self.req_to_pos.shape, -1, dtype=torch.int64,
                                              device=self.req_to_pos.device)
             src = torch.as_tensor(sources, dtype=torch.int64, device=self.req_to_src.device)
             self.req_to_src[row] = -1
             self.req_to_src[row, :src.numel()] = src
+        else:
+            self._copy_rows.discard(row)
 
     def release(self, row: int) -> None:
-        self.planned[row] = False
-        self.copies[row] = False
+        """The row serves a request without a plan: the identity again (written only if it was planned)."""
+        if row in self._planned_rows:
+            self.req_to_pos[row] = self._identity
+            self.planned[row] = False
+            self._planned_rows.discard(row)
+        if row in self._copy_rows:
+            self.copies[row] = False
+            self._copy_rows.discard(row)
 
-    def copies_for_extend(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor):
-        """(index among the forward's extend tokens, batch index) of the tokens whose slots hold copied KV."""
-        rows = rows.long()
-        if self.req_to_src is None or not bool(self.copies[rows].any()):
-            return None
+    def _extend_slots(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
+                      total: int):
+        """(row, slot) of each of a forward's `total` extend tokens; device ops of known size only."""
         elen = extend_lens.long()
-        batch = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), elen)
-        starts = torch.repeat_interleave(torch.cumsum(elen, 0) - elen, elen)
-        j = torch.arange(batch.numel(), device=rows.device) - starts + prefix_lens.long()[batch]
-        src = self.req_to_src[rows[batch], j]
-        keep = (src >= 0) & self.copies[rows[batch]]
+        r = torch.repeat_interleave(rows, elen, output_size=total)
+        starts = torch.repeat_interleave(torch.cumsum(elen, 0) - elen, elen, output_size=total)
+        j = (torch.arange(total, device=rows.device) - starts
+             + torch.repeat_interleave(prefix_lens.long(), elen, output_size=total))
+        return r, j
+
+    def copies_for_extend(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
+                          total: int | None = None):
+        """(index among the forward's extend tokens, batch index) of the tokens whose slots hold copied KV.
+        None at once when no row holds copies (every mode but the private-copy baselines)."""
+        rows = rows.long()
+        if self.req_to_src is None or not self._copy_rows or not bool(self.copies[rows].any()):
+            return None
+        total = int(extend_lens.sum()) if total is None else total
+        r, j = self._extend_slots(rows, prefix_lens, extend_lens, total)
+        batch = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), extend_lens.long(),
+                                        output_size=total)
+        src = self.req_to_src[r, j]
+        keep = (src >= 0) & self.copies[r]
         if not bool(keep.any()):
             return None
         return torch.nonzero(keep).flatten(), batch[keep]
 
     def on_extend(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
                   positions: torch.Tensor) -> torch.Tensor:
+        """Positions of an extend's new tokens: a planned row's from its map row (pads rotate at 0
+        and stay masked), SGLang's for the others. A decode token in a mixed batch is an extend of
+        one token at its row's next slot, which the plan already placed."""
+        if not self._planned_rows:
+            return positions
         rows = rows.long()
-        planned = self.planned[rows]
-        # Identity prefix for rows without a plan (vectorised over the whole batch).
-        plen = torch.where(planned, 0, prefix_lens.long())
-        if int(plen.sum()):
-            r = torch.repeat_interleave(rows, plen)
-            starts = torch.repeat_interleave(torch.cumsum(plen, 0) - plen, plen)
-            j = torch.arange(r.numel(), device=rows.device) - starts
-            self.req_to_pos[r, j] = j.to(self.req_to_pos.dtype)
-        elen = extend_lens.long()
-        r = torch.repeat_interleave(rows, elen)
-        starts = torch.repeat_interleave(torch.cumsum(elen, 0) - elen, elen)
-        j = torch.arange(r.numel(), device=rows.device) - starts + torch.repeat_interleave(prefix_lens.long(), elen)
-        token_planned = torch.repeat_interleave(planned, elen)
-        planned_pos = self.req_to_pos[r, j].to(positions.dtype)
-        self.req_to_pos[r, j] = torch.where(token_planned, planned_pos.to(self.req_to_pos.dtype),
-                                            positions.to(self.req_to_pos.dtype))
-        filled = prefix_lens.long() + elen
-        if rows.numel():
-            width = int(filled.max())
-            inside = torch.arange(width, device=rows.device)[None, :] < filled[:, None]
-            self.next_pos[rows] = torch.where(inside, self.req_to_pos[rows, :width].long(), -1).amax(1) + 1
-        return torch.where(token_planned, planned_pos.clamp(min=0), positions)
+        r, j = self._extend_slots(rows, prefix_lens, extend_lens, positions.shape[0])
+        planned_pos = self.req_to_pos[r, j].to(positions.dtype).clamp(min=0)
+        return torch.where(self.planned[r], planned_pos, positions)
 
     def on_decode(self, rows: torch.Tensor, seq_lens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Positions of a decode step's new tokens; device ops only (no host sync: the overlap scheduler)."""
-        rows, last = rows.long(), seq_lens.long() - 1
-        # A planned row's new token follows its last real position (pads have none).
-        positions = torch.where(self.planned[rows], self.next_pos[rows].to(positions.dtype), positions)
-        self.req_to_pos[rows, last] = positions.to(self.req_to_pos.dtype)
-        self.next_pos[rows] = positions.to(torch.int64) + 1
-        return positions
+        """Positions of a decode step's new tokens (the slot seq_len - 1 of each row)."""
+        if not self._planned_rows:
+            return positions
+        rows = rows.long()
+        planned_pos = self.req_to_pos[rows, seq_lens.long() - 1].to(positions.dtype)
+        return torch.where(self.planned[rows], planned_pos, positions)
