@@ -65,13 +65,17 @@ def test_cuda_machine_gets_no_cpu_defaults():
     assert "SGLANG_USE_CPU_ENGINE" not in env
 
 
-def test_cuda_keeps_decode_graphs_for_the_mepic_backend():
+def test_cuda_keeps_decode_and_prefill_graphs_for_the_mepic_backend():
+    """On CUDA the mepic backend captures decode graphs and runs prefill under SGLang's default breakable
+    prefill graphs (its captured-metadata hooks place planned positions, issue 69): no graph flag is added,
+    and the user's choice stands."""
     argv, _ = with_defaults(["--model-path", "m"], cuda=True)
     assert flag_value(argv, "--attention-backend") == "mepic"
     assert "--cuda-graph-backend-decode" not in argv
-    assert flag_value(argv, "--cuda-graph-backend-prefill") == "disabled"
-    argv, _ = with_defaults(["--model-path", "m", "--cuda-graph-backend-prefill", "breakable"], cuda=True)
-    assert flag_value(argv, "--cuda-graph-backend-prefill") == "breakable"
+    assert "--cuda-graph-backend-prefill" not in argv
+    for choice in ("breakable", "disabled"):
+        argv, _ = with_defaults(["--model-path", "m", "--cuda-graph-backend-prefill", choice], cuda=True)
+        assert flag_value(argv, "--cuda-graph-backend-prefill") == choice and argv.count(choice) == 1
 
 
 def test_default_model_when_no_model_path():
@@ -378,6 +382,10 @@ REFUSED = [
     (["--mepic-host-tier-gb", "-1"], "argument --mepic-host-tier-gb"),
     (["--mepic-max-chunks", "0"], "argument --mepic-max-chunks"),
     (["--mepic-storage-backend", "file"], "--mepic-storage-backend file needs --mepic-storage-dir"),
+    # The check read a flag the launcher never parsed, so it always saw one worker (issue 68).
+    (["--mepic-auto-chunk", "known", "--tokenizer-worker-num", "2"],
+     "--tokenizer-worker-num 2: --mepic-auto-chunk known keeps the registered texts in the tokenizer process"),
+    (["--mepic-auto-chunk", "tools+known", "--tokenizer-worker-num=3"], "--tokenizer-worker-num 3"),
 ]
 
 
@@ -472,6 +480,20 @@ def test_what_the_combination_checks_let_through(monkeypatch):
                   ["--attention-backend", "flashinfer"], ["--speculative-algorithm", "EAGLE"]):
         with pytest.raises(SystemExit):
             check(*flags)
+
+
+def test_registered_texts_with_several_tokenizer_workers_are_refused(monkeypatch):
+    """Each tokenizer worker would hold registered texts of its own: a text registered through one is never
+    found in a prompt another tokenizes. The check never saw the flag (issue 68)."""
+    from sglang_mepic import config
+
+    monkeypatch.setenv(config.AUTO_CHUNK_ENV, "messages+known")
+    for flags in (["--tokenizer-worker-num", "2"], ["--tokenizer-worker-num=4"]):
+        with pytest.raises(SystemExit, match="--tokenizer-worker-num [24]: --mepic-auto-chunk messages\\+known keeps"):
+            check(*flags)
+    check("--tokenizer-worker-num", "1")
+    monkeypatch.setenv(config.AUTO_CHUNK_ENV, "messages")  # no registered texts: any number of workers
+    check("--tokenizer-worker-num", "2")
 
 
 def test_bad_flag_values_of_ours_are_one_line(capsys):

@@ -91,7 +91,7 @@ def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
     if known.attention_backend == "mepic" and (known.kv_cache_dtype or "auto") not in MEPIC_KV_DTYPES:
         raise LaunchError(f"--kv-cache-dtype {known.kv_cache_dtype}: --attention-backend mepic reads the KV cache "
                           "unscaled, in the model's dtype or bf16; use --kv-cache-dtype auto or bf16")
-    if config.known_texts_on() and (getattr(known, "tokenizer_worker_num", 1) or 1) > 1:
+    if config.known_texts_on() and known.tokenizer_worker_num > 1:
         raise LaunchError(f"--tokenizer-worker-num {known.tokenizer_worker_num}: --mepic-auto-chunk "
                           f"{config.raw(config.AUTO_CHUNK)} keeps the registered texts in the tokenizer process, "
                           "and each worker would hold its own; run one tokenizer worker")

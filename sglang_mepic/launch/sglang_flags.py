@@ -56,6 +56,7 @@ def known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--speculative-algorithm")
     p.add_argument("--context-length")
     p.add_argument("--chunked-prefill-size")
+    p.add_argument("--tokenizer-worker-num", type=int, default=1)
     known, _ = p.parse_known_args(argv)
     return known
 
