@@ -65,13 +65,17 @@ def test_cuda_machine_gets_no_cpu_defaults():
     assert "SGLANG_USE_CPU_ENGINE" not in env
 
 
-def test_cuda_keeps_decode_graphs_for_the_mepic_backend():
+def test_cuda_keeps_decode_and_prefill_graphs_for_the_mepic_backend():
+    """On CUDA the mepic backend captures decode graphs and runs prefill under SGLang's default breakable
+    prefill graphs (its captured-metadata hooks place planned positions, issue 69): no graph flag is added,
+    and the user's choice stands."""
     argv, _ = with_defaults(["--model-path", "m"], cuda=True)
     assert flag_value(argv, "--attention-backend") == "mepic"
     assert "--cuda-graph-backend-decode" not in argv
-    assert flag_value(argv, "--cuda-graph-backend-prefill") == "disabled"
-    argv, _ = with_defaults(["--model-path", "m", "--cuda-graph-backend-prefill", "breakable"], cuda=True)
-    assert flag_value(argv, "--cuda-graph-backend-prefill") == "breakable"
+    assert "--cuda-graph-backend-prefill" not in argv
+    for choice in ("breakable", "disabled"):
+        argv, _ = with_defaults(["--model-path", "m", "--cuda-graph-backend-prefill", choice], cuda=True)
+        assert flag_value(argv, "--cuda-graph-backend-prefill") == choice and argv.count(choice) == 1
 
 
 def test_default_model_when_no_model_path():

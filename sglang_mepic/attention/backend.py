@@ -41,6 +41,14 @@ class GraphBuffers:
     active: bool = False  # the current decode forward is a graph capture or replay
 
 
+@dataclass
+class PrefillGraphMetadata:
+    """What a captured prefill bucket keeps (SGLang stores it per bucket and hands it back at each replay):
+    the bucket's tokens. The state the breaks read is the backend's own, set by the replay hook."""
+
+    num_tokens: int
+
+
 def _refuse_quantized_kv(token_to_kv_pool) -> None:
     """The kernels read the KV pool in the model's dtype and apply no k/v scales: an fp8 cache is refused."""
     dtype = getattr(token_to_kv_pool, "store_dtype", None) or getattr(token_to_kv_pool, "dtype", None)
@@ -101,6 +109,8 @@ class MepicAttnBackend(AttentionBackend):
         _refuse_quantized_kv(token_to_kv_pool)
         self.use_triton = torch.device(device).type == "cuda"
         self.graph: GraphBuffers | None = None
+        # SGLang's breakable prefill runner captured with this backend's hooks (it then calls the replay hook).
+        self._prefill_graph_hooks = False
         # Split decode's partial results, reused by every layer of an eager forward: one per CUDA stream,
         # since two streams' decodes (e.g. overlapped micro-batches) would otherwise share it.
         self._workspaces: dict[int, object] = {}
@@ -172,14 +182,11 @@ class MepicAttnBackend(AttentionBackend):
         return first
 
     def init_forward_metadata(self, forward_batch):
-        """Per-forward state, read by every layer. On the Triton path a decode's preparation is device
-        ops only (no host sync: SGLang's overlap scheduler runs ahead of the GPU); the torch path reads
-        per-request values on the host."""
-        if self.graph is not None:
-            self.graph.active = False
+        """Per-forward state, read by every layer. On the Triton path the preparation is device ops only,
+        with host figures from the batch's *_cpu fields (no host sync: SGLang's overlap scheduler runs
+        ahead of the GPU; `tests/test_host_syncs.py`); the torch path reads per-request values on the host."""
+        self._reset()
         mode = forward_batch.forward_mode
-        self.copies = None
-        self._splits = self._kv_end = None
         if not self.use_triton:
             self.rows = forward_batch.req_pool_indices.tolist()
             self.seq_lens = forward_batch.seq_lens.tolist()
@@ -199,17 +206,35 @@ class MepicAttnBackend(AttentionBackend):
         elif mode.is_extend():
             if not self.use_triton:
                 self.rotated_keys.drop(self.rows)
+            self._prepare_extend(forward_batch, planned=True)
+
+    def _reset(self) -> None:
+        if self.graph is not None:
+            self.graph.active = False
+        self.copies = None
+        self._splits = self._kv_end = None
+
+    def _prepare_extend(self, forward_batch, planned: bool) -> None:
+        """An extend's positions, copied tokens and (Triton) key-loop bounds. `planned=False`: a capture's
+        dummy batch, taken as identity rows whatever the map holds for them: nothing of the map is read
+        for it and its positions tensor (the runner's static buffer) is kept."""
+        if planned:
             forward_batch.positions = self.positions.on_extend(
                 forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
                 forward_batch.positions)
             self.copies = self.positions.copies_for_extend(
-                forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens)
-            if self.use_triton:
-                seq_cpu = getattr(forward_batch, "seq_lens_cpu", None)
-                self._max_seq_len = int(seq_cpu.max()) if seq_cpu is not None else None
+                forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
+                total=forward_batch.positions.shape[0], rows_cpu=getattr(forward_batch, "req_pool_indices_cpu", None))
+        if self.use_triton:
+            seq_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+            self._max_seq_len = int(seq_cpu.max()) if seq_cpu is not None and len(seq_cpu) else None
+            if planned:
                 self._kv_end = self.kernels.extend_kv_end(
                     self.positions.req_to_pos, forward_batch.req_pool_indices, forward_batch.seq_lens,
                     forward_batch.extend_seq_lens, forward_batch.positions, self._max_seq_len)
+            else:  # -1: an identity row; the kernel bounds each query block by its own positions
+                self._kv_end = torch.full((forward_batch.req_pool_indices.shape[0],), -1, dtype=torch.int32,
+                                          device=forward_batch.req_pool_indices.device)
 
     def _save(self, layer, forward_batch, k, v, save_kv_cache):
         if not (save_kv_cache and k is not None and v is not None):
@@ -317,7 +342,7 @@ class MepicAttnBackend(AttentionBackend):
                 ctas_per_sm=self.decode_ctas_per_sm)
         return splits, workspace
 
-    # CUDA graphs, decode only (SGLang's graph runner calls these).
+    # CUDA graphs. Decode: SGLang's decode graph runner calls these.
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         self.graph = GraphBuffers(splits=torch.ones(max_bs, dtype=torch.int32, device=self.device))
@@ -327,7 +352,9 @@ class MepicAttnBackend(AttentionBackend):
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         if not forward_batch.forward_mode.is_decode():
-            raise NotImplementedError("the mepic backend captures CUDA graphs for decode only")
+            raise NotImplementedError("the mepic backend captures prefill CUDA graphs only with SGLang's breakable "
+                                      "backend (--cuda-graph-backend-prefill breakable, the default on CUDA, or "
+                                      "disabled), not full ones")
         self.graph.active = True
         # Planned rows decode at their plan's next position; padding rows (capture: all) are left alone.
         real = forward_batch.batch_size - (getattr(forward_batch, "num_padding", 0) or 0)
@@ -342,6 +369,57 @@ class MepicAttnBackend(AttentionBackend):
         self.kernels.num_kv_splits(forward_batch.seq_lens,
                                    self.kernels.decode_programs_per_split(batch, *self._graph_heads),
                                    self.sm_count, out=self.graph.splits, ctas_per_sm=self.decode_ctas_per_sm)
+
+    # Prefill: SGLang's breakable prefill graphs (`--cuda-graph-backend-prefill breakable`, the default on
+    # CUDA). The graph's segments run the model between attention layers, so they rotate queries with the
+    # runner's static positions buffer, which the runner fills with SGLang's positions (slot indices) before
+    # any metadata hook runs; attention itself runs eagerly at each break, on the static batch. With the
+    # captured-metadata contract below the runner hands this backend the static batch at every replay, and
+    # a planned row's positions are written into that buffer in place.
+
+    use_captured_forward_metadata_for_breakable_cuda_graph = True
+
+    def init_forward_metadata_for_breakable_cuda_graph_capture(self, forward_batch):
+        """Capture (and warm-up) of one token bucket, a dummy batch over the runner's static buffers: its
+        metadata as identity rows. It reads and writes nothing of the position map (its rows may be live
+        requests' rows) and leaves forward_batch.positions the static buffer whose address the graph records."""
+        self._prefill_graph_hooks = True
+        self._reset()
+        self._prepare_extend(forward_batch, planned=False)
+        return PrefillGraphMetadata(num_tokens=forward_batch.positions.shape[0])
+
+    def prepare_forward_metadata_for_breakable_cuda_graph_replay(self, capture_metadata, forward_batch, *,
+                                                                 static_forward_batch=None) -> None:
+        """Before a replay: the live batch's metadata, as an eager forward's, and its planned positions
+        into the static buffer the captured segments and the breaks read (device copy, no sync). A batch
+        without planned rows keeps SGLang's positions, which the runner has already put there."""
+        sglang_positions = forward_batch.positions
+        self.init_forward_metadata(forward_batch)
+        if forward_batch.positions is sglang_positions:
+            return
+        if static_forward_batch is None or static_forward_batch.positions is None:
+            raise RuntimeError("mepic attention: a prefill CUDA graph replay without the runner's static batch "
+                               "cannot be given its planned positions")
+        n = sglang_positions.shape[0]
+        static_forward_batch.positions[:n].copy_(forward_batch.positions)
+
+    def can_run_prefill_cuda_graph(self, forward_batch) -> bool:
+        """Whether SGLang's prefill graph runner may replay this batch; False sends it eager. A plain extend
+        (or a mixed batch) on the Triton path, with its host figures, qualifies under the breakable
+        runner's captured-metadata hooks, which put planned positions where the graph reads them. Under a
+        runner that does not call them (a piecewise one re-inits only the live batch) a batch qualifies
+        only if none of its rows is planned, known from the host mirror."""
+        mode = forward_batch.forward_mode
+        if not self.use_triton or getattr(mode, "name", None) not in ("EXTEND", "MIXED"):
+            return False
+        if getattr(forward_batch, "extend_seq_lens_cpu", None) is None:
+            return False
+        if self._prefill_graph_hooks:
+            return True
+        if not self.positions.any_planned():  # no planned row at all
+            return True
+        rows_cpu = getattr(forward_batch, "req_pool_indices_cpu", None)
+        return rows_cpu is not None and not self.positions.any_planned(rows_cpu)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         self._save(layer, forward_batch, k, v, save_kv_cache)

@@ -41,8 +41,9 @@ class PositionMap:
     whether a token arrives in a prefill, a decode step, or as one decode token riding in a
     mixed prefill batch (`--enable-mixed-chunk`), and nothing a forward does (a CUDA graph's
     capture included) touches a row a live request owns. Sizes come from the tensors' shapes
-    and which rows are planned is mirrored on the host, so no per-batch call syncs with the
-    device."""
+    and which rows are planned (or hold copies) is mirrored on the host, so no per-batch call
+    syncs with the device (`tests/test_host_syncs.py` runs them on the meta device, where any
+    read of a value raises); CacheBlend's batches are the one exception (`copies_for_extend`)."""
 
     def __init__(self, req_to_token: torch.Tensor):
         rows, width = req_to_token.shape
@@ -58,21 +59,25 @@ class PositionMap:
 
     def assign(self, row: int, positions: torch.Tensor, sources=None) -> None:
         """The plan's positions for the row's first slots; the slots after them (output tokens not
-        yet decoded) follow the plan's last real position, as decode will place them."""
-        positions = positions.to(torch.int64)
+        yet decoded) follow the plan's last real position, as decode will place them. Device ops
+        only: a plan handed over on the device (as `cache/extend` does) costs no host sync, and one
+        on the host is copied without blocking."""
+        device = self.req_to_pos.device
         n = positions.numel()
-        after = int(positions.max()) + 1 if n else 0  # the host plan's figure: no device sync
-        self.req_to_pos[row, :n] = positions.to(self.req_to_pos.device, self.req_to_pos.dtype)
-        self.req_to_pos[row, n:] = self._identity[n:] + (after - n)
+        positions = positions.to(device=device, dtype=self.req_to_pos.dtype, non_blocking=True)
+        self.req_to_pos[row, :n] = positions
+        if n:  # the last real position + 1, as a device scalar: no .item()
+            self.req_to_pos[row, n:] = self._identity[n:] + (positions.max() + (1 - n))
+        else:
+            self.req_to_pos[row, n:] = self._identity[n:]
         self.planned[row] = True
         self._planned_rows.add(row)
         self.copies[row] = sources is not None
         if sources is not None:
             self._copy_rows.add(row)
             if self.req_to_src is None:
-                self.req_to_src = torch.full(self.req_to_pos.shape, -1, dtype=torch.int64,
-                                             device=self.req_to_pos.device)
-            src = torch.as_tensor(sources, dtype=torch.int64, device=self.req_to_src.device)
+                self.req_to_src = torch.full(self.req_to_pos.shape, -1, dtype=torch.int64, device=device)
+            src = torch.as_tensor(sources, dtype=torch.int64).to(device, non_blocking=True)
             self.req_to_src[row] = -1
             self.req_to_src[row, :src.numel()] = src
         else:
@@ -98,12 +103,28 @@ class PositionMap:
              + torch.repeat_interleave(prefix_lens.long(), elen, output_size=total))
         return r, j
 
+    def any_planned(self, rows_cpu=None) -> bool:
+        """Whether any row is planned, or any of these (a host tensor or list, e.g. a batch's
+        `req_pool_indices_cpu`): the host mirror's answer, no device read."""
+        if not self._planned_rows or rows_cpu is None:
+            return bool(self._planned_rows)
+        rows = rows_cpu.tolist() if isinstance(rows_cpu, torch.Tensor) else rows_cpu
+        return not self._planned_rows.isdisjoint(rows)
+
     def copies_for_extend(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
-                          total: int | None = None):
+                          total: int | None = None, rows_cpu=None):
         """(index among the forward's extend tokens, batch index) of the tokens whose slots hold copied KV.
-        None at once when no row holds copies (every mode but the private-copy baselines)."""
+        None at once, from the host mirror, when no row holds copies (every mode but the private-copy
+        baselines) or, given the batch's rows on the host (`rows_cpu`), none of its rows does. A batch with
+        such rows (CacheBlend's) reads the device to pick them: that baseline selects tokens on the host."""
+        if self.req_to_src is None or not self._copy_rows:
+            return None
+        if rows_cpu is not None:
+            rows_host = rows_cpu.tolist() if isinstance(rows_cpu, torch.Tensor) else rows_cpu
+            if self._copy_rows.isdisjoint(rows_host):
+                return None
         rows = rows.long()
-        if self.req_to_src is None or not self._copy_rows or not bool(self.copies[rows].any()):
+        if not bool(self.copies[rows].any()):
             return None
         total = int(extend_lens.sum()) if total is None else total
         r, j = self._extend_slots(rows, prefix_lens, extend_lens, total)

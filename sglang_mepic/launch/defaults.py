@@ -63,14 +63,12 @@ def with_defaults(argv: list[str], cuda: bool, native_bf16: bool | None = None) 
         argv += ["--enable-metrics"]  # /metrics, with the chunk cache's figures
     if not known.enable_cache_report:
         argv += ["--enable-cache-report"]  # OpenAI usage reports cached prompt tokens
-    if (known.attention_backend or ATTENTION_BACKEND) == "mepic":
-        if not cuda and known.cuda_graph_backend_decode is None:
-            # No CUDA here: nothing to capture. On CUDA the mepic backend captures decode graphs.
-            argv += ["--cuda-graph-backend-decode", "disabled"]
-        if cuda and known.cuda_graph_backend_prefill is None:
-            # SGLang's default breakable prefill graphs would replay the model with the positions of
-            # capture time, not a chunked request's planned positions: prefill runs eagerly.
-            argv += ["--cuda-graph-backend-prefill", "disabled"]
+    if (known.attention_backend or ATTENTION_BACKEND) == "mepic" and not cuda \
+            and known.cuda_graph_backend_decode is None:
+        # No CUDA here: nothing to capture. On CUDA the mepic backend captures decode graphs, and prefill
+        # runs under SGLang's default breakable prefill graphs: the backend's captured-metadata hooks write
+        # planned positions into the graph's static positions buffer (attention/backend.py).
+        argv += ["--cuda-graph-backend-decode", "disabled"]
     if not cuda:
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         if known.device is None:
