@@ -44,6 +44,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
+from eval import provenance
 from eval.run import Sampler, pct
 from eval.scoring import prefix_agreement, top1_agreement
 from eval.workloads import load_json, zipf_weights
@@ -237,13 +238,13 @@ def main(argv=None) -> None:
     wall = time.perf_counter() - t0
     rows = medians(per_seed)
     load_after = open("/proc/loadavg").read().split()[:3]
-    command = "python -m eval.agent " + " ".join(argv if argv is not None else os.sys.argv[1:])
+    command = provenance.command("eval.agent", argv if argv is not None else os.sys.argv[1:])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scale = (f"{args.conversations} conversations x {args.turns} turns, window {args.window} reads, pools of "
              f"{args.files} files + {args.results} tool outputs, {args.new_tokens} new tokens, float32, greedy")
     header = [f"# Agent-shaped workload ({Path(args.model).name})", "",
-              f"- command: `{command.strip()}`", f"- model: {args.model}", f"- scale: {scale}",
+              f"- command: `{command.strip()}`", f"- model: {provenance.portable(args.model)}", f"- scale: {scale}",
               f"- date: {started.isoformat(timespec='seconds')}", f"- wall time: {wall:.0f} s ({len(SYSTEMS) * len(seeds)} servers started)",
               f"- seeds: {', '.join(map(str, seeds))}" + (": each figure is the median over them, its range in "
                                                          "parentheses" if len(seeds) > 1 else ""),
@@ -251,7 +252,8 @@ def main(argv=None) -> None:
               f"- systems: " + "; ".join(f"{k}: `{' '.join(v)}`" for k, v in SYSTEMS.items()), ""]
     (out / "table.md").write_text("\n".join(header) + table(rows) + "\n")
     (out / "results.json").write_text(json.dumps({
-        "command": command.strip(), "model": args.model, "scale": scale, "args": vars(args),
+        "command": command.strip(), "model": provenance.portable(args.model), "scale": scale,
+        "args": {k: provenance.portable(v) if k in ("model", "out") else v for k, v in vars(args).items()},
         "date": started.isoformat(), "wall_s": wall, "loadavg_before": load_before, "loadavg_after": load_after,
         "systems": SYSTEMS, "seeds": seeds, "rows": rows, "per_seed": dict(zip(seeds, per_seed)),
         "outputs": outputs}, indent=1))

@@ -73,6 +73,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
+from eval import provenance
 from eval.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, abort_all, context_args, flush, pct, pool_pages, run_point,
                       server_process, stream, tiered)
 from eval.workloads import DATASETS, render, with_reuse
@@ -660,7 +661,7 @@ def main(argv=None) -> None:
                 f"{args.resolution:.0%}; a probe ends early once more requests missed the SLO than {args.attainment:.0%} allows")
     if not args.report:
         with invocations.open("a") as f:
-            f.write(json.dumps({"argv": argv, "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
+            f.write(json.dumps({"argv": [provenance.portable(a) for a in argv], "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
                                 "wall_s": round(wall, 1), "load_before": load_before, "load_after": loadavg(),
                                 "cells_run": len(cells) - len(done), "stopped": stopped,
                                 "settings": settings}) + "\n")

@@ -15,7 +15,7 @@ import re
 import statistics
 from pathlib import Path
 
-from eval import capacity
+from eval import capacity, provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "eval" / "results"
@@ -247,12 +247,24 @@ def main(argv=None) -> None:
     head, t2 = headline(), table2()
     print(head, "\n", t2, sep="\n")
     if args.write:
-        replace(ROOT / "README.md", "headline", head)
-        replace(ROOT / "docs" / "results.md", "table2", t2)
-        replace(ROOT / "docs" / "results.md", "capacity", capacity_tables())
-        for name, path in CAPACITY_MORE.items():
-            replace(ROOT / "docs" / "results.md", name, capacity_tables(path))
+        blocks = [(ROOT / "README.md", "headline", head), (ROOT / "docs" / "results.md", "table2", t2),
+                  (ROOT / "docs" / "results.md", "capacity", capacity_tables()),
+                  *((ROOT / "docs" / "results.md", name, capacity_tables(path)) for name, path in CAPACITY_MORE.items())]
+        refuse_absolute_paths(blocks)
+        for path, name, body in blocks:
+            replace(path, name, body)
         print("[headline] README.md and docs/results.md updated")
+
+
+def refuse_absolute_paths(blocks) -> None:
+    """Exit, writing nothing, if a block would put an absolute path (a command run with `--model
+    /home/me/...`) into the README or docs/results.md: a cited command must run from any checkout."""
+    found = [f"  {rel(path)} ({name}): {p} in: ...{line[max(0, line.index(p) - 80):line.index(p) + len(p) + 20]}..."
+             for path, name, body in blocks for line in body.splitlines()
+             for p in provenance.absolute_paths(line)]
+    if found:
+        raise SystemExit("eval.headline: refusing to write absolute paths (make the command in the results.json "
+                         "it cites relative to the repository):\n" + "\n".join(found))
 
 
 if __name__ == "__main__":

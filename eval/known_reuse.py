@@ -26,6 +26,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
+from eval import provenance
 from eval.workloads import INSTRUCTION, with_reuse
 from sglang_mepic.lang import chunk
 from sglang_mepic.process.server_process import ServerProcess
@@ -100,7 +101,7 @@ def main() -> None:
         print(f"median unmarked / marked: {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f});"
               f" target >= 0.9")
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    result = {"command": "python -m eval.known_reuse " + " ".join(sys.argv[1:]),
+    result = {"command": provenance.command("eval.known_reuse", sys.argv[1:]),
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "load_before": load_before, "load_after": load_after, "wall_s": round(time.time() - started, 1),
               "rows": rows}

@@ -34,7 +34,6 @@ import hashlib
 import json
 import os
 import random
-import shlex
 import sys
 import threading
 import time
@@ -46,6 +45,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
+from eval import provenance
 from eval.run import flush
 from eval.workloads import zipf_weights
 from sglang_mepic.lang import chunk
@@ -322,8 +322,8 @@ def main_cluster(args, argv, model: str, jobs: list[Job], base: list[str]) -> No
         runs.append(run_cluster(label, model, base, jobs, args.clients, args.time_limit, n, "mooncake", policy))
     out = args.out or Path("eval/results/cluster")
     out.mkdir(parents=True, exist_ok=True)
-    report = {"command": "python -m eval.load " + shlex.join(argv if argv is not None else sys.argv[1:]),
-              "model": args.model, "instances": n, "clients": args.clients, "requests": len(jobs),
+    report = {"command": provenance.command("eval.load", argv if argv is not None else sys.argv[1:]),
+              "model": provenance.portable(args.model), "instances": n, "clients": args.clients, "requests": len(jobs),
               "chunked_requests": sum(1 for j in jobs if j.chunks), "streamed": sum(1 for j in jobs if j.stream),
               "runs": runs}
     (out / "results.json").write_text(json.dumps(report, indent=1))
@@ -369,8 +369,8 @@ def main(argv=None) -> None:
                     base + ["--mepic-host-tier-gb", str(args.host_tier_gb)], jobs, args.clients, args.time_limit))
 
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"command": "python -m eval.load " + shlex.join(argv if argv is not None else sys.argv[1:]),
-              "model": args.model, "clients": args.clients, "chunked_requests": sum(1 for j in jobs if j.chunks),
+    report = {"command": provenance.command("eval.load", argv if argv is not None else sys.argv[1:]),
+              "model": provenance.portable(args.model), "clients": args.clients, "chunked_requests": sum(1 for j in jobs if j.chunks),
               "streamed": sum(1 for j in jobs if j.stream), "runs": runs}
     (args.out / "results.json").write_text(json.dumps(report, indent=1))
     text = table(report)

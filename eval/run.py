@@ -38,7 +38,6 @@ import json
 import math
 import random
 import re
-import shlex
 import statistics
 import sys
 import threading
@@ -51,6 +50,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
+from eval import provenance
 from eval.checkpoint import Checkpoint
 from eval.scoring import contains, exact_match, f1, prefix_agreement, top1_agreement
 from eval.workloads import DATASETS, render, reuse_ratio, with_reuse
@@ -722,7 +722,7 @@ def main(argv=None) -> None:
     ratio_rows = ratios(per_run)
     md = table(rows)
     pools = sorted({p.pool_pages for p in results})
-    command = "python -m eval.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = provenance.command("eval.run", argv if argv is not None else sys.argv[1:])
     shape = ", ".join(f"{statistics.median(ratios_of[(c, r, s)] for s in seeds):.3f} reused over "
                       f"{statistics.median(lengths[(c, r, s)] for s in seeds):.0f} prompt tokens at {c} chunks"
                       + (f" (reuse {r:g} asked)" if r is not None else "")

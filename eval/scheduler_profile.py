@@ -67,6 +67,7 @@ import psutil
 from tqdm import tqdm
 
 import sglang_mepic
+from eval import provenance
 from eval.run import DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, context_args, run_point, serve, tiered
 from eval.workloads import render, with_reuse
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
@@ -354,10 +355,12 @@ def provenance(argv: list[str]) -> list[str]:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
     path = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " if os.environ.get("PYTHONPATH") else ""
-    return [f"command: {path}python -m eval.scheduler_profile {' '.join(shlex.quote(a) for a in argv)} (in {Path.cwd()})",
+    where = "" if Path.cwd().resolve() == provenance.ROOT else f" (in {Path.cwd()})"
+    code = "this checkout" if root == provenance.ROOT else str(root)
+    return [f"command: {path}{provenance.command('eval.scheduler_profile', argv)}{where}",
             f"date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
             f"machine: {platform.node()}, {cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-            f"code: {root} at {commit or 'unknown commit'}"
+            f"code: {code} at {commit or 'unknown commit'}"
             + (" with uncommitted changes in sglang_mepic/, patches/ or kernels/" if dirty else "")]
 
 

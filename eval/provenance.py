@@ -1,0 +1,43 @@
+"""What a harness writes about how it ran, portable: paths relative to the repository.
+
+A command recorded in a committed result is one a reader can run from their own checkout, so
+every argument that names a path inside the repository is written relative to its root
+(`models/tiny-4l`, not `/home/me/sglang-mepic/models/tiny-4l`). Paths outside it (a scratch
+`--out /tmp/x`) are kept as given: `eval.headline` refuses to write any absolute path into the
+README, so such a run's command has to be fixed before it is cited.
+"""
+
+import re
+import shlex
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# An absolute path of two parts or more (/work/main, /tmp/x.json), not a URL (http://...), a ratio
+# written with spaces (mepic / epic-16) or a relative path (eval/results/x).
+ABSOLUTE = re.compile(r"(?<![\w:/.~-])/(?:[\w.@+-]+/)+[\w.@+-]*")
+
+
+def portable(value) -> str:
+    """`value` (a path or one argument) relative to the repository when it is an absolute path inside it;
+    `--out=/repo/x` is rewritten after its `=`. Anything else unchanged."""
+    text = str(value)
+    flag, eq, rest = text.partition("=")
+    if eq and flag.startswith("-"):
+        return f"{flag}={portable(rest)}"
+    if not text.startswith("/"):
+        return text
+    try:
+        inside = Path(text).resolve().relative_to(ROOT)
+    except ValueError:
+        return text
+    return str(inside) if str(inside) != "." else "."
+
+
+def command(module: str, argv) -> str:
+    """`python -m <module> <argv>`, each argument quoted and made portable."""
+    return " ".join(["python", "-m", module, *(shlex.quote(portable(a)) for a in argv)])
+
+
+def absolute_paths(text: str) -> list[str]:
+    """The absolute paths written in `text`, in order (a check before committing it)."""
+    return ABSOLUTE.findall(text)
