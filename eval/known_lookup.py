@@ -15,7 +15,7 @@ import random
 import statistics
 import time
 
-from sglang_mepic.frontend.known_texts import KnownTexts
+from sglang_mepic.frontend.known_texts import KnownTexts, text_bytes
 
 
 def paragraphs() -> list[str]:
@@ -43,7 +43,7 @@ def main() -> None:
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     base = paragraphs()
     docs = [f"[doc {i}] " + base[i % len(base)] for i in range(args.docs)]
-    known = KnownTexts(budget_chars=sum(map(len, docs)) + 1)
+    known = KnownTexts(sum(map(text_bytes, docs)) + (1 << 20))
     start = time.perf_counter()
     for d in docs:
         known.add("ns", d)

@@ -117,9 +117,9 @@ def parse_seconds(text: str) -> float:
     return _number("--mepic-storage-timeout", text, lambda v: v > 0, "give seconds > 0")
 
 
-def parse_millions(text: str) -> int:
-    """Millions of characters, given as a positive number; returned as characters."""
-    value = _number("--mepic-known-texts-mb", text, lambda v: v > 0, "a positive number of millions of characters")
+def parse_megabytes(text: str) -> int:
+    """Megabytes (10^6 bytes), given as a positive number; returned as bytes."""
+    value = _number("--mepic-known-texts-mb", text, lambda v: v > 0, "a positive number of megabytes")
     return int(value * 1_000_000)
 
 
@@ -214,10 +214,11 @@ AUTO_CHUNK = _choice(
          "request's namespace are found by content and laid out as if marked; combine with '+'. Default: off.",
     see="chunks.md#using-it-from-an-unmodified-client")
 KNOWN_TEXTS_MB = Setting(
-    "--mepic-known-texts-mb", "SGLANG_MEPIC_KNOWN_TEXTS_MB", "64", parse_millions,
+    "--mepic-known-texts-mb", "SGLANG_MEPIC_KNOWN_TEXTS_MB", "64", parse_megabytes,
     metavar="MB", shown="known",
-    help="text the server may hold registered for --mepic-auto-chunk known, all namespaces together, in millions "
-         "of characters. A namespace's new texts push out its own least recently registered or found ones, "
+    help="memory the server may use for the texts registered for --mepic-auto-chunk known, all namespaces "
+         "together: the texts (a byte a character for ASCII) and the index over them, every namespace's share "
+         "included. A namespace's new texts push out its own least recently registered or found ones, "
          "never another's: texts that do not fit beside other namespaces' are refused (507). Default: 64.",
     see="chunks.md#using-it-from-an-unmodified-client")
 SEPARATOR = Setting(
@@ -359,8 +360,8 @@ def known_texts_on() -> bool:
     return "known" in read(AUTO_CHUNK)
 
 
-def known_texts_chars() -> int:
-    """Characters of registered text the server may hold, all namespaces together (--mepic-known-texts-mb)."""
+def known_texts_bytes() -> int:
+    """Bytes the registered texts and their index may take, all namespaces together (--mepic-known-texts-mb)."""
     return read(KNOWN_TEXTS_MB)
 
 

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_mepic.frontend.known_texts import ANCHOR, IndexFull, KnownTextError, KnownTexts, anchor_of, window_hashes
+from sglang_mepic.frontend.known_texts import (ANCHOR, IndexFull, KnownTextError, KnownTexts, anchor_of, text_bytes,
+                                               window_hashes)
 
 WORDS = "river stone cloud harbor lantern meadow copper violet summit ember orchard falcon quartz".split()
 
@@ -63,32 +64,34 @@ def test_namespaces_never_see_each_others_texts():
 
 
 def test_the_index_stays_within_its_budget_under_a_stream_of_unique_texts():
-    budget = 20_000
+    budget = 40_000
     known = KnownTexts(budget)
     for i in range(2_000):
         known.add("ns", doc(100 + i))
+        assert known.used <= budget
     space = known.spaces["ns"]
-    assert space.chars <= budget and len(space.texts) < 2_000
-    assert sum(len(v) for v in space.anchors.values()) == len(space.texts)
+    assert len(space.texts) < 2_000
+    index = known.index
+    assert len(index.recent) + int(index.main.alive.sum()) == len(space.texts)  # the index holds what is known
     newest = doc(100 + 1_999)
     assert known.find("ns", newest) == [(0, len(newest))]
     assert known.find("ns", doc(100)) == []  # the oldest was dropped
 
 
 def test_a_namespace_never_pushes_out_another_namespaces_texts():
-    known = KnownTexts(10_000)
+    known = KnownTexts(40_000)
     a = [doc(500 + i, 60) for i in range(60)]
-    while known.chars + len(a[0]) < 9_000:
+    while known.used + text_bytes(a[-1]) < 30_000:
         known.add("a", a.pop())
     held = known.size("a")
     with pytest.raises(IndexFull):
-        known.add_all("b", [doc(900, 200), doc(901, 200), doc(902, 200)])
+        known.add_all("b", [doc(900, 400), doc(901, 400), doc(902, 400)])
     assert known.size("a") == held and known.size("b") == 0  # all or none
-    assert known.add("b", doc(903, 20)) and known.chars <= 10_000
+    assert known.add("b", doc(903, 20)) and known.used <= 40_000
     # A namespace's own new texts push out its own old ones.
     for i in range(30):
         known.add("b", doc(1000 + i, 20))
-    assert known.size("a") == held and known.chars <= 10_000
+    assert known.size("a") == held and known.used <= 40_000 and known.size("b") < 31
 
 
 def test_bad_registrations_are_refused():
@@ -123,7 +126,7 @@ def test_what_a_reviewer_tried_stays_cheap_and_correct():
     known = KnownTexts(1 << 24)
     odd = "\ud800" * 70
     known.add("s", odd)
-    assert known.find("s", "q" + odd) == [(1, 71)] and known.chars == 70
+    assert known.find("s", "q" + odd) == [(1, 71)] and known.size("s") == 1
     same = ["A" * 200 + str(i) for i in range(MAX_SAME_START)]
     known.add_all("n", same)
     with pytest.raises(KnownTextError, match="same 64 characters"):
@@ -133,5 +136,5 @@ def test_what_a_reviewer_tried_stays_cheap_and_correct():
     assert known.find("n", "zz" + same[3] + "!") == [(2, 2 + len(same[3]))]
     with pytest.raises(IndexFull) as full:
         KnownTexts(1_000).add_all("x", [doc(1, 200)])
-    assert not any(ch.isdigit() for ch in str(full.value).split("characters", 1)[1])  # says nothing of others
+    assert not any(ch.isdigit() for ch in str(full.value).split("bytes", 1)[1])  # says nothing of others
     assert namespace_of("", "") == namespace_of(None, None) == (None, None)

@@ -103,15 +103,15 @@ def active_separator() -> str | None:
     return None if value is None else parse_separator(value)
 
 
-def text_pieces(text: str, namespace=None) -> Parts | None:
-    """How a text prompt splits into pieces: by its markup, by the separator, by the texts registered
-    in its namespace (known_texts.py), or not at all (None)."""
+def text_pieces(text: str) -> Parts | None:
+    """How a text prompt splits into pieces by what its client wrote: its markup, or the separator;
+    None: by neither (request_markup.py then looks for registered texts)."""
     separator = active_separator()
     if _separated(text, separator):
         return split_separated(text, separator)
     if config.text_markup() and has_text_markup(text):
         return split_text(text)
-    return known_texts.known_pieces(text, namespace)
+    return None
 
 
 def may_split(text) -> bool:
@@ -188,9 +188,11 @@ def separated(messages) -> bool:
     return separator is not None and any(separator in t.text for t in chat_texts(messages))
 
 
-def chat_messages(messages, count_tokens: Callable[[str], int], page_size: int, namespace=None) -> list | None:
+def chat_messages(messages, count_tokens: Callable[[str], int], page_size: int, namespace=None,
+                  max_chars: int | None = None) -> list | None:
     """The chat messages with the server's markup in them (separator, auto-chunking or registered
-    texts), or None to render them as sent. `count_tokens`: a text's token count as a chunk."""
+    texts), or None to render them as sent. `count_tokens`: a text's token count as a chunk;
+    `max_chars`: the most characters a prompt that fits the context has (longer texts are not searched)."""
     texts = chat_texts(messages)
     separator = active_separator()
     separated = [t for t in texts if separator is not None and separator in t.text]
@@ -220,7 +222,7 @@ def chat_messages(messages, count_tokens: Callable[[str], int], page_size: int, 
     for t in texts:
         if left <= 0 or (t.message, t.part) in replaced:
             continue
-        pieces = known_texts.known_pieces(t.text, namespace)
+        pieces = known_texts.known_pieces(t.text, namespace, max_chars)
         if pieces is not None:
             kept, chunks = [], 0
             for kind, part in pieces:  # past the request's limit, a found text stays prompt text

@@ -17,7 +17,7 @@ sent and the separator is refused (400).
 """
 
 from sglang_mepic import config
-from sglang_mepic.frontend import auto_chunk, known_texts
+from sglang_mepic.frontend import auto_chunk, known_texts, request_limits
 from sglang_mepic.frontend.intake import IntakeError
 from sglang_mepic.frontend.markup import (CHUNK_BEGIN_ID, CHUNK_CLOSE, CHUNK_END_ID, CHUNK_OPEN, MarkupError, has_text_markup,
                                  split_text, tokenize_text)
@@ -72,7 +72,8 @@ def process(original, serving, request, *args, **kwargs):
     marked = auto_chunk.chat_messages(request.messages, lambda text: len(tok.encode(text, add_special_tokens=False)),
                                       page_size(manager),
                                       known_texts.namespace_of(getattr(request, "extra_key", None),
-                                                               getattr(request, "cache_salt", None)))
+                                                               getattr(request, "cache_salt", None)),
+                                      request_limits.max_prompt_chars(manager))
     if marked is None:
         return mark_rendered(original(serving, request, *args, **kwargs), request, tok)
     # SGLang's own changes to the request (template kwargs, skip_special_tokens) must stay on it,

@@ -10,17 +10,24 @@ it at indexing time, so the first user does not pay the compile. The answer
 says, per text, whether it was new to the namespace and where its chunk was
 when asked (`absent`: compiled now; `device`, `host`, `storage`: stored
 already), as the request's own `mepic_residency` would; it never says anything
-about another namespace's texts. Bad input is a 400 and registers nothing;
+about another namespace's texts. Bad input is a 400 and registers nothing (a
+text too long for the context included: it is refused before anything is
+registered, and a warm request refused all the same undoes the registration);
 texts that do not fit the index beside other namespaces' are a 507 and register
 nothing (the index is shared: a full one refuses every namespace's new texts).
+Warm requests aborted (`/abort_request`, a server shutting down) leave their
+texts registered but not warmed: their `"chunk"` is `"aborted"` and the answer a
+503 that says so; registering them again warms them.
 """
 
 from starlette.requests import Request
 
 from sglang_mepic import config
-from sglang_mepic.frontend import auto_chunk
+from sglang_mepic.frontend import auto_chunk, request_limits, request_markup
 from sglang_mepic.frontend.markup import has_text_markup
-from sglang_mepic.frontend.known_texts import ANCHOR, IndexFull, KnownTextError, namespace_of, registry
+from sglang_mepic.frontend.known_texts import (ANCHOR, IndexFull, KnownTextError, namespace_bytes, namespace_of,
+                                               registry, text_bytes)
+from sglang_mepic.wire.segments import Kind
 
 ROUTE = "/mepic/chunks"
 MAX_TEXTS = 256
@@ -60,16 +67,33 @@ def parse(body) -> tuple[list[str], tuple, bool]:
         separator = auto_chunk.active_separator()
         if has_text_markup(text) or (separator is not None and separator in text):
             raise RouteError(f"texts[{i}] holds chunk markup or the separator: register the document's own text", i)
-        if len(text) > limit:
-            raise RouteError(f"texts[{i}] has {len(text)} characters, more than the {limit} the index may hold "
-                             "(--mepic-known-texts-mb)", i)
     for name in ("extra_key", "cache_salt"):
         if body.get(name) is not None and not isinstance(body[name], str):
             raise RouteError(f'"{name}" must be a string')
+    namespace = namespace_of(body.get("extra_key"), body.get("cache_salt"))
+    for i, text in enumerate(texts):
+        if text_bytes(text) + namespace_bytes(namespace) > limit:
+            raise RouteError(f"texts[{i}] takes {text_bytes(text)} bytes of the index, more than the {limit} it "
+                             "may hold (--mepic-known-texts-mb)", i)
     warm = body.get("warm", True)
     if not isinstance(warm, bool):
         raise RouteError('"warm" must be true or false')
-    return texts, namespace_of(body.get("extra_key"), body.get("cache_salt")), warm
+    return texts, namespace, warm
+
+
+def check_fits(manager, texts: list[str]) -> None:
+    """Refuse, before anything is registered, a text whose warm request the server could not take: it
+    could not be found in any prompt that fits the context either."""
+    limit = request_limits.max_prompt_chars(manager)
+    for i, text in enumerate(texts):
+        if limit is not None and len(text) > limit:
+            raise RouteError(f"texts[{i}] has {len(text)} characters, more than the {limit} that can fit the "
+                             f"model's context length ({manager.context_len} tokens)", i)
+        slots = request_markup.slots_needed(manager, [(Kind.PROMPT, LEAD), (Kind.CHUNK, text), (Kind.PROMPT, TRAIL)])
+        if not request_limits.fits_laid_out(manager, slots, None):
+            raise RouteError(f"texts[{i}] needs {slots} KV slots as a chunk, more than the "
+                             f"{request_limits.max_input_slots(manager)} this server accepts in one request (the "
+                             "smaller of the context length and the KV pool's input limit)", i)
 
 
 async def register(request: Request):
@@ -81,33 +105,55 @@ async def register(request: Request):
         return JSONResponse(status_code=400, content={"error": {
             "message": "registered texts are off on this server: start it with --mepic-auto-chunk known "
                        "(or messages+known, tools+known)", "type": "invalid_request_error"}})
+    manager = get_global_state().tokenizer_manager
     try:
         try:
             body = await request.json()
         except ValueError:
             raise RouteError("the body is not JSON") from None
         texts, namespace, warm = parse(body)
+        check_fits(manager, texts)
         new = registry().add_all(namespace, texts)
     except IndexFull as e:
         return JSONResponse(status_code=507, content={"error": {"message": str(e), "type": "insufficient_storage"}})
     except (RouteError, KnownTextError) as e:
-        error = {"message": str(e), "type": "invalid_request_error"}
-        if getattr(e, "index", None) is not None:
-            error["index"] = e.index
-        return JSONResponse(status_code=400, content={"error": error})
+        return _refused(e)
     out = [{"index": i, "registered": "new" if n else "known"} for i, n in enumerate(new)]
-    if warm:
-        obj = GenerateReqInput(text=[LEAD + t + TRAIL for t in texts], sampling_params={"max_new_tokens": 0},
-                               extra_key=namespace[0], cache_salt=namespace[1])
-        try:
-            results = await get_global_state().tokenizer_manager.generate_request(obj, request).__anext__()
-        except ValueError as e:  # a text too long for this server's context, say: registered, not warmed
-            return JSONResponse(status_code=400, content={"error": {
-                "message": f"registered, but not warmed: {e}", "type": "invalid_request_error"}, "texts": out})
-        for entry, result in zip(out, results if isinstance(results, list) else [results]):
-            where = result.get("meta_info", {}).get("mepic_residency") or []
-            entry["chunk"] = where[0] if where else "not laid out"
+    if not warm:
+        return JSONResponse(content={"texts": out})
+    obj = GenerateReqInput(text=[LEAD + t + TRAIL for t in texts], sampling_params={"max_new_tokens": 0},
+                           extra_key=namespace[0], cache_salt=namespace[1])
+    try:
+        results = await manager.generate_request(obj, request).__anext__()
+    except ValueError as e:  # refused after all: a 400 registers nothing
+        registry().remove_all(namespace, [t for t, n in zip(texts, new) if n])
+        return _refused(RouteError(f"not registered: a warm request was refused: {e}"))
+    for entry, result in zip(out, results if isinstance(results, list) else [results]):
+        entry["chunk"] = _where(result.get("meta_info", {}))
+    aborted = [entry["index"] for entry in out if entry["chunk"] == "aborted"]
+    if aborted:
+        return JSONResponse(status_code=503, content={"error": {
+            "message": f"registered, but the warm requests of texts {aborted} were aborted: their chunks are not "
+                       "stored; register them again to warm them", "type": "aborted"}, "texts": out})
     return JSONResponse(content={"texts": out})
+
+
+def _where(meta_info: dict) -> str:
+    """Where a warm request found its text's chunk, as its `mepic_residency` says; an aborted one never got
+    as far as the scheduler's plan (or was stopped before its chunk was stored)."""
+    if (meta_info.get("finish_reason") or {}).get("type") == "abort":
+        return "aborted"
+    where = meta_info.get("mepic_residency") or []
+    return where[0] if where else "not laid out"
+
+
+def _refused(e: ValueError):
+    from fastapi.responses import JSONResponse
+
+    error = {"message": str(e), "type": "invalid_request_error"}
+    if getattr(e, "index", None) is not None:
+        error["index"] = e.index
+    return JSONResponse(status_code=400, content={"error": error})
 
 
 def install() -> None:

@@ -20,9 +20,12 @@ refused after its chunk compiles have run:
   hid an empty prompt from the empty-prompt rule (intake.py). It is refused.
 """
 
+import json
+import math
 import re
 
 from sglang_mepic.frontend import request_state
+from sglang_mepic.side_table import SideTable
 
 # Fields only a model with a multimodal processor reads (`positional_embed_overrides: [1]` on the tiny
 # model took the scheduler down; request fuzzer).
@@ -47,21 +50,133 @@ def _check_laid_out(manager, obj, slots: int, real_tokens: int) -> None:
     """A laid-out request's slots, and its slots and new tokens, must fit. SGLang checks the same, but
     its refusal named a slot count as the client's tokens (or, after an n > 1 request's compiles had
     run, the scheduler aborted it)."""
-    limit = max_input_slots(manager)
-    if slots > limit:
-        raise LimitError(f"request needs {slots} KV slots after chunk padding ({real_tokens} real tokens), more "
-                         f"than the {limit} this server accepts in one request (the smaller of the context length "
-                         "and the KV pool's input limit)")
+    refusal = _laid_out_refusal(manager, slots, real_tokens, new_tokens(manager, obj))
+    if refusal is not None:
+        raise LimitError(refusal)
+
+
+def fits_laid_out(manager, slots: int, new: int | None) -> bool:
+    """Whether a request of `slots` slots (its tokens, where not laid out) and `new` new tokens
+    (`new_tokens`) fits this server's limits."""
+    return _laid_out_refusal(manager, slots, slots, new) is None
+
+
+def new_tokens(manager, obj) -> int | None:
+    """The new tokens a request's prompt must leave room for; None: SGLang checks none (none asked
+    for, or it truncates)."""
     params = getattr(obj, "sampling_params", None)
     new = params.get("max_new_tokens") if isinstance(params, dict) else None
-    if allows_truncation(manager) or not _whole(new):
-        return
+    return new if _whole(new) and not allows_truncation(manager) else None
+
+
+def _laid_out_refusal(manager, slots: int, real_tokens: int, new: int | None) -> str | None:
+    limit = max_input_slots(manager)
+    if slots > limit:
+        return (f"request needs {slots} KV slots after chunk padding ({real_tokens} real tokens), more than the "
+                f"{limit} this server accepts in one request (the smaller of the context length and the KV "
+                "pool's input limit)")
     reserved = int(getattr(manager, "num_reserved_tokens", 0) or 0)
-    if slots + reserved + new > manager.context_len:
-        raise LimitError(f"request needs {slots} KV slots after chunk padding ({real_tokens} real tokens) and "
-                         f"{new} new tokens, more than the model's context length ({manager.context_len} tokens); "
-                         f"ask for at most {max(0, manager.context_len - slots - reserved)} new tokens, "
-                         "or send a shorter prompt")
+    if new is not None and slots + reserved + new > manager.context_len:
+        return (f"request needs {slots} KV slots after chunk padding ({real_tokens} real tokens) and {new} new "
+                f"tokens, more than the model's context length ({manager.context_len} tokens); ask for at most "
+                f"{max(0, manager.context_len - slots - reserved)} new tokens, or send a shorter prompt")
+    return None
+
+
+def fits_by_characters(manager, text: str) -> bool:
+    """Whether a text prompt may fit the context, judged by its characters before it is tokenized: one
+    that cannot is refused here, unless SGLang truncates prompts (--allow-auto-truncate): then False."""
+    limit = max_prompt_chars(manager)
+    if limit is None or len(text) <= limit:
+        return True
+    if allows_truncation(manager):
+        return False
+    raise LimitError(f"the prompt has {len(text)} characters, more than the {limit} that can fit the model's context "
+                     f"length ({manager.context_len} tokens of at most {limit // manager.context_len} characters "
+                     "each); send a shorter prompt")
+
+
+def max_prompt_chars(manager) -> int | None:
+    """The most characters a text that fits the context can have; None where no bound is proven."""
+    per_token = chars_per_token(getattr(manager, "tokenizer", None))
+    return None if per_token is None else manager.context_len * per_token
+
+
+# A tokenizer's characters per token, worked out once (its whole vocabulary is read).
+_PER_TOKEN: SideTable = SideTable("most characters a token stands for")
+# A character's canonical decomposition has at most 4 code points (U+1F82): a Unicode normal form shortens
+# a text at most 4 times. Replace, Prepend and Lowercase never shorten it where Replace's content is no
+# shorter than its literal pattern; anything else (Strip, StripAccents, Precompiled, a regex) may.
+_UNICODE_FORMS = {"NFC", "NFD", "NFKC", "NFKD"}
+# Pre-tokenizers that keep every character (unless a behavior "Removed" drops the delimiters).
+_KEEPING = {"ByteLevel", "Metaspace", "Digits", "Punctuation", "Split", "Sequence"}
+
+
+def chars_per_token(tokenizer) -> int | None:
+    """The most characters of a prompt one token stands for, where the tokenizer provably puts every
+    character in some token (a fast tokenizer's byte-level or byte-fallback BPE); None otherwise."""
+    if tokenizer is None:
+        return None
+    if tokenizer not in _PER_TOKEN:
+        _PER_TOKEN.set(tokenizer, _per_token(tokenizer))
+    return _PER_TOKEN.get(tokenizer)
+
+
+def _per_token(tokenizer) -> int | None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or type(backend.model).__name__ != "BPE":  # no fast BPE tokenizer: no bound proven
+        return None
+    shrink = _shrink(_state(backend.normalizer))
+    kept = _pre_tokenizers(_state(backend.pre_tokenizer))
+    if shrink is None or kept is None:
+        return None
+    vocab = backend.get_vocab(with_added_tokens=True)
+    if not (getattr(backend.model, "byte_fallback", False) or ("ByteLevel" in kept and _utf8_bytes() <= vocab.keys())):
+        return None  # a character outside the vocabulary may be dropped, or fused with others into one token
+    if any(t.lstrip or t.rstrip for t in backend.get_added_tokens_decoder().values()):
+        return None  # such a token takes in the whitespace beside it, however long
+    return shrink * max(map(len, vocab), default=1)
+
+
+def _state(component) -> dict | None:
+    return None if component is None else json.loads(component.__getstate__())
+
+
+def _shrink(normalizer) -> int | None:
+    """How many times a normalizer may shorten a text; None: without bound."""
+    if normalizer is None:
+        return 1
+    kind = normalizer.get("type")
+    if kind == "Sequence":
+        factors = [_shrink(n) for n in normalizer.get("normalizers") or []]
+        return None if None in factors else math.prod(factors)
+    if kind in _UNICODE_FORMS:
+        return 4
+    if kind in ("Prepend", "Lowercase"):
+        return 1
+    pattern = (normalizer.get("pattern") or {}).get("String") if kind == "Replace" else None
+    return 1 if isinstance(pattern, str) and len(normalizer.get("content") or "") >= len(pattern) else None
+
+
+def _pre_tokenizers(pre) -> set[str] | None:
+    """The kinds of pre-tokenizer in use; None where one may drop characters."""
+    if pre is None:
+        return set()
+    kind = pre.get("type")
+    if kind not in _KEEPING or pre.get("behavior") == "Removed":
+        return None
+    inner = [_pre_tokenizers(p) for p in pre.get("pretokenizers") or []]
+    return None if None in inner else {kind}.union(*inner)
+
+
+def _utf8_bytes() -> set[str]:
+    """The byte-level alphabet's characters (GPT-2's table) of every byte UTF-8 text may hold (all
+    but 0xC0, 0xC1 and 0xF5 to 0xFF)."""
+    shown = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+             *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    table = {b: chr(b) for b in shown}
+    table.update((b, chr(256 + i)) for i, b in enumerate(b for b in range(256) if b not in table))
+    return {table[b] for b in range(256) if b not in (0xC0, 0xC1) and b < 0xF5}
 
 
 def _whole(value) -> bool:

@@ -13,11 +13,11 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
 
 from sglang_mepic import config
-from sglang_mepic.frontend import auto_chunk, known_texts, request_state
+from sglang_mepic.frontend import auto_chunk, known_texts, request_limits, request_state
 from sglang_mepic.frontend.markup import Marked, MarkupError, has_id_markup, split_ids, tokenize_pieces
 from sglang_mepic.wire import hint
 from sglang_mepic.wire.request_layout import PAD_FILL_ID, start_slot
-from sglang_mepic.wire.segments import PAD_ID, Layout, layout
+from sglang_mepic.wire.segments import PAD_ID, Kind, Layout, Piece, layout
 
 
 def prepare(manager, obj) -> None:
@@ -57,28 +57,33 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
     if obj.input_embeds is not None:
         return None
     vocab = manager.model_config.vocab_size
+    found = False
     if obj.input_ids is not None and (has_id_markup(obj.input_ids) or max(obj.input_ids, default=0) >= vocab):
         # Also catches plain out-of-vocabulary ids, which would otherwise crash the scheduler.
         pieces = split_ids(obj.input_ids, vocab)
-    elif obj.input_ids is None and isinstance(obj.text, str) \
-            and (parts := auto_chunk.text_pieces(obj.text, known_texts.namespace_of(obj.extra_key, obj.cache_salt))) \
-            is not None:
+    elif obj.input_ids is None and isinstance(obj.text, str):
         # (ids given are the prompt: a `text` beside them is SGLang's request log's decoding of them)
+        parts, found = _text_parts(manager, obj)
+        if parts is None:
+            return None
         if not (text := "".join(part for _, part in parts)).strip():
             obj.text = text  # refused as an empty prompt at validation (intake.py)
             return None
-        tok = manager.tokenizer
-        pieces = tokenize_pieces(parts, lambda s, special: tok.encode(s, add_special_tokens=special))
+        pieces = _tokenized(manager, parts)
     else:
         return None  # a client's own mepic.chunks hint is refused at validation (intake.py)
     lay = layout(pieces, page_size(manager), config.placement())
     lays_out = _lays_out_slots(manager)
+    if found and not _fits(manager, obj, lay, lays_out):
+        if (fitted := _fitted(manager, obj, parts, pieces, lays_out)) is None:
+            return None  # the plain prompt, as SGLang takes it
+        pieces, lay = fitted
     if len(lay.chunks) > config.max_chunks() and lays_out:  # each may be a compile row
         raise ValueError(f"the request marks {len(lay.chunks)} chunks for reuse, more than the {config.max_chunks()} "
                          "this server allows (--mepic-max-chunks); join small chunks or mark fewer")
     marked = Marked.from_pieces(pieces)
     laid_out = lays_out and bool(lay.chunks or lay.pad_runs())
-    if laid_out and isinstance(obj.session_params, dict) and obj.session_params.get("id"):
+    if laid_out and _in_session(obj):
         # SGLang rebuilds a session's request from its history and passes no kv_hints on: the
         # pad slots would reach the model as tokens.
         raise MarkupError("chunk markup cannot be used in a session (SGLang passes no layout on "
@@ -102,3 +107,69 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
                                                              slots=lay.size if laid_out else None,
                                                              input_ids=obj.input_ids))
     return lay if laid_out else None
+
+
+def _in_session(obj) -> bool:
+    return isinstance(obj.session_params, dict) and bool(obj.session_params.get("id"))
+
+
+def _text_parts(manager, obj) -> tuple[list | None, bool]:
+    """How a text prompt splits into pieces: by the client's markup or the separator, else by the texts
+    registered in its namespace; and whether the chunks are the server's finds (True), which must not
+    cost the prompt its place. A session turn is served as the plain prompt it was: SGLang passes no
+    layout on through sessions, and the client marked nothing."""
+    parts = auto_chunk.text_pieces(obj.text)
+    if parts is not None or _in_session(obj) or not config.known_texts_on():
+        return parts, False
+    if not request_limits.fits_by_characters(manager, obj.text):
+        return None, False  # over the context, to be cut to it (--allow-auto-truncate): plain, as SGLang cuts it
+    parts = known_texts.known_pieces(obj.text, known_texts.namespace_of(obj.extra_key, obj.cache_salt))
+    return parts, parts is not None
+
+
+def _tokenized(manager, parts) -> list[Piece]:
+    tok = manager.tokenizer
+    return tokenize_pieces(parts, lambda s, special: tok.encode(s, add_special_tokens=special))
+
+
+def _fits(manager, obj, lay: Layout, lays_out: bool) -> bool:
+    return request_limits.fits_laid_out(manager, lay.size if lays_out else len(lay.real_tokens()),
+                                        request_limits.new_tokens(manager, obj))
+
+
+def _fitted(manager, obj, parts, pieces: list[Piece], lays_out: bool) -> tuple[list[Piece], Layout] | None:
+    """A layout of the found texts that fits the limits the plain prompt met: the last chunks become
+    prompt text (their pads go) until it fits, and the prompt is tokenized again as their markup would
+    be (with those texts unmarked); None where even that does not fit (the plain prompt may)."""
+    size, placement = page_size(manager), config.placement()
+    kept = [i for i, (kind, _) in enumerate(parts) if kind is Kind.CHUNK]
+    trial = list(pieces)
+    while kept:  # the same tokens, fewer chunks: which of them may stay
+        drop = kept.pop()
+        trial[drop] = Piece(Kind.PROMPT, trial[drop].tokens)
+        if _fits(manager, obj, layout(trial, size, placement), lays_out):
+            break
+    if not kept:
+        return None
+    pieces = _tokenized(manager, _unmarked(parts, set(kept)))
+    lay = layout(pieces, size, placement)
+    return (pieces, lay) if _fits(manager, obj, lay, lays_out) else None
+
+
+def slots_needed(manager, parts) -> int:
+    """The slots (tokens, where not laid out) a request of these (kind, text) pieces takes."""
+    lay = layout(_tokenized(manager, parts), page_size(manager), config.placement())
+    return lay.size if _lays_out_slots(manager) else len(lay.real_tokens())
+
+
+def _unmarked(parts, kept: set[int]) -> list:
+    """The parts with every chunk but those `kept` joined to the prompt text around it."""
+    out = []
+    for i, (kind, text) in enumerate(parts):
+        if kind is Kind.CHUNK and i in kept:
+            out.append((kind, text))
+        elif out and out[-1][0] is Kind.PROMPT:
+            out[-1] = (Kind.PROMPT, out[-1][1] + text)
+        else:
+            out.append((Kind.PROMPT, text))
+    return out
