@@ -386,6 +386,9 @@ REFUSED = [
     (["--mepic-auto-chunk", "known", "--tokenizer-worker-num", "2"],
      "--tokenizer-worker-num 2: --mepic-auto-chunk known keeps the registered texts in the tokenizer process"),
     (["--mepic-auto-chunk", "tools+known", "--tokenizer-worker-num=3"], "--tokenizer-worker-num 3"),
+    # SGLang's host pool refused it in the scheduler, with a traceback, once the model had loaded (issue 68).
+    (["--mepic-host-tier-gb", "1000000"], "--mepic-host-tier-gb 1000000: the host tier needs 1000010.7 GB of free "
+                                          "RAM"),
 ]
 
 
@@ -494,6 +497,35 @@ def test_registered_texts_with_several_tokenizer_workers_are_refused(monkeypatch
     check("--tokenizer-worker-num", "1")
     monkeypatch.setenv(config.AUTO_CHUNK_ENV, "messages")  # no registered texts: any number of workers
     check("--tokenizer-worker-num", "2")
+
+
+def test_a_host_tier_the_free_ram_cannot_hold_is_refused_before_anything_loads(monkeypatch):
+    """SGLang's host pool, which the host tier is, keeps a reserve of RAM free (10 GiB) and refused the tier
+    in the scheduler process with a traceback when less than tier + reserve was free (`make serve ARGS=
+    "--mepic-host-tier-gb 1"` on a machine with under 11 GB free). The free figure is mocked here, so the
+    test does not depend on this machine's RAM."""
+    from sglang_mepic import config
+
+    monkeypatch.setenv(config.HOST_TIER_ENV, "1")
+    monkeypatch.setattr(checks, "free_host_memory", lambda: 8_000_000_000)
+    with pytest.raises(SystemExit, match=r"--mepic-host-tier-gb 1: the host tier needs 11\.7 GB of free RAM \(1 GB "
+                                         r"for the tier and the 10 GiB SGLang's host pool leaves free\); 8\.0 GB is "
+                                         r"available"):
+        check()
+    check("--radix-cache-backend", "sglang")  # SGLang's own cache: no host tier is made
+    monkeypatch.setattr(checks, "free_host_memory", lambda: 12_000_000_000)
+    check()
+    monkeypatch.setenv(config.HOST_TIER_ENV, "0")
+    monkeypatch.setattr(checks, "free_host_memory", lambda: 0)
+    check()  # no tier, no reserve
+
+
+def test_the_launcher_knows_sglangs_host_memory_reserve_and_free_figure():
+    import psutil
+    from sglang.srt.mem_cache.pool_host import base
+
+    assert checks.HOST_POOL_RESERVE_BYTES == base.HICACHE_HOST_MEMORY_RESERVE_BYTES
+    assert 0 < checks.free_host_memory() <= psutil.virtual_memory().total
 
 
 def test_bad_flag_values_of_ours_are_one_line(capsys):

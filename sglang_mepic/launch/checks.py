@@ -2,6 +2,7 @@
 server process starts (each ended in a traceback from a child process, or no start at all)."""
 
 import argparse
+import importlib.util
 import json
 import socket
 from contextlib import contextmanager
@@ -17,6 +18,9 @@ MEPIC_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausal
 MEPIC_KV_DTYPES = ("auto", "bf16", "bfloat16")
 # Attention backends SGLang offers for a CPU (`--device cpu`), and ours; the others need a GPU or an accelerator.
 CPU_ATTENTION_BACKENDS = ("mepic", "torch_native", "intel_amx", "flex_attention")
+# RAM SGLang's HiCache host pool (which the mepic host tier is) leaves free when it sizes itself:
+# HICACHE_HOST_MEMORY_RESERVE_BYTES of sglang/srt/mem_cache/pool_host/base.py (tests/test_launch.py checks it).
+HOST_POOL_RESERVE_BYTES = 10 * 1024**3
 
 
 def check_parallelism(argv: list[str]) -> None:
@@ -95,12 +99,40 @@ def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
         raise LaunchError(f"--tokenizer-worker-num {known.tokenizer_worker_num}: --mepic-auto-chunk "
                           f"{config.raw(config.AUTO_CHUNK)} keeps the registered texts in the tokenizer process, "
                           "and each worker would hold its own; run one tokenizer worker")
+    if known.radix_cache_backend == "mepic":  # the only cache that makes a host tier
+        check_host_memory(config.host_tier_gb(), config.raw(config.HOST_TIER_GB))
     if cuda is False and (known.device or "").startswith("cuda"):
         raise LaunchError(f"--device {known.device}: this machine has no CUDA device (torch.cuda.is_available() "
                           "is False); leave --device out to serve on the CPU")
     if known.device == "cpu" and known.attention_backend not in CPU_ATTENTION_BACKENDS:
         raise LaunchError(f"--attention-backend {known.attention_backend}: needs a GPU; on the CPU use one of "
                           f"{', '.join(CPU_ATTENTION_BACKENDS)}")
+
+
+def free_host_memory() -> int:
+    """Free RAM in bytes as SGLang's host pool counts it (`available_host_memory_bytes`: available memory,
+    bounded by the cgroup's headroom). Its module is loaded from its file alone: importing the sglang package
+    takes half a minute and reads the environment the launcher has not finished setting."""
+    found = importlib.util.find_spec("sglang")  # finds the package without importing it
+    path = Path(found.origin).parent / "srt" / "mem_cache" / "host_memory.py"
+    spec = importlib.util.spec_from_file_location("_sglang_host_memory", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.available_host_memory_bytes(allow_cgroup_fallback=True)
+
+
+def check_host_memory(gigabytes: float, given: str) -> None:
+    """Refuse a host tier SGLang's host pool would refuse in the scheduler process, with a traceback, once the
+    model has loaded: it wants the tier's size free plus its reserve (`HOST_POOL_RESERVE_BYTES`).
+
+    given: the flag's value as the user wrote it, for the message."""
+    if gigabytes <= 0:
+        return
+    needed, available = gigabytes * 1e9 + HOST_POOL_RESERVE_BYTES, free_host_memory()
+    if needed > available:
+        raise LaunchError(f"--mepic-host-tier-gb {given}: the host tier needs {needed / 1e9:.1f} GB of free "
+                          f"RAM ({given} GB for the tier and the {HOST_POOL_RESERVE_BYTES / 1024**3:.0f} GiB "
+                          f"SGLang's host pool leaves free); {available / 1e9:.1f} GB is available")
 
 
 def check_model_fits(folder: Path, argv: list[str]) -> None:
