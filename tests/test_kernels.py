@@ -427,6 +427,138 @@ def test_backend_decode_graph_hooks_use_fixed_buffers():
     assert not backend.graph.active
 
 
+def _extend_view(rows, seq_lens, prefix, ext, positions, **extra):
+    """An extend ForwardBatch as the backend reads it (device tensors and their host mirrors)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        forward_mode=SimpleNamespace(name="EXTEND", is_decode=lambda: False, is_extend=lambda: True),
+        batch_size=len(seq_lens), req_pool_indices=torch.as_tensor(rows).long(),
+        req_pool_indices_cpu=torch.as_tensor(rows).long(), seq_lens=torch.tensor(seq_lens),
+        seq_lens_cpu=torch.tensor(seq_lens), extend_prefix_lens=torch.tensor(prefix), extend_prefix_lens_cpu=list(prefix),
+        extend_seq_lens=torch.tensor(ext), extend_seq_lens_cpu=list(ext), positions=positions, **extra)
+
+
+def test_backend_prefill_graph_hooks_place_planned_positions_in_the_static_buffer():
+    """SGLang's breakable prefill graphs (issue 69), on CPU under the interpreter, with a static batch as the
+    runner builds it: the runner copies SGLang's positions (slot indices) into its static buffer before any
+    hook runs, the captured segments rotate queries with that buffer, and attention runs at each break on
+    the static batch (positions sliced to the real tokens).
+
+    Capture reads and writes nothing of the position map (its dummy rows are rows live requests own) and
+    keeps the static buffer; a replay writes a planned row's positions into that buffer in place, leaves
+    its padding and an unplanned batch's positions alone, and the break's attention is the eager forward's.
+    """
+    from types import SimpleNamespace
+
+    from sglang_mepic.attention.backend import MepicAttnBackend
+
+    d, hq, hkv = 64, 6, 2
+    seq_lens, prefix = [40, 30], [16, 0]  # a planned row extending after its prefix, a plain prompt
+    ext = [n - p for n, p in zip(seq_lens, prefix)]
+    k_pool, v_pool, r2t, r2p, req_idx = make_batch(seq_lens, ext, hq, hkv, d, 16, torch.float32, seed=23)
+    rope = Rope(cos_sin_cache(d, MAX_POS), d, d, True)
+    backend = MepicAttnBackend.over_pools(r2t, k_pool, v_pool, rope, q_heads=hq)
+    backend._use_kernels(kernels)
+    planned, plain = req_idx.tolist()
+    backend.positions.assign(planned, r2p[planned, :seq_lens[0]])
+    for row in (0, 1):  # the capture's dummy rows 0 and 1: live requests own the planned ones
+        if row not in (planned, plain):
+            backend.positions.assign(row, torch.arange(5, 35))
+    layer = SimpleNamespace(tp_q_head_num=hq, qk_head_dim=d, v_head_dim=d, layer_id=0, scaling=d ** -0.5,
+                            is_cross_attention=False, sliding_window_size=-1)
+    # Capture of a 64-token bucket: two dummy requests over the runner's static buffers.
+    static_positions = torch.full((64,), 777, dtype=torch.int64)
+    static_positions[:64] = torch.cat([torch.arange(40), torch.arange(24)])
+    capture = _extend_view([0, 1], [40, 24], [0, 0], [40, 24], static_positions[:64])
+    before = (backend.positions.req_to_pos.clone(), backend.positions.planned.clone(),
+              set(backend.positions._planned_rows))
+    meta = backend.init_forward_metadata_for_breakable_cuda_graph_capture(capture)
+    assert meta.num_tokens == 64
+    assert torch.equal(backend.positions.req_to_pos, before[0]) and torch.equal(backend.positions.planned, before[1])
+    assert backend.positions._planned_rows == before[2]
+    assert capture.positions.data_ptr() == static_positions.data_ptr()  # the address the graph records
+    assert static_positions.tolist() == list(range(40)) + list(range(24))
+    assert backend._kv_end.tolist() == [-1, -1]  # identity rows, whatever the map holds for rows 0 and 1
+    # The capture's forward (warm-up, capture) runs; its output is a dummy's, finite.
+    q = rope.rotate(torch.randn(64, hq, d), static_positions).reshape(64, -1)
+    assert torch.isfinite(backend.forward_extend(q, None, None, layer, capture, save_kv_cache=False)).all()
+
+    # Replay of a batch with a planned row: the runner has filled the buffer with SGLang's positions.
+    n = sum(ext)
+    sglang = torch.cat([torch.arange(p, s) for p, s in zip(prefix, seq_lens)])
+    static_positions.fill_(777)
+    static_positions[:n] = sglang
+    live = _extend_view(req_idx, seq_lens, prefix, ext, sglang.clone())
+    static = _extend_view(req_idx, seq_lens, prefix, ext, static_positions[:64])
+    assert backend.can_run_prefill_cuda_graph(live)
+    backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(meta, live, static_forward_batch=static)
+    expected = torch.cat([r2p[planned, prefix[0]:seq_lens[0]].long(), torch.arange(seq_lens[1])])
+    assert static_positions[:n].tolist() == expected.tolist()  # what the captured segments rotate queries with
+    assert static_positions[n:].tolist() == [777] * (64 - n)  # the bucket's padding: untouched
+    assert live.positions.tolist() == expected.tolist()
+    assert torch.equal(backend._kv_end, kernels.extend_kv_end(backend.positions.req_to_pos, req_idx.long(),
+                                                              live.seq_lens, live.extend_seq_lens, expected))
+    q = rope.rotate(torch.randn(n, hq, d), expected).reshape(n, -1)
+    at_break = _extend_view(req_idx, seq_lens, prefix, ext, static_positions[:n])  # attention_input_scope's slice
+    out = backend.forward_extend(q, None, None, layer, at_break, save_kv_cache=False)
+    ref = reference(q.view(n, hq, d), expected, k_pool, v_pool, r2t, backend.positions.req_to_pos, req_idx,
+                    seq_lens, ext, rope, d ** -0.5)
+    torch.testing.assert_close(out.view(n, hq, d), ref, atol=2e-4, rtol=2e-4)
+    eager = _extend_view(req_idx, seq_lens, prefix, ext, sglang.clone())
+    backend.init_forward_metadata(eager)
+    assert torch.equal(backend.forward_extend(q, None, None, layer, eager, save_kv_cache=False), out)
+
+    # Replay of a batch without planned rows: SGLang's positions, already in the buffer, stay as they are.
+    static_positions.fill_(777)
+    static_positions[:30] = torch.arange(30)
+    live = _extend_view([plain], [30], [0], [30], torch.arange(30))
+    given = live.positions
+    backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(
+        meta, live, static_forward_batch=_extend_view([plain], [30], [0], [30], static_positions[:64]))
+    assert live.positions is given and static_positions[:30].tolist() == list(range(30))
+    assert static_positions[30:].tolist() == [777] * 34 and backend._kv_end.tolist() == [-1]
+
+
+def test_backend_declines_prefill_graphs_it_cannot_serve():
+    """Without the captured-metadata hooks (a runner that re-inits only the live batch) a batch with a planned
+    row would replay SGLang's positions: it goes eager, told from the host mirror. With them every plain
+    extend or mixed batch qualifies; a decode, a batch without host figures and the torch path never do."""
+    from types import SimpleNamespace
+
+    from sglang_mepic.attention.backend import MepicAttnBackend
+
+    d, hq, hkv = 64, 6, 2
+    k_pool, v_pool, r2t, r2p, req_idx = make_batch([30, 20], [30, 20], hq, hkv, d, 16, torch.float32, seed=29)
+    rope = Rope(cos_sin_cache(d, MAX_POS), d, d, True)
+    backend = MepicAttnBackend.over_pools(r2t, k_pool, v_pool, rope, q_heads=hq)
+    assert not backend.can_run_prefill_cuda_graph(_extend_view([0], [4], [0], [4], torch.arange(4)))  # torch path
+    backend._use_kernels(kernels)
+    planned, plain = req_idx.tolist()
+
+    def batch(rows, host_rows=True, **extra):
+        fb = _extend_view(rows, [4] * len(rows), [0] * len(rows), [4] * len(rows), torch.arange(4 * len(rows)))
+        if not host_rows:
+            fb.req_pool_indices_cpu = None
+        vars(fb).update(extra)
+        return fb
+
+    assert backend.can_run_prefill_cuda_graph(batch([planned, plain], host_rows=False))  # no plan anywhere yet
+    backend.positions.assign(planned, r2p[planned, :30])
+    assert not backend.can_run_prefill_cuda_graph(batch([planned, plain]))
+    assert backend.can_run_prefill_cuda_graph(batch([plain]))
+    assert not backend.can_run_prefill_cuda_graph(batch([plain], host_rows=False))  # cannot tell: eager
+    backend.init_forward_metadata_for_breakable_cuda_graph_capture(batch([0]))
+    assert backend.can_run_prefill_cuda_graph(batch([planned, plain], host_rows=False))
+    mixed = SimpleNamespace(name="MIXED", is_decode=lambda: False, is_extend=lambda: True)
+    assert backend.can_run_prefill_cuda_graph(batch([planned], forward_mode=mixed))
+    decode = SimpleNamespace(name="DECODE", is_decode=lambda: True, is_extend=lambda: False)
+    assert not backend.can_run_prefill_cuda_graph(batch([plain], forward_mode=decode))
+    assert not backend.can_run_prefill_cuda_graph(batch([plain], extend_seq_lens_cpu=None))
+    with pytest.raises(NotImplementedError, match="breakable"):  # a full prefill graph's capture
+        backend.init_forward_metadata_out_graph(batch([0]), in_capture=True)
+
+
 @pytest.fixture
 def bf16_dots(monkeypatch):
     """Triton 3.7's interpreter multiplies bf16 operands as their raw uint16 storage (its create_dot widens

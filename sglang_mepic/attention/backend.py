@@ -219,12 +219,13 @@ class MepicAttnBackend(AttentionBackend):
         dummy batch, taken as identity rows whatever the map holds for them: nothing of the map is read
         for it and its positions tensor (the runner's static buffer) is kept."""
         if planned:
+            rows_cpu = getattr(forward_batch, "req_pool_indices_cpu", None)
             forward_batch.positions = self.positions.on_extend(
                 forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
-                forward_batch.positions)
+                forward_batch.positions, rows_cpu=rows_cpu)
             self.copies = self.positions.copies_for_extend(
                 forward_batch.req_pool_indices, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
-                total=forward_batch.positions.shape[0], rows_cpu=getattr(forward_batch, "req_pool_indices_cpu", None))
+                total=forward_batch.positions.shape[0], rows_cpu=rows_cpu)
         if self.use_triton:
             seq_cpu = getattr(forward_batch, "seq_lens_cpu", None)
             self._max_seq_len = int(seq_cpu.max()) if seq_cpu is not None and len(seq_cpu) else None

@@ -137,11 +137,12 @@ class PositionMap:
         return torch.nonzero(keep).flatten(), batch[keep]
 
     def on_extend(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
-                  positions: torch.Tensor) -> torch.Tensor:
+                  positions: torch.Tensor, rows_cpu=None) -> torch.Tensor:
         """Positions of an extend's new tokens: a planned row's from its map row (pads rotate at 0
         and stay masked), SGLang's for the others. A decode token in a mixed batch is an extend of
-        one token at its row's next slot, which the plan already placed."""
-        if not self._planned_rows:
+        one token at its row's next slot, which the plan already placed. SGLang's own tensor when no
+        row is planned, or (given the batch's rows on the host, `rows_cpu`) none of the batch's."""
+        if not self.any_planned(rows_cpu):
             return positions
         rows = rows.long()
         r, j = self._extend_slots(rows, prefix_lens, extend_lens, positions.shape[0])
