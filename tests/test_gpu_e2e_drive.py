@@ -154,3 +154,14 @@ def test_run_sh_cpu_smoke_goes_through_every_step(tmp_path):
     assert mepic["abort_flush"]["ok"] and mepic["abort_flush"]["pages_after_flush"] == 0
     assert (out / "table.md").is_file() and (out / "logs.tar.gz").is_file() and (out / "log.txt").is_file()
     assert not list(out.glob("server-*.log"))  # packed into logs.tar.gz
+
+
+def test_the_device_sync_check_runs_its_calls_here(tmp_path):
+    """eval/gpu/e2e/sync_check.py, the per-batch calls under torch.cuda.set_sync_debug_mode("error") on the
+    device: here its dry run (tiny shapes, the Triton interpreter, no sync mode) goes through every call."""
+    from eval.gpu.e2e import sync_check
+
+    assert sync_check.main(["--cpu", "--out", str(tmp_path / "sync.json")]) == 0
+    verdict = json.loads((tmp_path / "sync.json").read_text())
+    assert verdict["ok"] and len(verdict["calls"]) == 8 and "dry run" in verdict["device"]
+    assert any("prefill graph hooks" in c["call"] for c in verdict["calls"])

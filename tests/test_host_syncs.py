@@ -138,3 +138,44 @@ def test_backend_graph_hooks_read_no_device_value():
     static = SimpleNamespace(positions=static_positions[:64])
     backend.prepare_forward_metadata_for_breakable_cuda_graph_replay(meta, live, static_forward_batch=static)
     assert backend._kv_end.shape == (2,)
+
+
+def test_the_served_sync_probe_counts_its_own_threads_syncs_and_passes_others_on(caplog):
+    """MEPIC_SYNC_DEBUG on a GPU server: torch's sync debug mode around each watched call; a synchronising
+    operation warns in the thread that made it. Here the mode setter is a stand-in (a CPU build has no
+    CUDA) and the warning is raised as torch raises it."""
+    import threading
+    import warnings
+
+    from sglang_mepic.attention import sync_probe
+
+    modes = []
+    probe = sync_probe.SyncProbe("warn", get_mode=lambda: 0, set_mode=modes.append)
+
+    def syncs():
+        warnings.warn("called a synchronizing CUDA operation")
+
+    def elsewhere():
+        thread = threading.Thread(target=syncs)
+        thread.start()
+        thread.join()
+
+    watched = probe.wrap("init_forward_metadata", lambda: syncs() or 7)
+    with caplog.at_level("WARNING", logger=sync_probe.__name__):
+        assert watched() == 7
+        watched()
+        with pytest.warns(UserWarning, match="synchronizing"):  # another thread's: passed on, not counted
+            probe.wrap("positions.assign", elsewhere)()
+        probe.wrap("outer", lambda: probe.wrap("inner", syncs)())()  # nested: the outer call's
+    assert probe.syncs == {"init_forward_metadata": 2, "outer": 1} and probe.calls == 4
+    assert modes == ["warn", 0] * 4
+    found = [r.getMessage() for r in caplog.records if "synchronised" in r.getMessage()]
+    assert len(found) == 2 and found[0].startswith(sync_probe.LOG_PREFIX + " init_forward_metadata synchronised")
+    assert "test_host_syncs.py" in found[0]  # where: the innermost frames
+    with pytest.raises(ValueError, match="MEPIC_SYNC_DEBUG"):
+        import os
+        os.environ[sync_probe.ENV] = "loud"
+        try:
+            sync_probe.mode_from_env()
+        finally:
+            del os.environ[sync_probe.ENV]

@@ -23,6 +23,7 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang_mepic import config, modes
 from sglang_mepic.attention.positions import PositionMap
 from sglang_mepic.attention.reference import RotatedKeys, attend_causal, attend_paged, attend_plain
+from sglang_mepic.attention import sync_probe
 from sglang_mepic.attention.rope import Rope, UnsupportedRope
 from sglang_mepic.pages import context
 
@@ -74,6 +75,7 @@ class MepicAttnBackend(AttentionBackend):
         self._graph_heads = (config.num_attention_heads // tp, config.get_num_kv_heads(tp))
         self._attach(model_runner.device, model_runner.req_to_token_pool, model_runner.token_to_kv_pool,
                      self._take_over_rotary(model_runner))
+        self.sync_probe = sync_probe.install(self)  # MEPIC_SYNC_DEBUG (GPU runs): per-batch calls watched
         context.current().positions = self.positions
 
     @classmethod
