@@ -138,3 +138,234 @@ def test_what_a_reviewer_tried_stays_cheap_and_correct():
         KnownTexts(1_000).add_all("x", [doc(1, 200)])
     assert not any(ch.isdigit() for ch in str(full.value).split("bytes", 1)[1])  # says nothing of others
     assert namespace_of("", "") == namespace_of(None, None) == (None, None)
+
+
+# Issue 68: a newcomer/attacker battery against registered texts.
+
+
+def _traced(call):
+    """`call()`, with the most memory it took above what was held before."""
+    import tracemalloc
+
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        out = call()
+        return out, tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if started:
+            tracemalloc.stop()
+
+
+def test_a_lookup_costs_a_few_array_passes_over_the_prompt_whatever_was_registered(monkeypatch):
+    """Eight texts sharing one start ("a" * 100 to "a" * 107) made every window of a prompt of "a"s a candidate
+    of each, kept as Python tuples: 2 M characters took 7.2 s and 2.4 GB of the tokenizer process, stalling
+    every tenant (about 1,300 bytes a character). Now each window is compared with at most MAX_SAME_START texts,
+    in arrays: the memory and the comparisons a lookup takes are a small multiple of the prompt's length."""
+    from sglang_mepic.frontend import known_texts
+    from sglang_mepic.frontend.known_texts import MAX_SAME_START
+
+    known = KnownTexts(1 << 24)
+    known.add_all("n", ["a" * (100 + i) for i in range(MAX_SAME_START)])
+    prompt = "a" * 100_000
+    found, peak = _traced(lambda: known.find("n", prompt))
+    assert found[:2] == [(0, 107), (107, 214)] and len(found) == len(prompt) // 107
+    assert peak < 400 * len(prompt), peak
+    compared = []
+    spans = known_texts._Hashes.spans
+    monkeypatch.setattr(known_texts._Hashes, "spans", lambda self, at, n: compared.append(len(at)) or spans(self, at, n))
+    assert known.find("n", prompt, limit=3) == found[:3]
+    assert sum(compared) <= MAX_SAME_START * len(prompt)
+    # Many distinct starts, each in the prompt: still one comparison a window and text under its start.
+    many = KnownTexts(1 << 26)
+    texts = [doc(20_000 + i, 12) for i in range(2_000)]
+    many.add_all("m", texts[:256])
+    for i in range(256, len(texts), 256):
+        many.add_all("m", texts[i:i + 256])
+    compared.clear()
+    joined = "".join(texts)
+    assert len(many.find("m", joined)) == len(texts)
+    assert sum(compared) <= MAX_SAME_START * len(joined)
+
+
+def test_every_byte_the_index_holds_is_within_its_budget():
+    """A namespace cost about 9.7 KB after one lookup (its bit tables), outside the budget, which counted
+    characters only: a million namespaces would take 9.7 GB. Now every namespace and text is charged what the
+    index holds for it (its name included): once the budget is spent, new namespaces are refused (507), and the
+    memory measured stays within it."""
+    import gc
+
+    budget = 300_000
+
+    def fill():
+        known, held = KnownTexts(budget), 0
+        for i in range(5_000):
+            namespace, text = (f"tenant-{i}", None), f"{i:08d} " + "x" * 74  # 83 characters
+            try:
+                known.add(namespace, text)
+            except IndexFull:
+                break
+            assert known.find(namespace, "q " + text + "?") == [(2, 85)]
+            held += 1
+        gc.collect()
+        return known, held
+
+    (known, held), _ = _traced(fill)
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        known, held = fill()
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert used <= budget, (used, held)
+    assert known.used <= budget and 100 <= held < 5_000
+    with pytest.raises(IndexFull):  # a namespace's name is the client's to choose: it is charged too
+        KnownTexts(budget).add(("k", "s" * budget), doc(1))
+
+
+def _manager(tok, context_len: int, truncate: bool = False):
+    """What request_markup reads of SGLang's tokenizer manager, on the tiny model's tokenizer."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(tokenizer=tok, model_config=SimpleNamespace(vocab_size=len(tok)), context_len=context_len,
+                           num_reserved_tokens=0, max_req_input_len=None,
+                           server_args=SimpleNamespace(page_size=16, attention_backend="mepic", radix_cache_backend="mepic",
+                                                       allow_auto_truncate=truncate))
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    """A fresh registry, with registered texts on (--mepic-auto-chunk known)."""
+    from sglang_mepic.frontend import known_texts
+
+    monkeypatch.setenv("SGLANG_MEPIC_AUTO_CHUNK", "known")
+    monkeypatch.setattr(known_texts, "_REGISTRY", KnownTexts(1 << 24))
+    return known_texts._REGISTRY
+
+
+def _request(text, **fields):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    obj = GenerateReqInput(text=text, **fields)
+    obj.normalize_batch_and_arguments()
+    return obj
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_before_any_lookup(tok, registered, monkeypatch):
+    """A 2 M-character prompt was searched (7.2 s) and only then refused by its tokens. A token of the tiny
+    model stands for at most 64 characters, so a prompt of more than 64 x context_len cannot fit."""
+    from sglang_mepic.frontend.request_limits import LimitError, chars_per_token
+    from sglang_mepic.frontend.request_markup import strip_markup
+
+    assert chars_per_token(tok) == 64
+    registered.add_all((None, None), ["a" * (100 + i) for i in range(8)])
+    monkeypatch.setattr(KnownTexts, "find", lambda *a, **k: pytest.fail("searched a prompt that cannot fit"))
+    with pytest.raises(LimitError, match="characters"):
+        strip_markup(_manager(tok, 64), _request("a" * (64 * 64 + 1)))
+    obj = _request("a" * (64 * 64 + 1))  # SGLang cuts it to the context: left to it, plain
+    assert strip_markup(_manager(tok, 64, truncate=True), obj) is None and obj.text == "a" * (64 * 64 + 1)
+
+
+def test_a_session_turn_is_served_as_its_plain_prompt(tok, registered):
+    """Another client's registration in the shared namespace turned a session turn holding the text into a 400
+    ("chunk markup cannot be used in a session"), though the client sent no markup."""
+    from sglang_mepic.frontend.markup import MarkupError
+    from sglang_mepic.frontend.request_markup import strip_markup
+
+    text = doc(7, 30)
+    registered.add((None, None), text)
+    obj = _request("Read:\n" + text + "\nWhy?", session_params={"id": "s1"})
+    assert strip_markup(_manager(tok, 4096), obj) is None and obj.text == "Read:\n" + text + "\nWhy?"
+    with pytest.raises(MarkupError, match="session"):  # the client's own markup still is refused
+        strip_markup(_manager(tok, 4096), _request("Read:\n<|chunk|>" + text + "<|/chunk|>\nWhy?",
+                                                   session_params={"id": "s1"}))
+
+
+def test_found_texts_that_do_not_fit_are_dropped_from_the_end(tok, registered):
+    """An unmarked prompt holding 8 registered texts fit the context as plain text but not once each text was
+    padded to whole pages: a registration turned a served request into a 400. Now the last found texts stay
+    prompt text until the layout fits, or the prompt is served plain."""
+    from sglang_mepic.frontend import request_limits, request_state
+    from sglang_mepic.frontend.request_markup import strip_markup
+
+    docs = [doc(40 + i, 25) for i in range(8)]
+    registered.add_all((None, None), docs)
+    prompt = "Answer from these.\n" + "\n".join(docs) + "\nWhich one?"
+    tokens = len(tok.encode(prompt))
+    params = {"max_new_tokens": 1}
+    whole = _request(prompt, sampling_params=params)
+    strip_markup(_manager(tok, 4096), whole)
+    slots = request_state.marked(whole).slots
+    assert len(request_state.marked(whole).chunks) == 8 and slots > tokens + 40
+    for context_len, chunks in ((tokens + 40, range(1, 8)), (tokens + 2, range(0, 8))):
+        manager, obj = _manager(tok, context_len), _request(prompt, sampling_params=params)
+        strip_markup(manager, obj)
+        ids = obj.input_ids if obj.input_ids is not None else tok.encode(obj.text)
+        request_limits.check(manager, obj, ids)  # served, as the plain prompt is
+        marked = request_state.marked(obj)
+        found = marked.chunks if marked is not None else ()
+        assert len(found) in chunks
+        assert list(found) == list(request_state.marked(whole).chunks[:len(found)])  # the first ones kept
+
+
+def test_a_text_too_long_for_the_context_is_refused_before_it_is_registered(tok):
+    """It was answered 400 "registered, but not warmed" and stayed registered; a 400 registers nothing."""
+    from sglang_mepic.frontend.known_routes import RouteError, check_fits
+
+    manager = _manager(tok, 256)
+    check_fits(manager, [doc(1, 40)])
+    with pytest.raises(RouteError, match="KV slots") as refused:
+        check_fits(manager, [doc(1, 40), doc(2, 400)])
+    assert refused.value.index == 1
+    with pytest.raises(RouteError, match="characters"):  # over the characters bound: not even tokenized
+        check_fits(manager, ["y" * (64 * 256 + 1)])
+
+
+def _registration(monkeypatch, tok, registry, results, body):
+    """POST /mepic/chunks in process: `results` is what the warm request answers (or raises)."""
+    import asyncio
+    import json
+
+    from sglang_mepic.frontend import known_routes
+
+    manager = _manager(tok, 4096)
+
+    async def generate_request(obj, request):
+        if isinstance(results, Exception):
+            raise results
+        yield results
+
+    manager.generate_request = generate_request
+
+    class Request:
+        async def json(self):
+            return body
+
+    monkeypatch.setattr(known_routes, "_tokenizer_manager", lambda: manager)
+    response = asyncio.run(known_routes.register(Request()))
+    return response.status_code, json.loads(response.body)
+
+
+def test_a_registration_says_which_warms_were_aborted(tok, registered, monkeypatch):
+    """`abort_all` during a registration: it answered 200 and the aborted texts read "not laid out"."""
+    texts = [doc(60), doc(61)]
+    aborted = {"meta_info": {"finish_reason": {"type": "abort", "message": "Abort in waiting queue"}}}
+    stored = {"meta_info": {"finish_reason": {"type": "length"}, "mepic_residency": ["absent"]}}
+    status, out = _registration(monkeypatch, tok, registered, [aborted, stored], {"texts": texts})
+    assert status == 503 and out["error"]["type"] == "aborted" and "[0]" in out["error"]["message"]
+    assert [t["chunk"] for t in out["texts"]] == ["aborted", "absent"]
+    assert registered.size((None, None)) == 2  # registered: registering again warms them
+
+
+def test_a_warm_request_refused_undoes_the_registration(tok, registered, monkeypatch):
+    registered.add((None, None), doc(70))
+    status, out = _registration(monkeypatch, tok, registered, ValueError("no"), {"texts": [doc(70), doc(71)]})
+    assert status == 400 and "not registered" in out["error"]["message"]
+    assert registered.find((None, None), doc(71)) == [] and registered.size((None, None)) == 1  # the known one stays

@@ -123,3 +123,58 @@ def test_the_warm_command_registers_a_folder_and_a_jsonl_file(server, tmp_path, 
     assert warm.main([str(tmp_path / "short.txt"), "--url", server.url]) == 1
     err = capsys.readouterr().err
     assert "refused (400)" in err and "short.txt" in err and "at least 64" in err
+
+
+# Issue 68: what a newcomer/attacker battery did with registered texts.
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_before_any_lookup(server):
+    """Eight texts sharing one start, then a 2 M-character prompt of "a"s: the lookup took 7.2 s and 2.4 GB of
+    the tokenizer process (every tenant stalled) before SGLang refused the prompt by its tokens."""
+    register(server, ["a" * (100 + i) for i in range(8)], warm=False, cache_salt="flood")
+    r = requests.post(server.url + "/generate", json={"text": "a" * 2_000_000, "cache_salt": "flood",
+                                                      "sampling_params": {"max_new_tokens": 1}}, timeout=120)
+    assert r.status_code == 400 and "characters" in r.text, r.text
+
+
+def test_another_clients_registration_leaves_a_session_turn_served(server):
+    """A session turn holding a text another client registered in the shared namespace was a 400 ("chunk
+    markup cannot be used in a session"), though it marked nothing."""
+    doc = " ".join(WORDS[800:880])
+    register(server, [doc], warm=False)
+    sid = requests.post(server.url + "/open_session", json={"capacity_of_str_len": 100_000}, timeout=60).json()
+    out = post(server, "/generate", {"text": "Read:\n" + doc + "\nWhy?", "session_params": {"id": sid},
+                                     "sampling_params": {"max_new_tokens": 2}})
+    assert out["meta_info"]["mepic_chunks"] == []  # the plain prompt it was
+
+
+def test_a_registration_never_turns_a_served_prompt_into_a_400(server, tok):
+    """An unmarked prompt holding 8 registered texts fits the context (4,096 tokens) as plain text, not once each
+    text is padded to whole pages: it was refused in the namespace that registered them, served in any other."""
+    docs = [" ".join(WORDS[1000 + 300 * i:1240 + 300 * i]) for i in range(8)]
+    register(server, docs, warm=False, cache_salt="fit")
+    prompt = "Use these.\n" + "\n".join(docs) + "\n"
+    for word in WORDS[3800:]:
+        if len(tok.encode(prompt + word)) > 4_090:
+            break
+        prompt += word + " "
+    assert 4_070 < len(tok.encode(prompt)) <= 4_090
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 1}}
+    assert post(server, "/generate", {**body, "cache_salt": "other"})["meta_info"]["mepic_chunks"] == []
+    out = post(server, "/generate", {**body, "cache_salt": "fit"})
+    assert len(out["meta_info"]["mepic_chunks"]) < 8  # the last found texts stay prompt text
+    # In chat the rendered prompt, laid out at the found texts, is checked the same way: served plain.
+    chat = post(server, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": prompt[:-200]}],
+                                                 "max_tokens": 1, "cache_salt": "fit"})
+    assert chat["metadata"]["mepic"]["chunks"] == []
+
+
+def test_a_text_too_long_for_the_context_is_refused_and_not_registered(server):
+    """It was answered 400 "registered, but not warmed", and stayed registered: a 400 registers nothing."""
+    long = " ".join(WORDS[:3000]) * 2
+    r = requests.post(server.url + "/mepic/chunks", json={"texts": [DOC_A, long], "cache_salt": "long"}, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["index"] == 1 and "registered" not in r.text, r.text
+    r = requests.post(server.url + "/mepic/chunks", json={"texts": [long], "cache_salt": "long", "warm": False},
+                      timeout=120)
+    assert r.status_code == 400, r.text  # refused again, not "known"
+    assert register(server, [DOC_A], warm=False, cache_salt="long")["texts"][0]["registered"] == "new"

@@ -17,10 +17,10 @@ sent and the separator is refused (400).
 """
 
 from sglang_mepic import config
-from sglang_mepic.frontend import auto_chunk, known_texts, request_limits
+from sglang_mepic.frontend import auto_chunk, known_texts, request_limits, request_markup
 from sglang_mepic.frontend.intake import IntakeError
 from sglang_mepic.frontend.markup import (CHUNK_BEGIN_ID, CHUNK_CLOSE, CHUNK_END_ID, CHUNK_OPEN, MarkupError, has_text_markup,
-                                 split_text, tokenize_text)
+                                 split_ids, split_text, tokenize_text)
 from sglang_mepic.frontend.request_markup import page_size
 from sglang_mepic.wire.segments import Kind
 
@@ -90,9 +90,23 @@ def process(original, serving, request, *args, **kwargs):
                                   f"({CHUNK_OPEN}, {CHUNK_CLOSE}) outside its message contents; mark chunks one way")
             request.messages = sent  # auto-chunking adds chunks only to requests that mark none
             return mark_rendered(original(serving, request, *args, **kwargs), request, tok)
-        return mark_rendered(result, request, tok, server_markup=True)
+        result = mark_rendered(result, request, tok, server_markup=True)
+        if auto_chunk.separated(sent) or _fits(manager, request, result.prompt_ids):
+            return result
+        # The chunks the server chose (auto-chunking, registered texts), padded to whole pages, would take the
+        # prompt past the limits its plain form meets: served plain, never a 400 of the server's making.
+        request.messages = sent
+        return mark_rendered(original(serving, request, *args, **kwargs), request, tok)
     finally:
         request.messages = sent
+
+
+def _fits(manager, request, prompt_ids) -> bool:
+    if not isinstance(prompt_ids, list):
+        return True
+    slots = request_markup.slots_of(manager, split_ids(prompt_ids, manager.model_config.vocab_size))
+    new = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", None)
+    return request_limits.fits_laid_out(manager, slots, request_limits.new_tokens(manager, {"max_new_tokens": new}))
 
 
 def _markers(text) -> int:

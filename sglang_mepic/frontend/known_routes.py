@@ -57,7 +57,7 @@ def parse(body) -> tuple[list[str], tuple, bool]:
     if len(texts) > MAX_TEXTS:
         raise RouteError(f'"texts" holds {len(texts)} texts, more than the {MAX_TEXTS} one request may register; '
                          "send them in several requests")
-    limit = config.known_texts_chars()
+    limit = config.known_texts_bytes()
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise RouteError(f"texts[{i}] is a {type(text).__name__}, not a string", i)
@@ -96,16 +96,21 @@ def check_fits(manager, texts: list[str]) -> None:
                              "smaller of the context length and the KV pool's input limit)", i)
 
 
+def _tokenizer_manager():
+    from sglang.srt.entrypoints.http_server import get_global_state
+
+    return get_global_state().tokenizer_manager
+
+
 async def register(request: Request):
     from fastapi.responses import JSONResponse
-    from sglang.srt.entrypoints.http_server import get_global_state
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     if not config.known_texts_on():
         return JSONResponse(status_code=400, content={"error": {
             "message": "registered texts are off on this server: start it with --mepic-auto-chunk known "
                        "(or messages+known, tools+known)", "type": "invalid_request_error"}})
-    manager = get_global_state().tokenizer_manager
+    manager = _tokenizer_manager()
     try:
         try:
             body = await request.json()

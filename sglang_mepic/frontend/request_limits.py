@@ -50,7 +50,7 @@ def _check_laid_out(manager, obj, slots: int, real_tokens: int) -> None:
     """A laid-out request's slots, and its slots and new tokens, must fit. SGLang checks the same, but
     its refusal named a slot count as the client's tokens (or, after an n > 1 request's compiles had
     run, the scheduler aborted it)."""
-    refusal = _laid_out_refusal(manager, slots, real_tokens, new_tokens(manager, obj))
+    refusal = _laid_out_refusal(manager, slots, real_tokens, new_tokens(manager, getattr(obj, "sampling_params", None)))
     if refusal is not None:
         raise LimitError(refusal)
 
@@ -61,10 +61,9 @@ def fits_laid_out(manager, slots: int, new: int | None) -> bool:
     return _laid_out_refusal(manager, slots, slots, new) is None
 
 
-def new_tokens(manager, obj) -> int | None:
-    """The new tokens a request's prompt must leave room for; None: SGLang checks none (none asked
-    for, or it truncates)."""
-    params = getattr(obj, "sampling_params", None)
+def new_tokens(manager, params) -> int | None:
+    """The new tokens a request's prompt must leave room for, by its sampling parameters; None: SGLang
+    checks none (none asked for, or it truncates)."""
     new = params.get("max_new_tokens") if isinstance(params, dict) else None
     return new if _whole(new) and not allows_truncation(manager) else None
 

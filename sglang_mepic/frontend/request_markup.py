@@ -134,7 +134,7 @@ def _tokenized(manager, parts) -> list[Piece]:
 
 def _fits(manager, obj, lay: Layout, lays_out: bool) -> bool:
     return request_limits.fits_laid_out(manager, lay.size if lays_out else len(lay.real_tokens()),
-                                        request_limits.new_tokens(manager, obj))
+                                        request_limits.new_tokens(manager, obj.sampling_params))
 
 
 def _fitted(manager, obj, parts, pieces: list[Piece], lays_out: bool) -> tuple[list[Piece], Layout] | None:
@@ -158,7 +158,12 @@ def _fitted(manager, obj, parts, pieces: list[Piece], lays_out: bool) -> tuple[l
 
 def slots_needed(manager, parts) -> int:
     """The slots (tokens, where not laid out) a request of these (kind, text) pieces takes."""
-    lay = layout(_tokenized(manager, parts), page_size(manager), config.placement())
+    return slots_of(manager, _tokenized(manager, parts))
+
+
+def slots_of(manager, pieces: list[Piece]) -> int:
+    """The slots (tokens, where not laid out) a request of these tokenized pieces takes."""
+    lay = layout(pieces, page_size(manager), config.placement())
     return lay.size if _lays_out_slots(manager) else len(lay.real_tokens())
 
 
