@@ -520,7 +520,7 @@ def test_backend_prefill_graph_hooks_place_planned_positions_in_the_static_buffe
     assert static_positions[30:].tolist() == [777] * 34 and backend._kv_end.tolist() == [-1]
 
 
-def test_backend_declines_prefill_graphs_it_cannot_serve():
+def test_backend_declines_prefill_graphs_it_cannot_serve(tmp_path):
     """Without the captured-metadata hooks (a runner that re-inits only the live batch) a batch with a planned
     row would replay SGLang's positions: it goes eager, told from the host mirror. With them every plain
     extend or mixed batch qualifies; a decode, a batch without host figures and the torch path never do."""
@@ -555,6 +555,11 @@ def test_backend_declines_prefill_graphs_it_cannot_serve():
     decode = SimpleNamespace(name="DECODE", is_decode=lambda: True, is_extend=lambda: False)
     assert not backend.can_run_prefill_cuda_graph(batch([plain], forward_mode=decode))
     assert not backend.can_run_prefill_cuda_graph(batch([plain], extend_seq_lens_cpu=None))
+    switch = tmp_path / "eager"  # the evaluation's switch (eval/gpu/e2e: graphs vs eager on one server)
+    backend._eager_switch = str(switch)
+    assert backend.can_run_prefill_cuda_graph(batch([plain]))
+    switch.touch()
+    assert not backend.can_run_prefill_cuda_graph(batch([plain]))
     with pytest.raises(NotImplementedError, match="breakable"):  # a full prefill graph's capture
         backend.init_forward_metadata_out_graph(batch([0]), in_capture=True)
 

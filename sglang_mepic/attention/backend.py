@@ -30,6 +30,7 @@ from sglang_mepic.pages import context
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "mepic"
+EAGER_SWITCH_ENV = "MEPIC_PREFILL_GRAPHS_OFF_FILE"
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
@@ -113,6 +114,9 @@ class MepicAttnBackend(AttentionBackend):
         self.graph: GraphBuffers | None = None
         # SGLang's breakable prefill runner captured with this backend's hooks (it then calls the replay hook).
         self._prefill_graph_hooks = False
+        # MEPIC_PREFILL_GRAPHS_OFF_FILE: while this file exists, prefill graphs are declined (eval/gpu/e2e compares
+        # one server's greedy tokens with and without them, on the same weights and cache state).
+        self._eager_switch = os.environ.get(EAGER_SWITCH_ENV) or None
         # Split decode's partial results, reused by every layer of an eager forward: one per CUDA stream,
         # since two streams' decodes (e.g. overlapped micro-batches) would otherwise share it.
         self._workspaces: dict[int, object] = {}
@@ -415,6 +419,8 @@ class MepicAttnBackend(AttentionBackend):
         mode = forward_batch.forward_mode
         if not self.use_triton or getattr(mode, "name", None) not in ("EXTEND", "MIXED"):
             return False
+        if self._eager_switch is not None and os.path.exists(self._eager_switch):
+            return False  # the evaluation's switch: this server's prefills run eagerly while the file exists
         if getattr(forward_batch, "extend_seq_lens_cpu", None) is None:
             return False
         if self._prefill_graph_hooks:
