@@ -44,12 +44,11 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval import provenance
+from eval import provenance, served
 from eval.run import Sampler, pct
 from eval.scoring import prefix_agreement, top1_agreement
 from eval.workloads import load_json, zipf_weights
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
-from sglang_mepic.process.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = {
@@ -120,8 +119,8 @@ def chat(url: str, messages: list[dict], new_tokens: int) -> dict:
             "prompt_tokens": usage["prompt_tokens"], "cached_tokens": details.get("cached_tokens") or 0}
 
 
-def run_system(name: str, model: str, convs, new_tokens: int, bar) -> dict:
-    with ServerProcess(model, "--dtype", "float32", *SYSTEMS[name]) as server:
+def run_system(name: str, model: str, convs, new_tokens: int, bar, url: str | None = None) -> dict:
+    with served.server(url, model, "--dtype", "float32", *SYSTEMS[name]) as server:
         sampler = Sampler(server.url, MEPIC_PAGE_SIZE)
         sampler.start()
         start = time.perf_counter()
@@ -218,6 +217,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="the first seed (workload draw)")
     ap.add_argument("--repeats", type=int, default=1, help="seeds to run (from --seed): medians and ranges")
     ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "agent"))
+    served.add_url(ap)
     args = ap.parse_args(argv)
 
     if args.repeats < 1:
@@ -232,7 +232,7 @@ def main(argv=None) -> None:
             runs = {}
             for name in SYSTEMS:
                 bar.set_postfix_str(f"{name} seed {seed}")
-                runs[name] = run_system(name, args.model, convs, args.new_tokens, bar)
+                runs[name] = run_system(name, args.model, convs, args.new_tokens, bar, args.url)
             per_seed.append(summarize(runs, args.turns, args.new_tokens))
             outputs[seed] = {name: run["outputs"] for name, run in runs.items()}
     wall = time.perf_counter() - t0
@@ -245,7 +245,9 @@ def main(argv=None) -> None:
              f"{args.files} files + {args.results} tool outputs, {args.new_tokens} new tokens, float32, greedy")
     header = [f"# Agent-shaped workload ({Path(args.model).name})", "",
               f"- command: `{command.strip()}`", f"- model: {provenance.portable(args.model)}", f"- scale: {scale}",
-              f"- date: {started.isoformat(timespec='seconds')}", f"- wall time: {wall:.0f} s ({len(SYSTEMS) * len(seeds)} servers started)",
+              f"- date: {started.isoformat(timespec='seconds')}",
+              f"- wall time: {wall:.0f} s " + (f"(every system on the server at {args.url}, --url)" if args.url
+                                              else f"({len(SYSTEMS) * len(seeds)} servers started)"),
               f"- seeds: {', '.join(map(str, seeds))}" + (": each figure is the median over them, its range in "
                                                          "parentheses" if len(seeds) > 1 else ""),
               f"- machine load (1/5/15 min) before: {' '.join(load_before)}, after: {' '.join(load_after)}",

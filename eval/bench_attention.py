@@ -1,6 +1,6 @@
 """Attention cost of the mepic backend: on CPU against SGLang's torch_native, on a GPU against SGLang's Triton.
 
-    .venv/bin/python eval/bench_attention.py [--repeat 5]            # CPU
+    .venv/bin/python eval/bench_attention.py [--repeat 5] [--contexts 1024,4096]   # CPU
     python eval/bench_attention.py --device cuda [--quick] [--graph] [--rope chip|table]
 
 CPU. Part 1 times the backends' own code paths (SmolLM2-135M shapes: 9 query
@@ -121,7 +121,7 @@ def timed(fn, repeat):
     return statistics.median(times)
 
 
-def bench_cpu(repeat):
+def bench_cpu(repeat, contexts=(1024, 4096)):
     rope = Rope(cos_sin_cache(D, 8192), D, D, True)
     print("## CPU: mepic torch path vs SGLang torch_native (fp32, 9/3 heads, head dim 64)\n")
     print("| case | batch x new tokens | context | torch_native ms | mepic ms | ratio "
@@ -129,7 +129,7 @@ def bench_cpu(repeat):
     print("|---|---|---|---|---|---|---|---|")
     ratios = []
     for name, batch, new, decode in (("prefill", 1, None, False), ("decode", 8, 1, True)):
-        for ctx in (1024, 4096):
+        for ctx in contexts:
             s = setup(batch, ctx, new or ctx)
             native = timed(native_fn(s, rope, decode), repeat)
             mepic = timed(mepic_fn(s, rope, decode), repeat)
@@ -388,6 +388,7 @@ def bench_peers(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--contexts", default="1024,4096", help="on cpu: the context lengths timed (comma-separated)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--peers", action="store_true", help="on cpu: the GPU comparison, under the interpreter")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (4 q heads, 2 kv heads, head dim 64)")
@@ -400,7 +401,7 @@ def main():
     if args.device == "cuda" or args.peers:
         return bench_peers(args)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
-    bench_cpu(args.repeat)
+    bench_cpu(args.repeat, [int(c) for c in args.contexts.split(",")])
     bench_kernels()
     return 0
 

@@ -1,10 +1,11 @@
 """Does a big cached tree slow the scheduler down? Decode-step time, empty tree against full.
 
     .venv/bin/python -m eval.bench_pool [--pool-tokens 1048576] [--fill-pages 50000] [--requests 200]
+                                        [--fill-tokens 4000]
 
 Two runs, each on a fresh server with the tiny model and a pool of `--pool-tokens`:
 the first serves the workload on an empty tree; the second first fills the tree
-with plain prompts of distinct tokens (about 4,000 each, one output token) until
+with plain prompts of distinct tokens (`--fill-tokens`, 4,000 each, one output token) until
 the pool holds `--fill-pages` cached pages, then serves the same workload. The
 workload is `--requests` chunked requests (4 chunks from a pool of 32, streamed,
 24 output tokens each, 8 at a time). A decode step's time is measured by the
@@ -23,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 from tqdm import tqdm
 
+from eval import served
 from sglang_mepic.launch import models
-from sglang_mepic.process.server_process import ServerProcess
 
 OUTPUT_TOKENS = 24
 
@@ -38,11 +39,11 @@ def cached_pages(url: str) -> int:
     return s["kv_pages_total"] - s["kv_pages_free"]
 
 
-def fill(url: str, pages: int, seed: int) -> int:
+def fill(url: str, pages: int, seed: int, tokens: int = 4000) -> int:
     rng = random.Random(seed)
 
     def one(_):
-        ids = [rng.randrange(10, 4000) for _ in range(4000)]
+        ids = [rng.randrange(10, 4000) for _ in range(tokens)]
         r = requests.post(url + "/generate", timeout=600, json={
             "input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
         r.raise_for_status()
@@ -80,10 +81,13 @@ def decode_gaps(url: str, ids: list[int]) -> list[float]:
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-def run(model: str, pool_tokens: int, fill_pages: int, work: list[list[int]], seed: int) -> dict:
-    with ServerProcess(model, "--dtype", "float32", "--max-total-tokens", str(pool_tokens),
+def run(model: str, pool_tokens: int, fill_pages: int, work: list[list[int]], seed: int, fill_tokens: int = 4000,
+        url: str | None = None) -> dict:
+    with served.server(url, model, "--dtype", "float32", "--max-total-tokens", str(pool_tokens),
                        "--chunked-prefill-size", "4096", startup_timeout=600) as server:
-        filled = fill(server.url, fill_pages, seed) if fill_pages else cached_pages(server.url)
+        if url:  # a server that has served before: start from an empty tree, as a fresh one does
+            requests.post(server.url + "/flush_cache", timeout=120).raise_for_status()
+        filled = fill(server.url, fill_pages, seed, fill_tokens) if fill_pages else cached_pages(server.url)
         gaps = []
         start = time.time()
         with ThreadPoolExecutor(8) as pool:
@@ -101,13 +105,17 @@ def main():
     ap.add_argument("--pool-tokens", type=int, default=1 << 20)
     ap.add_argument("--fill-pages", type=int, default=50_000)
     ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--fill-tokens", type=int, default=4000, help="tokens of each prompt that fills the tree")
     ap.add_argument("--seed", type=int, default=0)
+    served.add_url(ap)
     args = ap.parse_args()
     model = str(models.build(models.TEST_MODEL))
     work = workload(args.requests, args.seed)
-    empty = run(model, args.pool_tokens, 0, work, args.seed)
-    full = run(model, args.pool_tokens, args.fill_pages, work, args.seed)
-    print(f"\ntiny model, float32, pool {args.pool_tokens:,} tokens; {args.requests} chunked requests, "
+    empty = run(model, args.pool_tokens, 0, work, args.seed, args.fill_tokens, args.url)
+    full = run(model, args.pool_tokens, args.fill_pages, work, args.seed, args.fill_tokens, args.url)
+    pool = (f"the server at {args.url} (--url, {full['kv pages total']:,} pages)" if args.url
+            else f"pool {args.pool_tokens:,} tokens")
+    print(f"\ntiny model, float32, {pool}; {args.requests} chunked requests, "
           f"{OUTPUT_TOKENS} streamed tokens each, 8 at a time\n")
     print("| tree | pages cached before | mean decode step (ms) | median (ms) | gaps |")
     print("|---|---|---|---|---|")

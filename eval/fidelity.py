@@ -36,10 +36,10 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
+from eval import served
 from eval.scoring import contains, exact_match, f1, prefix_agreement
 from eval.workloads import Request, load_json, render
 from sglang_mepic.launch import models
-from sglang_mepic.process.server_process import ServerProcess
 
 def load_prompts(n: int, chunks: int, seed: int = 0) -> list[Request]:
     """One question per prompt over its article's paragraphs: the gold one and its neighbours
@@ -84,9 +84,10 @@ def server_args(mode: str) -> list[str]:
     return args
 
 
-def run_mode(model: str, mode: str, texts: list[str], new_tokens: int, in_flight: int) -> tuple[list[dict], dict]:
+def run_mode(model: str, mode: str, texts: list[str], new_tokens: int, in_flight: int,
+             url: str | None = None) -> tuple[list[dict], dict]:
     args = server_args(mode)
-    with ServerProcess(model, *args, startup_timeout=600) as server:
+    with served.server(url, model, *args, startup_timeout=600) as server:
         def generate(text):
             r = requests.post(server.url + "/generate", timeout=600, json={
                 "text": text, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0}})
@@ -110,6 +111,7 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt", choices=("chat", "raw"), default="chat",
                     help="chat template (default) or raw text ending in 'Answer:'")
     ap.add_argument("--json", type=Path, default=None, help="also write per-mode figures here")
+    served.add_url(ap)
     args = ap.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -122,12 +124,12 @@ def main(argv=None) -> None:
     if modes[0] != "full":
         modes = ["full"] + [m for m in modes if m != "full"]
     print(f"{len(prompts)} SQuAD questions x {args.chunks} chunks, {args.prompt} prompts, {args.new_tokens} new tokens, "
-          "greedy, float32")
+          "greedy, float32" + (f"; every mode on the server at {args.url} (--url)" if args.url else ""))
 
     results, reference = {}, None
     for mode in modes:
         t0 = time.time()
-        outs, info = run_mode(model, mode, texts, args.new_tokens, args.in_flight)
+        outs, info = run_mode(model, mode, texts, args.new_tokens, args.in_flight, args.url)
         ids = [o["output_ids"] for o in outs]
         if reference is None:
             reference = ids

@@ -38,10 +38,10 @@ from pathlib import Path
 
 import requests
 
+from eval import served
 from eval.run import SYSTEMS, Sampler, computed_tokens
 from sglang_mepic.lang import chunk
 from sglang_mepic.launch import models
-from sglang_mepic.process.server_process import ServerProcess
 
 CHUNK_TOKENS = 128
 
@@ -83,7 +83,7 @@ def polled(server, poll: bool):
 
 
 def context_cost(model: str, systems: list[str], contexts: list[int], question: int, head: int, repeats: int,
-                 words, poll: bool) -> None:
+                 words, poll: bool, url: str | None = None) -> None:
     """Forward p50 against the stored context each prompt attends to (see the module's doc)."""
     print(f"model {Path(model).name}, float32, one request at a time, 1 new token, {repeats} per context; "
           + (f"{head} fresh head tokens, " if head else "")
@@ -95,7 +95,7 @@ def context_cost(model: str, systems: list[str], contexts: list[int], question: 
     # The same chunks for every system, drawn once per context length.
     docs = {c: "".join(chunk(words(CHUNK_TOKENS) + "\n") for _ in range(c // CHUNK_TOKENS)) for c in contexts}
     for system in systems:
-        with ServerProcess(model, "--dtype", "float32", *SYSTEMS[system], startup_timeout=600) as server:
+        with served.server(url, model, "--dtype", "float32", *SYSTEMS[system], startup_timeout=600) as server:
             text_forward(server, words(question))  # warm-up
             xs, ys, cells, computed = [], [], [], []
             with polled(server, poll):
@@ -126,6 +126,7 @@ def main(argv=None) -> None:
     ap.add_argument("--question", type=int, default=64, help="with --context: fresh tokens after the chunks")
     ap.add_argument("--head", type=int, default=0, help="with --context: fresh tokens before the chunks")
     ap.add_argument("--poll-metrics", action="store_true", help="poll /metrics at 10 Hz meanwhile, as eval.run does")
+    served.add_url(ap)
     args = ap.parse_args(argv)
     systems, lengths = args.systems.split(","), [int(n) for n in args.tokens.split(",")]
     if unknown := [s for s in systems if s not in SYSTEMS]:
@@ -149,14 +150,15 @@ def main(argv=None) -> None:
         def words(n: int) -> str:
             return tokenizer.decode([rng.randrange(low, high) for _ in range(n)])
 
-        context_cost(model, systems, contexts, args.question, args.head, args.repeats, words, args.poll_metrics)
+        context_cost(model, systems, contexts, args.question, args.head, args.repeats, words, args.poll_metrics,
+                     args.url)
         return
     print(f"model {Path(model).name}, float32, one request at a time, 1 new token, {args.repeats} per length"
           + (", /metrics polled at 10 Hz meanwhile" if args.poll_metrics else ""))
     print("| system | " + " | ".join(f"{n} tok" for n in lengths) + " | fixed a (s) | per token b (ms) |")
     print("|---|" + "---|" * (len(lengths) + 2))
     for system in systems:
-        with ServerProcess(model, "--dtype", "float32", *SYSTEMS[system], startup_timeout=600) as server:
+        with served.server(args.url, model, "--dtype", "float32", *SYSTEMS[system], startup_timeout=600) as server:
             forward(server, [rng.randrange(low, high) for _ in range(lengths[0])])  # warm-up
             xs, ys, cells = [], [], []
             with polled(server, args.poll_metrics):

@@ -26,10 +26,9 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval import provenance
+from eval import provenance, served
 from eval.workloads import INSTRUCTION, with_reuse
 from sglang_mepic.lang import chunk
-from sglang_mepic.process.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,12 +78,13 @@ def main() -> None:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--out", default=str(ROOT / "eval" / "results" / "known"))
+    served.add_url(parser)
     args = parser.parse_args()
-    if not Path(args.model, "config.json").exists():
+    if not args.url and not Path(args.model, "config.json").exists():
         raise SystemExit(f"no model at {args.model}: build it with python -m sglang_mepic.models tiny-4l")
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     started = time.time()
-    with ServerProcess(args.model, "--dtype", "float32", "--mepic-auto-chunk", "known") as server:
+    with served.server(args.url, args.model, "--dtype", "float32", "--mepic-auto-chunk", "known") as server:
         rows = [run_seed(server, int(s), args) for s in args.seeds.split(",")]
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"\n[known_reuse] SQuAD, {args.chunks} chunks, reuse {args.reuse}, {args.requests} requests a seed; "

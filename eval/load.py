@@ -45,13 +45,12 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval import provenance
+from eval import provenance, served
 from eval.run import flush
 from eval.workloads import zipf_weights
 from sglang_mepic.lang import chunk
 from sglang_mepic.launch import models
 from sglang_mepic.launch.cluster import Cluster
-from sglang_mepic.process.server_process import ServerProcess
 
 TIERS = ("device", "host", "storage", "absent")
 
@@ -212,8 +211,9 @@ def markdown(caption: str, runs: list[dict], rows: list) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(label: str, model: str, server_args: list[str], jobs: list[Job], clients: int, time_limit: float) -> dict:
-    with ServerProcess(model, *server_args, startup_timeout=600) as server:
+def run(label: str, model: str, server_args: list[str], jobs: list[Job], clients: int, time_limit: float,
+        url: str | None = None) -> dict:
+    with served.server(url, model, *server_args, startup_timeout=600) as server:
         flush(server.url)
         start = mepic_state(server.url)
         sampler = Sampler(server.url)
@@ -354,7 +354,10 @@ def main(argv=None) -> None:
     p.add_argument("--policies", default="round_robin,cache_aware,power_of_two,manual",
                    help="with --cluster: sglang-router policies to run, each with the shared tier")
     p.add_argument("--out", type=Path, default=None, help="default: eval/results/load (eval/results/cluster)")
+    served.add_url(p)
     args = p.parse_args(argv)
+    if args.url and (args.compare or args.cluster):
+        p.error("--url runs the workload once, on that server: not with --compare or --cluster")
 
     model = str(models.build(args.model)) if args.model in models.BUILDERS else args.model
     jobs = workload(args.requests, args.chunk_pool, args.seed, numbered=not args.cluster)
@@ -363,10 +366,13 @@ def main(argv=None) -> None:
         return main_cluster(args, argv, model, jobs, base)
     args.out = args.out or Path("eval/results/load")
     runs = []
+    if args.url:
+        runs.append(run(f"the server at {args.url}", model, base, jobs, args.clients, args.time_limit, args.url))
     if args.compare:
         runs.append(run("no host tier", model, base, jobs, args.clients, args.time_limit))
-    runs.append(run(f"host tier {args.host_tier_gb:g} GB", model,
-                    base + ["--mepic-host-tier-gb", str(args.host_tier_gb)], jobs, args.clients, args.time_limit))
+    if not args.url:
+        runs.append(run(f"host tier {args.host_tier_gb:g} GB", model,
+                        base + ["--mepic-host-tier-gb", str(args.host_tier_gb)], jobs, args.clients, args.time_limit))
 
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"command": provenance.command("eval.load", argv if argv is not None else sys.argv[1:]),

@@ -30,6 +30,7 @@ from pathlib import Path
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
+from eval import served
 from eval.run import DEFAULT_HOST_TIER_GB, PAPER_POOL_PAGES, SYSTEMS, context_args, run_point, serve, tiered, ttft_parts
 from eval.workloads import render, with_reuse
 from sglang_mepic.launch import models
@@ -49,14 +50,18 @@ def median(values, default=0.0):
     return statistics.median(values) if values else default
 
 
-def report(system: str, outputs: list, seconds: float, log: str) -> str:
+def report(system: str, outputs: list, seconds: float, log: str | None) -> str:
+    """One line: the client's figures, then what the server's log says (None: no log, --url)."""
     parts = [p for p in map(ttft_parts, outputs) if p is not None]
+    client = (f"{system}: {len(outputs)} requests in {seconds:.1f} s; TTFT p50 {median([o[3] for o in outputs]):.3f} s, "
+              f"e2e p50 {median([o[4] for o in outputs]):.2f} s; queue p50 {median([p[1] for p in parts]):.3f} s, "
+              f"forward p50 {median([p[2] for p in parts]):.3f} s")
+    if log is None:
+        return client + "; the server's log not read (--url: a server this command did not start)"
     prefills = [(int(n), int(t)) for n, t in PREFILL.findall(log)]
     steps = [(int(n), float(rate)) for n, rate in DECODE.findall(log)]
     step_ms = [1000 * n / rate for n, rate in steps if rate > 0]
-    return (f"{system}: {len(outputs)} requests in {seconds:.1f} s; TTFT p50 {median([o[3] for o in outputs]):.3f} s, "
-            f"e2e p50 {median([o[4] for o in outputs]):.2f} s; queue p50 {median([p[1] for p in parts]):.3f} s, "
-            f"forward p50 {median([p[2] for p in parts]):.3f} s; prefill batches {len(prefills)}, requests "
+    return (f"{client}; prefill batches {len(prefills)}, requests "
             f"{median([n for n, _ in prefills]):g} and new tokens {median([t for _, t in prefills]):g} per batch "
             f"(median); running batch median {median([n for n, _ in steps]):g}, max "
             f"{max((n for n, _ in steps), default=0)}; decode step {median(step_ms):.1f} ms (median of running / "
@@ -64,13 +69,14 @@ def report(system: str, outputs: list, seconds: float, log: str) -> str:
             f"{len(re.findall('etract', log))}")
 
 
-def measure(system: str, model: str, extra: list, env: dict, texts: list[str], qps: float) -> tuple:
-    """One system on a fresh server: (outputs, seconds, the log lines of the run)."""
+def measure(system: str, model: str, extra: list, env: dict, texts: list[str], qps: float,
+            url: str | None = None) -> tuple:
+    """One system on a fresh server (or the one at `url`): (outputs, seconds, the log lines of the run or None)."""
     flags, _ = tiered(system, CHOICES[system], DEFAULT_HOST_TIER_GB)
-    with serve(model, extra, flags, env, MEPIC_PAGE_SIZE) as (server, pool):
+    with serve(model, extra, flags, env, MEPIC_PAGE_SIZE, url) as (server, pool):
         mark = len(server.log())
         outputs, _, _, seconds, _ = run_point(server, MEPIC_PAGE_SIZE, pool, texts, qps, 16, 0, tqdm(disable=True))
-        return outputs, seconds, server.log()[mark:]
+        return outputs, seconds, None if url else server.log()[mark:]
 
 
 def main() -> None:
@@ -83,6 +89,7 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=7)
     ap.add_argument("--model", default=None, help=f"HF model folder (default: {models.EVAL_MODEL}, as eval.run --paper)")
     ap.add_argument("--pool-pages", type=int, default=PAPER_POOL_PAGES)
+    served.add_url(ap)
     args = ap.parse_args()
     systems = args.systems.split(",")
     unknown = [s for s in systems if s not in CHOICES]
@@ -97,9 +104,10 @@ def main() -> None:
     extra, env = context_args(model, counts, MEPIC_PAGE_SIZE, 16)
     extra += ["--max-total-tokens", str(args.pool_pages * MEPIC_PAGE_SIZE)]
     print(f"[overload] {args.dataset}, {len(texts)} requests x {args.chunks} chunks, reuse {args.reuse:g}, "
-          f"QPS {args.qps:g}, model {Path(model).name}, pool {args.pool_pages:,} pages")
+          f"QPS {args.qps:g}, model {Path(model).name}, "
+          + (f"the server at {args.url} (--url)" if args.url else f"pool {args.pool_pages:,} pages"))
     for system in systems:
-        print(report(system, *measure(system, model, extra, env, texts, args.qps)), flush=True)
+        print(report(system, *measure(system, model, extra, env, texts, args.qps, args.url)), flush=True)
 
 
 if __name__ == "__main__":

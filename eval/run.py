@@ -50,7 +50,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval import provenance
+from eval import provenance, served
 from eval.checkpoint import Checkpoint
 from eval.scoring import contains, exact_match, f1, prefix_agreement, top1_agreement
 from eval.workloads import DATASETS, render, reuse_ratio, with_reuse
@@ -295,9 +295,10 @@ def server_process(model: str, extra: list[str], flags: list[str], env: dict) ->
 
 
 @contextmanager
-def serve(model: str, extra: list[str], flags: list[str], env: dict, page_size: int):
-    """One system's server as every eval run starts it, with the pool it allocated in pages."""
-    with server_process(model, extra, flags, env) as server:
+def serve(model: str, extra: list[str], flags: list[str], env: dict, page_size: int, url: str | None = None):
+    """One system's server as every eval run starts it, with the pool it allocated in pages; with `url`, the
+    server running there instead (`--url`: none is started)."""
+    with (served.Running(url) if url else server_process(model, extra, flags, env)) as server:
         yield server, pool_pages(server, page_size)
 
 
@@ -607,6 +608,7 @@ def main(argv=None) -> None:
                     help="keep the points a stopped run with the same settings saved in --out (points.jsonl, and "
                          "points.jsonl.xz if the folder holds a finished run) "
                          "and run only the rest (more --repeats add runs to the kept ones)")
+    served.add_url(ap)
     ap.add_argument("--tables-only", action="store_true",
                     help="write table.md and results.json from the runs kept in --out (as --resume) and run "
                          "nothing: a system may then have fewer runs than --repeats (the header and each row say "
@@ -696,7 +698,7 @@ def main(argv=None) -> None:
                 continue
             bar.set_postfix_str(f"{system}: starting server")
             flags, tier = tiered(system, SYSTEMS[system], args.host_tier_gb)
-            with serve(model, extra, flags, env, page_size) as (server, pool):
+            with serve(model, extra, flags, env, page_size, args.url) as (server, pool):
                 for _, q, c, r, seed in todo:
                     bar.set_postfix_str(f"{system} qps={q:g} chunks={c}" + (f" reuse={r:g}" if r is not None else "")
                                         + f" seed={seed}")
@@ -741,7 +743,9 @@ def main(argv=None) -> None:
               f"fidelity against `{REFERENCE}`. Realised reuse ratio (chunk tokens "
               f"that repeat an earlier chunk, median over the runs): {shape}. "
               f"{capped} of {len(per_run)} runs capped by the pool. {len(runs) * n} requests in "
-              f"{minutes:.0f} min on this machine{invocations}.\n\nCommand: `{command}`\n\n")
+              f"{minutes:.0f} min on this machine{invocations}."
+              + (f" Every system ran on the server at {args.url} (--url), with its own flags." if args.url else "")
+              + f"\n\nCommand: `{command}`\n\n")
     ratio_md = ratio_table(ratio_rows)
     (out / "table.md").write_text(header + md + "\n\n## Ratios\n\n" + ratio_md + "\n")
     (out / "results.json").write_text(json.dumps({
