@@ -4,7 +4,9 @@
     bash eval/gpu/e2e/run.sh --smoke          # one server (mepic), a few requests: about 3 minutes
     bash eval/gpu/e2e/run.sh --part 1         # vanilla, mepic (the workload at both rates, the checks)
     bash eval/gpu/e2e/run.sh --part 2         # full, epic-16 (the same), recompute-all (the checks only)
-    bash eval/gpu/e2e/run.sh --part 3         # mepic and mepic under SGLang's breakable prefill graphs
+    bash eval/gpu/e2e/run.sh --part 3         # mepic (prefill graphs, the default) and mepic-eager
+    bash eval/gpu/e2e/run.sh --part 4         # issue 69 in one call: vanilla and mepic at 4 and 12 req/s,
+                                              # the sync check, graphs vs eager, decode profile, TTFT parts
 
 Here, without CUDA, the same steps on a tiny model (float32, torch_native for vanilla, no graphs):
 
@@ -20,6 +22,14 @@ server is started once with CUDA graphs for decode, and runs, in order:
 4. an abort (a stream dropped after its first token) and a flush: the server keeps serving, and the
    pages in use return to zero;
 5. CUDA-graph passes from /metrics (`sglang:cuda_graph_passes_total`: decode with and without a graph).
+Besides, where asked (part 4 asks all): before the servers, the attention side's per-batch calls on the device
+under torch.cuda's sync debug mode "error" (`sync_check.py`); on a mepic server with prefill graphs, right after
+the cold checks, the same requests' greedy tokens with prefill graphs and without (the backend's eager switch,
+one server, one cache state; judged: identical); per rate, the TTFT of each request in parts (SGLang's
+timestamps) and the decode step time of the decode-only intervals in the server log, beside the per-request
+decode rate; after the workload, one decode step profiled at batches 8/16/32/64 (wall step time from the log,
+GPU forward time from SGLang's device timer, the scheduler's CPU time); the mepic server's per-batch calls
+watched for host syncs (MEPIC_SYNC_DEBUG=warn; judged: none).
 Everything lands in --out: results.json, table.md, the server logs (logs.tar.gz). The two parts' results
 are put together here, after the calls (the checks compare systems across them; the weights' checksum
 says whether both calls wrote the same model):
@@ -45,6 +55,9 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
+from concurrent.futures import ThreadPoolExecutor
+
+import eval.run as eval_run
 from eval.run import USED_TOKENS, Sampler, flush, mepic_stats, pct, run_point
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 from sglang_mepic.process.server_process import ServerError, ServerProcess
@@ -72,23 +85,37 @@ CPU_VANILLA = ["--attention-backend", "torch_native", "--radix-cache-backend", "
 SYSTEMS = {"vanilla": None, "full": ["--mepic-mode", "full"], "epic-16": ["--mepic-mode", "epic-16"],
            "mepic": ["--mepic-mode", "mepic"],
            "recompute-all": ["--mepic-mode", "mepic", "--mepic-recompute-blocks", "all"],
-           # mepic under SGLang's breakable prefill CUDA graphs (the launcher turns them off by default:
-           # untested with the planned positions); part 3 times it beside mepic and checks it against it.
-           "mepic-prefill-graphs": ["--mepic-mode", "mepic", "--cuda-graph-backend-prefill", "breakable"]}
+           # mepic runs under SGLang's breakable prefill CUDA graphs (the launcher no longer turns them off,
+           # issue 69); mepic-eager is mepic without them, on a server of its own (part 3).
+           "mepic-eager": ["--mepic-mode", "mepic", "--cuda-graph-backend-prefill", "disabled"]}
 CHECK_ONLY = {"recompute-all"}  # served for the checks, not the workload
-HOST_TIER_GB = {"epic-16": 4, "mepic": 4, "recompute-all": 4, "mepic-prefill-graphs": 4}  # pinned host memory, as eval.run gives PIC systems
+HOST_TIER_GB = {"epic-16": 4, "mepic": 4, "recompute-all": 4, "mepic-eager": 4}  # pinned host memory, as eval.run gives PIC systems
+PREFILL_GRAPHS = {"mepic", "epic-16", "full", "recompute-all"}  # mepic-backend systems under prefill graphs (CUDA)
 # Timing ratios only hold within one call (one machine): vanilla and mepic share the first. The checks
 # compare across calls, on the same weights (their checksum says so).
-PARTS = {1: ["vanilla", "mepic"], 2: ["full", "epic-16", "recompute-all"], 3: ["mepic", "mepic-prefill-graphs"]}
+PARTS = {1: ["vanilla", "mepic"], 2: ["full", "epic-16", "recompute-all"], 3: ["mepic", "mepic-eager"],
+         4: ["vanilla", "mepic"]}
+# Part 4 (issue 69) is one device call of about 9 minutes (timeout_s 590; the install takes ~26 s of it): 150
+# requests a rate, not 300, leave room for the sync check (~45 s, Triton compiling), the graphs-vs-eager check
+# and the decode profile beside vanilla's and mepic's starts (110-131 s, and ~125 s for mepic now that it
+# captures prefill graphs, 30 s of vanilla's start). An option given on the command line wins.
+PART_DEFAULTS = {4: {"requests": 150, "budget": 540, "sync_check": True}}
 # Checks that compare two systems' first-token distributions: (system, reference, judged). Unjudged
 # pairs are reported: mepic and epic-16 reuse chunk KV computed elsewhere and approximate `full` by
 # design (what their accuracy costs is measured by F1 on real models, not on random weights).
 PAIRS = [("vanilla", "full", True), ("recompute-all", "full", True), ("mepic", "full", False),
-         ("epic-16", "full", False), ("mepic-prefill-graphs", "mepic", False)]
+         ("epic-16", "full", False), ("mepic", "mepic-eager", False)]
 # SGLANG_FORCE_FUSED_OP_BACKEND unless --jit: a value of sglang.kernels.spec.KernelBackend ("torch": each
 # BaseFusedOp's forward_native; SGLang refuses any other word at the first fused op, so no request is served).
 FUSED_OP_BACKEND = "torch"
 GRAPH_PASSES = re.compile(r'^sglang:cuda_graph_passes_total\{[^}]*mode="(\w+)"[^}]*\} ([0-9.e+]+)$', re.M)
+# The timestamps SGLang puts in a finished request's meta_info (with --enable-metrics, which the launcher sets)
+# that the TTFT parts need, kept beside what eval.run keeps.
+TIME_META = ("request_received_ts", "api_server_dispatch_finish_ts", "first_token_latency", "queue_time",
+             "forward_entry_time", "prefill_finished_time")
+eval_run.META = tuple(dict.fromkeys((*eval_run.META, *TIME_META)))
+DECODE_PROFILE = "8,16,32,64"  # batch sizes of the decode step profile
+GREEDY_NEW_TOKENS = 16  # tokens each request of the graphs-vs-eager check decodes, greedily
 
 
 def log(msg: str) -> None:
@@ -249,6 +276,253 @@ def abort_and_flush(server, mepic: bool) -> dict:
             "ok": flushed and pages == 0 and after.status_code == 200}
 
 
+# ---------------------------------------------------------------- where the time goes (issue 69)
+
+PROM_LINE = re.compile(r'^(sglang:\w+)(?:\{([^}]*)\})? ([-+0-9.eEnaif]+)$', re.M)
+PROM_LABEL = re.compile(r'(\w+)="([^"]*)"')
+# The counters the profiles read; a series is told apart by these labels only (model name, ranks: summed).
+COUNTERS = ("sglang:forward_execution_seconds_total", "sglang:cuda_graph_passes_total",
+            "sglang:scheduler_stage_seconds_total", "sglang:scheduler_process_cpu_seconds_total",
+            "sglang:scheduler_idle_seconds_total")
+KEYED_LABELS = ("category", "mode")
+
+
+def counters(text: str) -> dict:
+    """The profiles' counters from a /metrics page: {"name{label=value}": total}. forward_execution_seconds (GPU
+    time of the forward passes, CUDA events: SGLANG_ENABLE_METRICS_DEVICE_TIMER=1) by category, graph passes by
+    mode, the scheduler loop's wall time by stage (its forward-overlap label summed), its process CPU time."""
+    out: dict = {}
+    for name, labels, value in PROM_LINE.findall(text):
+        if name not in COUNTERS:
+            continue
+        keep = ",".join(f"{k}={v}" for k, v in PROM_LABEL.findall(labels or "") if k in KEYED_LABELS)
+        key = f"{name}{{{keep}}}" if keep else name
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def delta(after: dict, before: dict) -> dict:
+    return {k: round(v - before.get(k, 0.0), 6) for k, v in after.items() if abs(v - before.get(k, 0.0)) > 1e-9}
+
+
+def passes(d: dict, phase: str) -> float:
+    """Forward passes of a phase ("decode", "prefill") in a counter delta, with and without a graph."""
+    return sum(d.get(f"sglang:cuda_graph_passes_total{{mode={phase}_{m}}}", 0.0) for m in ("cuda_graph", "none"))
+
+
+def gpu_seconds(d: dict, category: str):
+    """GPU seconds of the forward passes of a category ("decode", "extend"); None without the device timer."""
+    return d.get(f"sglang:forward_execution_seconds_total{{category={category}}}")
+
+
+def stage_seconds(d: dict) -> dict:
+    out: dict = {}
+    for key, v in d.items():
+        m = re.match(r"sglang:scheduler_stage_seconds_total\{category=(\w+)", key)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + v
+    return out
+
+
+def pass_costs(d: dict) -> dict:
+    """Per forward pass of a delta: the GPU forward time of a decode and of a prefill pass, the scheduler's
+    CPU time and its loop's wall time by stage (idle left out), in ms."""
+    dec, pre = passes(d, "decode"), passes(d, "prefill")
+    every = dec + pre
+    gd, gp = gpu_seconds(d, "decode"), gpu_seconds(d, "extend")
+    cpu = d.get("sglang:scheduler_process_cpu_seconds_total")
+    ms = lambda x, n: round(1e3 * x / n, 3) if x is not None and n else None  # noqa: E731
+    return {"decode_passes": dec, "prefill_passes": pre,
+            "prefill_graph_passes": d.get("sglang:cuda_graph_passes_total{mode=prefill_cuda_graph}", 0.0),
+            "gpu_forward_ms_per_decode_pass": ms(gd, dec), "gpu_forward_ms_per_prefill_pass": ms(gp, pre),
+            "scheduler_cpu_ms_per_pass": ms(cpu, every),
+            "scheduler_stage_ms_per_pass": {k: ms(v, every) for k, v in sorted(stage_seconds(d).items())
+                                            if k != "idle" and every}}
+
+
+DECODE_LINE = re.compile(r"Decode batch.*?#running-req: (\d+),.*?gen throughput \(token/s\): ([0-9.]+)")
+PREFILL_LINE = re.compile(r"Prefill batch")
+
+
+def decode_only_steps(log_text: str) -> list[tuple[int, float]]:
+    """(batch, seconds a step) of each decode-only interval of a server log.
+
+    SGLang logs a `Decode batch` line every --decode-log-interval decode steps, with the interval's generated
+    tokens over its seconds. An interval is decode-only when the batch line before it was a `Decode batch` too
+    (no `Prefill batch` logged between: no prefill ran in it) with the same #running-req (no request joined or
+    left, so each step decoded that batch): its step time is batch / throughput. What a request waits while
+    others prefill is left out, which the per-request decode rate (`decode_tok_s_p50`) keeps."""
+    steps, previous = [], None
+    for line in log_text.splitlines():
+        if PREFILL_LINE.search(line):
+            previous = None
+            continue
+        m = DECODE_LINE.search(line)
+        if not m:
+            continue
+        batch, throughput = int(m.group(1)), float(m.group(2))
+        if previous == batch and throughput > 0:
+            steps.append((batch, batch / throughput))
+        previous = batch
+    return steps
+
+
+def step_summary(steps: list[tuple[int, float]]) -> dict:
+    """The decode-only steps of a run, beside the per-request rate: the step time and the batch it ran."""
+    if not steps:
+        return {"decode_step_windows": 0, "decode_step_ms_p50": None, "decode_step_tok_s_p50": None}
+    ms = statistics.median(s for _, s in steps) * 1e3
+    return {"decode_step_windows": len(steps), "decode_step_ms_p50": round(ms, 3),
+            # one request's tokens a second while only decodes run: 1 / step time
+            "decode_step_tok_s_p50": round(1e3 / ms, 1),
+            "decode_step_batch_p50": statistics.median(b for b, _ in steps)}
+
+
+TTFT_PARTS = ("client_to_tokenizer", "tokenizer", "scheduler_intake", "queue", "prefill_forward", "return_path")
+
+
+def ttft_parts(output) -> dict | None:
+    """One streamed request's TTFT in parts that add up to it, from SGLang's timestamps (wall clock, one machine):
+    client_to_tokenizer (HTTP in), tokenizer (tokenizing, mepic's markup, dispatch), scheduler_intake (to the
+    scheduler's wait queue), queue (waiting there: running batches, the rounds' scheduling and planning),
+    prefill_forward (from entering a prefill batch until its result is processed: batch preparation, the forward,
+    sampling), return_path (detokenizer, tokenizer, HTTP out)."""
+    meta, ttft, sent = output[2], output[3], output[5] if len(output) > 5 else None
+    if ttft is None or sent is None or any(k not in meta for k in TIME_META[:2] + TIME_META[3:]):
+        return None
+    recv, dispatched = meta["request_received_ts"], meta["api_server_dispatch_finish_ts"]
+    queue, entered, done = meta["queue_time"], meta["forward_entry_time"], meta["prefill_finished_time"]
+    return {"client_to_tokenizer": recv - sent, "tokenizer": dispatched - recv,
+            "scheduler_intake": entered - queue - dispatched, "queue": queue, "prefill_forward": done - entered,
+            "return_path": ttft - (done - sent)}
+
+
+def ttft_summary(outputs: list) -> dict:
+    parts = [p for p in (ttft_parts(o) for o in outputs) if p is not None]
+    if not parts:
+        return {"requests": 0}
+    return {"requests": len(parts), **{f"{k}_ms_p50": round(1e3 * statistics.median(p[k] for p in parts), 2)
+                                       for k in TTFT_PARTS}}
+
+
+def generate(url: str, text: str, new_tokens: int, top: int = 0) -> dict:
+    """One greedy request (ignore_eos), not streamed; with `top`, the top logprobs of each output token."""
+    body = {"text": text, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
+    if top:
+        body.update(return_logprob=True, top_logprobs_num=top, logprob_start_len=-1)
+    r = requests.post(url + "/generate", timeout=300, json=body)
+    r.raise_for_status()
+    return r.json()
+
+
+def greedy_tokens(out: dict) -> dict:
+    """Output ids, and at each the margin of the top-1 logprob over the top-2 (how near a tie the choice was)."""
+    tops = out["meta_info"].get("output_top_logprobs") or []
+    margins = [round(t[0][0] - t[1][0], 4) if t and len(t) > 1 else None for t in tops]
+    return {"tokens": list(out["output_ids"]), "margins": margins}
+
+
+def compare_greedy(graphs: list[dict], eager: list[dict]) -> dict:
+    """The same prompts' greedy tokens under prefill graphs and eagerly: identical, or where they part and how
+    near a tie the eager choice was there."""
+    parted = []
+    for i, (g, e) in enumerate(zip(graphs, eager)):
+        if g["tokens"] != e["tokens"]:
+            at = next((k for k, (a, b) in enumerate(zip(g["tokens"], e["tokens"])) if a != b),
+                      min(len(g["tokens"]), len(e["tokens"])))
+            margin = e["margins"][at] if at < len(e["margins"]) else None
+            parted.append({"prompt": i, "at_token": at, "eager_top2_margin": margin})
+    return {"prompts": len(graphs), "identical": len(graphs) - len(parted), "parted": parted,
+            "ok": not parted and len(graphs) == len(eager) and bool(graphs)}
+
+
+def greedy_graphs_vs_eager(server, texts: list[str], new_tokens: int, switch: Path, cpu: bool) -> dict:
+    """The same requests, one at a time on a flushed cache, with prefill graphs and then with the backend's
+    eager switch on (MEPIC_PREFILL_GRAPHS_OFF_FILE): one server, one weights load, one sequence of cache states.
+    Judged: identical greedy tokens, prefill graph passes in the first run and none in the second (on CPU, with
+    no graphs, not judged)."""
+    runs, used = {}, {}
+    try:
+        for label in ("graphs", "eager"):
+            if label == "eager":
+                switch.touch()
+            else:
+                switch.unlink(missing_ok=True)
+            flush(server.url)
+            before = graph_passes(server.url)
+            runs[label] = [greedy_tokens(generate(server.url, t, new_tokens, top=2)) for t in texts]
+            after = graph_passes(server.url)
+            used[label] = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+    finally:
+        switch.unlink(missing_ok=True)
+    result = compare_greedy(runs["graphs"], runs["eager"])
+    tokens_ok = result["ok"]
+    graphs_ran = used["graphs"].get("prefill_cuda_graph", 0) > 0
+    eager_ran = used["eager"].get("prefill_cuda_graph", 0) == 0 and used["eager"].get("prefill_none", 0) > 0
+    result.update(passes=used, graphs_ran=graphs_ran, eager_ran=eager_ran, judged=not cpu,
+                  ok=tokens_ok and (cpu or (graphs_ran and eager_ran)), new_tokens=new_tokens)
+    return result
+
+
+def decode_profile(server, texts: list[str], sizes: list[int], new_tokens: int) -> list[dict]:
+    """One decode step at each batch size: that many requests at once (ignore_eos, `new_tokens` each), then
+    the decode-only intervals of that batch in the log (wall time a step), and over the run the GPU forward time
+    a decode pass (SGLang's device timer: kernel time) and the scheduler's CPU and stage time a pass (host)."""
+    rows = []
+    for batch in sizes:
+        if batch > len(texts):
+            break
+        log_from, before = len(server.log()), counters(metrics(server.url))
+        started = time.perf_counter()
+        with ThreadPoolExecutor(batch) as pool:
+            list(pool.map(lambda t: generate(server.url, t, new_tokens), texts[:batch]))
+        seconds = time.perf_counter() - started
+        time.sleep(0.5)  # the last log lines
+        d = delta(counters(metrics(server.url)), before)
+        steps = [s for b, s in decode_only_steps(server.log()[log_from:]) if b == batch]
+        row = {"batch": batch, "seconds": round(seconds, 2), "windows": len(steps),
+               "decode_step_ms_p50": round(statistics.median(steps) * 1e3, 3) if steps else None, **pass_costs(d)}
+        gpu = row["gpu_forward_ms_per_decode_pass"]
+        # The step's wall time not spent in the decode forward on the GPU: sampling, and the GPU waiting on the host.
+        row["step_minus_gpu_forward_ms"] = (round(row["decode_step_ms_p50"] - gpu, 3)
+                                            if gpu is not None and row["decode_step_ms_p50"] is not None else None)
+        rows.append(row)
+        log(f"decode profile @ batch {batch}: {json.dumps(row)}")
+    return rows
+
+
+SYNC_FOUND = re.compile(r"mepic sync debug: (\S+) synchronised \((\d+) so far\): (.*)")
+
+
+def sync_probe_verdict(log_text: str) -> dict:
+    """A served mepic server's per-batch calls under MEPIC_SYNC_DEBUG=warn (sglang_mepic/attention/sync_probe.py):
+    judged when the probe was on, ok when no call synchronised."""
+    on = "mepic sync debug: on" in log_text
+    found = [{"call": m.group(1), "count": int(m.group(2)), "at": m.group(3)[:300]} for m in SYNC_FOUND.finditer(log_text)]
+    watched = [int(x) for x in re.findall(r"mepic sync debug: (\d+) calls watched", log_text)]
+    return {"on": on, "watched_calls": max(watched, default=None), "synchronised": found, "judged": on,
+            "ok": on and not found}
+
+
+def run_sync_check(args, out: Path) -> dict:
+    """eval/gpu/e2e/sync_check.py in a process of its own (it sets torch.cuda's sync debug mode)."""
+    started = time.perf_counter()
+    cmd = [sys.executable, "-m", "eval.gpu.e2e.sync_check", "--out", str(out / "sync_check.json")]
+    if args.cpu:
+        cmd.append("--cpu")
+    env = {**os.environ, **({"TRITON_INTERPRET": "1"} if args.cpu else {})}
+    try:
+        run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.sync_check_timeout)
+        text = run.stdout + run.stderr[-3000:]
+    except subprocess.TimeoutExpired as e:
+        text, run = f"timed out after {e.timeout} s", None
+    log("sync check:\n" + "\n".join(line for line in text.splitlines() if line.startswith("sync check")))
+    path = out / "sync_check.json"
+    verdict = json.loads(path.read_text()) if path.is_file() else {"ok": False, "error": text[-2000:]}
+    verdict.update(judged=not args.cpu, wall_s=round(time.perf_counter() - started, 1))
+    return verdict
+
+
 # ---------------------------------------------------------------- one system
 
 def summary(outputs: list, sampler: Sampler, exact_peak, seconds: float, new_tokens: int) -> dict:
@@ -261,8 +535,9 @@ def summary(outputs: list, sampler: Sampler, exact_peak, seconds: float, new_tok
             "ttft_p50": round(statistics.median(ttft), 4), "ttft_p99": round(pct(ttft, 0.99), 4),
             "e2e_p50": round(statistics.median(e2e), 4), "e2e_p99": round(pct(e2e, 0.99), 4),
             "output_tok_s": round(tokens / seconds, 1), "tpot_p50": round(statistics.median(decode), 5),
-            # A request's own decode rate: at an open-loop rate below saturation output_tok_s is the offered
-            # load for every system, so the decode target reads this.
+            # A request's own decode rate, first token to last (waits while others prefill included): at an
+            # open-loop rate below saturation output_tok_s is the offered load for every system, so the decode
+            # target reads this. The decode-only step time from the log stands beside it (decode_step_*).
             "decode_tok_s_p50": round(1 / statistics.median(decode), 1) if statistics.median(decode) > 0 else None,
             "peak_kv_pages": exact_peak if exact_peak is not None else (max(pages) if pages else None),
             "sampled_peak_kv_pages": max(pages) if pages else None,
@@ -292,11 +567,22 @@ class LogCopier(threading.Thread):
 
 
 def needed_seconds(name: str, args) -> float:
-    """What one system needs of the budget: its start, the workload at each rate, the checks."""
+    """What one system needs of the budget: its start, the workload at each rate, the checks, and where asked
+    the decode profile (about 4 s a batch size, warm) and the graphs-vs-eager check (two passes of
+    one-at-a-time requests, about 0.3 s each, and two flushes)."""
     # Measured on the H200 (2026-11-27): a rate's 300 requests ran for requests/rate + 1-2 s, the checks,
     # abort, flush and stop took about 10 s; the start is --startup-estimate (vanilla 131 s, mepic 78-103 s).
     work = 0.0 if name in CHECK_ONLY else sum(args.requests / r + 5 for r in args.rates)
+    if name not in CHECK_ONLY:
+        work += 4.0 * len(getattr(args, "decode_profile", None) or [])
+    if greedy_prompts(name, args):
+        work += 2 * 0.3 * greedy_prompts(name, args) + 6
     return args.startup_estimate + work + 15
+
+
+def greedy_prompts(name: str, args) -> int:
+    """How many requests the graphs-vs-eager check sends (0: not for this system)."""
+    return (getattr(args, "greedy", 0) or 0) if name in PREFILL_GRAPHS else 0
 
 
 def gpu_flags(args) -> list[str]:
@@ -325,6 +611,14 @@ def serve_system(name: str, args, model: Path, work: dict, out: Path) -> dict:
         # tensor being int64) and the scheduler died. Its Python TreeCore, the same tree, serves; every
         # system gets the same setting. The CPU dry run keeps the Rust one, which works with the venv's torch.
         env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] = "python"
+        # The forward passes' GPU time (CUDA events, read without a sync) for the decode profile and the
+        # TTFT parts: sglang:forward_execution_seconds_total. Every system gets it.
+        env["SGLANG_ENABLE_METRICS_DEVICE_TIMER"] = "1"
+        if mepic and args.sync_debug:
+            env["MEPIC_SYNC_DEBUG"] = args.sync_debug  # the backend's per-batch calls watched (sync_probe.py)
+    switch = out / f"eager-switch-{name}"
+    if greedy_prompts(name, args):
+        env["MEPIC_PREFILL_GRAPHS_OFF_FILE"] = str(switch)
     record: dict = {"system": name, "flags": flags + common, "env": env, "device": args.call_id}
     started = time.perf_counter()
     log(f"{name}: starting ({' '.join(flags + common)})")
@@ -342,23 +636,41 @@ def serve_system(name: str, args, model: Path, work: dict, out: Path) -> dict:
         log(f"{name}: up in {record['startup_s']} s; {record['server']}")
         texts, checks = work["texts"], work["checks"][:args.checks]
         record["checks_cold"] = [first_token_top(server.url, texts[i]) for i in checks]
+        if greedy_prompts(name, args):
+            # The check prompts and the requests before them (whose documents they repeat), one at a time.
+            count = min(len(texts), greedy_prompts(name, args))
+            record["greedy_graphs_vs_eager"] = g = greedy_graphs_vs_eager(
+                server, texts[:count], args.greedy_new_tokens, switch, args.cpu)
+            log(f"{name}: greedy, prefill graphs vs eager: {g['identical']}/{g['prompts']} identical, "
+                f"passes {g['passes']}; ok {g['ok']}" + (f"; parted {g['parted']}" if g["parted"] else ""))
         if name not in CHECK_ONLY:
             record["points"] = []
             for rate in args.rates:
                 batch = texts[:args.requests]
+                log_from, before = len(server.log()), counters(metrics(server.url))
                 with tqdm(total=len(batch), desc=f"{name} @ {rate:g} req/s", unit="req", mininterval=5) as bar:
-                    outputs, sampler, exact, seconds, counters = run_point(
+                    outputs, sampler, exact, seconds, mepic_counters = run_point(
                         server, MEPIC_PAGE_SIZE, args.pool_pages, batch, rate, args.new_tokens, 0, bar,
                         ignore_eos=True)  # every system decodes the same number of tokens
+                time.sleep(0.5)  # the last log lines
                 point = {"rate": rate, **summary(outputs, sampler, exact, seconds, args.new_tokens),
-                         "counters": counters}
+                         **step_summary(decode_only_steps(server.log()[log_from:])),
+                         "ttft_parts": ttft_summary(outputs),
+                         "passes": pass_costs(delta(counters(metrics(server.url)), before)),
+                         "counters": mepic_counters}
                 record["points"].append(point)
                 log(f"{name} @ {rate:g}: {json.dumps({k: v for k, v in point.items() if k != 'counters'})}")
+            if args.decode_profile:
+                record["decode_profile"] = decode_profile(server, texts, args.decode_profile,
+                                                          args.profile_new_tokens)
         record["checks_warm"] = [first_token_top(server.url, texts[i]) for i in checks]
         record["warm_vs_cold"] = judged([compare(w, c) for w, c in zip(record["checks_warm"], record["checks_cold"])],
                                         args.dtype)
         record["abort_flush"] = abort_and_flush(server, mepic)
         record["graph_passes"] = graph_passes(server.url)
+        if env.get("MEPIC_SYNC_DEBUG"):
+            record["sync_probe"] = sync_probe_verdict(server.log())
+            log(f"{name}: host syncs in the backend's per-batch calls (served): {record['sync_probe']}")
         log(f"{name}: warm vs cold {record['warm_vs_cold']}; abort/flush {record['abort_flush']}; "
             f"graph passes {record['graph_passes']}")
     except (ServerError, requests.RequestException, KeyError, ValueError) as e:
@@ -394,14 +706,44 @@ def pairs(systems: dict, dtype: str) -> dict:
     return out
 
 
-TIMED = ("ttft_p50", "decode_tok_s_p50", "output_tok_s")  # ratios that need both systems on one machine
+def other_checks(results: dict) -> dict:
+    """The judged checks that are not distribution pairs: graphs vs eager greedy tokens (per system), no host
+    sync in a served mepic server's per-batch calls (per system), and the device sync check (per call)."""
+    out = {}
+    for name, s in results.get("systems", {}).items():
+        if "greedy_graphs_vs_eager" in s:
+            g = s["greedy_graphs_vs_eager"]
+            out[f"{name}: greedy tokens, prefill graphs vs eager"] = {
+                "ok": g["ok"], "judged": g["judged"],
+                "detail": f"{g['identical']}/{g['prompts']} identical ({g['new_tokens']} tokens each); prefill passes "
+                          f"with graphs {g['passes'].get('graphs')}, eager {g['passes'].get('eager')}"
+                          + (f"; parted {g['parted']}" if g["parted"] else "")}
+        if "sync_probe" in s:
+            v = s["sync_probe"]
+            out[f"{name}: no host sync in the backend's per-batch calls (served)"] = {
+                "ok": v["ok"], "judged": v["judged"],
+                "detail": f"probe on: {v['on']}; calls watched: {v['watched_calls']}; synchronised: "
+                          + ("; ".join(f"{f['call']} at {f['at']}" for f in v["synchronised"]) or "none")}
+    if "sync_check" in results:
+        v = results["sync_check"]
+        out["sync check: per-batch calls on the device, sync debug mode error"] = {
+            "ok": v.get("ok", False), "judged": v.get("judged", True),
+            "detail": (f"{sum(c['ok'] for c in v.get('calls', []))}/{len(v.get('calls', []))} calls without a sync"
+                       + (f"; synchronised: {v['synchronised']}" if v.get("synchronised") else "")
+                       if "calls" in v else v.get("error", "")[-300:])}
+    return out
+
+
+TIMED = ("ttft_p50", "decode_tok_s_p50", "output_tok_s", "decode_step_ms_p50", "decode_step_tok_s_p50")
+# ratios that need both systems on one machine
 
 
 def ratios(systems: dict) -> dict:
     out = {}
     for metric, a, b in (("ttft_p50", "mepic", "vanilla"), ("decode_tok_s_p50", "mepic", "vanilla"),
+                         ("decode_step_ms_p50", "mepic", "vanilla"), ("decode_step_tok_s_p50", "mepic", "vanilla"),
                          ("peak_kv_pages", "mepic", "epic-16"), ("mean_kv_pages", "mepic", "epic-16"),
-                         ("ttft_p50", "mepic-prefill-graphs", "mepic")):
+                         ("ttft_p50", "mepic", "mepic-eager")):
         if metric in TIMED and systems.get(a, {}).get("device") != systems.get(b, {}).get("device"):
             continue
         pa = {p["rate"]: p for p in systems.get(a, {}).get("points", [])}
@@ -410,12 +752,22 @@ def ratios(systems: dict) -> dict:
             x, y = pa[rate].get(metric), pb[rate].get(metric)
             if x is not None and y:
                 out[f"{metric} {a}/{b} @ {rate:g}"] = round(x / y, 3)
+    # The decode profile, batch by batch (one machine only): wall step time and GPU forward time.
+    a, b = systems.get("mepic", {}), systems.get("vanilla", {})
+    if a.get("device") == b.get("device"):
+        pa = {r["batch"]: r for r in a.get("decode_profile", [])}
+        pb = {r["batch"]: r for r in b.get("decode_profile", [])}
+        for batch in sorted(set(pa) & set(pb)):
+            for metric in ("decode_step_ms_p50", "gpu_forward_ms_per_decode_pass", "scheduler_cpu_ms_per_pass"):
+                x, y = pa[batch].get(metric), pb[batch].get(metric)
+                if x is not None and y:
+                    out[f"{metric} mepic/vanilla @ batch {batch}"] = round(x / y, 3)
     return out
 
 
 def table(results: dict) -> str:
     cols = ("rate", "req_s", "ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99", "output_tok_s", "decode_tok_s_p50",
-            "peak_kv_pages", "mean_kv_pages", "computed_tokens_p50")
+            "decode_step_ms_p50", "decode_step_tok_s_p50", "peak_kv_pages", "mean_kv_pages", "computed_tokens_p50")
     lines = [f"# GPU end-to-end run: {results['device'].get('name', '?')}, commit {results.get('commit', '?')}", "",
              "| system | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for name, s in results["systems"].items():
@@ -432,6 +784,39 @@ def table(results: dict) -> str:
             c = s["warm_vs_cold"]
             lines.append(f"| {name}: warm vs cold | {c['prompts']} | {c['min_overlap']} | {c['max_diff']} | "
                          f"{c['top1_agree']} | {c['ok']} |")
+    lines += ["", "decode_tok_s_p50: a request's own rate, first token to last (its waits while others prefill "
+              "included); decode_step_*: the decode-only intervals of the server log (no prefill in them, one "
+              "batch throughout), step time and 1 / step time."]
+    others = results.get("other_checks") or other_checks(results)
+    if others:
+        lines += ["", "| check | ok | detail |", "|---|---|---|"]
+        for name, c in others.items():
+            ok = c["ok"] if c.get("judged", True) else f"{c['ok']} (not judged)"
+            lines.append(f"| {name} | {ok} | {str(c['detail']).replace('|', '/')} |")
+    parts_rows = [(name, p) for name, s in results["systems"].items() for p in s.get("points", [])
+                  if p.get("ttft_parts", {}).get("requests")]
+    if parts_rows:
+        lines += ["", "TTFT in parts, ms (medians of each part; SGLang's timestamps) and the rate's forward passes",
+                  "", "| system | rate | ttft_p50 | " + " | ".join(TTFT_PARTS) + " | GPU ms/prefill pass | "
+                  "prefill passes (graph) | scheduler CPU ms/pass |", "|---|---|---|" + "---|" * (len(TTFT_PARTS) + 3)]
+        for name, pt in parts_rows:
+            tp, ps = pt["ttft_parts"], pt.get("passes", {})
+            lines.append(f"| {name} | {pt['rate']:g} | {round(pt['ttft_p50'] * 1e3, 1)} | "
+                         + " | ".join(str(tp.get(f"{k}_ms_p50")) for k in TTFT_PARTS)
+                         + f" | {ps.get('gpu_forward_ms_per_prefill_pass')} | {ps.get('prefill_passes')} "
+                           f"({ps.get('prefill_graph_passes')}) | {ps.get('scheduler_cpu_ms_per_pass')} |")
+    profile_rows = [(name, r) for name, s in results["systems"].items() for r in s.get("decode_profile", [])]
+    if profile_rows:
+        lines += ["", "Decode step profile (after the workload; the batch's requests at once): wall step time of the "
+                  "decode-only log intervals, GPU forward time a decode pass (SGLang's device timer: kernel time), "
+                  "the rest of the step, the scheduler's CPU time a pass (host)", "",
+                  "| system | batch | step ms | windows | GPU forward ms/pass | step - GPU ms | scheduler CPU ms/pass "
+                  "| scheduler stages ms/pass |", "|---|---|---|---|---|---|---|---|"]
+        for name, r in profile_rows:
+            stages = ", ".join(f"{k} {v}" for k, v in (r.get("scheduler_stage_ms_per_pass") or {}).items() if v)
+            lines.append(f"| {name} | {r['batch']} | {r['decode_step_ms_p50']} | {r['windows']} | "
+                         f"{r['gpu_forward_ms_per_decode_pass']} | {r['step_minus_gpu_forward_ms']} | "
+                         f"{r['scheduler_cpu_ms_per_pass']} | {stages} |")
     lines += ["", "| system | startup s | abort + flush: pages after | ok | CUDA-graph passes |", "|---|---|---|---|---|"]
     for name, s in results["systems"].items():
         af = s.get("abort_flush", {})
@@ -454,6 +839,10 @@ def merge(dirs: list[Path], out: Path) -> dict:
     dtype = (merged.get("model") or {}).get("dtype", "bfloat16")
     merged["checks"] = pairs(merged["systems"], dtype) if merged["same_model"] else {}
     merged["ratios"] = ratios(merged["systems"])
+    sync = [p["sync_check"] for p in parts if "sync_check" in p]
+    if sync:
+        merged["sync_check"] = sync[-1]
+    merged["other_checks"] = other_checks(merged)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(merged, indent=1))
     text = table(merged) + ("" if merged["same_model"] else
@@ -487,6 +876,28 @@ def device_info(cpu: bool) -> dict:
     return info
 
 
+def resolve(args) -> None:
+    """Fill in what the part and the machine decide (PART_DEFAULTS; --smoke; CPU or CUDA); given options stand."""
+    part = PART_DEFAULTS.get(args.part, {}) if not args.smoke else {}
+    args.requests = args.requests or part.get("requests", 300)
+    args.budget = args.budget or part.get("budget", 530)
+    if args.sync_check is None:
+        args.sync_check = part.get("sync_check", False)
+    args.rates = [float(r) for r in args.rates.split(",")] if isinstance(args.rates, str) else args.rates
+    args.dtype = "float32" if args.cpu else "bfloat16"
+    args.startup_estimate = args.startup_estimate or (90.0 if args.cpu else 130.0)
+    args.call_id = f"{platform.node()} {time.strftime('%F %T')}"
+    if args.sync_debug is None:
+        args.sync_debug = "" if args.cpu else "warn"
+    if args.decode_profile is None:
+        args.decode_profile = "2,4" if args.smoke else DECODE_PROFILE
+    if isinstance(args.decode_profile, str):
+        args.decode_profile = [int(b) for b in args.decode_profile.split(",") if b.strip()]
+    if args.smoke:
+        args.requests, args.rates = min(args.requests, 16), args.rates[:1]
+        args.profile_new_tokens = min(args.profile_new_tokens, 16)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--carry", type=Path, default=ROOT / ".gpu_e2e")
@@ -495,15 +906,30 @@ def main(argv=None) -> None:
     ap.add_argument("--part", type=int, choices=sorted(PARTS), help="the systems of one device call")
     ap.add_argument("--systems", help="comma-separated, from " + ", ".join(SYSTEMS))
     ap.add_argument("--rates", default="4,12", help="arrival rates (req/s): one below vanilla's saturation, one near")
-    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--requests", type=int, default=None, help="requests a rate (default 300; part 4: 150)")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--checks", type=int, default=8, help="check prompts (first-token top-20 logprobs)")
     ap.add_argument("--pool-pages", type=int, default=16384, help=f"KV pool of every server, in pages of {MEPIC_PAGE_SIZE}")
     ap.add_argument("--graph-max-bs", type=int, default=128)
     ap.add_argument("--shape", choices=sorted(SHAPES), default=None, help="default: llama3-8b (tiny with --cpu)")
     ap.add_argument("--startup-timeout", type=float, default=420)
-    ap.add_argument("--budget", type=float, default=530,
-                    help="seconds for this call's systems: one whose start and workload would not fit is skipped")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for this call's systems: one whose start and workload would not fit is skipped "
+                         "(default 530; part 4: 540)")
+    ap.add_argument("--decode-profile", default=None,
+                    help=f"batch sizes of the decode step profile after the workload (default {DECODE_PROFILE}; "
+                         "'' for none)")
+    ap.add_argument("--profile-new-tokens", type=int, default=64, help="tokens each request of the profile decodes")
+    ap.add_argument("--greedy", type=int, default=None,
+                    help="requests of the graphs-vs-eager check on a mepic server with prefill graphs (default: the "
+                         "check prompts and the requests before them; 0: none)")
+    ap.add_argument("--greedy-new-tokens", type=int, default=GREEDY_NEW_TOKENS)
+    ap.add_argument("--sync-check", action=argparse.BooleanOptionalAction, default=None,
+                    help="before the servers, the per-batch calls under torch.cuda's sync debug mode (sync_check.py; "
+                         "part 4: on)")
+    ap.add_argument("--sync-check-timeout", type=float, default=120)
+    ap.add_argument("--sync-debug", choices=["", "warn", "error"], default=None,
+                    help="MEPIC_SYNC_DEBUG of the mepic servers (default warn on CUDA: syncs logged and judged)")
     ap.add_argument("--startup-estimate", type=float, default=None,
                     help="seconds a server start is counted as in the budget (default 150 on CUDA, 90 on CPU)")
     ap.add_argument("--cpu", action="store_true", help="the dry run without CUDA: tiny model, float32")
@@ -516,13 +942,10 @@ def main(argv=None) -> None:
         merge(args.merge, args.out)
         return
     began = time.perf_counter()
-    args.rates = [float(r) for r in args.rates.split(",")]
-    args.dtype = "float32" if args.cpu else "bfloat16"
-    args.startup_estimate = args.startup_estimate or (90.0 if args.cpu else 130.0)
-    args.call_id = f"{platform.node()} {time.strftime('%F %T')}"
+    resolve(args)
     shape = args.shape or ("tiny" if args.cpu else "llama3-8b")
     if args.smoke:
-        names, args.requests, args.rates = ["mepic"], min(args.requests, 16), args.rates[:1]
+        names = ["mepic"]
     elif args.systems:
         names = args.systems.split(",")
     else:
@@ -531,12 +954,19 @@ def main(argv=None) -> None:
     if unknown:
         raise SystemExit(f"unknown systems {unknown}: choose from {', '.join(SYSTEMS)}")
     work = json.loads((args.carry / "workload.json").read_text())
+    if args.greedy is None:  # the check prompts and the requests before them, whose documents they repeat
+        args.greedy = (3 if args.smoke else max(work["checks"][:args.checks], default=-1) + 1)
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
     results = {"systems": {}, "calls": []}
     results["device"] = device_info(args.cpu)
     results["commit"] = (args.carry / "COMMIT").read_text().strip() if (args.carry / "COMMIT").is_file() else None
-    log(f"device {results['device']}; systems {names}; rates {args.rates}; {args.requests} requests")
+    log(f"device {results['device']}; systems {names}; rates {args.rates}; {args.requests} requests; "
+        f"decode profile {args.decode_profile}; greedy {args.greedy}; sync check {args.sync_check}; "
+        f"sync debug {args.sync_debug or 'off'}; budget {args.budget:g} s")
+    if args.sync_check:  # before any server: the device is all its own
+        results["sync_check"] = run_sync_check(args, args.out)
+        results_path.write_text(json.dumps(results, indent=1))
     model = model_dir(args.cpu)
     results["model"] = write_model(model, args.carry / "model", shape, args.dtype, "cpu" if args.cpu else "cuda")
     call = {"argv": sys.argv[1:] if argv is None else argv, "systems": names, "started": time.strftime("%F %T")}
@@ -549,11 +979,13 @@ def main(argv=None) -> None:
         results["systems"][name] = serve_system(name, args, model, work, args.out)
         results["checks"] = pairs(results["systems"], args.dtype)
         results["ratios"] = ratios(results["systems"])
+        results["other_checks"] = other_checks(results)
         results_path.write_text(json.dumps(results, indent=1))  # what a timeout leaves is still there
     call["seconds"] = round(time.perf_counter() - began, 1)
     results["calls"].append(call)
     results["checks"] = pairs(results["systems"], args.dtype)
     results["ratios"] = ratios(results["systems"])
+    results["other_checks"] = other_checks(results)
     results_path.write_text(json.dumps(results, indent=1))
     (args.out / "table.md").write_text(table(results))
     with tarfile.open(args.out / "logs.tar.gz", "w:gz") as tar:
@@ -564,6 +996,7 @@ def main(argv=None) -> None:
     failed = [n for n in names if "error" in results["systems"][n]]
     bad = [k for k, c in results["checks"].items() if c.get("judged", True) and not c["ok"]]
     bad += [f"{n}: warm vs cold" for n in names if not results["systems"][n].get("warm_vs_cold", {}).get("ok", True)]
+    bad += [k for k, c in results["other_checks"].items() if c.get("judged", True) and not c["ok"]]
     log(f"done in {call['seconds']} s; failed systems {failed or 'none'}; failed checks {bad or 'none'}")
     sys.exit(1 if failed or bad else 0)
 
