@@ -4,6 +4,8 @@
 #   set -o pipefail; bash eval/gpu/e2e/run.sh --smoke      # mepic alone, 16 requests: 187 s on an H200 (timeout_s 240)
 #   set -o pipefail; bash eval/gpu/e2e/run.sh --part 1     # vanilla, mepic (timeout_s 570)
 #   set -o pipefail; bash eval/gpu/e2e/run.sh --part 2     # full, epic-16, recompute-all (timeout_s 570)
+#   set -o pipefail; bash eval/gpu/e2e/run.sh --part 4     # issue 69: vanilla, mepic, sync check, graphs vs eager,
+#                                                           # decode profile, TTFT parts (timeout_s 590)
 # Other arguments go to drive.py (--rates, --requests, --budget, ...). Everything lands in $OUT: log.txt,
 # results.json, table.md, logs.tar.gz, install.txt.
 # Here, without CUDA, the dry run of the same steps (the .venv has everything; no install):
