@@ -336,9 +336,23 @@ def test_the_real_carry_builds_fits_and_installs_as_on_the_device(tmp_path):
     done = pip_target(site, wheels, *DEVICE_PIP)
     assert done.returncode == 0, done.stderr[-3000:]
     for f in ("sglang/srt/entrypoints/http_server.py", "sgl_kernel/__init__.py", "sglang_mepic/plugin.py",
-              "sglang/srt/mem_cache/rust_tree_core/extension.py"):
+              "sglang/srt/mem_cache/rust_tree_core/extension.py",
+              # part 4 (issue 69): the served sync probe, and SGLang's breakable prefill graph runner and hooks
+              "sglang_mepic/attention/sync_probe.py", "sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py",
+              "sglang/srt/model_executor/runner_backend/breakable_cuda_graph_backend.py"):
         assert (site / f).is_file(), f
     assert not (site / "sglang" / "multimodal_gen").exists() and not (site / "sglang" / "test").exists()
     assert not list((site / "sglang" / "srt" / "rust_extensions").glob("_server*.so"))
     entry = next(site.glob("sglang_mepic-*.dist-info")) / "entry_points.txt"
     assert "mepic = sglang_mepic.plugin:register" in entry.read_text()
+
+
+def test_the_scripts_a_device_call_runs_travel_with_the_tree():
+    """What run.sh and drive.py start on the device comes with the working tree (tracked, so not left out as
+    ignored): the driver, its sync check (part 4, issue 69) and the workload builder."""
+    files = ["eval/gpu/e2e/run.sh", "eval/gpu/e2e/drive.py", "eval/gpu/e2e/sync_check.py", "eval/gpu/e2e/workload.py"]
+    done = subprocess.run(["git", "ls-files", "--error-unmatch", *files], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    from eval.gpu.e2e import drive
+
+    assert "eval.gpu.e2e.sync_check" in Path(drive.__file__).read_text()  # started by module name, from the tree
