@@ -152,6 +152,12 @@ def test_run_sh_cpu_smoke_goes_through_every_step(tmp_path):
     assert len(mepic["checks_cold"]) == 3 and all(len(t) == drive.TOP for t in mepic["checks_cold"])
     assert mepic["warm_vs_cold"]["ok"]  # the invariant: a warm cache does not change a first token's logprobs
     assert mepic["abort_flush"]["ok"] and mepic["abort_flush"]["pages_after_flush"] == 0
+    # Issue 69's steps, on CPU: the greedy pass twice (no graphs here: not judged), the TTFT parts of every
+    # request, the decode profile at the smoke's batches; the sync probe needs CUDA.
+    greedy = mepic["greedy_graphs_vs_eager"]
+    assert greedy["identical"] == greedy["prompts"] == 3 and not greedy["judged"]
+    assert mepic["points"][0]["ttft_parts"]["requests"] == 16 and "decode_step_windows" in mepic["points"][0]
+    assert [r["batch"] for r in mepic["decode_profile"]] == [2, 4] and "sync_probe" not in mepic
     assert (out / "table.md").is_file() and (out / "logs.tar.gz").is_file() and (out / "log.txt").is_file()
     assert not list(out.glob("server-*.log"))  # packed into logs.tar.gz
 

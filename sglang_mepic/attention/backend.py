@@ -21,9 +21,9 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from sglang_mepic import config, modes
+from sglang_mepic.attention import sync_probe
 from sglang_mepic.attention.positions import PositionMap
 from sglang_mepic.attention.reference import RotatedKeys, attend_causal, attend_paged, attend_plain
-from sglang_mepic.attention import sync_probe
 from sglang_mepic.attention.rope import Rope, UnsupportedRope
 from sglang_mepic.pages import context
 

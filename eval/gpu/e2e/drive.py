@@ -464,6 +464,14 @@ def greedy_graphs_vs_eager(server, texts: list[str], new_tokens: int, switch: Pa
     return result
 
 
+def settle(url: str) -> None:
+    """Before a run's counters and log are read: one tiny request, whose forward makes SGLang's device timer
+    report the passes before it that have completed (it polls its CUDA events at the next forward, never
+    waiting), and a moment for the log's last lines. Its own prefill pass is counted as a prefill."""
+    generate(url, "settle", 1)
+    time.sleep(0.5)
+
+
 def decode_profile(server, texts: list[str], sizes: list[int], new_tokens: int) -> list[dict]:
     """One decode step at each batch size: that many requests at once (ignore_eos, `new_tokens` each), then
     the decode-only intervals of that batch in the log (wall time a step), and over the run the GPU forward time
@@ -477,7 +485,7 @@ def decode_profile(server, texts: list[str], sizes: list[int], new_tokens: int) 
         with ThreadPoolExecutor(batch) as pool:
             list(pool.map(lambda t: generate(server.url, t, new_tokens), texts[:batch]))
         seconds = time.perf_counter() - started
-        time.sleep(0.5)  # the last log lines
+        settle(server.url)
         d = delta(counters(metrics(server.url)), before)
         steps = [s for b, s in decode_only_steps(server.log()[log_from:]) if b == batch]
         row = {"batch": batch, "seconds": round(seconds, 2), "windows": len(steps),
@@ -652,7 +660,7 @@ def serve_system(name: str, args, model: Path, work: dict, out: Path) -> dict:
                     outputs, sampler, exact, seconds, mepic_counters = run_point(
                         server, MEPIC_PAGE_SIZE, args.pool_pages, batch, rate, args.new_tokens, 0, bar,
                         ignore_eos=True)  # every system decodes the same number of tokens
-                time.sleep(0.5)  # the last log lines
+                settle(server.url)
                 point = {"rate": rate, **summary(outputs, sampler, exact, seconds, args.new_tokens),
                          **step_summary(decode_only_steps(server.log()[log_from:])),
                          "ttft_parts": ttft_summary(outputs),
@@ -706,6 +714,10 @@ def pairs(systems: dict, dtype: str) -> dict:
     return out
 
 
+def prefill_only(passes: dict | None) -> dict:
+    return {k: v for k, v in (passes or {}).items() if k.startswith("prefill")}
+
+
 def other_checks(results: dict) -> dict:
     """The judged checks that are not distribution pairs: graphs vs eager greedy tokens (per system), no host
     sync in a served mepic server's per-batch calls (per system), and the device sync check (per call)."""
@@ -716,7 +728,8 @@ def other_checks(results: dict) -> dict:
             out[f"{name}: greedy tokens, prefill graphs vs eager"] = {
                 "ok": g["ok"], "judged": g["judged"],
                 "detail": f"{g['identical']}/{g['prompts']} identical ({g['new_tokens']} tokens each); prefill passes "
-                          f"with graphs {g['passes'].get('graphs')}, eager {g['passes'].get('eager')}"
+                          f"with graphs {prefill_only(g['passes'].get('graphs'))}, eager "
+                          f"{prefill_only(g['passes'].get('eager'))}"
                           + (f"; parted {g['parted']}" if g["parted"] else "")}
         if "sync_probe" in s:
             v = s["sync_probe"]
