@@ -12,10 +12,10 @@ refused at launch, and `test_refused_scheduling_flags` checks the refusal instea
 | server | flags | what it exercises |
 |---|---|---|
 | mixed | --enable-mixed-chunk, lpm | decode tokens riding in prefill batches (issue 68); a cache-aware policy |
-| split | --enable-mixed-chunk, --chunked-prefill-size 24, lof, 2 continuous decode steps | chunks split across prefill passes, mixed |
+| split | --enable-mixed-chunk, --chunked-prefill-size 32, lof, 2 continuous decode steps | chunks split across prefill passes, mixed |
 | one-at-a-time | --page-size 32, --max-running-requests 1, dfs-weight, --max-prefill-tokens 256 | larger pages, strictly serial running |
 | wide-pages | --page-size 64, random, --disable-overlap-schedule, --schedule-conservativeness 0.3 | larger pages, no overlap, eager admission |
-| preempt | --enable-priority-scheduling, --max-running-requests 2, fcfs, SGLANG_TEST_RETRACT=1 | priority preemption and forced retraction |
+| preempt | --enable-priority-scheduling, --max-running-requests 2, fcfs, SGLANG_TEST_RETRACT=1 | priority preemption (compile rows ranked as their readers) and forced retraction |
 | interval | hrrn, --prefill-decode-interval 2 | decode rounds forced between prefills |
 | shortest | shortest-prefill-first, --max-running-requests 3, --max-queued-requests 64 | a cache-aware sort by prefill length |
 | keyed | routing-key, --stream-interval 4 | the routing-key sort (requests carry keys) |
@@ -35,14 +35,12 @@ from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
 from sglang_mepic.frontend.markup import CHUNK_END_ID as END
 from sglang_mepic.process.server_process import ServerProcess
 
-pytestmark = pytest.mark.server
-
 NEW_TOKENS = 24
 ARRIVAL_GAP_S = 0.12
 
 SERVERS = {
     "mixed": (["--enable-mixed-chunk", "--schedule-policy", "lpm"], {}),
-    "split": (["--enable-mixed-chunk", "--chunked-prefill-size", "24", "--schedule-policy", "lof",
+    "split": (["--enable-mixed-chunk", "--chunked-prefill-size", "32", "--schedule-policy", "lof",
                "--num-continuous-decode-steps", "2"], {}),
     "one-at-a-time": (["--page-size", "32", "--max-running-requests", "1", "--schedule-policy", "dfs-weight",
                        "--max-prefill-tokens", "256"], {}),
@@ -109,6 +107,7 @@ def assert_same(name: str, work, alone, together) -> None:
     assert not differ, f"[{name}] {len(differ)} of {len(work)} answers changed with the schedule: {detail}"
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("name", list(SERVERS))
 def test_outputs_do_not_depend_on_the_schedule(tiny_model, name):
     flags, env = SERVERS[name]
@@ -122,3 +121,41 @@ def test_outputs_do_not_depend_on_the_schedule(tiny_model, name):
         alone, together = alone_then_together(server.url, work, extras)
     assert_same(name, work, alone, together)
 
+
+
+def test_priority_scheduling_gets_a_neutral_default_priority():
+    """Without --default-priority-value SGLang gives a request sent without a priority None, and the
+    first preemption sorts the running batch by it: a TypeError that ended the scheduler."""
+    from sglang_mepic.launch.defaults import with_defaults
+
+    argv, _ = with_defaults(["--model-path", "m", "--enable-priority-scheduling"], cuda=False)
+    assert argv[argv.index("--default-priority-value") + 1] == "0"
+    argv, _ = with_defaults(["--model-path", "m", "--enable-priority-scheduling", "--default-priority-value", "5"],
+                            cuda=False)
+    assert argv.count("--default-priority-value") == 1
+    assert "--default-priority-value" not in with_defaults(["--model-path", "m"], cuda=False)[0]
+
+
+def test_refused_scheduling_flags():
+    """A scheduling flag the server cannot start with is refused in one line before any process starts."""
+    from sglang_mepic.launch.checks import check_combinations
+    from sglang_mepic.launch.defaults import with_defaults
+    from sglang_mepic.launch.sglang_flags import LaunchError
+
+    argv, _ = with_defaults(["--model-path", "m", "--schedule-policy", "priority"], cuda=False)
+    with pytest.raises(LaunchError, match="--schedule-policy priority: .*--enable-priority-scheduling"):
+        check_combinations(argv, cuda=False)
+
+
+def test_compile_rows_rank_as_their_reader(tiny_model):
+    """Priority preemption sorts the running batch, compile rows included, by priority: a row is
+    made with its reader's priority and routing key."""
+    from types import SimpleNamespace
+
+    from sglang_mepic.cache.prefill_round import compile_req
+
+    scheduler = SimpleNamespace(model_config=SimpleNamespace(hf_eos_token_id=[2], vocab_size=4096),
+                                dllm_config=None, init_req_max_new_tokens=lambda req: None)
+    parent = SimpleNamespace(extra_key="ns", cache_salt=None, lora_id=None, priority=100, routing_key="tenant-1")
+    row = compile_req(scheduler, "mepic-compile-x", [5, 6, 7], parent)
+    assert (row.priority, row.routing_key, row.extra_key) == (100, "tenant-1", "ns")

@@ -23,7 +23,9 @@ from sglang_mepic.cache.radix_cache import MepicRadixCache
 
 def compile_req(scheduler, rid, ids, parent):
     """A compile row, as SGLang's scheduler builds a request it received: greedy, generating
-    nothing (its one sampled token is dropped), in the parent's cache namespace."""
+    nothing (its one sampled token is dropped), in the parent's cache namespace, and ranked as
+    the parent (priority preemption sorts the running batch by priority: a row without one
+    ended the scheduler with a TypeError)."""
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -32,7 +34,8 @@ def compile_req(scheduler, rid, ids, parent):
     params.normalize(None)
     req = Req(rid, "", ids, params, eos_token_ids=scheduler.model_config.hf_eos_token_id,
               vocab_size=scheduler.model_config.vocab_size, extra_key=parent.extra_key,
-              cache_salt=parent.cache_salt, lora_id=parent.lora_id, dllm_config=scheduler.dllm_config)
+              cache_salt=parent.cache_salt, lora_id=parent.lora_id, dllm_config=scheduler.dllm_config,
+              priority=parent.priority, routing_key=getattr(parent, "routing_key", None))
     # Req appends lora_id to the extra_key it is given; the parent's already holds it. The row's
     # namespace is the parent's exactly, or its chunk key would be another tenant's.
     req.extra_key = parent.extra_key

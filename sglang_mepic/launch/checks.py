@@ -74,6 +74,10 @@ def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
     _token_count("--context-length", known.context_length, "a context holds at least 1 token")
     _token_count("--chunked-prefill-size", known.chunked_prefill_size,
                  "a prefill chunk holds at least 1 token (or -1 to turn chunked prefill off)", off=-1)
+    if known.schedule_policy == "priority":
+        raise LaunchError("--schedule-policy priority: SGLang 0.5.23 lists it, but its scheduler knows no such "
+                          "policy and stops at start; use --enable-priority-scheduling with --schedule-policy "
+                          "fcfs or lof")
     if known.radix_cache_backend not in (None, "mepic"):
         raise LaunchError(f"--radix-cache-backend {known.radix_cache_backend}: this server offers mepic (chunk "
                           "reuse, the default) and sglang (SGLang's own prefix cache)")

@@ -69,6 +69,10 @@ def with_defaults(argv: list[str], cuda: bool, native_bf16: bool | None = None) 
         # runs under SGLang's default breakable prefill graphs: the backend's captured-metadata hooks write
         # planned positions into the graph's static positions buffer (attention/backend.py).
         argv += ["--cuda-graph-backend-decode", "disabled"]
+    if known.enable_priority_scheduling and known.default_priority_value is None:
+        # SGLang only warns here, then a request sent without a priority ends the scheduler the
+        # first time preemption sorts the running batch (None * int): it gets the neutral 0.
+        argv += ["--default-priority-value", "0"]
     if not cuda:
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         if known.device is None:

@@ -57,6 +57,9 @@ def known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--context-length")
     p.add_argument("--chunked-prefill-size")
     p.add_argument("--tokenizer-worker-num", type=int, default=1)
+    p.add_argument("--schedule-policy")
+    p.add_argument("--enable-priority-scheduling", action="store_true")
+    p.add_argument("--default-priority-value")
     known, _ = p.parse_known_args(argv)
     return known
 
