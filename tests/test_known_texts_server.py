@@ -150,21 +150,29 @@ def test_another_clients_registration_leaves_a_session_turn_served(server):
 
 def test_a_registration_never_turns_a_served_prompt_into_a_400(server, tok):
     """An unmarked prompt holding 8 registered texts fits the context (4,096 tokens) as plain text, not once each
-    text is padded to whole pages: it was refused in the namespace that registered them, served in any other."""
+    text is padded to whole pages (past the 4,089 slots this server takes): it was refused in the namespace that
+    registered them, served in any other."""
     docs = [" ".join(WORDS[1000 + 300 * i:1240 + 300 * i]) for i in range(8)]
     register(server, docs, warm=False, cache_salt="fit")
-    prompt = "Use these.\n" + "\n".join(docs) + "\n"
-    for word in WORDS[3800:]:
-        if len(tok.encode(prompt + word)) > 4_090:
-            break
-        prompt += word + " "
-    assert 4_070 < len(tok.encode(prompt)) <= 4_090
+
+    def filled(count):  # the documents and as many more words as keep `count` within 4,080 tokens
+        prompt = "Use these.\n" + "\n".join(docs) + "\n"
+        for word in WORDS[3800:]:
+            if count(prompt + word) > 4_080:
+                break
+            prompt += word + " "
+        assert 4_060 < count(prompt) <= 4_080
+        return prompt
+
+    prompt = filled(lambda text: len(tok.encode(text)))
     body = {"text": prompt, "sampling_params": {"max_new_tokens": 1}}
     assert post(server, "/generate", {**body, "cache_salt": "other"})["meta_info"]["mepic_chunks"] == []
     out = post(server, "/generate", {**body, "cache_salt": "fit"})
     assert len(out["meta_info"]["mepic_chunks"]) < 8  # the last found texts stay prompt text
     # In chat the rendered prompt, laid out at the found texts, is checked the same way: served plain.
-    chat = post(server, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": prompt[:-200]}],
+    content = filled(lambda text: len(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                                              add_generation_prompt=True)["input_ids"]))
+    chat = post(server, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": content}],
                                                  "max_tokens": 1, "cache_salt": "fit"})
     assert chat["metadata"]["mepic"]["chunks"] == []
 

@@ -156,7 +156,8 @@ def text_bytes(text: str) -> int:
 
 def namespace_bytes(namespace) -> int:
     """What the index charges for a namespace, its name included (a client chooses its length)."""
-    return NAMESPACE_BYTES + sum(sys.getsizeof(part) for part in namespace if isinstance(part, str))
+    parts = namespace if isinstance(namespace, tuple) else (namespace,)
+    return NAMESPACE_BYTES + sum(sys.getsizeof(part) for part in parts if isinstance(part, str))
 
 
 class _Rows:

@@ -7,6 +7,13 @@ request reaches the scheduler. With the mepic attention backend and radix cache
 the request is laid out in slots (chunks on whole pages, pads filled with
 `PAD_FILL_ID`), and its `logprob_start_len` becomes the slot of that token
 (logprobs.py).
+
+A plain text (no markup, no separator) is split at the texts registered in its
+namespace (known_texts.py): the server's choice, not the client's, so it must
+not cost the prompt its place. A prompt that cannot fit the context by its
+characters is refused before it is searched, a session turn is never searched,
+and found texts whose pads would take the request past its limits are left
+prompt text, the last ones first (the plain prompt, if none fits).
 """
 
 from sglang.srt.managers.io_struct import GenerateReqInput
