@@ -299,6 +299,7 @@ def cluster(tiny_model):
 
 @pytest.mark.server
 def test_launch_cluster_serves_through_its_router(cluster):
+    # The `cluster` fixture started `python -m sglang_mepic.launch_cluster` and read its ready line.
     assert "[cluster] starting 1 instance(s), storage none ..." in cluster.lines[0]
     r = requests.post(cluster.router + "/generate", timeout=120, json={
         "text": "Answer.\n<|chunk|>" + "The tower stands in Paris. " * 8 + "<|/chunk|>\nWhere is it?",
