@@ -44,6 +44,7 @@ MODULES = (
     "schedule_policy_compute_prefix_matches",
     "logprob_result_processor_add_input_logprob_return_values",
     "type_based_dispatcher_call",
+    "fan_out_communicator_call",
     "dual_gemm_select_mode",
 )
 

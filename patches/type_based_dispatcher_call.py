@@ -1,19 +1,20 @@
-"""A control request whose handler fails before it changes anything is answered as failed, not fatal.
+"""A control request whose handler raises is answered as failed; the scheduler serves on.
 
 SGLang's scheduler dispatches every request it receives through one `TypeBasedDispatcher`, and an
-exception from a handler reaches the event loop and ends the scheduler: the whole server goes down
-on one bad body. In SGLang 0.5.23, `POST /send_weights_to_remote_instance` naming a group that was
-never set up raises KeyError before it does anything, and killed the server.
+exception from a handler reached its event loop and ended the scheduler: the whole server went down
+on one admin call (`/send_weights_to_remote_instance` naming a group never set up, `/resume_memory_
+occupation` of a tag never released, an error in the mepic cache's own flush or figures), with every
+running request. Here the exception is logged with its traceback and the request answered with the
+reply its route waits for, saying that it failed and why (wire/control.py); the route answers a 400.
 
-Catching every control request's exception would be worse than the crash: a handler that fails
-half way (a weight update that replaced some tensors, a memory resume that dropped a tag) would
-leave a server that serves on in a broken state, and a reply SGLang's tokenizer side cannot take
-would leave that route's queue waiting forever (its fan-out communicator holds a lock per route).
-So only the request types listed in `GUARDED` are caught: handlers that look the client's input
-up before they change any state, and whose output type has `success` and `message`. Their failure
-is logged with its traceback and answered with that output marked failed (the route answers 400).
-Every other request keeps SGLang's own fail-stop behaviour. To add a type, read its handler: it
-must raise, if at all, before its first side effect.
+A handler that fails half way (a weight update that replaced some tensors) leaves what it did done,
+as SGLang's own handlers do when they catch their errors and answer `success: false`: the reply and
+the log say so, and the operator decides (retry, or restart); ending the scheduler decided for them
+and dropped every request in flight. The reply must be the type the route waits for (another type,
+or none, leaves the route's queue waiting for good): each control request's reply type is SGLang's
+by name, `FooReqInput` / `FooReq` -> `FooReqOutput` (tests/test_control_requests.py checks every type
+the scheduler dispatches). Requests no one waits on (`NO_REPLY`) are logged only; the data plane
+(`DATA_PLANE`: generation, embedding, abort) keeps SGLang's own handling.
 """
 
 import logging
@@ -22,18 +23,21 @@ import weakref
 from sglang.srt.managers import io_struct
 from sglang.srt.plugins.hook_registry import HookType
 
+from sglang_mepic.wire import control
+
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.utils.TypeBasedDispatcher.__call__"
 HOOK_TYPE = HookType.AROUND
 
 logger = logging.getLogger(__name__)
-# request type -> its output type. Scheduler.send_weights_to_remote_instance -> TpModelWorker ->
-# WeightExporter.send_weights_to_remote_instance reads self._weights_send_group[group_name] first:
-# a group never initialised raises KeyError with nothing changed.
-GUARDED = {io_struct.SendWeightsToRemoteInstanceReqInput: io_struct.SendWeightsToRemoteInstanceReqOutput}
+# Requests, not control: a failure there is SGLang's to handle (and a bug to fix, not to answer).
+DATA_PLANE = (io_struct.TokenizedGenerateReqInput, io_struct.TokenizedEmbeddingReqInput,
+              io_struct.BatchTokenizedGenerateReqInput, io_struct.BatchTokenizedEmbeddingReqInput, io_struct.AbortReq)
+# Control requests whose sender waits for no reply (their handlers return None).
+NO_REPLY = (io_struct.CloseSessionReqInput, io_struct.FreezeGCReq, io_struct.ShutdownReq,
+            io_struct.PauseGenerationReqInput, io_struct.ContinueGenerationReqInput, io_struct.ConfigureLoggingReq)
 # The scheduler's dispatcher is the one that routes both generate requests and cache flushes.
 SCHEDULER_MARKS = (io_struct.TokenizedGenerateReqInput, io_struct.FlushCacheReqInput)
-
 
 _SCHEDULER = weakref.WeakKeyDictionary()  # dispatcher -> whether it is the scheduler's, decided once
 
@@ -45,12 +49,31 @@ def is_scheduler_dispatcher(dispatcher) -> bool:
     return known
 
 
+def reply_type(request_type: type) -> type | None:
+    """The reply SGLang's tokenizer side waits for after a control request of this type."""
+    name = request_type.__name__
+    name = name[:-len("Input")] + "Output" if name.endswith("ReqInput") else name + "Output"
+    return getattr(io_struct, name, None)
+
+
 def hook(original, dispatcher, request, *args, **kwargs):
-    reply_type = GUARDED.get(type(request))
-    if reply_type is None or not is_scheduler_dispatcher(dispatcher):
+    if isinstance(request, DATA_PLANE) or not is_scheduler_dispatcher(dispatcher):
         return original(dispatcher, request, *args, **kwargs)
     try:
         return original(dispatcher, request, *args, **kwargs)
-    except Exception as e:  # noqa: BLE001 - raised before any state changed (see GUARDED)
-        logger.exception("%s failed; answered as failed, the server serves on", type(request).__name__)
-        return reply_type(success=False, message=f"{type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 - answered, logged with its traceback
+        return answer_failed(request, e)
+
+
+def answer_failed(request, error: Exception):
+    """The reply that tells the request's sender it failed (None where no one waits), the failure logged.
+    Called in the handler's `except` block, so that the log has its traceback."""
+    name = type(request).__name__
+    if isinstance(request, NO_REPLY):
+        logger.exception("%s failed (no reply is awaited); the scheduler serves on", name)
+        return None
+    replied = reply_type(type(request))
+    if replied is None:
+        raise error  # a control request of a kind this module does not know: SGLang's own behaviour
+    logger.exception("%s failed, answered as failed; the scheduler serves on", name)
+    return control.failed_reply(replied, request, f"{type(error).__name__}: {error}")
