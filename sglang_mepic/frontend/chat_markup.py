@@ -104,9 +104,14 @@ def process(original, serving, request, *args, **kwargs):
 def _fits(manager, request, prompt_ids) -> bool:
     if not isinstance(prompt_ids, list):
         return True
+    new = request_limits.new_tokens(manager, {"max_new_tokens": getattr(request, "max_completion_tokens", None)
+                                              or getattr(request, "max_tokens", None)})
+    # Each chunk and the prompt before it take less than a page of pads each: most prompts fit by far.
+    if request_limits.fits_laid_out(manager, len(prompt_ids) + 2 * prompt_ids.count(CHUNK_BEGIN_ID) * page_size(manager),
+                                    new):
+        return True
     slots = request_markup.slots_of(manager, split_ids(prompt_ids, manager.model_config.vocab_size))
-    new = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", None)
-    return request_limits.fits_laid_out(manager, slots, request_limits.new_tokens(manager, {"max_new_tokens": new}))
+    return request_limits.fits_laid_out(manager, slots, new)
 
 
 def _markers(text) -> int:
