@@ -119,7 +119,15 @@ def test_outputs_do_not_depend_on_the_schedule(tiny_model, name):
         extras = [{"routing_key": f"tenant-{i % 3}"} for i in range(len(work))]
     with ServerProcess(tiny_model, "--dtype", "float32", *flags, env=env, startup_timeout=900) as server:
         alone, together = alone_then_together(server.url, work, extras)
+        metrics = requests.get(server.url + "/metrics", timeout=30).text
     assert_same(name, work, alone, together)
+    if "SGLANG_TEST_RETRACT" in env:  # the schedule under test did happen
+        assert retracted(metrics) > 0, "no request was retracted"
+
+
+def retracted(metrics: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("sglang:num_retracted_requests_total"))
 
 
 
