@@ -325,7 +325,9 @@ def test_part_4_is_one_call_vanilla_and_mepic_with_every_check_and_fits_its_budg
     assert (args.requests, args.budget, args.sync_check, args.sync_debug) == (150, 540, True, "warn")
     assert args.decode_profile == [8, 16, 32, 64]
     assert resolved("part", 4, "requests", 300, "sync_check", False).requests == 300
-    assert resolved("part", 1).requests == 300 and not resolved("part", 1).sync_check
+    part1 = resolved("part", 1)
+    assert part1.requests == 300 and not part1.sync_check and part1.decode_profile == []
+    assert resolved("part", 1, "decode_profile", "8,64").decode_profile == [8, 64]
     assert resolved("cpu", True).sync_debug == ""
     smoke = resolved("smoke", True)
     assert smoke.requests == 16 and smoke.rates == [4.0] and smoke.decode_profile == [2, 4]

@@ -50,12 +50,11 @@ import sys
 import tarfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
 from tqdm import tqdm
-
-from concurrent.futures import ThreadPoolExecutor
 
 import eval.run as eval_run
 from eval.run import USED_TOKENS, Sampler, flush, mepic_stats, pct, run_point
@@ -90,7 +89,7 @@ SYSTEMS = {"vanilla": None, "full": ["--mepic-mode", "full"], "epic-16": ["--mep
            "mepic-eager": ["--mepic-mode", "mepic", "--cuda-graph-backend-prefill", "disabled"]}
 CHECK_ONLY = {"recompute-all"}  # served for the checks, not the workload
 HOST_TIER_GB = {"epic-16": 4, "mepic": 4, "recompute-all": 4, "mepic-eager": 4}  # pinned host memory, as eval.run gives PIC systems
-PREFILL_GRAPHS = {"mepic", "epic-16", "full", "recompute-all"}  # mepic-backend systems under prefill graphs (CUDA)
+GREEDY_SYSTEMS = {"mepic"}  # the graphs-vs-eager check: mepic under prefill graphs, switched eager on its server
 # Timing ratios only hold within one call (one machine): vanilla and mepic share the first. The checks
 # compare across calls, on the same weights (their checksum says so).
 PARTS = {1: ["vanilla", "mepic"], 2: ["full", "epic-16", "recompute-all"], 3: ["mepic", "mepic-eager"],
@@ -99,7 +98,7 @@ PARTS = {1: ["vanilla", "mepic"], 2: ["full", "epic-16", "recompute-all"], 3: ["
 # requests a rate, not 300, leave room for the sync check (~45 s, Triton compiling), the graphs-vs-eager check
 # and the decode profile beside vanilla's and mepic's starts (110-131 s, and ~125 s for mepic now that it
 # captures prefill graphs, 30 s of vanilla's start). An option given on the command line wins.
-PART_DEFAULTS = {4: {"requests": 150, "budget": 540, "sync_check": True}}
+PART_DEFAULTS = {4: {"requests": 150, "budget": 540, "sync_check": True, "decode_profile": "8,16,32,64"}}
 # Checks that compare two systems' first-token distributions: (system, reference, judged). Unjudged
 # pairs are reported: mepic and epic-16 reuse chunk KV computed elsewhere and approximate `full` by
 # design (what their accuracy costs is measured by F1 on real models, not on random weights).
@@ -114,7 +113,6 @@ GRAPH_PASSES = re.compile(r'^sglang:cuda_graph_passes_total\{[^}]*mode="(\w+)"[^
 TIME_META = ("request_received_ts", "api_server_dispatch_finish_ts", "first_token_latency", "queue_time",
              "forward_entry_time", "prefill_finished_time")
 eval_run.META = tuple(dict.fromkeys((*eval_run.META, *TIME_META)))
-DECODE_PROFILE = "8,16,32,64"  # batch sizes of the decode step profile
 GREEDY_NEW_TOKENS = 16  # tokens each request of the graphs-vs-eager check decodes, greedily
 
 
@@ -590,7 +588,7 @@ def needed_seconds(name: str, args) -> float:
 
 def greedy_prompts(name: str, args) -> int:
     """How many requests the graphs-vs-eager check sends (0: not for this system)."""
-    return (getattr(args, "greedy", 0) or 0) if name in PREFILL_GRAPHS else 0
+    return (getattr(args, "greedy", 0) or 0) if name in GREEDY_SYSTEMS else 0
 
 
 def gpu_flags(args) -> list[str]:
@@ -903,7 +901,7 @@ def resolve(args) -> None:
     if args.sync_debug is None:
         args.sync_debug = "" if args.cpu else "warn"
     if args.decode_profile is None:
-        args.decode_profile = "2,4" if args.smoke else DECODE_PROFILE
+        args.decode_profile = "2,4" if args.smoke else part.get("decode_profile", "")
     if isinstance(args.decode_profile, str):
         args.decode_profile = [int(b) for b in args.decode_profile.split(",") if b.strip()]
     if args.smoke:
@@ -930,8 +928,8 @@ def main(argv=None) -> None:
                     help="seconds for this call's systems: one whose start and workload would not fit is skipped "
                          "(default 530; part 4: 540)")
     ap.add_argument("--decode-profile", default=None,
-                    help=f"batch sizes of the decode step profile after the workload (default {DECODE_PROFILE}; "
-                         "'' for none)")
+                    help="batch sizes of the decode step profile after the workload, e.g. 8,16,32,64 (part 4's; "
+                         "--smoke: 2,4; otherwise none)")
     ap.add_argument("--profile-new-tokens", type=int, default=64, help="tokens each request of the profile decodes")
     ap.add_argument("--greedy", type=int, default=None,
                     help="requests of the graphs-vs-eager check on a mepic server with prefill graphs (default: the "
