@@ -167,3 +167,51 @@ def test_compile_rows_rank_as_their_reader(tiny_model):
     parent = SimpleNamespace(extra_key="ns", cache_salt=None, lora_id=None, priority=100, routing_key="tenant-1")
     row = compile_req(scheduler, "mepic-compile-x", [5, 6, 7], parent)
     assert (row.priority, row.routing_key, row.extra_key) == (100, "tenant-1", "ns")
+
+
+def test_disaggregation_is_refused_with_mepic_attention():
+    """A PD decode server builds its batches without SGLang's extend (no placement would reach the
+    position map): refused in one line."""
+    from sglang_mepic.launch.checks import check_combinations
+    from sglang_mepic.launch.defaults import with_defaults
+    from sglang_mepic.launch.sglang_flags import LaunchError
+
+    for mode in ("prefill", "decode"):
+        argv, _ = with_defaults(["--model-path", "m", "--disaggregation-mode", mode], cuda=False)
+        with pytest.raises(LaunchError, match=f"--disaggregation-mode {mode}: --attention-backend mepic"):
+            check_combinations(argv, cuda=False)
+    argv, _ = with_defaults(["--model-path", "m", "--disaggregation-mode", "null"], cuda=False)
+    check_combinations(argv, cuda=False)
+
+
+def test_beam_search_is_refused_under_mepic_attention():
+    """Beam search's member rows get no position-map row (review, 2026-11-29: a member row kept the
+    plan of the request that used it before, masking the new prompt's first tokens)."""
+    from types import SimpleNamespace
+
+    from sglang_mepic.frontend.request_limits import LimitError, check
+
+    def manager(backend):
+        return SimpleNamespace(server_args=SimpleNamespace(attention_backend=backend, allow_auto_truncate=True),
+                               model_config=SimpleNamespace(vocab_size=4096), mm_processor=None, context_len=4096)
+
+    beam = SimpleNamespace(sampling_params={"beam_width": 4, "max_new_tokens": 8})
+    with pytest.raises(LimitError, match="beam_width 4: beam search is not supported by --attention-backend mepic"):
+        check(manager("mepic"), beam, [1, 2, 3])
+    check(manager("triton"), beam, [1, 2, 3])  # SGLang's own backends keep it
+    check(manager("mepic"), SimpleNamespace(sampling_params={"beam_width": 1}), [1, 2, 3])
+
+
+def test_decode_positions_take_no_host_branch():
+    """on_decode may be captured into a graph (SGLANG_ENABLE_METADATA_GLUE_GRAPH) and replayed later:
+    a row planned after the capture must still decode at its plan's position. torch.fx records the
+    call as a graph does: Python branches are taken once, at trace time, with no row planned."""
+    import torch
+    import torch.fx
+
+    from sglang_mepic.attention.positions import PositionMap
+
+    pm = PositionMap(torch.zeros(4, 16, dtype=torch.int32))
+    captured = torch.fx.symbolic_trace(lambda rows, seq_lens, positions: pm.on_decode(rows, seq_lens, positions))
+    pm.assign(1, torch.tensor([0, 1, -1, -1, 2, 3, 4]))
+    assert captured(torch.tensor([1]), torch.tensor([8]), torch.tensor([7])).tolist() == [5]

@@ -150,9 +150,9 @@ class PositionMap:
         return torch.where(self.planned[r], planned_pos, positions)
 
     def on_decode(self, rows: torch.Tensor, seq_lens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Positions of a decode step's new tokens (the slot seq_len - 1 of each row)."""
-        if not self._planned_rows:
-            return positions
+        """Positions of a decode step's new tokens (the slot seq_len - 1 of each row). No host branch:
+        SGLang may capture this call into a graph (SGLANG_ENABLE_METADATA_GLUE_GRAPH) and replay it
+        whatever rows are planned then."""
         rows = rows.long()
         planned_pos = self.req_to_pos[rows, seq_lens.long() - 1].to(positions.dtype)
         return torch.where(self.planned[rows], planned_pos, positions)

@@ -204,6 +204,7 @@ def check(manager, obj, input_ids) -> None:
     _check_top_logprobs(obj, manager.model_config.vocab_size)
     _check_logprob_start(obj)
     _check_sampling_numbers(getattr(obj, "sampling_params", None))
+    _check_beam(manager, getattr(obj, "sampling_params", None))
     _check_stop_regex(getattr(obj, "sampling_params", None))
     _check_stop_token_ids(getattr(obj, "sampling_params", None), manager.model_config.vocab_size)
     marked = request_state.marked(obj)
@@ -221,6 +222,16 @@ def check(manager, obj, input_ids) -> None:
 # `"lora_id": ["x"]` on one prompt raised a TypeError there and the server exited (request fuzzer,
 # 2026-11-28). A list is a batch's, split one per prompt before this check.
 KEY_FIELDS = ("lora_id", "extra_key", "cache_salt")
+
+
+def _check_beam(manager, params) -> None:
+    """Beam search runs its beams on request-pool rows it takes itself, with no request behind them,
+    so they never get a position-map row: under the mepic attention backend a beam would rotate
+    keys at the positions of whichever request used its row last."""
+    width = params.get("beam_width") if isinstance(params, dict) else None
+    if _whole(width) and width > 1 and getattr(manager.server_args, "attention_backend", None) == "mepic":
+        raise LimitError(f"beam_width {width}: beam search is not supported by --attention-backend mepic; "
+                         "send beam_width 1, or serve with another --attention-backend")
 
 
 def _check_keys(obj) -> None:

@@ -74,6 +74,11 @@ def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
     _token_count("--context-length", known.context_length, "a context holds at least 1 token")
     _token_count("--chunked-prefill-size", known.chunked_prefill_size,
                  "a prefill chunk holds at least 1 token (or -1 to turn chunked prefill off)", off=-1)
+    if known.disaggregation_mode not in (None, "null") and known.attention_backend == "mepic":
+        raise LaunchError(f"--disaggregation-mode {known.disaggregation_mode}: --attention-backend mepic places a "
+                          "request's positions when it is prefilled in this server; a decode server that takes "
+                          "prefilled requests would decode them with no placement; serve without "
+                          "disaggregation, or with another --attention-backend")
     if known.schedule_policy == "priority":
         raise LaunchError("--schedule-policy priority: SGLang 0.5.23 lists it, but its scheduler knows no such "
                           "policy and stops at start; use --enable-priority-scheduling with --schedule-policy "

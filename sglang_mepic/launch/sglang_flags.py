@@ -60,6 +60,7 @@ def known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--schedule-policy")
     p.add_argument("--enable-priority-scheduling", action="store_true")
     p.add_argument("--default-priority-value")
+    p.add_argument("--disaggregation-mode", default="null")
     known, _ = p.parse_known_args(argv)
     return known
 
