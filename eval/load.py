@@ -5,7 +5,7 @@
     .venv/bin/python -m eval.load --model smollm2 --requests 200
     .venv/bin/python -m eval.load --cluster 2      # through sglang-router: each policy, shared tier on
 
-A fresh server (loopback, free port) serves each run. Three requests in four carry
+A fresh server (loopback, free port) serves each run (`--url URL`: one run, on the server at URL). Three requests in four carry
 2-4 chunks drawn Zipf-like from a pool of chunks whose KV is several times the
 device pool, so chunks are evicted and come back; the rest are plain prompts. Half
 of the requests stream, and a few streamed ones are dropped by their client after
