@@ -141,7 +141,9 @@ class PositionMap:
         """Positions of an extend's new tokens: a planned row's from its map row (pads rotate at 0
         and stay masked), SGLang's for the others. A decode token in a mixed batch is an extend of
         one token at its row's next slot, which the plan already placed. SGLang's own tensor when no
-        row is planned, or (given the batch's rows on the host, `rows_cpu`) none of the batch's."""
+        row is planned, or (given the batch's rows on the host, `rows_cpu`) none of the batch's: a host
+        branch on_decode may not take, but an extend's metadata is always prepared eagerly (SGLang's
+        breakable prefill runner calls the backend's replay hook outside its graph), never captured."""
         if not self.any_planned(rows_cpu):
             return positions
         rows = rows.long()
