@@ -25,7 +25,10 @@ TOOL_TEXT = "pass <|chunk|>x<|/chunk|> to it literally"
 
 
 def _serving(tok):
-    return SimpleNamespace(tokenizer_manager=SimpleNamespace(tokenizer=tok, server_args=SimpleNamespace(page_size=16)))
+    # The limits the fit check reads (chat_markup._fits): a context far above these prompts.
+    return SimpleNamespace(tokenizer_manager=SimpleNamespace(
+        tokenizer=tok, server_args=SimpleNamespace(page_size=16), context_len=8192,
+        model_config=SimpleNamespace(vocab_size=len(tok))))
 
 
 def _render(serving, request):
