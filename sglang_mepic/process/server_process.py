@@ -46,7 +46,7 @@ class ServerError(RuntimeError):
 
 class ServerProcess:
     def __init__(self, model_path: str | os.PathLike, *args: str, port: int | None = None,
-                 startup_timeout: float = 300.0, env: dict[str, str] | None = None):
+                 startup_timeout: float = 900.0, env: dict[str, str] | None = None):
         self.model_path = str(model_path)
         self.args = list(args)
         self.port = port or free_port()
