@@ -45,6 +45,7 @@ MODULES = (
     "logprob_result_processor_add_input_logprob_return_values",
     "type_based_dispatcher_call",
     "fan_out_communicator_call",
+    "tokenizer_control_mixin_execute_profile",
     "dual_gemm_select_mode",
 )
 

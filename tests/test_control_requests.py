@@ -180,3 +180,16 @@ def test_a_control_request_whose_reply_cannot_say_it_failed_is_a_400_and_the_ser
     out = requests.post(tiny_server.url + "/generate", timeout=120,
                         json={"text": "Hello", "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
     assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 2
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("route, body, said", [
+    ("/remove_external_corpus", [], "the body must be a json object"),  # .get on a list: a 500
+    ("/remove_external_corpus", None, "the body must be a json object"),
+    ("/stop_profile", {}, "not in progress"),  # SGLang's RuntimeError for a refused profile request: a 500
+], ids=["list-body", "null-body", "stop-no-profile"])
+def test_an_admin_request_the_server_cannot_take_is_a_400(tiny_server, route, body, said):
+    r = requests.post(tiny_server.url + route, data="null" if body is None else None,
+                      json=body if body is not None else None, timeout=60,
+                      headers={"content-type": "application/json"})
+    assert r.status_code == 400 and said in r.text.lower(), (r.status_code, r.text)

@@ -60,11 +60,12 @@ PROBE_EVERY = 10
 OPEN, CLOSE = "<|chunk|>", "<|/chunk|>"
 DOC = " ".join(f"fact{i} is {i * 7 % 13}." for i in range(12))  # about 3 pages
 
-# Routes not fuzzed: each changes the server by design in a way that breaks the run.
+# Routes not fuzzed, each with why: each changes the server by design in a way that breaks the run (or is no
+# HTTP route). Every other admin route is fuzzed (issue 68): a body its handler cannot take is a 4xx, and a
+# control request whose scheduler handler raises is answered as failed (patches/type_based_dispatcher_call.py)
+# instead of ending the server.
 SKIP = {
     "/start_profile": "profiles every forward until stopped and writes traces (the run slows to a crawl)",
-    "/stop_profile": "the pair of /start_profile (skipped above); with no profile running SGLang answers it with "
-                     "a 500 on purpose (its admin API, not a crash: the server serves on)",
     "/slow_down": "sleeps every forward for a drawn time (10**18 s wedges the scheduler by design)",
     "/pause_generation": "stops the scheduler until /continue_generation: every later request waits",
     "/release_memory_occupation": "frees the weights and KV pool until resumed: every later request fails",
@@ -79,22 +80,12 @@ SKIP = {
     "/init_weights_update_group": "joins a process group at a drawn address: waits for peers that never come",
     "/destroy_weights_update_group": "tears down the weight-update group (the pair of the one above)",
     "/init_weights_send_group_for_remote_instance": "joins a process group at a drawn address",
-    "/send_weights_to_remote_instance": "sends the weights to a drawn address",
+    "/send_weights_to_remote_instance": "sends the weights to a drawn address (its failure on a group never set "
+                                        "up is tested in test_control_requests.py)",
     "/pd_role_switch": "switches the server's prefill/decode disaggregation role",
     "/scale_elastic_ep": "rescales expert parallelism: rebuilds the parallel groups",
     "/v1/realtime": "a WebSocket, not an HTTP route",
 }
-# SGLang's admin API (corpora, LoRA adapters, sessions of weights, expert records, internal state):
-# left out of this client fuzz for now. Several answer a malformed body with a 500 (a list body to
-# /remove_external_corpus) without harming the server; hardening them is its own issue. The one
-# that took the server down (/dump_expert_distribution_record) is fixed and tested in test_routes.py.
-SKIP.update({route: "admin API (see above)" for route in (
-    "/add_external_corpus", "/remove_external_corpus", "/list_external_corpora", "/load_lora_adapter",
-    "/load_lora_adapter_from_tensors", "/unload_lora_adapter", "/update_weight_version", "/get_weights_by_name",
-    "/weights_checker", "/resume_memory_occupation", "/continue_generation", "/set_internal_state",
-    "/set_trace_level", "/freeze_gc", "/start_expert_distribution_record", "/stop_expert_distribution_record",
-    "/dump_expert_distribution_record", "/hicache/storage-backend", "/hicache/storage-backend/clear",
-    "/abort_request")})
 
 # The routes that build a prompt, drawn most often (relative weights; each has a drawer below).
 PROMPTED = {"/generate": 8, "/v1/completions": 5, "/v1/chat/completions": 5, "/api/generate": 3, "/api/chat": 3,
@@ -895,7 +886,7 @@ def fuzzed(request, registered):
     """A server of the fuzzer's own (it calls every route, administration included), always stopped."""
     name, cheap = MODELS[request.param]
     path = models.build(name)
-    server = ServerProcess(path, "--dtype", "float32")
+    server = ServerProcess(path, "--dtype", "float32", startup_timeout=900)  # a start on a loaded 2-core machine
     try:
         server.start()
         yield server, Path(path), cheap

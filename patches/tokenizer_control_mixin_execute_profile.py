@@ -1,0 +1,25 @@
+"""A profile request the scheduler refuses is the client's 400, not a 500.
+
+SGLang's tokenizer side raises RuntimeError when the scheduler answers a profile request with
+`success: false` (`/stop_profile` with no profile running, `/start_profile` while one runs), and
+neither route catches it: Starlette answered a bare 500 for a request the client got wrong. Raised
+as a ValueError with the scheduler's message, it is a 400 (frontend/request_shape.py answers a
+ValueError that escapes a route).
+"""
+
+from sglang.srt.plugins.hook_registry import HookType
+
+WRITTEN_FOR = "0.5.23"
+TARGET = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin._execute_profile"
+HOOK_TYPE = HookType.AROUND
+
+
+class ProfileRefused(ValueError):
+    status_code = 400
+
+
+async def hook(original, manager, request, *args, **kwargs):
+    try:
+        return await original(manager, request, *args, **kwargs)
+    except RuntimeError as e:  # SGLang's own: `raise RuntimeError(result.message)` for a refused request
+        raise ProfileRefused(str(e) or "the profile request was refused") from None

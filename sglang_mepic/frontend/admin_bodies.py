@@ -1,0 +1,74 @@
+"""An admin route that reads its JSON body itself is sent a JSON object, or answered with a 400.
+
+SGLang's `/remove_external_corpus` reads `await request.json()` and calls `.get` on it: a body of
+`null`, `[]` or `0` raised AttributeError, which Starlette answered with a bare 500 (the request
+fuzzer found it once it fuzzed the admin routes, issue 68). Its siblings parse their bodies into a
+request model (`/add_external_corpus`: `**body`, a TypeError it answers with a 400), so only the
+routes in OBJECT_BODIES are checked. A body that is not JSON at all is left to SGLang: its
+JSONDecodeError is a ValueError, which is a 400 (request_shape.py).
+"""
+
+import json
+
+# route -> the fields its body takes, for the message
+OBJECT_BODIES = {"/remove_external_corpus": '{"corpus_id": "..."}'}
+
+
+def install() -> None:
+    """Put the check in front of SGLang's HTTP app (once), before the app starts."""
+    from sglang.srt.entrypoints.http_server import app
+
+    if not any(m.cls is AdminBodyMiddleware for m in app.user_middleware):
+        app.add_middleware(AdminBodyMiddleware)
+
+
+def body_error(path: str, body: bytes) -> str | None:
+    """Why this body cannot be the route's JSON object; None if it is one (or is not JSON: SGLang's to answer)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(data, dict):
+        return None
+    sent = "null" if data is None else type(data).__name__
+    return f"the body must be a JSON object, {OBJECT_BODIES[path]}, not {sent}"
+
+
+class AdminBodyMiddleware:
+    """Pure ASGI: a path lookup per request; the body is read only on the routes it checks."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path") not in OBJECT_BODIES or scope.get("method") != "POST":
+            return await self.app(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: nothing to answer
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        why = body_error(scope["path"], body)
+        if why is None:
+            return await self.app(scope, _replayed(body, receive), send)
+        payload = json.dumps({"success": False, "message": why}).encode()  # the route's own error shape
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": 400, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def _replayed(body: bytes, receive):
+    """The body already read, then the client's own messages (a disconnect among them)."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
