@@ -50,7 +50,7 @@ def prepare_extend(original, batch, *args, **kwargs):
             if position_map is not None:
                 # Output tokens count too: a retracted request re-prefills them after its prompt.
                 slots = len(req.origin_input_ids) + len(req.output_ids)
-                position_map.assign(row, link.positions(slots).to(position_map.req_to_pos.device), link.sources)
+                position_map.assign(row, link.positions(slots), link.sources)  # a host plan: assign copies it
         elif position_map is not None:
             position_map.release(row)
     if tree is not None:
