@@ -252,7 +252,7 @@ def test_a_compile_row_is_greedy_and_generates_nothing():
 
     scheduler = SimpleNamespace(model_config=SimpleNamespace(hf_eos_token_id={2}, vocab_size=1000),
                                 dllm_config=None, tokenizer=None, init_req_max_new_tokens=lambda req: None)
-    parent = SimpleNamespace(extra_key="tenant", cache_salt="salt", lora_id=None)
+    parent = SimpleNamespace(extra_key="tenant", cache_salt="salt", lora_id=None, priority=None, routing_key=None)
     ids = layout(list(C1) + [-1] * 8, [(40, 8)], B, None).ids
     req = compile_req(scheduler, "row", array("q", ids), parent)
     # SGLang samples a batch by argmax only when every request in it has top_k <= 1.
@@ -260,7 +260,7 @@ def test_a_compile_row_is_greedy_and_generates_nothing():
     assert (req.extra_key, req.cache_salt) == ("tenant", "salt")  # the reader's cache namespace
     # With LoRA, SGLang's Req appends the adapter to the extra_key it is given, and the parent's has
     # it already: the row's namespace must still be the parent's, not another tenant's (review of issue 47).
-    lora_parent = SimpleNamespace(extra_key="tenantAL1", cache_salt=None, lora_id="L1")
+    lora_parent = SimpleNamespace(extra_key="tenantAL1", cache_salt=None, lora_id="L1", priority=None, routing_key=None)
     row = compile_req(scheduler, "row", array("q", ids), lora_parent)
     assert (row.extra_key, row.cache_salt, row.lora_id) == ("tenantAL1", None, "L1")
 
