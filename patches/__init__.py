@@ -47,6 +47,7 @@ MODULES = (
     "fan_out_communicator_call",
     "tokenizer_control_mixin_execute_profile",
     "dual_gemm_select_mode",
+    "engine_set_envs_and_config",
 )
 
 

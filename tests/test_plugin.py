@@ -27,3 +27,23 @@ def test_kernels_and_patches_live_inside_the_package():
     spec = importlib.util.find_spec("kernels")
     # Either absent or a real third-party package, never our folder.
     assert spec is None or spec.origin != sglang_mepic.kernels.__file__
+
+
+def test_a_cpu_server_starts_its_children_by_fork_and_a_gpu_server_by_spawn():
+    # SGLang forces spawn; on CPU a spawned child re-imports SGLang, torch and transformers (about 19 s).
+    import multiprocessing as mp
+    from types import SimpleNamespace
+
+    from sglang_mepic.patches import engine_set_envs_and_config as patch
+
+    def sglang_sets_spawn(server_args):
+        mp.set_start_method("spawn", force=True)
+
+    before = mp.get_start_method(allow_none=True)
+    try:
+        patch.hook(sglang_sets_spawn, SimpleNamespace(device="cpu"))
+        assert mp.get_start_method() == "fork"
+        patch.hook(sglang_sets_spawn, SimpleNamespace(device="cuda"))
+        assert mp.get_start_method() == "spawn"
+    finally:
+        mp.set_start_method(before, force=True)
