@@ -508,7 +508,6 @@ def run_cells(model: str, args, todo: list, cells: list[Cell], record) -> None:
             servers[(system, pool)] = server
             return server
 
-        stack.callback(lambda: [s.terminate() for s in servers.values()])  # first: they shut down together
 
         def server_for(system, pool):
             if (system, pool) not in servers:

@@ -42,11 +42,57 @@ def tiny_model() -> str:
     return str(models.build(models.TEST_MODEL))
 
 
+class SharedServers:
+    """Real servers on the tiny model at float32, one per set of flags, shared by every test that asks
+    for the same flags (most of make test's time was servers starting, several with the same flags).
+
+    At most `keep` run at once (about 1.5 GB each); the least recently used stops first. Each `get`
+    flushes the cache and asserts that no page is held: a test starts from an empty cache, whatever
+    ran on the server before it.
+    """
+
+    def __init__(self, model: str, keep: int = 3):
+        self.model, self.keep = model, keep
+        self.live: dict[tuple, ServerProcess] = {}
+
+    def get(self, *flags: str, env: dict[str, str] | None = None) -> ServerProcess:
+        key = (flags, tuple(sorted((env or {}).items())))
+        server = self.live.pop(key, None)
+        if server is None or server.proc.poll() is not None:
+            while len(self.live) >= self.keep:
+                self.live.pop(next(iter(self.live))).stop()
+            server = ServerProcess(self.model, "--dtype", "float32", *flags, env=env).start()
+        self.live[key] = server  # most recently used last
+        assert_clean(server)
+        return server
+
+    def stop_all(self) -> None:
+        for server in self.live.values():
+            server.stop()
+        self.live.clear()
+
+
+def assert_clean(server: ServerProcess) -> None:
+    """Flush the cache; a mepic server must then hold no page (SGLang answers the flush only when idle)."""
+    assert requests.post(server.url + "/flush_cache", timeout=60).status_code == 200
+    state = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]
+    if "mepic" in state:
+        assert state["mepic"]["kv_pages_in_use"] == 0, state["mepic"]
+        assert state["mepic"]["kv_pages_free"] == state["mepic"]["kv_pages_total"], state["mepic"]
+
+
 @pytest.fixture(scope="session")
-def tiny_server(tiny_model):
-    """One real SGLang server on the tiny model at float32, shared by the e2e tests."""
-    with ServerProcess(tiny_model, "--dtype", "float32") as server:
-        yield server
+def servers(tiny_model):
+    """`servers.get(*flags)`: a shared tiny-model server with those flags, flushed and clean."""
+    shared = SharedServers(tiny_model)
+    yield shared
+    shared.stop_all()
+
+
+@pytest.fixture
+def tiny_server(servers):
+    """The default server (tiny model, float32), flushed and clean."""
+    return servers.get()
 
 
 @pytest.fixture(scope="session")
@@ -57,12 +103,11 @@ def smollm2_server():
         yield server
 
 
-@pytest.fixture(scope="session")
-def exact_server(tiny_model):
+@pytest.fixture
+def exact_server(servers):
     """The mepic cache with every chunk block recomputed: chunked requests take the whole
     reuse path (layout, pads, planning) but share nothing, so outputs equal the plain prompt's."""
-    with ServerProcess(tiny_model, "--dtype", "float32", "--mepic-recompute-blocks", "all") as server:
-        yield server
+    return servers.get("--mepic-recompute-blocks", "all")
 
 
 def _generate(server, text, max_new_tokens):

@@ -151,12 +151,10 @@ DOC_B = " ".join(WORDS[200:290])
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 
 
-@pytest.fixture(scope="module")
-def sep_server(tiny_model):
+@pytest.fixture
+def sep_server(servers):
     """Both opt-ins at once: the separator governs the requests that use it, auto-chunking the rest."""
-    with ServerProcess(tiny_model, "--dtype", "float32", "--mepic-separator", SEP,
-                       "--mepic-auto-chunk", "messages") as server:
-        yield server
+    return servers.get("--mepic-separator", SEP, "--mepic-auto-chunk", "messages")
 
 
 def cold(server, ask, prompt):

@@ -98,8 +98,6 @@ def servers(tiny_model):
         yield both
     finally:
         for server in both:
-            server.terminate()
-        for server in both:
             server.stop()
 
 

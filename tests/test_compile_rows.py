@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from sglang_mepic.process.server_process import ServerProcess
 
 pytestmark = pytest.mark.server
 GREEDY = {"max_new_tokens": 6, "temperature": 0}
@@ -50,10 +49,9 @@ def answer(out: dict) -> tuple:
     return out["text"], [round(x[0], 4) for x in out["meta_info"]["output_token_logprobs"]]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model):
-    with ServerProcess(tiny_model, "--dtype", "float32", "--enable-metrics") as s:
-        yield s
+@pytest.fixture
+def server(tiny_server):  # the launcher turns --enable-metrics on
+    return tiny_server
 
 
 def test_one_client_request_is_one_request_to_the_scheduler(server):
@@ -97,15 +95,16 @@ def test_requests_arriving_together_share_one_computation_of_a_new_chunk(server)
 
 @pytest.mark.parametrize("flags", [("--chunked-prefill-size", "64"), ("--mepic-mode", "epic-16"),
                                    ("--mepic-mode", "cacheblend-0.15")], ids=lambda f: " ".join(f))
-def test_cold_equals_warm_where_the_reader_waits_for_its_chunk(tiny_model, flags):
+def test_cold_equals_warm_where_the_reader_waits_for_its_chunk(servers, flags):
     """A compile row longer than the chunked-prefill budget runs over several forwards, and EPIC and
     CacheBlend copy stored KV before their forward: their readers wait for the chunk to be stored
     instead of sharing the compile row's forward. Outputs do not depend on it."""
-    with ServerProcess(tiny_model, "--dtype", "float32", *flags) as s:
-        text = chunked(LONG, DOC, question="How many apples in row7?")
-        cold = generate(s, text)
-        assert cold["meta_info"]["mepic_residency"] == ["absent", "absent"]
-        warm = generate(s, text)
-        assert warm["meta_info"]["mepic_residency"] == ["device", "device"]
-        assert answer(warm) == answer(cold)
-        assert "Traceback" not in s.log()
+    s = servers.get(*flags)
+    mark = len(s.log())  # a shared server: this test's part of its log
+    text = chunked(LONG, DOC, question="How many apples in row7?")
+    cold = generate(s, text)
+    assert cold["meta_info"]["mepic_residency"] == ["absent", "absent"]
+    warm = generate(s, text)
+    assert warm["meta_info"]["mepic_residency"] == ["device", "device"]
+    assert answer(warm) == answer(cold)
+    assert "Traceback" not in s.log()[mark:]

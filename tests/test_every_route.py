@@ -156,14 +156,10 @@ DOC_A = " ".join(f"line{i} says {i * 5 % 11}." for i in range(40))
 DOC_B = " ".join(f"row{i} holds {i * 7 % 13}." for i in range(40))
 
 
-@pytest.fixture(scope="module")
-def sep_server(tiny_model):
+@pytest.fixture
+def sep_server(servers):
     """The separator and chat auto-chunking on: /api/chat takes them as /v1/chat/completions does."""
-    from sglang_mepic.process.server_process import ServerProcess
-
-    with ServerProcess(tiny_model, "--dtype", "float32", "--mepic-separator", SEP,
-                       "--mepic-auto-chunk", "messages") as server:
-        yield server
+    return servers.get("--mepic-separator", SEP, "--mepic-auto-chunk", "messages")
 
 
 def mepic_figure(server, name):

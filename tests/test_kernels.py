@@ -67,6 +67,13 @@ TOL = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}
 SOURCES = ["table", "chip"]
 
 
+def first_fast(values, ids=None):
+    """The first value runs in `make test-fast`; the rest, marked slow (2-12 s each under the interpreter),
+    in make test's second part. A kernel's every combination still runs in `make test`."""
+    return [pytest.param(*(v if isinstance(v, tuple) else (v,)), id=None if ids is None else ids(v),
+                         marks=() if i == 0 else pytest.mark.slow) for i, v in enumerate(values)]
+
+
 def rope_kwargs(rope: Rope, source: str) -> dict:
     if source == "table":
         return {}
@@ -74,9 +81,9 @@ def rope_kwargs(rope: Rope, source: str) -> dict:
     return dict(inv_freq=inv_freq, mscale=mscale)
 
 
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("d, hq, hkv, page_size, neox, rot", CASES)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("source", first_fast(SOURCES))
+@pytest.mark.parametrize("d, hq, hkv, page_size, neox, rot", first_fast(CASES))
+@pytest.mark.parametrize("dtype", first_fast(DTYPES, ids=str))
 def test_decode_kernel(d, hq, hkv, page_size, neox, rot, dtype, source):
     seq_lens = [37, 70, 5]
     ext = [1, 1, 1]
@@ -93,9 +100,9 @@ def test_decode_kernel(d, hq, hkv, page_size, neox, rot, dtype, source):
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("d, hq, hkv, page_size, neox, rot", CASES)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("source", first_fast(SOURCES))
+@pytest.mark.parametrize("d, hq, hkv, page_size, neox, rot", first_fast(CASES))
+@pytest.mark.parametrize("dtype", first_fast(DTYPES, ids=str))
 def test_extend_kernel(d, hq, hkv, page_size, neox, rot, dtype, source):
     seq_lens = [40, 21, 70]
     ext = [40, 5, 17]  # a fresh prompt, a short extend after a prefix, a longer one
@@ -113,7 +120,8 @@ def test_extend_kernel(d, hq, hkv, page_size, neox, rot, dtype, source):
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 
-@pytest.mark.parametrize("splits", [None, [1, 1, 1, 1, 1], [1, 2, 3, 16, 7], [16, 16, 16, 16, 16]],
+@pytest.mark.parametrize("splits", [None, pytest.param([1, 1, 1, 1, 1], marks=pytest.mark.slow),
+                                    pytest.param([1, 2, 3, 16, 7], marks=pytest.mark.slow), [16, 16, 16, 16, 16]],
                          ids=["heuristic", "one", "mixed", "many"])
 def test_decode_split_counts(splits):
     """Split decode merges to the same attention whatever the split count, tails and empty splits included.
@@ -230,8 +238,8 @@ def test_backend_sizes_decode_splits_from_the_kernels_capacity(monkeypatch):
     assert len(asked) == 1
 
 
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("source", first_fast(SOURCES))
+@pytest.mark.parametrize("dtype", first_fast([torch.float32, torch.bfloat16], ids=str))
 def test_extend_prefix_on_both_sides_of_the_queries(dtype, source):
     """Reused slots whose positions lie before, among and after the new tokens' positions.
 
@@ -587,7 +595,7 @@ def bf16_dots(monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["decode", "extend"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", first_fast([torch.float16, torch.bfloat16], ids=str))
 def test_model_dtype_dot_path(kind, dtype, bf16_dots):
     """The tensor-core path: dots in the model's dtype (`dot_fp32=False`), not the ieee fp32 the interpreter
     otherwise takes, for decode and (split) extend."""
@@ -663,6 +671,7 @@ def test_table_rope_at_128k_positions():
     torch.testing.assert_close(out, ref, atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.slow  # 42 s under the interpreter
 def test_extend_split_k_and_loop_bounds():
     """Split-K extend (forced and chosen) and the loop bounds: identity rows end at each block's last query,
     planned rows at their last visible slot; the results equal the unsplit, unbounded kernel's reference."""

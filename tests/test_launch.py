@@ -90,6 +90,42 @@ def run_launcher(*args, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+class ReachedSGLang(Exception):
+    """The launcher got past its own checks, to where it imports and starts SGLang."""
+
+
+@pytest.fixture
+def launch_here(monkeypatch, capsys):
+    """`launch_here(*args)`: the launcher's `main` in this process, stopped where it would import SGLang
+    (a subprocess costs an interpreter and its imports, 5-10 s a case). Gives what a process would have
+    given: the exit status and its output (stdout, stderr). The environment it changes is restored."""
+    import os
+
+    from sglang_mepic.launch import server
+
+    def stop(argv):
+        raise ReachedSGLang(" ".join(argv))
+
+    monkeypatch.setattr(server, "quiet_start", stop)
+
+    def launch(*args):
+        saved = dict(os.environ)
+        capsys.readouterr()
+        try:
+            server.main(list(args))
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["launch_server", *args], code, out.out, out.err)
+
+    return launch
+
+
+@pytest.mark.slow  # the launcher in a subprocess, through SGLang's imports and parser: 20-50 s
 def test_help_shows_sglang_flags():
     out = run_launcher("--help")
     assert out.returncode == 0, out.stderr
@@ -98,25 +134,25 @@ def test_help_shows_sglang_flags():
         assert flag in out.stdout
 
 
-def test_missing_model_folder_is_a_clear_error(tmp_path):
-    out = run_launcher("--model-path", str(tmp_path / "nope"), "--port", "1")
+def test_missing_model_folder_is_a_clear_error(tmp_path, launch_here):
+    out = launch_here("--model-path", str(tmp_path / "nope"), "--port", "1")
     assert out.returncode != 0
     assert "model folder not found" in out.stderr
     assert "Traceback" not in out.stderr
 
 
-def test_folder_without_config_is_a_clear_error(tmp_path):
-    out = run_launcher("--model-path", str(tmp_path))
+def test_folder_without_config_is_a_clear_error(tmp_path, launch_here):
+    out = launch_here("--model-path", str(tmp_path))
     assert out.returncode != 0
     assert "no config.json" in out.stderr
 
 
-def test_port_in_use_is_a_clear_error(tiny_model):
+def test_port_in_use_is_a_clear_error(tiny_model, launch_here):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        out = run_launcher("--model-path", tiny_model, "--port", str(port))
+        out = launch_here("--model-path", tiny_model, "--port", str(port))
     assert out.returncode != 0
     assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
     assert "Traceback" not in out.stderr
@@ -402,19 +438,20 @@ def assert_refused(out, reason):
 
 
 @pytest.mark.parametrize("flags, reason", REFUSED, ids=[" ".join(f) for f, _ in REFUSED])
-def test_unservable_flags_are_one_line_and_status_2(tiny_model, flags, reason):
+def test_unservable_flags_are_one_line_and_status_2(tiny_model, flags, reason, launch_here):
     """Each of these ended in a traceback from a child process (or a ZeroDivisionError, or an OverflowError,
-    or argparse's usage block); now the launcher refuses it before anything loads. `timeout` keeps it fast:
-    the tiny model alone takes longer than that to start here."""
-    assert_refused(run_launcher("--model-path", tiny_model, "--port", "1", *flags, timeout=60), reason)
+    or argparse's usage block); now the launcher refuses it before anything loads: before it reaches SGLang
+    (`launch_here` fails the test with ReachedSGLang if it does). One case runs as a process
+    (test_tp_size_2_is_refused_before_anything_loads)."""
+    assert_refused(launch_here("--model-path", tiny_model, "--port", "1", *flags), reason)
 
 
-def test_no_cuda_device_is_refused(tiny_model):
+def test_no_cuda_device_is_refused(tiny_model, launch_here):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    assert_refused(run_launcher("--model-path", tiny_model, "--device", "cuda", timeout=60),
+    assert_refused(launch_here("--model-path", tiny_model, "--device", "cuda"),
                    "--device cuda: this machine has no CUDA device")
 
 
@@ -436,10 +473,10 @@ def _model_like(tiny_model, tmp_path, **changes):
     ({"architectures": None}, "this model is of no stated architecture"),
     ({"architectures": ["MistralForCausalLM"], "sliding_window": 4096}, "does not support sliding-window attention"),
 ], ids=["no-rope-architecture", "no-architecture", "sliding-window"])
-def test_a_model_the_mepic_backend_cannot_serve_is_refused_before_it_loads(tiny_model, tmp_path, changes, reason):
+def test_a_model_the_mepic_backend_cannot_serve_is_refused_before_it_loads(tiny_model, tmp_path, changes, reason,
+                                                                          launch_here):
     """The mepic attention backend refused these only once the model had loaded, in the scheduler process."""
-    assert_refused(run_launcher("--model-path", _model_like(tiny_model, tmp_path, **changes), "--port", "1",
-                                timeout=60), reason)
+    assert_refused(launch_here("--model-path", _model_like(tiny_model, tmp_path, **changes), "--port", "1"), reason)
 
 
 def test_model_checks_follow_the_attention_backend(tiny_model, tmp_path):
@@ -539,6 +576,7 @@ def test_bad_flag_values_of_ours_are_one_line(capsys):
         assert err.count("\n") == 1 and err.startswith("sglang_mepic.launch_server: error: argument " + flags[0])
 
 
+@pytest.mark.slow  # the launcher in a subprocess, through SGLang's imports and parser: 20-50 s
 def test_a_flag_sglang_refuses_is_one_line_and_status_2(tiny_model):
     """SGLang's own argument checks (here: the chunked prefill size must be a multiple of the page)."""
     from sglang_mepic.process.server_process import free_port
@@ -550,6 +588,7 @@ def test_a_flag_sglang_refuses_is_one_line_and_status_2(tiny_model):
     assert "Load weight" not in out.stderr  # refused before any process started
 
 
+@pytest.mark.slow  # the launcher in a subprocess, through SGLang's imports and parser: 20-50 s
 def test_a_combination_sglang_refuses_when_it_resolves_its_flags_is_one_line(tiny_model):
     """SGLang checks some combinations only in `run_server` (ServerArgs.resolve_once), before any process."""
     from sglang_mepic.process.server_process import free_port
@@ -565,6 +604,7 @@ def test_a_combination_sglang_refuses_when_it_resolves_its_flags_is_one_line(tin
                       "only supported for the 'flashinfer' backend."], out.stderr[-2000:]
 
 
+@pytest.mark.slow  # the launcher in a subprocess, through SGLang's imports and parser: 20-50 s
 def test_a_flag_sglang_does_not_know_is_one_line_not_its_usage(tiny_model):
     """SGLang's parser prints its whole usage block (hundreds of lines) for an unknown flag."""
     from sglang_mepic.process.server_process import free_port
@@ -573,6 +613,7 @@ def test_a_flag_sglang_does_not_know_is_one_line_not_its_usage(tiny_model):
     assert_refused(out, "unrecognized arguments: --no-such-flag")
 
 
+@pytest.mark.slow  # the launcher in a subprocess, through SGLang's imports and parser: 20-50 s
 def test_a_package_whose_hooks_come_from_another_checkout_does_not_serve(tiny_model, tmp_path):
     """PYTHONPATH set to another checkout (a git worktree) while the editable install maps the hooks to
     this one: the plugin refuses, and the launcher stops instead of serving without MEPIC's hooks (a

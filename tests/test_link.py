@@ -82,36 +82,30 @@ def start(tiny_model, *args):
     return ServerProcess(tiny_model, "--dtype", "float32", *args)
 
 
-@pytest.fixture(scope="module")
-def servers(tiny_model):
-    """mode -> running server; started on first use, all stopped at the end of the module."""
-    started = {}
-    flags = {"vanilla": ["--attention-backend", "torch_native"], "full": ["--mepic-mode", "full"],
-             "mepic": [], "all": ["--mepic-recompute-blocks", "all"], "epic-16": ["--mepic-mode", "epic-16"],
-             "naive": ["--mepic-mode", "naive"], "cacheblend-0.15": ["--mepic-mode", "cacheblend-0.15"]}
-
-    def get(mode):
-        if mode not in started:
-            started[mode] = start(tiny_model, *flags[mode]).start()
-        return started[mode]
-
-    yield get
-    for server in started.values():
-        server.stop()
+MODE_FLAGS = {"vanilla": ["--attention-backend", "torch_native", "--radix-cache-backend", "mepic"],
+              "full": ["--mepic-mode", "full"], "mepic": [], "all": ["--mepic-recompute-blocks", "all"],
+              "epic-16": ["--mepic-mode", "epic-16"], "naive": ["--mepic-mode", "naive"],
+              "cacheblend-0.15": ["--mepic-mode", "cacheblend-0.15"]}
 
 
-def test_full_mode_equals_vanilla_sglang_with_markers_stripped(servers):
+@pytest.fixture(scope="session")
+def modes(servers):
+    """mode -> a running server of the session's shared ones (conftest `servers`), flushed and clean."""
+    return lambda mode: servers.get(*MODE_FLAGS[mode])
+
+
+def test_full_mode_equals_vanilla_sglang_with_markers_stripped(modes):
     prompts = [p for *_, p in workload()[:6]]
-    full = [generate(servers("full"), p)["output_ids"] for p in prompts]
-    vanilla = [generate(servers("vanilla"), stripped(p))["output_ids"] for p in prompts]
+    full = [generate(modes("full"), p)["output_ids"] for p in prompts]
+    vanilla = [generate(modes("vanilla"), stripped(p))["output_ids"] for p in prompts]
     assert full == vanilla
 
 
-def test_every_block_recomputed_equals_full(servers):
+def test_every_block_recomputed_equals_full(modes):
     """Exactness of the reuse path: laid out, padded, planned, nothing shared."""
     prompts = [p for *_, p in workload()[:6]]
-    full = [generate(servers("full"), p)["output_ids"] for p in prompts]
-    every = [generate(servers("all"), p) for p in prompts]
+    full = [generate(modes("full"), p)["output_ids"] for p in prompts]
+    every = [generate(modes("all"), p) for p in prompts]
     assert [r["output_ids"] for r in every] == full
     # nothing is shared: whatever is not a prefix-cache hit is computed
     for r in every:
@@ -138,11 +132,11 @@ def peak_pages(server, work):
     return stats, start_free, end_free, outputs
 
 
-def test_mepic_memory_bound_and_half_of_epic(servers, capsys):
+def test_mepic_memory_bound_and_half_of_epic(modes, capsys):
     work = workload()
-    mepic, start_free, end_free, _ = peak_pages(servers("mepic"), work)
+    mepic, start_free, end_free, _ = peak_pages(modes("mepic"), work)
     assert end_free == start_free, "a flush after the load must give every page back"
-    epic, e_start, e_end, _ = peak_pages(servers("epic-16"), work)
+    epic, e_start, e_end, _ = peak_pages(modes("epic-16"), work)
     assert e_end == e_start
 
     canonical = sum(math.ceil(len(c) / B) - 1 for c in CHUNKS)
@@ -160,17 +154,18 @@ def test_mepic_memory_bound_and_half_of_epic(servers, capsys):
     assert mepic["chunk_hits"] > 0 and mepic["chunks_compiled"] >= 8
 
 
-def test_epic_computes_only_what_it_recomputes_and_answers_as_before(servers):
+def test_epic_computes_only_what_it_recomputes_and_answers_as_before(modes):
     """EPIC copies a reused chunk's KV into its own pages before the forward, so the model runs
     only on the prompt and each chunk's first 16 tokens. Its outputs are those recorded before
     that change, when it ran every token and overwrote the copied ones (tests/data)."""
-    server = servers("epic-16")
+    server = modes("epic-16")
     flush(server)
+    mark = len(server.log())  # a shared server: this test's part of its log
     recorded = json.loads((Path(__file__).parent / "data" / "epic16_outputs.json").read_text())["output_ids"]
     work = workload()[:len(recorded)]
     outputs = [generate(server, p) for *_, p in work]
     assert [o["output_ids"] for o in outputs] == recorded
-    log = server.log()
+    log = server.log()[mark:]
     for (order, question, prompt), o in zip(work, outputs):
         m = o["meta_info"]
         computed = len(INSTRUCTION) + len(question) + B * len(order)  # every chunk is longer than a page
@@ -181,9 +176,9 @@ def test_epic_computes_only_what_it_recomputes_and_answers_as_before(servers):
     assert mepic_stats(server)["private_copy_fallbacks"] == 0
 
 
-def test_same_chunk_at_different_positions_concurrently_equals_one_at_a_time(servers):
+def test_same_chunk_at_different_positions_concurrently_equals_one_at_a_time(modes):
     """IBM spans PR#88: concurrent requests reusing one chunk at different positions."""
-    server = servers("mepic")
+    server = modes("mepic")
     shared = CHUNKS[2]
     prompts = [marked([CHUNKS[j] for j in others[:k]] + [shared] + [CHUNKS[j] for j in others[k:]], ids(9, 50 + k))
                for k, others in enumerate([[0, 1, 3], [4, 0], [5, 6, 7], [1], [7, 3, 0]])]
@@ -198,8 +193,8 @@ def test_same_chunk_at_different_positions_concurrently_equals_one_at_a_time(ser
     assert all(r["meta_info"]["mepic_chunk_hits"] >= 1 for r in together)
 
 
-def test_meta_info_reports_reuse_and_recompute(servers):
-    server = servers("mepic")
+def test_meta_info_reports_reuse_and_recompute(modes):
+    server = modes("mepic")
     flush(server)
     order, _, prompt = workload()[0]
     first = generate(server, prompt)["meta_info"]
@@ -222,9 +217,9 @@ def test_meta_info_reports_reuse_and_recompute(servers):
         assert f"sglang_mepic:{name} " in metrics, name
 
 
-def test_metrics_equal_server_info_once_idle(servers):
+def test_metrics_equal_server_info_once_idle(modes):
     """The gauges follow the frees of the last requests, not just the allocations before them."""
-    server = servers("mepic")
+    server = modes("mepic")
     run(server, [p for *_, p in workload()[:6]])
     time.sleep(5)  # idle
     metrics = requests.get(server.url + "/metrics", timeout=30).text
@@ -237,12 +232,12 @@ def test_metrics_equal_server_info_once_idle(servers):
 
 
 @pytest.mark.parametrize("mode", ["naive", "cacheblend-0.15"])
-def test_other_modes_serve_the_workload_with_their_memory_behaviour(servers, mode):
+def test_other_modes_serve_the_workload_with_their_memory_behaviour(modes, mode):
     work = workload()[:8]
-    stats, start_free, end_free, outputs = peak_pages(servers(mode), work)
+    stats, start_free, end_free, outputs = peak_pages(modes(mode), work)
     assert end_free == start_free
     assert all(len(o["output_ids"]) == MAX_NEW for o in outputs)
-    mepic, _, _, mepic_outputs = peak_pages(servers("mepic"), work)
+    mepic, _, _, mepic_outputs = peak_pages(modes("mepic"), work)
     if mode == "naive":  # shares like mepic, recomputes nothing of a reused chunk
         assert stats["kv_pages_in_use_peak"] <= mepic["kv_pages_in_use_peak"]
         recomputed = [sum(o["meta_info"]["mepic_recomputed_tokens"] for o in out) for out in (outputs, mepic_outputs)]
@@ -251,15 +246,15 @@ def test_other_modes_serve_the_workload_with_their_memory_behaviour(servers, mod
         assert stats["kv_pages_in_use_peak"] > 1.5 * mepic["kv_pages_in_use_peak"]
 
 
-def test_cacheblend_charges_each_page_once_at_light_load(servers, capsys):
+def test_cacheblend_charges_each_page_once_at_light_load(modes, capsys):
     """CacheBlend copies the stored KV into the request's own slots when they are allocated and
     lets the stored pages go there. One request at a time, it holds its own laid-out row and
     its stored pages no more: `full`'s pages plus at most the chunks' padding (a page per
     chunk), where it held the stored pages too until its first decode step before (twice
     `full`'s pages)."""
     work = workload()[:4]
-    blend = [peak_pages(servers("cacheblend-0.15"), [w])[0]["kv_pages_in_use_peak"] for w in work]
-    full = [peak_pages(servers("full"), [w])[0]["kv_pages_in_use_peak"] for w in work]
+    blend = [peak_pages(modes("cacheblend-0.15"), [w])[0]["kv_pages_in_use_peak"] for w in work]
+    full = [peak_pages(modes("full"), [w])[0]["kv_pages_in_use_peak"] for w in work]
     rows = []
     for order, question, _ in work:
         pieces = [Piece(Kind.PROMPT, tuple(INSTRUCTION))] + [Piece(Kind.CHUNK, tuple(CHUNKS[j])) for j in order] + \
@@ -269,7 +264,7 @@ def test_cacheblend_charges_each_page_once_at_light_load(servers, capsys):
         print(f"\n[memory] one request at a time, peak KV pages: cacheblend-0.15 {blend}, full {full}, "
               f"cacheblend's laid-out rows {rows}")
     assert all(b <= f + len(order) for b, f, (order, _, _) in zip(blend, full, work)), (blend, full)
-    assert mepic_stats(servers("cacheblend-0.15"))["kv_pages_in_use"] == 0  # idle: nothing left pinned
+    assert mepic_stats(modes("cacheblend-0.15"))["kv_pages_in_use"] == 0  # idle: nothing left pinned
 
 
 def test_cacheblend_selecting_every_token_equals_full_on_four_layers():
@@ -289,10 +284,10 @@ def test_cacheblend_selecting_every_token_equals_full_on_four_layers():
     assert info["chunk_hits"] > 0  # later prompts read stored chunks: the copies ran
 
 
-def test_chunked_prefill_and_mixed_batches_give_the_same_tokens(servers, tiny_model):
+def test_chunked_prefill_and_mixed_batches_give_the_same_tokens(modes, tiny_model):
     """Requests with and without chunks in one batch, split by chunked prefill, against one at a time."""
     prompts = [p for *_, p in workload()[8:14]] + [ids(300, 77), ids(40, 78)]
-    reference = servers("mepic")
+    reference = modes("mepic")
     flush(reference)
     alone = [generate(reference, p)["output_ids"] for p in prompts]
     with start(tiny_model, "--chunked-prefill-size", "128") as chunked:
@@ -302,10 +297,10 @@ def test_chunked_prefill_and_mixed_batches_give_the_same_tokens(servers, tiny_mo
     assert info["chunk_hits"] > 0 and info["shared_pages"] > 0
 
 
-def test_streamed_responses_report_the_same_figures(servers):
+def test_streamed_responses_report_the_same_figures(modes):
     import json
 
-    server = servers("mepic")
+    server = modes("mepic")
     _, _, prompt = workload()[3]
     plain = generate(server, prompt)["meta_info"]
     with requests.post(server.url + "/generate", stream=True, timeout=300, json={
@@ -322,10 +317,10 @@ def test_streamed_responses_report_the_same_figures(servers):
 MEPIC_FIELDS = ("mepic_recomputed_tokens", "mepic_chunk_hits", "mepic_chunk_misses", "mepic_residency")
 
 
-def test_every_copy_of_an_n2_request_and_every_stream_carries_the_mepic_fields(servers):
+def test_every_copy_of_an_n2_request_and_every_stream_carries_the_mepic_fields(modes):
     import json
 
-    server = servers("mepic")
+    server = modes("mepic")
     _, _, prompt = workload()[5]
     sampling = {"max_new_tokens": MAX_NEW, "temperature": 0.8, "n": 2}
     copies = requests.post(server.url + "/generate", timeout=300,
@@ -346,11 +341,11 @@ def test_every_copy_of_an_n2_request_and_every_stream_carries_the_mepic_fields(s
 
 
 @pytest.mark.parametrize("mode", ["vanilla", "full", "epic-16"])
-def test_empty_prompts_are_refused_in_every_mode(servers, mode):
+def test_empty_prompts_are_refused_in_every_mode(modes, mode):
     """SGLang's own torch_native path crashes on an empty extend as well: refused before it."""
     from test_intake import EMPTY, send, still_serving
 
     for path, body, message in EMPTY:
-        r = send(servers(mode), path, body)
+        r = send(modes(mode), path, body)
         assert r.status_code == 400 and message in r.text, (path, body, r.text)
-    still_serving(servers(mode))
+    still_serving(modes(mode))

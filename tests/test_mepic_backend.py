@@ -7,14 +7,14 @@ from sglang_mepic.process.server_process import ServerProcess
 pytestmark = pytest.mark.server
 
 
-def test_mepic_backend_equals_torch_native(tiny_server, tiny_model, run_prompt_set):
+def test_mepic_backend_equals_torch_native(servers, run_prompt_set):
+    tiny_server = servers.get()
     assert "--attention-backend" not in tiny_server.args  # the launcher's default, mepic
     assert "mepic attention: NoPE keys" in tiny_server.log()
     mepic_seq, mepic_conc = run_prompt_set(tiny_server)
     # Same cache as the launcher's default (mepic tree, page size 16), SGLang's own attention.
-    with ServerProcess(tiny_model, "--dtype", "float32", "--attention-backend", "torch_native",
-                       "--radix-cache-backend", "mepic") as native:
-        native_seq, native_conc = run_prompt_set(native)
+    native = servers.get("--attention-backend", "torch_native", "--radix-cache-backend", "mepic")
+    native_seq, native_conc = run_prompt_set(native)
     assert mepic_seq == native_seq
     assert mepic_conc == native_conc
     assert any(cached > 0 for _, cached in mepic_seq)

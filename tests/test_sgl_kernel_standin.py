@@ -34,6 +34,9 @@ from pathlib import Path
 
 import pytest
 
+# Each check runs SGLang in a subprocess (and builds a wheel with pip): about a minute in all on 2 cores.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "eval" / "gpu" / "e2e" / "sgl_kernel_standin"
 F32 = dict(rtol=1e-5, atol=1e-5)

@@ -102,21 +102,24 @@ class ServerProcess:
         return "\n".join(self.log().splitlines()[-lines:])
 
     def terminate(self) -> None:
-        """Ask the server to shut down without waiting (SGLang takes seconds to): stopping several servers,
-        terminate them all, then stop each."""
+        """Ask the server to shut down (SGLang drains its requests, which takes seconds) without waiting."""
         if self.proc is not None and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)  # its own session: the group's id is its pid
             except ProcessLookupError:
                 pass
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, drain: float = 0.0) -> None:
+        """Stop the server and every process it started. By default at once: a SIGTERM makes SGLang drain
+        its requests and wait about 5 s even when it has none (6 s per server that the tests and the
+        evaluations started, minutes in all), and what a stopped test or evaluation server had in flight
+        is not wanted. `drain` seconds of SIGTERM first lets requests finish."""
         if self.proc is None or self._stopped:
             return  # stopped once: its group id may since belong to another process
-        if self.proc.poll() is None:
+        if drain > 0 and self.proc.poll() is None:
             self.terminate()
             try:
-                self.proc.wait(timeout)
+                self.proc.wait(drain)
             except subprocess.TimeoutExpired:
                 pass
         # SGLang's children may outlive the main process; clear the whole group.
