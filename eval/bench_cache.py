@@ -3,7 +3,7 @@
     .venv/bin/python -m eval.bench_cache [--sizes 1000,10000,100000] [--calls 20]
 
 For each size, a cache on SGLang's real paged allocator (page size 16) is filled
-through the scheduler's calls (tests/replay.py) until it holds that many cached
+through the scheduler's calls (tests/support/replay.py) until it holds that many cached
 pages: half plain requests of 8 pages sharing a 2-page prefix, half requests of
 4 stored chunks (4 pages each) plus prompt. SGLang's `RadixCache` is filled with
 the same requests, chunk markup removed. Then each call is timed (mean of
@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from tqdm import tqdm  # noqa: E402
 
-from oracle import recount_freeable  # noqa: E402
-from replay import (B, apply_hooks, compiled, finish, laid_out, make_tree, new_request, planned,  # noqa: E402
-                    replanned, request, serve)
+from support.oracle import recount_freeable  # noqa: E402
+from support.replay import (B, apply_hooks, compiled, finish, laid_out, make_tree, new_request, planned,  # noqa: E402
+                            replanned, request, serve)
 
 CHUNK_PAGES = 4
 

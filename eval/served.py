@@ -3,7 +3,7 @@
 Every command that starts servers takes `--url URL`: it then sends its workload to that server
 and starts none, whatever systems or modes it was asked for (each runs on that one server, with
 the flags it was started with). That is for trying a command, and for the smoke tests, which run
-every command against one shared server (tests/test_commands.py); figures that compare systems
+every command against one shared server (tests/tooling/test_commands.py); figures that compare systems
 need the server each command starts itself.
 """
 

@@ -526,7 +526,7 @@ def launch_config(kind: str, head_dim: int, dtype: torch.dtype, arch: int = 90) 
 # CTAs per SM of the decode kernel where none is compiled (CPU, the interpreter, the static model's
 # fallback): the default variant's (on-chip cos/sin, 64-key tiles on sm_90), head dim 128, bf16, as the
 # venv's Triton 3.7.1 compiles it (sm_90: 168 registers, 4 warps, 3 CTAs/SM; sm_80: 128 registers, 8 warps,
-# 2). tests/test_kernels.py keeps it equal to the compiled kernel's. On a GPU the backend sizes splits from
+# 2). tests/attention/test_kernels.py keeps it equal to the compiled kernel's. On a GPU the backend sizes splits from
 # the kernel compiled there (`decode_ctas_per_sm`): the H200 run's Triton 3.6.0 also fits 3 CTAs/SM of it.
 DECODE_CTAS_PER_SM = {90: 3, 80: 2}
 EXTEND_TILE_90 = (128, 32)  # rows x keys of the sm_90 extend tile (eval/results/gpu/model.md: 128 x 64 sits at

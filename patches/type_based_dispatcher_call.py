@@ -12,7 +12,7 @@ as SGLang's own handlers do when they catch their errors and answer `success: fa
 the log say so, and the operator decides (retry, or restart); ending the scheduler decided for them
 and dropped every request in flight. The reply must be the type the route waits for (another type,
 or none, leaves the route's queue waiting for good): each control request's reply type is SGLang's
-by name, `FooReqInput` / `FooReq` -> `FooReqOutput` (tests/test_control_requests.py checks every type
+by name, `FooReqInput` / `FooReq` -> `FooReqOutput` (tests/hardening/test_control_requests.py checks every type
 the scheduler dispatches). Requests no one waits on (`NO_REPLY`) are logged only; the data plane
 (`DATA_PLANE`: generation, embedding, abort) keeps SGLang's own handling.
 """

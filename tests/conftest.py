@@ -163,3 +163,15 @@ def env(monkeypatch):
         for name, value in values.items():
             monkeypatch.setenv(getattr(config, name.upper() + "_ENV"), value)
     return set_
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Tests under an `e2e` folder start a real server: they are marked `server` here, not one by one."""
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        if path.is_relative_to(tests) and "e2e" in path.relative_to(tests).parts[:-1]:
+            item.add_marker(pytest.mark.server)

@@ -190,7 +190,7 @@ class MepicAttnBackend(AttentionBackend):
     def init_forward_metadata(self, forward_batch):
         """Per-forward state, read by every layer. On the Triton path the preparation is device ops only,
         with host figures from the batch's *_cpu fields (no host sync: SGLang's overlap scheduler runs
-        ahead of the GPU; `tests/test_host_syncs.py`); the torch path reads per-request values on the host."""
+        ahead of the GPU; `tests/attention/test_host_syncs.py`); the torch path reads per-request values on the host."""
         self._reset()
         mode = forward_batch.forward_mode
         if not self.use_triton:

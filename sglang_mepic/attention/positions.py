@@ -42,7 +42,7 @@ class PositionMap:
     mixed prefill batch (`--enable-mixed-chunk`), and nothing a forward does (a CUDA graph's
     capture included) touches a row a live request owns. Sizes come from the tensors' shapes
     and which rows are planned (or hold copies) is mirrored on the host, so no per-batch call
-    syncs with the device (`tests/test_host_syncs.py` runs them on the meta device, where any
+    syncs with the device (`tests/attention/test_host_syncs.py` runs them on the meta device, where any
     read of a value raises); CacheBlend's batches are the one exception (`copies_for_extend`)."""
 
     def __init__(self, req_to_token: torch.Tensor):

@@ -10,7 +10,7 @@ synchronising operation a call makes, in the thread that runs it, is logged once
 and counted; every SUMMARY_EVERY calls a line says how many were watched and how many synchronised.
 "error" raises at the operation instead. Syncs of other threads in the same moments are let through as
 ordinary warnings (the mode is process-wide; the thread tells them apart). The GPU end-to-end run
-(eval/gpu/e2e) serves mepic with "warn" and judges the log; tests/test_host_syncs.py runs the same calls
+(eval/gpu/e2e) serves mepic with "warn" and judges the log; tests/attention/test_host_syncs.py runs the same calls
 on the meta device, where any read of a device value raises.
 """
 

@@ -65,7 +65,7 @@ MAX_SAME_START = 8
 FILTER_SLOTS = 16
 # Texts added since the last sort are sorted in once there are more than this, or than the root of the rows.
 MERGE_AT = 64
-# What the index holds for a text beside its string, in bytes, with room (tests/test_known_texts.py
+# What the index holds for a text beside its string, in bytes, with room (tests/frontend/test_known_texts.py
 # measures it): its place in its namespace's recency order (about 120), its row (41), its share of the
 # bit tables (at most 4 * FILTER_SLOTS) and, until the next merge, its entry among the recent ones.
 ENTRY_BYTES = 512

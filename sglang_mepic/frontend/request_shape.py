@@ -6,7 +6,7 @@ models have `mode="before"` validators that call `.get` on whatever was sent
 `GenerateReqInput.normalize_batch_and_arguments` indexes `sampling_params`
 (`[]`). Those raise AttributeError, TypeError or IndexError, which the HTTP
 server answers with a 500 and a bare "Internal Server Error". The request
-fuzzer (tests/test_request_fuzz.py) found them.
+fuzzer (tests/hardening/e2e/test_request_fuzz.py) found them.
 
 Two checks, both at the edge: OpenAI bodies are validated against SGLang's own
 request model before FastAPI parses them (a validator that crashes means the

@@ -12,14 +12,14 @@ from sglang_mepic import config
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE, LaunchError, known_flags
 
 # backend.SUPPORTED_ARCHITECTURES, named here without importing SGLang before its environment is set
-# (tests/test_launch.py checks that the two agree).
+# (tests/launch/test_launch.py checks that the two agree).
 MEPIC_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # KV cache dtypes the mepic attention kernels read: the model's own, or bf16 (no k/v scales are applied).
 MEPIC_KV_DTYPES = ("auto", "bf16", "bfloat16")
 # Attention backends SGLang offers for a CPU (`--device cpu`), and ours; the others need a GPU or an accelerator.
 CPU_ATTENTION_BACKENDS = ("mepic", "torch_native", "intel_amx", "flex_attention")
 # RAM SGLang's HiCache host pool (which the mepic host tier is) leaves free when it sizes itself:
-# HICACHE_HOST_MEMORY_RESERVE_BYTES of sglang/srt/mem_cache/pool_host/base.py (tests/test_launch.py checks it).
+# HICACHE_HOST_MEMORY_RESERVE_BYTES of sglang/srt/mem_cache/pool_host/base.py (tests/launch/test_launch.py checks it).
 HOST_POOL_RESERVE_BYTES = 10 * 1024**3
 
 

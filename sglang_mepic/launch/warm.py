@@ -23,7 +23,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-# The route's path and its most texts a request (frontend/known_routes.py, which tests/test_warm_command.py
+# The route's path and its most texts a request (frontend/known_routes.py, which tests/tooling/test_documented_requests.py
 # checks): named here, since importing the server's route module pulls in SGLang (half a minute, and its
 # CUDA-only warnings on a CPU) into a client that only posts JSON.
 ROUTE = "/mepic/chunks"

@@ -599,7 +599,7 @@ def greedy_prompts(name: str, args) -> int:
 
 
 def gpu_flags(args) -> list[str]:
-    """The flags only the GPU run adds (tests/test_gpu_e2e_drive.py parses them with SGLang's own parser)."""
+    """The flags only the GPU run adds (tests/tooling/test_gpu_e2e_drive.py parses them with SGLang's own parser)."""
     return ["--cuda-graph-max-bs-decode", str(args.graph_max_bs), "--mem-fraction-static", "0.85"]
 
 

@@ -1,6 +1,6 @@
 """The attention side's per-batch calls on a GPU under `torch.cuda.set_sync_debug_mode("error")` (issue 69).
 
-The device counterpart of tests/test_host_syncs.py (which runs them on the meta device): the mepic backend
+The device counterpart of tests/attention/test_host_syncs.py (which runs them on the meta device): the mepic backend
 over CUDA pools, on its Triton path, prepares the batches a served mepic server sees and runs their
 attention, each call alone with the sync debug mode at "error", so a device-to-host synchronisation raises
 at the operation that makes it:

@@ -5,7 +5,7 @@ the chain costs a few microseconds per kernel, x 2 norms x 32 layers per step. T
 forms in elementwise.py stay the reference and the fallback (CPU, shapes these kernels do
 not take, SGL_KERNEL_STANDIN_TRITON=0). All math in float32, one rounding to the output
 dtype, as the CUDA kernels of sgl_kernel/flashinfer do. Tested on CPU under
-TRITON_INTERPRET=1 (tests/test_sgl_kernel_standin.py).
+TRITON_INTERPRET=1 (tests/tooling/test_sgl_kernel_standin.py).
 """
 
 import triton

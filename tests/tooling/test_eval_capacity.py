@@ -1,0 +1,265 @@
+"""eval.capacity: the rate search, the SLO judgement, matched concurrency, the tables; and --quick end to end."""
+
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from eval import capacity  # the eval package is registered by conftest.py
+
+ARGS = SimpleNamespace(ttft_slo=2.0, e2e_slo=8.0, attainment=0.95, queue_slack=0.5)
+
+
+def fake(capacity_rps: float, in_flight_per_rps: float = 2.0):
+    """A system that holds every rate up to capacity_rps; in flight grows with the rate."""
+    def run(rate):
+        return SimpleNamespace(rate=rate, ok=rate <= capacity_rps, in_flight=rate * in_flight_per_rps)
+    return run
+
+
+@pytest.mark.parametrize("true_capacity", [0.3, 1.0, 2.0, 5.0, 13.7, 40.0])
+def test_the_search_brackets_then_bisects_to_the_resolution(true_capacity):
+    found, probes = capacity.search(fake(true_capacity), start=2.0, lo=0.25, hi=64.0, resolution=0.15, max_probes=20)
+    assert found <= true_capacity < found * 1.15 + 1e-9
+    assert all(p.ok == (p.rate <= true_capacity) for p in probes)
+    assert len(probes) <= 12
+
+
+def test_the_search_ends_at_its_limits():
+    assert capacity.search(fake(0.1), 2.0, 0.25, 64.0, 0.15, 20)[0] == 0.0  # fails even at the lowest rate
+    assert capacity.search(fake(100.0), 2.0, 0.25, 64.0, 0.15, 20)[0] == 64.0
+    found, probes = capacity.search(fake(5.0), 2.0, 0.25, 64.0, 0.15, 3)  # the probe budget binds
+    assert len(probes) == 3 and found == 4.0
+
+
+def outputs(ttfts, e2es, queues):
+    return [([], "", {"queue_time": q}, t, e, 0.0) for t, e, q in zip(ttfts, e2es, queues)]
+
+
+def test_a_probe_holds_when_95_percent_meet_the_slo_and_the_queue_does_not_grow():
+    sampler = SimpleNamespace(pages=[10.0, 30.0, 20.0])
+    n = 60
+    good = capacity.judge(outputs([0.5] * n, [3.0] * n, [0.01] * n), 2.0, 30.0, sampler, None, {}, ARGS)
+    assert good.ok and good.attainment == 1.0 and good.peak_kv_pages == 30.0 and good.in_flight == 6.0
+    slow = capacity.judge(outputs([0.5] * 56 + [3.0] * 4, [3.0] * n, [0.01] * n), 2.0, 30.0, sampler, 35, {}, ARGS)
+    assert not slow.ok and slow.attainment == pytest.approx(56 / 60, abs=1e-4) and slow.peak_kv_pages == 35
+    growing = [0.01] * 20 + [0.3] * 20 + [0.9] * 20  # within the SLO, but the queue grows
+    assert not capacity.judge(outputs([0.5] * n, [3.0] * n, growing), 2.0, 30.0, sampler, None, {}, ARGS).ok
+    lost = capacity.judge(outputs([None] + [0.5] * (n - 1), [3.0] * n, [0.0] * n), 2.0, 30.0, sampler, None, {}, ARGS)
+    assert lost.attainment < 1  # a request with no first token did not meet the TTFT SLO
+
+
+def test_a_probe_that_ended_early_fails_and_counts_what_it_did_not_finish():
+    sampler = SimpleNamespace(pages=[5.0])
+    done = outputs([0.5] * 10, [3.0] * 10, [0.01] * 10)
+    cut = {**done[9][2], "finish_reason": {"type": "abort"}}
+    probe = capacity.judge(done[:9] + [(*done[9][:2], cut, *done[9][3:])] + [None] * 10, 4.0, 5.0, sampler, None, {},
+                           ARGS, ended_early=True)
+    assert not probe.ok and probe.ended_early and probe.sent == 10 and probe.requests == 20
+    assert probe.attainment == 0.45 and probe.achieved_rps == 1.8  # 9 of 20 finished within the SLO
+
+
+def test_the_watch_stops_a_probe_once_its_misses_exceed_the_allowance(monkeypatch):
+    aborted = []
+    monkeypatch.setattr(capacity, "abort_all", aborted.append)
+    monkeypatch.setattr(capacity, "scheduler_counters", lambda url: {"retractions": 0.0, "stages": {"idle": 1.0}})
+    watch = capacity.Watch("http://x", 60, ARGS)  # 95% of 60: 3 misses allowed
+    assert watch.allowed == 3
+    for i in range(3):
+        watch.sent(i)
+        watch.done(i, ([], "", {}, 2.5, 3.0, 0.0))  # TTFT over the SLO
+    watch.sent(3)
+    watch.done(3, ([], "", {}, 0.5, 3.0, 0.0))  # within it
+    assert not watch.stop.is_set() and aborted == []
+    watch.sent(4)
+    watch._sent[4] -= ARGS.e2e_slo + 1  # in flight past the e2e target: a certain miss
+    watch.check()
+    assert watch.stop.is_set() and aborted == ["http://x"]
+    assert watch.counters_at_stop == {"retractions": 0.0, "stages": {"idle": 1.0}}  # read before the abort
+    watch.check()
+    assert aborted == ["http://x"]  # aborted once
+
+
+def test_a_cell_starts_its_search_from_its_neighbours():
+    args = SimpleNamespace(start_rate=2.0, min_rate=0.25, resolution=0.15)
+    assert capacity.warm_start([], "mepic", 1024, args) == (2.0, 2.0)  # nothing run yet: doubling from the start
+    cells = [cell("mepic", 512, 3.0), cell("vanilla", 1024, 9.0)]
+    assert capacity.warm_start(cells, "mepic", 1024, args) == (3.0, pytest.approx(1.3225))  # the smaller pool's
+    cells += [cell("mepic", 1024, 5.0), cell("mepic", 1024, 6.0), cell("mepic", 1024, 8.0)]
+    assert capacity.warm_start(cells, "mepic", 1024, args)[0] == 6.0  # the seeds already run there
+    assert capacity.warm_start([cell("mepic", 512, 0.0)], "mepic", 1024, args) == (2.0, 2.0)  # held nothing
+    found, probes = capacity.search(fake(3.5), 3.0, 0.25, 64.0, 0.15, 20, step=1.3225)
+    assert found <= 3.5 < found * 1.15 and len(probes) <= 3
+
+
+class NoSampler:
+    """eval.run's KV sampler, without a server."""
+    period, pages = 0.0, []
+
+    def __init__(self, *a):
+        self.stop = threading.Event()
+
+    def start(self):
+        pass
+
+    def join(self):
+        pass
+
+
+def offline(monkeypatch, stream):
+    """eval.run's run_point without a server: requests answered by `stream`, nothing flushed or sampled."""
+    from eval import run
+
+    monkeypatch.setattr(run, "stream", stream)
+    monkeypatch.setattr(run, "flush", lambda url: None)
+    monkeypatch.setattr(run, "mepic_stats", lambda server: {})
+    monkeypatch.setattr(run, "Sampler", NoSampler)
+    return run
+
+
+def test_a_closed_loop_keeps_as_many_requests_in_flight_as_it_has_clients(monkeypatch):
+    in_flight, most, lock = [0], [0], threading.Lock()
+
+    def stream(url, text, new_tokens, ignore_eos=False):
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.01)
+        with lock:
+            in_flight[0] -= 1
+        return [1], text, {}, 0.005, 0.01, 0.0
+
+    run = offline(monkeypatch, stream)
+    bar = SimpleNamespace(update=lambda: None)
+    outputs, *_ = run.run_point(SimpleNamespace(url="http://x"), 16, 64, [f"t{i}" for i in range(40)], 0.0, 4, 0, bar,
+                                clients=4)
+    assert [o[1] for o in outputs] == [f"t{i}" for i in range(40)]  # every request, each in its place
+    assert most[0] == 4
+
+
+def test_a_probe_that_ended_early_does_not_wait_out_its_arrivals(monkeypatch):
+    """Once the watch stops a probe, the requests not yet sent are dropped at once, not when their
+    arrival times come (a failing probe at 2 req/s would otherwise last its whole 150 s schedule)."""
+    def stream(url, text, new_tokens, ignore_eos=False):
+        return [1], text, {}, 0.005, 0.01, 0.0
+
+    class StopAfter:
+        def __init__(self, n):
+            self.stop, self.n = threading.Event(), n
+
+        def sent(self, i):
+            pass
+
+        def done(self, i, output):
+            self.n -= 1
+            if self.n <= 0:
+                self.stop.set()
+
+    run = offline(monkeypatch, stream)
+    bar = SimpleNamespace(update=lambda: None)
+    began = time.perf_counter()
+    # 40 requests at 0.5 req/s: about 80 s of arrivals; the watch stops the probe after 3 answers.
+    outputs, _, _, seconds, _ = run.run_point(SimpleNamespace(url="http://x"), 16, 64, [f"t{i}" for i in range(40)],
+                                              0.5, 4, 0, bar, watch=StopAfter(3))
+    assert time.perf_counter() - began < 30 and seconds < 30
+    assert 3 <= sum(o is not None for o in outputs) < 40
+
+
+def test_an_interrupted_run_stops_at_once_and_aborts_what_is_in_flight(monkeypatch):
+    """Ctrl-C, or SIGTERM (eval.capacity turns it into one), mid-probe: the run stops now, not when the
+    last arrival of its schedule comes, and the server is told to abort what is in flight."""
+    import _thread
+    import signal
+
+    aborted = []
+    run = offline(monkeypatch, lambda url, text, new_tokens, ignore_eos=False: ([1], text, {}, 0.0, 0.0, 0.0))
+    monkeypatch.setattr(run, "abort_all", aborted.append)
+    # interrupt_main does nothing while SIGINT is not Python's to handle (an earlier test's library may
+    # have left it ignored): Ctrl-C's own handler for the test, the one a user's shell reaches.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    began = time.perf_counter()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):  # 40 requests at 0.5 req/s: about 80 s of arrivals
+            run.run_point(SimpleNamespace(url="http://x"), 16, 64, [f"t{i}" for i in range(40)], 0.5, 4, 0,
+                          SimpleNamespace(update=lambda: None))
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    assert time.perf_counter() - began < 30
+    assert aborted == ["http://x"]
+
+
+def cell(system, pool, cap, peak=100.0, mean=50.0, kind="capacity"):
+    probe = {"rate": cap, "ok": True, "peak_kv_pages": peak, "mean_kv_pages": mean, "ttft_p50": 0.2,
+             "in_flight": 8.0, "counters": {"retractions": 0, "chunk_evictions": 1, "chunks_compiled": 9}}
+    return capacity.Cell(system, pool, 0, cap, [probe], kind)
+
+
+def test_tables_and_ratios_read_the_cells(tmp_path):
+    cells = [cell("vanilla", 512, 0.5), cell("vanilla", 1024, 1.5), cell("mepic", 512, 1.0), cell("mepic", 1024, 3.5),
+             cell("epic-16", 1024, 1.0), cell("mepic", 1024, 0, 40, 15, "matched-8"),
+             cell("epic-16", 1024, 0, 100, 50, "matched-8")]
+    text = capacity.capacity_table(cells, ["vanilla", "epic-16", "mepic"], [512, 1024])
+    assert "| mepic | 1,024 | 3.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | — | 1 |" in text
+    lines = capacity.ratios(cells, [512, 1024])
+    assert lines[0].startswith("at 1,024 pages")  # vanilla holds 1 req/s there first
+    assert "- capacity mepic / epic-16: 3.50 (target >= 2: met)" in lines
+    assert "- capacity mepic / vanilla: 2.33 (target >= 2: met)" in lines
+    matched = capacity.matched_table(cells, ["epic-16", "mepic"])
+    assert "| 8 | mepic / epic-16 | 0.40 | 0.30 | peak ≤ 0.5: met, time-weighted ≤ 0.4: met |" in matched
+    capacity.plot(cells, ["vanilla", "epic-16", "mepic"], [512, 1024], tmp_path / "c.png")
+    assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_a_slow_model_gets_its_ratios_without_a_target_verdict():
+    """SmolLM2 on a CPU: vanilla under 1 req/s at its one pool. The ratio is what the run is for; no target
+    is judged there (the targets are read where vanilla sustains 1 req/s)."""
+    lines = capacity.ratios([cell("vanilla", 512, 0.28), cell("mepic", 512, 0.8)], [512])
+    assert lines[0].startswith("at 512 pages") and "not judged" in lines[0]
+    assert lines[1:] == ["- capacity mepic / vanilla: 2.86"]
+
+
+def test_a_cell_says_what_stopped_it():
+    def probe(rate, ok, peak, retractions=0):
+        return {"rate": rate, "ok": ok, "peak_kv_pages": peak, "counters": {"retractions": retractions}}
+    full = capacity.Cell("vanilla", 512, 0, 2.0, [probe(2.0, True, 300), probe(4.0, False, 500), probe(8.0, False, 400)])
+    assert capacity.stopped_by(full) == "pool"  # the lowest failing rate filled the pool
+    retracted = capacity.Cell("vanilla", 512, 0, 2.0, [probe(2.0, True, 300), probe(2.5, False, 420, retractions=3)])
+    assert capacity.stopped_by(retracted) == "pool"
+    queue = capacity.Cell("mepic", 512, 0, 4.0, [probe(4.0, True, 100), probe(8.0, False, 200), probe(5.0, False, 150)])
+    assert capacity.stopped_by(queue) == "compute"  # no stage counters recorded
+    stages = {"run_batch": 30.0, "get_next_batch_to_run": 8.0, "process_batch_result": 2.0, "idle": 20.0}
+    queue.probes[2]["counters"]["stage_seconds"] = stages
+    assert capacity.stopped_by(queue) == "queue"  # idle a third of the time, the pool not full: neither
+    stages["idle"] = 1.0  # saturated: the forward took 75% of the busy time
+    assert capacity.stopped_by(queue) == "forward (75% forward)"
+    stages["get_next_batch_to_run"] = 40.0
+    assert capacity.stopped_by(queue) == "scheduler (42% forward)"
+    full.probes[1]["counters"]["stage_seconds"] = {"run_batch": 9.0, "idle": 1.0}
+    assert capacity.stopped_by(full) == "forward (100% forward)"  # a full pool past capacity is a symptom
+    assert capacity.stopped_by(capacity.Cell("mepic", 512, 0, 64.0, [probe(64.0, True, 100)])) == "—"
+
+
+def test_the_scheduler_counters_are_read_from_sglangs_metrics(monkeypatch):
+    text = "\n".join([
+        '# HELP sglang:num_retracted_requests_total ...',
+        'sglang:num_retracted_requests_total{model_name="m",tp_rank="0"} 3.0',
+        'sglang:scheduler_stage_seconds_total{category="run_batch",forward_overlap="none",tp_rank="0"} 12.5',
+        'sglang:scheduler_stage_seconds_total{category="idle",forward_overlap="none",tp_rank="0"} 4.0',
+        'sglang:scheduler_stage_seconds_total_created{category="idle"} 1.7e9'])
+    monkeypatch.setattr(capacity.requests, "get", lambda url, timeout: SimpleNamespace(text=text))
+    before = capacity.scheduler_counters("http://x")
+    assert before == {"retractions": 3.0, "stages": {"run_batch": 12.5, "idle": 4.0}}
+    after = {"retractions": 5.0, "stages": {"run_batch": 20.0, "idle": 4.5, "other": 0.25}}
+    assert capacity.scheduler_delta(before, after) == {"retractions": 2.0, "stage_seconds": {
+        "run_batch": 7.5, "idle": 0.5, "other": 0.25}}
+
+
+def test_a_cut_line_in_the_saved_cells_is_dropped(tmp_path):
+    good = json.dumps(capacity.asdict(cell("mepic", 512, 1.0)))
+    (tmp_path / "cells.jsonl").write_text(good + "\n" + good[:40])
+    assert [c.capacity for c in capacity.load_cells(tmp_path / "cells.jsonl")] == [1.0]

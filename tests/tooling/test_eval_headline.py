@@ -1,0 +1,100 @@
+"""Commands in committed results are portable: paths relative to the repository, and eval.headline
+refuses to write an absolute path into the README. No server."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from eval import headline, provenance  # the eval package is registered by conftest.py
+
+ROOT = Path(__file__).resolve().parents[2]
+# Where a results.json or invocations.jsonl records how it ran: the strings under these keys.
+COMMAND_KEYS = {"command", "argv", "model", "out", "cmd"}
+# A line that records a command in a table.md, a report or a script.
+COMMAND_LINE = re.compile(r"python[\d.]* (?:-m |eval/)|^command|command:")
+MACHINE = re.compile(r"/(?:work|root|home|Users)/")  # a checkout or home folder of some machine
+
+
+def recorded(value, key=None):
+    """The strings of a parsed JSON document that sit directly under a command key (lists pass through)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from recorded(v, k)
+    elif isinstance(value, list):
+        for v in value:
+            yield from recorded(v, key)
+    elif isinstance(value, str) and key in COMMAND_KEYS:
+        yield value
+
+
+def committed_text_files() -> list[Path]:
+    results = [p for p in (ROOT / "eval" / "results").rglob("*")
+               if p.is_file() and p.suffix in (".md", ".json", ".jsonl", ".txt", ".sh")]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(results)]
+
+
+def absolute_commands(path: Path) -> list[str]:
+    text = path.read_text()
+    if path.suffix in (".json", ".jsonl"):
+        docs = [json.loads(text)] if path.suffix == ".json" else [json.loads(x) for x in text.splitlines() if x.strip()]
+        return [s for doc in docs for s in recorded(doc) if provenance.absolute_paths(s)]
+    return [line for line in text.splitlines() if COMMAND_LINE.search(line) and provenance.absolute_paths(line)]
+
+
+def test_committed_commands_name_no_absolute_path():
+    bad = {str(p.relative_to(ROOT)): lines for p in committed_text_files() if (lines := absolute_commands(p))}
+    assert not bad, "commands with absolute paths (write them relative to the repository):\n" + json.dumps(bad, indent=1)
+
+
+def test_committed_results_name_no_checkout_or_home_folder():
+    bad = [f"{p.relative_to(ROOT)}:{i}: {line.strip()[:120]}" for p in committed_text_files()
+           for i, line in enumerate(p.read_text().splitlines(), 1) if MACHINE.search(line)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_scan_finds_a_planted_absolute_command(tmp_path):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"command": "python -m eval.run --model /home/me/models/tiny", "rows": [],
+                                   "model": "tiny", "args": {"out": "/srv/out", "seed": 1}}))
+    table = tmp_path / "table.md"
+    table.write_text("Command: `python -m eval.run --out /tmp/x`\nmepic / epic-16 at 1,024 pages, from http://h:1/x\n")
+    assert absolute_commands(results) == ["python -m eval.run --model /home/me/models/tiny", "/srv/out"]
+    assert absolute_commands(table) == ["Command: `python -m eval.run --out /tmp/x`"]
+
+
+def test_harnesses_record_paths_inside_the_repository_relative_to_it():
+    argv = ["--model", str(ROOT / "models" / "tiny-4l"), f"--out={ROOT}/eval/results/x", "--raw-dir", "/tmp/scratch",
+            "two words"]
+    assert provenance.command("eval.run", argv) == ("python -m eval.run --model models/tiny-4l "
+                                                     "--out=eval/results/x --raw-dir /tmp/scratch 'two words'")
+    assert provenance.portable(ROOT) == "." and provenance.portable("models/tiny") == "models/tiny"
+
+
+def test_headline_refuses_to_write_an_absolute_path(monkeypatch, capsys):
+    load, written = headline.load, []
+
+    def with_absolute_model(path):
+        results = load(path)
+        if path == headline.SMOL_TTFT["squad"]:
+            results = {**results, "command": results["command"] + " --model /home/me/models/smollm2-135m"}
+        return results
+
+    monkeypatch.setattr(headline, "load", with_absolute_model)
+    monkeypatch.setattr(headline, "replace", lambda *args: written.append(args))
+    with pytest.raises(SystemExit) as stop:
+        headline.main(["--write"])
+    message = str(stop.value)
+    assert message.startswith("eval.headline: refusing to write absolute paths")
+    assert "README.md (headline): /home/me/models/smollm2-135m" in message
+    assert written == []  # nothing written: not the README, not docs/results.md
+
+
+def test_the_committed_headline_passes_the_check():
+    # What --write would put in the README and docs/results.md today: no absolute path.
+    head = headline.headline()
+    headline.refuse_absolute_paths([(ROOT / "README.md", "headline", head),
+                                    (ROOT / "docs" / "results.md", "table2", headline.table2()),
+                                    (ROOT / "docs" / "results.md", "capacity", headline.capacity_tables())])
+    assert "| figure | median | range | runs | target | source |" in head

@@ -1,0 +1,96 @@
+"""The package's import rule (sglang_mepic/README.md): each part imports only the parts below it.
+Static: the source is parsed, nothing is imported."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LIB = ("config", "side_table", "modes", "__init__")  # importable from everywhere (the package's own names)
+MAY_IMPORT = {
+    "config": set(), "side_table": set(), "__init__": set(), "modes": {"config"},
+    "wire": {"config"},
+    "frontend": {"config", "side_table", "wire"},
+    "pages": {"config", "side_table", "wire"},
+    "tiers": {"config", "side_table", "modes", "wire", "pages"},
+    "cache": {"config", "side_table", "modes", "wire", "pages", "tiers"},
+    "attention": {"config", "side_table", "modes", "wire", "pages", "kernels"},
+    "process": {"config"},
+    "lang": {"config", "wire", "frontend"},
+    "gate": {"config", "side_table", "wire", "frontend", "lang", "process", "tiers"},
+}
+MAY_IMPORT["launch"] = MAY_IMPORT["gate"] | {"gate", "plugin"}  # the launcher checks the plugin registered
+SCHEDULER_SIDE = {"pages", "tiers", "cache", "attention"}
+ANYTHING = {"plugin", "launch_server", "launch_cluster", "models", "check_model"}
+
+
+def imported_parts(path: Path) -> set[str]:
+    """The parts of sglang_mepic a module imports at run time (not under `if TYPE_CHECKING:`)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for n in ast.walk(node)}
+    parts = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"{path}: relative import; write it absolute (from sglang_mepic.<part> ...)")
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "sglang_mepic":
+            names = node.module.split(".")
+            parts |= {a.name for a in node.names} if len(names) == 1 else {names[1]}
+        elif isinstance(node, ast.Import):
+            parts |= {a.name.split(".")[1] for a in node.names if a.name.startswith("sglang_mepic.")}
+    return {p if p in MAY_IMPORT or p in ANYTHING or p in ("kernels", "patches") else "__init__" for p in parts}
+
+
+def violations(package: Path) -> list[str]:
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        part = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        if part in ANYTHING:
+            continue
+        if part not in MAY_IMPORT:
+            found.append(f"{rel}: '{part}' is in no layer (add it to sglang_mepic/README.md and MAY_IMPORT)")
+            continue
+        for target in sorted(imported_parts(path) - {part} - MAY_IMPORT[part] - {"__init__"}):
+            found.append(f"{rel} ({part}) imports {target}")
+    return found
+
+
+def test_the_package_keeps_its_import_rule():
+    assert violations(ROOT / "sglang_mepic") == []
+
+
+def test_a_hook_imports_from_one_side_only():
+    mixed = []
+    for path in sorted((ROOT / "patches").glob("*.py")):
+        parts = imported_parts(path)
+        if "frontend" in parts and parts & SCHEDULER_SIDE:
+            mixed.append(f"{path.name}: {sorted(parts)}")
+    assert mixed == []
+
+
+@pytest.mark.parametrize("importer, source, named", [
+    ("cache/admission.py", "from sglang_mepic.frontend import markup\n", "cache/admission.py (cache) imports frontend"),
+    ("pages/refs.py", "from sglang_mepic import cache\n", "pages/refs.py (pages) imports cache"),
+    ("frontend/echo.py", "def f():\n    from sglang_mepic.cache.link import link_of\n",
+     "frontend/echo.py (frontend) imports cache"),
+    ("config.py", "import sglang_mepic.wire.hint\n", "config.py (config) imports wire"),
+])
+def test_the_rule_fails_on_a_planted_violation(tmp_path, importer, source, named):
+    """A scheduler-side module that imports the frontend (or any part above it) is named."""
+    package = tmp_path / "sglang_mepic"
+    (package / Path(importer).parent).mkdir(parents=True, exist_ok=True)
+    (package / importer).write_text(source)
+    assert violations(package) == [named]
+
+
+def test_imports_for_type_checking_only_are_exempt(tmp_path):
+    package = tmp_path / "sglang_mepic"
+    (package / "pages").mkdir(parents=True)
+    (package / "pages" / "context.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from sglang_mepic.attention.positions import P\n")
+    assert violations(package) == []

@@ -1,0 +1,38 @@
+"""Workloads with a set reuse ratio (eval.workloads.with_reuse), from the offline datasets."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+# eval/ is run from the repository root and is not installed; the root is kept off sys.path
+# in tests (its kernels/ would shadow the PyPI package), so the module is loaded by path.
+_spec = importlib.util.spec_from_file_location(
+    "eval_workloads", Path(__file__).resolve().parents[2] / "eval" / "workloads.py")
+workloads = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(workloads)
+reuse_ratio, with_reuse = workloads.reuse_ratio, workloads.with_reuse
+
+
+@pytest.mark.parametrize("dataset", ["squad", "hotpotqa"])
+@pytest.mark.parametrize("reuse", [0.6, 0.85, 0.95])
+def test_realised_reuse_is_near_the_target(dataset, reuse):
+    reqs = with_reuse(dataset, 300, 6, reuse)
+    assert len(reqs) == 300
+    assert abs(reuse_ratio(reqs) - reuse) < 0.05
+    assert all(len(r.docs) == len(set(r.docs)) == 6 for r in reqs)
+    if dataset == "squad":  # the document that answers is among the chunks
+        assert all(any(a in d for a in r.answers for d in r.docs) for r in reqs)
+
+
+def test_more_reuse_means_fewer_distinct_documents_and_the_same_seed_the_same_requests():
+    distinct = [len({d for r in with_reuse("hotpotqa", 200, 4, x) for d in r.docs}) for x in (0.3, 0.6, 0.9)]
+    assert distinct[0] > distinct[1] > distinct[2]
+    assert with_reuse("squad", 50, 4, 0.8, seed=3) == with_reuse("squad", 50, 4, 0.8, seed=3)
+
+
+def test_impossible_shapes_are_refused_clearly():
+    with pytest.raises(ValueError, match="reuse must be in"):
+        with_reuse("squad", 10, 4, 1.0)
+    with pytest.raises(ValueError, match="runs out of new documents"):
+        with_reuse("squad", 1000, 16, 0.0)
