@@ -52,7 +52,7 @@ class SharedServers:
     """
 
     def __init__(self, model: str, keep: int = 3):
-        self.model, self.keep = model, keep
+        self.model, self.keep = model, keep  # `stop_all()` before a test that needs free RAM (host tiers)
         self.live: dict[tuple, ServerProcess] = {}
 
     def get(self, *flags: str, env: dict[str, str] | None = None) -> ServerProcess:
@@ -72,9 +72,15 @@ class SharedServers:
         self.live.clear()
 
 
-def assert_clean(server: ServerProcess) -> None:
-    """Flush the cache; a mepic server must then hold no page (SGLang answers the flush only when idle)."""
-    assert requests.post(server.url + "/flush_cache", timeout=60).status_code == 200
+def assert_clean(server: ServerProcess, idle_within: float = 30.0) -> None:
+    """Flush the cache; a mepic server must then hold no page. SGLang refuses a flush while requests run:
+    a request the last test left finishing (an abort, a refused batch's other items) gets `idle_within`."""
+    import time
+
+    deadline = time.monotonic() + idle_within
+    while (r := requests.post(server.url + "/flush_cache", timeout=60)).status_code != 200:
+        assert time.monotonic() < deadline, f"the server did not go idle for a flush: {r.status_code} {r.text}"
+        time.sleep(0.5)
     state = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]
     if "mepic" in state:
         assert state["mepic"]["kv_pages_in_use"] == 0, state["mepic"]
@@ -95,7 +101,7 @@ def tiny_server(servers):
     return servers.get()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # one module uses it: its ~2 GB go when the module ends
 def smollm2_server():
     """One real server on the default model (SmolLM2-135M, float32): its tokenizer adds no BOS,
     so an empty text is a prompt of no tokens, which the tiny model's tokenizer never sends."""

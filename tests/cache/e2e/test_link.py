@@ -95,16 +95,18 @@ def modes(servers):
 
 def test_full_mode_equals_vanilla_sglang_with_markers_stripped(modes):
     prompts = [p for *_, p in workload()[:6]]
-    full = [generate(modes("full"), p)["output_ids"] for p in prompts]
-    vanilla = [generate(modes("vanilla"), stripped(p))["output_ids"] for p in prompts]
+    full_server, vanilla_server = modes("full"), modes("vanilla")
+    full = [generate(full_server, p)["output_ids"] for p in prompts]
+    vanilla = [generate(vanilla_server, stripped(p))["output_ids"] for p in prompts]
     assert full == vanilla
 
 
 def test_every_block_recomputed_equals_full(modes):
     """Exactness of the reuse path: laid out, padded, planned, nothing shared."""
     prompts = [p for *_, p in workload()[:6]]
-    full = [generate(modes("full"), p)["output_ids"] for p in prompts]
-    every = [generate(modes("all"), p) for p in prompts]
+    full_server, all_server = modes("full"), modes("all")
+    full = [generate(full_server, p)["output_ids"] for p in prompts]
+    every = [generate(all_server, p) for p in prompts]
     assert [r["output_ids"] for r in every] == full
     # nothing is shared: whatever is not a prefix-cache hit is computed
     for r in every:
@@ -344,7 +346,8 @@ def test_empty_prompts_are_refused_in_every_mode(modes, mode):
     """SGLang's own torch_native path crashes on an empty extend as well: refused before it."""
     from support.intake import EMPTY, send, still_serving
 
+    server = modes(mode)
     for path, body, message in EMPTY:
-        r = send(modes(mode), path, body)
+        r = send(server, path, body)
         assert r.status_code == 400 and message in r.text, (path, body, r.text)
-    still_serving(modes(mode))
+    still_serving(server)

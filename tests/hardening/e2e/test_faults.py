@@ -34,7 +34,8 @@ def storage(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, storage):
+def server(tiny_model, storage, servers):
+    servers.stop_all()  # a host tier: SGLang wants 10 GB of RAM free beyond it
     with ServerProcess(tiny_model, "--dtype", "float32", "--max-total-tokens", str(POOL_TOKENS),
                        "--mepic-host-tier-gb", "0.05", "--mepic-storage-dir", str(storage),
                        "--enable-tokenizer-batch-encode") as s:  # batches of plain text skip the per-request path

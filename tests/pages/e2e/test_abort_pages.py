@@ -43,7 +43,8 @@ def generate(server, text, timeout=300):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model):
+def server(tiny_model, servers):
+    servers.stop_all()  # a host tier: SGLang wants 10 GB of RAM free beyond it
     # A pool of 160 pages: a few requests fill it, so some wait, some are planned but not admitted, and
     # chunks are evicted to the host tier and loaded back while the abort comes.
     with ServerProcess(tiny_model, "--dtype", "float32", "--max-total-tokens", str(160 * 16),

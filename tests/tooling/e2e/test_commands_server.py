@@ -46,9 +46,10 @@ def _die_with_parent() -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model):
+def cluster(tiny_model, servers):
     from sglang_mepic.process.server_process import free_port
 
+    servers.stop_all()  # a host tier: SGLang wants 10 GB of RAM free beyond it
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.Popen([sys.executable, "-m", "sglang_mepic.launch_cluster", "--instances", "1", "--storage",
                              "none", "--port", str(free_port()), "--model-path", tiny_model, *SHARED],
