@@ -1,28 +1,5 @@
-"""A request's output does not depend on how SGLang schedules it: the scheduling-flag matrix.
-
-Under each set of SGLang flags that changes how a request's tokens reach the forward, the same
-chunked and plain requests are sent one at a time on an empty cache, then together, arriving a
-little apart so that new prefills meet decoding requests (mixed batches, preemption, chunked
-prefill splitting a chunk). Greedy tokens in float32 must be the same both times.
-
-Every flag of the matrix appears in at least one server; flags that do not interfere share one,
-because each server costs a start (about a minute on 2 cores). A flag the project cannot serve is
-refused at launch, and `test_refused_scheduling_flags` checks the refusal instead.
-
-| server | flags | what it exercises |
-|---|---|---|
-| mixed | --enable-mixed-chunk, lpm | decode tokens riding in prefill batches (issue 68); a cache-aware policy |
-| split | --enable-mixed-chunk, --chunked-prefill-size 32, lof, 2 continuous decode steps | chunks split across prefill passes, mixed |
-| one-at-a-time | --page-size 32, --max-running-requests 1, dfs-weight, --max-prefill-tokens 256 | larger pages, strictly serial running |
-| wide-pages | --page-size 64, random, --disable-overlap-schedule, --schedule-conservativeness 0.3 | larger pages, no overlap, eager admission |
-| preempt | --enable-priority-scheduling, --max-running-requests 2, fcfs, SGLANG_TEST_RETRACT=1 | priority preemption (compile rows ranked as their readers) and forced retraction |
-| interval | hrrn, --prefill-decode-interval 2 | decode rounds forced between prefills |
-| shortest | shortest-prefill-first, --max-running-requests 3, --max-queued-requests 64 | a cache-aware sort by prefill length |
-| keyed | routing-key, --stream-interval 4 | the routing-key sort (requests carry keys) |
-
-Every `--schedule-policy` SGLang offers but `priority` (an alias SGLang maps onto
---enable-priority-scheduling's sort, run by `preempt`) is one server's.
-"""
+"""A request's output does not depend on how SGLang schedules it: the scheduling-flag matrix. The unit half: the whole description, and the tests on a server, are in
+e2e/test_scheduling_flags_server.py."""
 
 
 import pytest

@@ -1,10 +1,5 @@
-"""Chunks without hand-written markup: the separator and chat auto-chunking (sglang_mepic.frontend.auto_chunk).
-
-Unit tests of the rules first; then one server per flag setting shows that the
-marker, separator and auto-chunk forms of one prompt give the same layout (the
-`mepic_chunks` report, prompt tokens) and the same greedy output, tokens and
-logprobs, on `/generate`, `/v1/completions` and `/v1/chat/completions`.
-"""
+"""Chunks without hand-written markup: the separator and chat auto-chunking (sglang_mepic.frontend.auto_chunk). The unit half: the whole description, and the tests on a server, are in
+e2e/test_auto_chunk_server.py."""
 
 
 import pytest

@@ -1,10 +1,5 @@
-"""A layout hint's mark is no bearer secret (intake.py): `--log-requests` writes no layout and no
-mark, and a mark taken from anywhere authorises nothing but the identical request.
-
-The mark used to be one random value per process, carried in each request's kv_hints,
-which SGLang's request log wrote out: whoever read the log could forge any layout,
-including a compile of a chunk after their own prefix (cache poisoning).
-"""
+"""A layout hint's mark is no bearer secret (intake.py): `--log-requests` writes no layout and no The unit half: the whole description, and the tests on a server, are in
+e2e/test_hint_seal_server.py."""
 
 import inspect
 import json

@@ -1,5 +1,5 @@
-"""What a client reads back: echoed prompts carry no chunk markers, and every response
-reports every MEPIC figure (issue 34)."""
+"""What a client reads back: echoed prompts carry no chunk markers, and every response The unit half: the whole description, and the tests on a server, are in
+e2e/test_responses_server.py."""
 
 
 from sglang_mepic import config

@@ -1,8 +1,5 @@
-"""The per-model accuracy gate: check_model's figures, verdicts and exit status, and --mepic-verify.
-
-The tiny model is random, so reuse changes its predictions at chance and it must
-fail; SmolLM2-135M-Instruct passes with the mepic mode (docs/answers.md, "Is my model a good fit?").
-"""
+"""The per-model accuracy gate: check_model's figures, verdicts and exit status, and --mepic-verify. The unit half: the whole description, and the tests on a server, are in
+e2e/test_check_model_server.py."""
 
 import math
 import os

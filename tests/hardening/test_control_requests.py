@@ -1,5 +1,5 @@
-"""One control request must not end the server: a handler that raises is answered with a failure (issue 68:
-every control request the scheduler dispatches, not only those that fail before changing anything)."""
+"""One control request must not end the server: a handler that raises is answered with a failure (issue 68: The unit half: the whole description, and the tests on a server, are in
+e2e/test_control_requests_server.py."""
 
 import inspect
 from unittest import mock

@@ -1,11 +1,5 @@
-"""What the server refuses before a request reaches the scheduler (sglang_mepic/frontend/intake.py).
-
-One empty prompt took the whole server down (SmolLM2's tokenizer adds no BOS, so
-`text: ""` reached the model as an extend of no tokens). Every shape of an empty
-prompt, on every client path, is a 400 and the server keeps serving. So is a
-`mepic.chunks` kv_hints action the server did not make, on every path: a forged
-one could publish KV computed after an attacker's prefix under a chunk's key.
-"""
+"""What the server refuses before a request reaches the scheduler (sglang_mepic/frontend/intake.py). The unit half: the whole description, and the tests on a server, are in
+e2e/test_intake_server.py."""
 
 from types import SimpleNamespace
 

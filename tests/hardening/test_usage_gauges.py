@@ -1,10 +1,5 @@
-"""SGLang's own usage gauges follow the pool on an idle server (metrics.refresh_sglang_usage_when_stale).
-
-SGLang publishes `sglang:num_used_tokens` and `sglang:token_usage` with each batch and,
-when idle, every 30 s: after the last request, or a flush, a dashboard or autoscaler
-read a busy server (80-5,424 tokens, usage 0.08) while the `sglang_mepic:*` gauges
-read every page free.
-"""
+"""SGLang's own usage gauges follow the pool on an idle server (metrics.refresh_sglang_usage_when_stale). The unit half: the whole description, and the tests on a server, are in
+e2e/test_usage_gauges_server.py."""
 
 
 def test_an_idle_pass_publishes_sglang_usage_when_the_pool_changed():

@@ -1,5 +1,5 @@
-"""Storage reads in the background (prefetch.py) through the tiers' want/poll, on a real (CPU)
-SGLang KV pool: nothing blocks the caller, nothing is read or hashed twice within a wait."""
+"""Storage reads in the background (prefetch.py) through the tiers' want/poll, on a real (CPU) The unit half: the whole description, and the tests on a server, are in
+e2e/test_prefetch_server.py."""
 
 import logging
 import threading

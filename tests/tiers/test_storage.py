@@ -1,5 +1,5 @@
-"""Shared chunk storage (storage.py) without a server: HiCache's file backend, Mooncake Store
-with a real master on loopback, and backends that are slow or fail."""
+"""Shared chunk storage (storage.py) without a server: HiCache's file backend, Mooncake Store The unit half: the whole description, and the tests on a server, are in
+e2e/test_storage_server.py."""
 
 import logging
 import os

@@ -1,18 +1,5 @@
-"""Every command the README and docs/*.md name runs, once, at its smallest size.
-
-The docs are parsed for commands (`python -m eval.…`, `python -m sglang_mepic.…`, `python eval/….py`
-anywhere; `make TARGET` in code) and each must have an entry in SMOKE, the registry of the test
-that runs it; a command named in the docs without one fails `test_every_command_the_docs_name_has_
-a_smoke_test`. Each entry names a test that runs the command and checks its output, not only its
-exit status; the test must name the command, or the entry fails too.
-
-The commands that need a server share one: `python -m sglang_mepic.launch_cluster --instances 1`
-(which is itself smoke-tested that way, and starts its instance with `python -m
-sglang_mepic.launch_server`), and each eval command is pointed at its instance with `--url`
-(eval/served.py). They run in this process (`runpy`, as `python -m` runs them: the `__main__` block,
-argparse and all), which saves an interpreter and SGLang's imports per command. `make` targets are
-resolved with `make -n`: `make serve` serves until stopped and `make test` is the suite itself.
-"""
+"""Every command the README and docs/*.md name runs, once, at its smallest size. The unit half: the whole description, and the tests on a server, are in
+e2e/test_commands_server.py."""
 
 import ast
 import json

@@ -1,15 +1,5 @@
-"""The requests and commands the docs show work as shown, and what goes wrong says so in one line (issue 68).
-
-- `python -m sglang_mepic.launch.warm`: a missing path, an unreadable file or no server ended in a
-  traceback; now one line and exit status 1. Its docstring's examples are run as written.
-- The `/mepic/chunks` examples of README.md and docs/chunks.md registered placeholder texts shorter
-  than the 64 characters a text needs (a 400); the separator example of docs/chunks.md had no
-  content-type header, and its 400 named the server's source file and line.
-- Ollama's `/api/generate` with an empty prompt is Ollama's way to load a model: a 200, `done`, nothing
-  generated (docs/limits.md said 400).
-
-The server tests share one server with registered texts and the separator on, as the examples need.
-"""
+"""The requests and commands the docs show work as shown, and what goes wrong says so in one line (issue 68). The unit half: the whole description, and the tests on a server, are in
+e2e/test_documented_requests_server.py."""
 
 import subprocess
 import sys

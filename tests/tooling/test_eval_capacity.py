@@ -1,4 +1,5 @@
-"""eval.capacity: the rate search, the SLO judgement, matched concurrency, the tables; and --quick end to end."""
+"""eval.capacity: the rate search, the SLO judgement, matched concurrency, the tables; and --quick end to end. The unit half: the whole description, and the tests on a server, are in
+e2e/test_eval_capacity_server.py."""
 
 import json
 import threading

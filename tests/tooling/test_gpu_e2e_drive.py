@@ -1,5 +1,5 @@
-"""The GPU end-to-end script (eval/gpu/e2e), checked here without CUDA: the model it writes loads, its checks
-can fail, its parts merge, and `run.sh --cpu --smoke` goes through every step against a real CPU server."""
+"""The GPU end-to-end script (eval/gpu/e2e), checked here without CUDA: the model it writes loads, its checks The unit half: the whole description, and the tests on a server, are in
+e2e/test_gpu_e2e_drive_server.py."""
 
 import json
 
