@@ -34,7 +34,7 @@ from pathlib import Path
 import requests
 
 from sglang_mepic.process.mooncake_master import MooncakeMaster
-from sglang_mepic.process.server_process import HOST, ServerError, ServerProcess, _die_with_parent, free_port
+from sglang_mepic.process.server_process import HOST, ServerError, ServerProcess, die_with_parent, free_port
 
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "manual")
 STORAGE = ("mooncake", "file", "none")
@@ -107,7 +107,7 @@ class Cluster:
         cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", self.host, "--port", str(self.port),
                "--policy", self.policy, "--worker-urls", *[s.url for s in self.servers], *self.router_args]
         self.router = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, start_new_session=True,
-                                       preexec_fn=_die_with_parent)
+                                       preexec_fn=die_with_parent)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.router.poll() is not None:

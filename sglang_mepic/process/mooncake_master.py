@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sglang_mepic.process.server_process import HOST, _die_with_parent, free_port
+from sglang_mepic.process.server_process import HOST, die_with_parent, free_port
 
 INSTALL_HINT = ("install the Mooncake wheel (`make venv` does: mooncake-transfer-engine-non-cuda in "
                 "requirements/cpu.lock) and Debian's libibverbs1 (`apt-get install libibverbs1`)")
@@ -76,7 +76,7 @@ class MooncakeMaster:
                "--enable_http_metadata_server=true", f"--http_metadata_server_host={HOST}",
                f"--http_metadata_server_port={self.http_port}", f"--metrics_port={self.metrics_port}"]
         self.proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=die_with_parent)
         deadline = time.monotonic() + self.startup_timeout
         while not (_listening(self.rpc_port) and _listening(self.http_port)):
             if self.proc.poll() is not None or time.monotonic() > deadline:

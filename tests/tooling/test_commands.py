@@ -83,6 +83,8 @@ SMOKE = {
     "python -m sglang_mepic.check_model": "tests/gate/e2e/test_check_model_server.py::test_tiny_random_model_fails",
     "python -m sglang_mepic.launch.warm":
         "tests/frontend/e2e/test_known_texts_server.py::test_the_warm_command_registers_a_folder_and_a_jsonl_file",
+    "python -m sglang_mepic.launch.fork_server":
+        "tests/launch/e2e/test_fork_server_server.py::test_a_forked_server_serves_what_a_cold_one_serves",
     "python -m sglang_mepic.kernels.aot": "tests/attention/test_kernels.py::test_compiles_for_sm90_and_sm80",
     "python eval/bench_attention.py": "tests/tooling/test_eval_bench.py::test_cpu_attention_bench_runs_and_checks_itself",
 }

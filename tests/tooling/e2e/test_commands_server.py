@@ -41,7 +41,7 @@ SHARED = ["--dtype", "float32", "--max-total-tokens", str(512 * 16), "--decode-l
 
 
 def _die_with_parent() -> None:
-    from sglang_mepic.process.server_process import _die_with_parent as die
+    from sglang_mepic.process.server_process import die_with_parent as die
     die()
 
 

@@ -1,0 +1,206 @@
+"""A launcher that has imported SGLang once and forks servers from there: CPU test and eval runs only.
+
+    python -m sglang_mepic.launch.fork_server /tmp/x.sock    # then ServerProcess asks it, through
+    SGLANG_MEPIC_FORK_SERVER=/tmp/x.sock                     # this variable, to start each server
+
+On 2 cores a server spends about 18 of its 26 s to /health importing SGLang, torch and transformers
+before its first log line, and the test suite starts about 70 servers. Forked from this process, which
+paid the imports once, a tiny-model server answers in about 8 s. The child runs the launcher's own
+`main` with the server's argv and environment, so what it serves is what `python -m
+sglang_mepic.launch_server` serves; SGLang's scheduler and detokenizer are then forked from it as usual
+on CPU (patches/engine_set_envs_and_config.py).
+
+What keeps a fork honest:
+- This process runs one thread and never computes (no OpenMP pool to inherit); it only imports.
+- A module may read the environment when it is imported, so a server is forked only when its
+  environment equals this process's but for variables read at run time (`RUNTIME_PREFIXES`); any
+  other difference gets a cold start, and the reply says which variable.
+- A child starts its own session (the client stops it by its process group, as it stops a cold one),
+  dies with this process (parent-death signal), and is killed when the process that asked for it
+  is gone, as a cold server dies with its parent.
+- Each child's exit status is written beside its log, where the client's `poll` reads it.
+
+Never on a GPU: a CUDA context does not survive a fork (the server refuses to start here).
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+
+from sglang_mepic.process.server_process import FORK_SERVER_ENV, die_with_parent, process_exists
+
+# Read when a request is served, never at import: a server may set them differently from this process.
+# Besides the package's own and pytest's, the compiler caches' folders (SGLang points them under its
+# cache folder with setdefault; a test process that ran torch's inductor has its own default set).
+RUNTIME_PREFIXES = ("SGLANG_MEPIC_", "PYTEST_", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH",
+                    "TILELANG_CACHE_DIR")
+# What a server imports after its first log line, imported here once.
+PRELOAD = (
+    "sglang_mepic.launch.server",
+    "sglang_mepic.plugin",
+    "sglang.srt.entrypoints.http_server",
+    "sglang.srt.managers.scheduler",
+    "sglang.srt.managers.detokenizer_manager",
+    "sglang.srt.model_executor.model_runner",
+    "sglang.srt.models.llama",
+)
+POLL_S = 0.1  # how soon an exit or a gone client is seen
+
+
+def env_difference(env: dict[str, str], before: dict[str, str], after: dict[str, str]) -> str | None:
+    """The first variable that a module may read at import and that `env` sets otherwise than this process
+    had it before its imports (`before`) or has it after them (`after`: SGLang's imports set some with
+    setdefault, the cache folders); None if there is none."""
+    for key in sorted(set(env) | set(before) | set(after)):
+        if not key.startswith(RUNTIME_PREFIXES) and env.get(key) not in (before.get(key), after.get(key)):
+            return key
+    return None
+
+
+def child_env(env: dict[str, str], before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
+    """`env` with what this process's imports changed, where `env` has it as before them: what the
+    child's environment would be had it imported SGLang itself."""
+    out = dict(env)
+    for key in set(before) | set(after):
+        if before.get(key) != after.get(key) and env.get(key) == before.get(key):
+            if key in after:
+                out[key] = after[key]
+            else:
+                out.pop(key, None)
+    return out
+
+
+def preload() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+
+def _run_server(request: dict) -> None:
+    """In the forked child: become the launcher of one server, as `python -m sglang_mepic.launch_server`."""
+    os.setsid()
+    die_with_parent()
+    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = ["sglang_mepic.launch_server", *request["argv"]]
+    code = 0
+    try:
+        from sglang_mepic.launch.server import main
+
+        main(request["argv"])
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class ForkServer:
+    def __init__(self, path: str, before: dict[str, str]):
+        self.path = path
+        self.before, self.after = before, dict(os.environ)  # the environment before and after the imports
+        self.children: dict[int, tuple[int, str]] = {}  # pid → (the client's pid, where its exit status goes)
+
+    def serve(self) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        staging = f"{self.path}.{os.getpid()}"
+        listener.bind(staging)
+        listener.listen(16)
+        listener.settimeout(POLL_S)
+        os.rename(staging, self.path)  # the path appears only once this process can fork a server
+        try:
+            while True:
+                self.reap()
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                with conn:
+                    reply = self.answer(conn.makefile("r").readline(), listener, conn)
+                    conn.sendall((json.dumps(reply) + "\n").encode())
+        finally:
+            listener.close()
+            if os.path.exists(self.path):
+                os.unlink(self.path)
+
+    def answer(self, line: str, listener: socket.socket, conn: socket.socket) -> dict:
+        try:
+            request = json.loads(line)
+            argv, env, log, cwd, client = (request[k] for k in ("argv", "env", "log", "cwd", "client"))
+        except (ValueError, KeyError, TypeError) as e:
+            return {"error": f"bad request: {e}"}
+        if (key := env_difference(env, self.before, self.after)) is not None:
+            return {"cold": f"{key} differs from the fork server's, and a module may read it at import"}
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            conn.close()
+            _run_server({"argv": argv, "env": child_env(env, self.before, self.after), "log": log, "cwd": cwd})
+        self.children[pid] = (int(client), log + ".exit")
+        return {"pid": pid}
+
+    def reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                self.children.clear()
+                return
+            if pid == 0:
+                break
+            client, exit_path = self.children.pop(pid, (0, ""))
+            if exit_path:
+                staging = exit_path + ".tmp"
+                with open(staging, "w") as f:
+                    f.write(str(os.waitstatus_to_exitcode(status)))
+                os.rename(staging, exit_path)
+        for pid, (client, _) in list(self.children.items()):
+            if not process_exists(client):  # the client died without stopping its server: stop it, as a cold one would die
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(f"usage: python -m sglang_mepic.launch.fork_server SOCKET (then {FORK_SERVER_ENV}=SOCKET)",
+              file=sys.stderr)
+        raise SystemExit(2)
+    die_with_parent()
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # as the launcher sets it on CPU, before SGLang's imports
+    before = dict(os.environ)
+    start = time.monotonic()
+    preload()
+    import torch
+
+    if torch.cuda.is_available():
+        print("fork_server: a CUDA context does not survive a fork; start servers cold on a GPU", file=sys.stderr)
+        raise SystemExit(2)
+    print(f"fork_server: SGLang imported in {time.monotonic() - start:.1f} s; serving on {argv[0]}",
+          file=sys.stderr, flush=True)
+    ForkServer(argv[0], before).serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The fork server's rules for a server's environment (sglang_mepic/launch/fork_server.py): which
+differences still allow a fork, and what the forked launcher's environment becomes."""
+
+from sglang_mepic.launch.fork_server import child_env, env_difference
+
+BEFORE = {"PATH": "/bin", "HOME": "/root"}
+AFTER = {**BEFORE, "TRITON_CACHE_DIR": "/root/.cache/sglang/triton", "SGL_X": "1", "SGLANG_X": "1"}
+
+
+def test_the_same_environment_forks():
+    assert env_difference(dict(BEFORE), BEFORE, AFTER) is None
+    assert env_difference(dict(AFTER), BEFORE, AFTER) is None  # a client that imported SGLang itself
+
+
+def test_a_variable_a_module_may_read_at_import_starts_cold():
+    assert env_difference({**BEFORE, "OMP_NUM_THREADS": "1"}, BEFORE, AFTER) == "OMP_NUM_THREADS"
+    assert env_difference({**BEFORE, "PATH": "/usr/bin"}, BEFORE, AFTER) == "PATH"
+    assert env_difference({"PATH": "/bin"}, BEFORE, AFTER) == "HOME"  # one removed counts too
+    assert env_difference({**BEFORE, "SGLANG_X": "2"}, BEFORE, AFTER) == "SGLANG_X"
+
+
+def test_settings_read_at_run_time_may_differ():
+    client = {**BEFORE, "SGLANG_MEPIC_MODE": "full", "PYTEST_CURRENT_TEST": "t", "TORCHINDUCTOR_CACHE_DIR": "/tmp/i",
+              "TRITON_CACHE_DIR": "/tmp/t"}
+    assert env_difference(client, BEFORE, AFTER) is None
+
+
+def test_the_child_gets_what_the_imports_set_unless_the_client_set_it_itself():
+    assert child_env(dict(BEFORE), BEFORE, AFTER) == AFTER
+    own = child_env({**BEFORE, "TRITON_CACHE_DIR": "/tmp/t", "SGLANG_MEPIC_MODE": "full"}, BEFORE, AFTER)
+    assert own["TRITON_CACHE_DIR"] == "/tmp/t" and own["SGLANG_MEPIC_MODE"] == "full" and own["SGL_X"] == "1"
+    removed = child_env({"PATH": "/bin", "HOME": "/root", "GONE": "1"}, {**BEFORE, "GONE": "1"}, BEFORE)
+    assert "GONE" not in removed  # an import that unset a variable unsets it in the child too
+
+
+def test_without_its_socket_it_prints_its_usage_and_exits_2():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "sglang_mepic.launch.fork_server"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "usage: python -m sglang_mepic.launch.fork_server SOCKET" in done.stderr
