@@ -50,8 +50,9 @@ converge: near capacity the number in flight jumps from a few to the whole run.)
 
 Output (--out, default eval/results/capacity): results.json (every probe), table.md (capacity table,
 matched table, the command, the machine's load before and after, the wall time) and capacity.png
-(capacity against pool pages, a line per system, the range over seeds shaded). Every finished cell is
-appended to cells.jsonl as it ends (`--resume` keeps them).
+(capacity against pool pages, a line per system, the range over seeds shaded) and anatomy.png (where
+the pages went over the capacity point's probe, one panel per system: eval/anatomy.py). Every finished
+cell is appended to cells.jsonl as it ends (`--resume` keeps them).
 """
 
 import argparse
@@ -73,7 +74,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval import provenance
+from eval import anatomy, provenance
 from eval.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, abort_all, context_args, flush, pct, pool_pages, run_point,
                       server_process, stream, tiered)
 from eval.workloads import DATASETS, render, with_reuse
@@ -107,6 +108,7 @@ class Probe:
     seconds: float = 0.0
     ended_early: bool = False  # stopped once its misses exceeded what the attainment allows
     sent: int = 0  # requests sent (fewer than `requests` when it ended early)
+    anatomy: dict = field(default_factory=dict)  # where the pages went (eval/anatomy.py: peak, mean, series)
 
 
 @dataclass
@@ -151,7 +153,7 @@ def judge(outputs: list, rate: float, seconds: float, sampler, exact_peak, count
                  achieved_rps=round(len(done) / seconds, 3), in_flight=round(sum(e2e) / seconds, 2),
                  peak_kv_pages=round(peak, 1), mean_kv_pages=round(statistics.fmean(pages), 1) if pages else 0.0,
                  counters=counters, seconds=round(seconds, 1), ended_early=ended_early,
-                 sent=sum(o is not None for o in outputs))
+                 sent=sum(o is not None for o in outputs), anatomy=anatomy.summarise(sampler.anatomy))
 
 
 class Watch:
@@ -446,6 +448,33 @@ def plot(cells: list[Cell], systems: list[str], pools: list[int], path: Path) ->
     plt.close(fig)
 
 
+def at_capacity(cells: list[Cell], systems: list[str], pools: list[int]):
+    """(system, pool, seed, the capacity point's anatomy) of each capacity cell that has one."""
+    for s in systems:
+        for pool in pools:
+            for c in sorted((c for c in cells if (c.system, c.pool_pages, c.kind) == (s, pool, "capacity")),
+                            key=lambda c: c.seed):
+                if (p := best(c)) is not None and p.get("anatomy"):
+                    yield s, pool, c.seed, p["anatomy"]
+
+
+def anatomy_section(cells: list[Cell], systems: list[str], pools: list[int]) -> str:
+    rows = [(f"{s} (seed {seed})", pool, a) for s, pool, seed, a in at_capacity(cells, systems, pools)]
+    text = anatomy.table(rows)
+    return ("Where the pages went at each cell's capacity point, at the sample with the most pages used "
+            "(eval/anatomy.py; anatomy.png plots them over time):\n\n" + text) if text else ""
+
+
+def anatomy_panels(cells: list[Cell], systems: list[str], pools: list[int]) -> list[tuple[str, dict]]:
+    """One panel per system: its capacity point at the smallest pool it has one, first seed."""
+    panels, shown = [], set()
+    for s, pool, seed, a in at_capacity(cells, systems, sorted(pools)):
+        if s not in shown:
+            shown.add(s)
+            panels.append((f"{s}, {pool:,} pages, seed {seed}", a))
+    return panels
+
+
 def loadavg() -> str:
     try:
         return " ".join(open("/proc/loadavg").read().split()[:3])
@@ -676,14 +705,16 @@ def main(argv=None) -> None:
                f"the {len(cells)} cells", runs[-1].get("settings", settings) if runs else settings]
     text = "\n\n".join(["# Serving capacity at a fixed KV budget", "\n".join(header[:-2]), *header[-2:],
                         capacity_table(cells, systems, pools), "\n".join(ratios(cells, pools)),
-                        matched_table(cells, systems)]) + "\n"
+                        matched_table(cells, systems), anatomy_section(cells, systems, pools)]) + "\n"
     (args.out / "table.md").write_text(text)
     (args.out / "results.json").write_text(json.dumps(
         {"invocations": runs, "args": {k: str(v) for k, v in vars(args).items()},
          "cells": [asdict(c) for c in cells]}, indent=1))
     plot(cells, systems, pools, args.out / "capacity.png")
+    anatomy.plot(anatomy_panels(cells, systems, pools), args.out / "anatomy.png",
+                 "Where the pages go at the capacity point (smallest pool, first seed)")
     print(text)
-    print(f"[capacity] {args.out / 'table.md'}, results.json, capacity.png")
+    print(f"[capacity] {args.out / 'table.md'}, results.json, capacity.png, anatomy.png")
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval import provenance, served
+from eval import anatomy, provenance, served
 from eval.checkpoint import Checkpoint
 from eval.scoring import contains, exact_match, f1, prefix_agreement, top1_agreement
 from eval.workloads import DATASETS, render, reuse_ratio, with_reuse
@@ -111,6 +111,7 @@ class Point:
     occupied_pages: list = field(default_factory=list)  # sampled pages not free: pinned + tree + chunk store
     counters: dict = field(default_factory=dict)  # COUNTERS over the point (PIC systems)
     host_tier_gb: float = 0.0
+    anatomy: dict = field(default_factory=dict)  # where the pages went (eval/anatomy.py: peak, mean, series)
 
     @classmethod
     def load(cls, record: dict) -> "Point":
@@ -118,17 +119,28 @@ class Point:
 
 
 class Sampler(threading.Thread):
-    """Polls the used-token gauge while a point runs."""
+    """Polls the used-token gauge while a point runs, and every `anatomy_period` s where the pool's pages
+    go (/server_info's page_anatomy: sglang_mepic/pages/anatomy.py). The anatomy is gathered in the
+    scheduler's loop, a pass over the used pages, so it is sampled less often than the gauge."""
 
-    def __init__(self, url: str, page_size: int, pool_pages: int | None = None, period: float = 0.1):
+    def __init__(self, url: str, page_size: int, pool_pages: int | None = None, period: float = 0.1,
+                 anatomy_period: float = 0.5):
         super().__init__(daemon=True)
         self.url, self.page_size, self.pool_pages, self.period = url, page_size, pool_pages, period
+        self.anatomy_period = anatomy_period
         self.pages: list[float] = []  # pinned: what eviction cannot free
         self.occupied: list[float] = []  # not free: pinned, the prefix tree and the chunk store
+        self.anatomy: list[dict] = []  # page_anatomy samples, each with `t` (s from the start)
         self.stop = threading.Event()
 
     def run(self):
+        start, next_anatomy = time.perf_counter(), 0.0
         while not self.stop.is_set():
+            now = time.perf_counter() - start
+            if self.anatomy_period and now >= next_anatomy:
+                next_anatomy = now + self.anatomy_period
+                if (sample := page_anatomy(self.url)) is not None:
+                    self.anatomy.append({"t": round(now, 2), **sample})
             try:
                 text = requests.get(self.url + "/metrics", timeout=5).text
                 if m := USED_TOKENS.search(text):
@@ -168,6 +180,14 @@ def stream(url: str, text: str, new_tokens: int, ignore_eos: bool = False):
                 ttft = time.perf_counter() - t0
             last = json.loads(data)
     return last["output_ids"], last["text"], kept_meta(last["meta_info"]), ttft, time.perf_counter() - t0, sent
+
+
+def page_anatomy(url: str) -> dict | None:
+    """Where the pool's pages go now (sglang_mepic/pages/anatomy.py), or None if the server did not say."""
+    try:
+        return requests.get(url + "/server_info", timeout=30).json()["internal_states"][0].get("page_anatomy")
+    except (requests.RequestException, ValueError, KeyError, IndexError):
+        return None
 
 
 def mepic_stats(server) -> dict:
@@ -707,7 +727,7 @@ def main(argv=None) -> None:
                         server, page_size, pool, texts[(c, r, seed)], q, args.new_tokens, seed, bar)
                     point = Point(system, q, c, r, outputs, sampler.pages, exact, seconds,
                                   [], pool, time.perf_counter() - last,
-                                  seed, sampler.occupied, counters, tier)
+                                  seed, sampler.occupied, counters, tier, anatomy.summarise(sampler.anatomy))
                     last = time.perf_counter()
                     checkpoint.add(asdict(point))
                     done[(system, q, c, r, seed)] = point

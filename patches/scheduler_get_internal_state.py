@@ -1,7 +1,9 @@
-"""`/server_info` (and `/get_server_info`) report the chunk cache's figures under `mepic`."""
+"""`/server_info` (and `/get_server_info`) report the chunk cache's figures under `mepic`, and, for any
+radix cache, where the pool's pages go under `page_anatomy` (cache/anatomy.py)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
+from sglang_mepic.cache import anatomy
 from sglang_mepic.cache.radix_cache import MepicRadixCache
 
 WRITTEN_FOR = "0.5.23"
@@ -14,4 +16,5 @@ def hook(original, scheduler, *args, **kwargs):
     tree = scheduler.tree_cache
     if isinstance(tree, MepicRadixCache):
         result.internal_state["mepic"] = tree.figures.stats()
+    result.internal_state["page_anatomy"] = anatomy.of_scheduler(scheduler)
     return result

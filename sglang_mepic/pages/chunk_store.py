@@ -88,6 +88,10 @@ class ChunkStore:
         """Stored chunks that hold `page`."""
         return len(self._keys.get(page, ()))
 
+    def held_pages(self) -> list[int]:
+        """Every page a stored chunk holds, once."""
+        return list(self._keys)
+
     def keys_of(self, page: int) -> list[str]:
         """Keys of the stored chunks that hold `page`."""
         return self._keys.get(page, [])

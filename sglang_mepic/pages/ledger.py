@@ -67,6 +67,11 @@ class Ledger:
         self._settle()
         return len(self._free)
 
+    def freeable_pages(self) -> set[int]:
+        """The pages themselves (a copy): the page anatomy's evictable ones."""
+        self._settle()
+        return set(self._free)
+
     def chunk_loose(self, chunk: Chunk) -> bool:
         """Whether no page of the chunk is pinned (it goes once the unlocked tree has)."""
         self._settle()

@@ -40,7 +40,7 @@ def outputs(ttfts, e2es, queues):
 
 
 def test_a_probe_holds_when_95_percent_meet_the_slo_and_the_queue_does_not_grow():
-    sampler = SimpleNamespace(pages=[10.0, 30.0, 20.0])
+    sampler = SimpleNamespace(pages=[10.0, 30.0, 20.0], anatomy=[])
     n = 60
     good = capacity.judge(outputs([0.5] * n, [3.0] * n, [0.01] * n), 2.0, 30.0, sampler, None, {}, ARGS)
     assert good.ok and good.attainment == 1.0 and good.peak_kv_pages == 30.0 and good.in_flight == 6.0
@@ -53,7 +53,7 @@ def test_a_probe_holds_when_95_percent_meet_the_slo_and_the_queue_does_not_grow(
 
 
 def test_a_probe_that_ended_early_fails_and_counts_what_it_did_not_finish():
-    sampler = SimpleNamespace(pages=[5.0])
+    sampler = SimpleNamespace(pages=[5.0], anatomy=[])
     done = outputs([0.5] * 10, [3.0] * 10, [0.01] * 10)
     cut = {**done[9][2], "finish_reason": {"type": "abort"}}
     probe = capacity.judge(done[:9] + [(*done[9][:2], cut, *done[9][3:])] + [None] * 10, 4.0, 5.0, sampler, None, {},

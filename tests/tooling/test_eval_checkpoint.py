@@ -312,7 +312,7 @@ def fake_servers(monkeypatch):
     def run_point(server, page_size, pool, texts, qps, new_tokens, seed, bar):
         ran.append(qps)
         meta = {"prompt_tokens": 10, "cached_tokens": 0, "completion_tokens": 1}
-        return ([([7], "a", meta, 0.1, 0.2, 0.0) for _ in texts], SimpleNamespace(pages=[5.0], occupied=[6.0]),
+        return ([([7], "a", meta, 0.1, 0.2, 0.0) for _ in texts], SimpleNamespace(pages=[5.0], occupied=[6.0], anatomy=[]),
                 None, 1.0, {})
 
     monkeypatch.setattr(run, "ServerProcess", Server)

@@ -1,0 +1,79 @@
+"""Where the pool's pages go during a probe: eval.run's sampler reads /server_info's `page_anatomy`
+(sglang_mepic/pages/anatomy.py: each used page in exactly one category), and this module keeps, per
+probe, the sample at the peak, the time mean of each category and a short series for the plot; then
+the table at each cell's capacity point and the stacked plot over time, one panel per system.
+"""
+
+import statistics
+from pathlib import Path
+
+# The categories, in the order they stack (bottom first), with the words the table and plot use.
+CATEGORIES = {
+    "private": "private to a request",
+    "shared_prefix": "prefix shared by requests",
+    "compile_rows": "compile rows in flight",
+    "chunk_read_1": "chunk, 1 reader",
+    "chunk_read_2_4": "chunk, 2-4 readers",
+    "chunk_read_5_plus": "chunk, 5+ readers",
+    "chunk_pinned": "chunk, held for a waiting request",
+    "held_unread": "held, no reader",
+    "chunk_evictable": "chunk, evictable",
+    "prefix_evictable": "prefix, evictable",
+}
+SERIES_POINTS = 40  # samples kept per probe for the plot (results.json stays small)
+
+
+def summarise(samples: list[dict]) -> dict:
+    """A probe's anatomy: `peak` (the sample where the most pages were used), `mean` (each category over
+    the samples) and `series` (at most SERIES_POINTS samples: t, then the categories in CATEGORIES order)."""
+    if not samples:
+        return {}
+    peak = max(samples, key=lambda s: s.get("used_pages", 0))
+    step = max(1, len(samples) // SERIES_POINTS)
+    return {
+        "samples": len(samples),
+        "peak": {k: peak.get(k, 0) for k in ("used_pages", "pad_slots", "running_requests", *CATEGORIES)},
+        "mean": {k: round(statistics.fmean(s.get(k, 0) for s in samples), 1) for k in ("used_pages", *CATEGORIES)},
+        "series": [[s["t"], *(s.get(k, 0) for k in CATEGORIES)] for s in samples[::step]],
+    }
+
+
+def table(rows: list[tuple[str, int, dict]]) -> str:
+    """One line per (system, pool, anatomy at its capacity point): the peak sample's pages by category."""
+    rows = [(s, pool, a) for s, pool, a in rows if a.get("peak")]
+    if not rows:
+        return ""
+    head = "| system | pool pages | used at peak | " + " | ".join(CATEGORIES.values()) + " | pad slots | in flight |"
+    lines = [head, "|" + "---|" * (len(CATEGORIES) + 5)]
+    for system, pool, a in rows:
+        p = a["peak"]
+        lines.append(f"| {system} | {pool:,} | {p['used_pages']} | " + " | ".join(str(p[k]) for k in CATEGORIES)
+                     + f" | {p['pad_slots']} | {p['running_requests']} |")
+    return "\n".join(lines)
+
+
+def plot(panels: list[tuple[str, dict]], path: Path, title: str) -> None:
+    """Stacked pages by category over a probe's time, one panel per (label, anatomy)."""
+    panels = [(label, a) for label, a in panels if a.get("series")]
+    if not panels:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.2 * len(panels) + 0.8), sharex=True, squeeze=False)
+    for ax, (label, a) in zip(axes[:, 0], panels):
+        series = a["series"]
+        t = [row[0] for row in series]
+        ax.stackplot(t, *[[row[i + 1] for row in series] for i in range(len(CATEGORIES))],
+                     labels=list(CATEGORIES.values()))
+        ax.set_ylabel("pages")
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("seconds into the probe")
+    axes[0, 0].legend(fontsize=6, ncol=2, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,30 @@
+"""eval/anatomy.py: a probe's page anatomy kept small (the peak sample, the means, a short series), the
+table at each cell's capacity point and the stacked plot."""
+
+from eval import anatomy
+
+
+def sample(t, used, **cats):
+    out = {"t": t, "used_pages": used, "pad_slots": 3, "running_requests": 2, "page_size": 16}
+    return out | {k: 0 for k in anatomy.CATEGORIES} | cats
+
+
+def test_the_peak_is_the_sample_with_the_most_pages_used_and_the_series_stays_short():
+    samples = [sample(i / 2, i % 7, private=i % 7) for i in range(200)]
+    samples[50] = sample(25.0, 9, private=4, chunk_read_5_plus=5)
+    a = anatomy.summarise(samples)
+    assert a["samples"] == 200 and a["peak"]["used_pages"] == 9 and a["peak"]["chunk_read_5_plus"] == 5
+    assert len(a["series"]) <= anatomy.SERIES_POINTS + 1
+    assert all(len(row) == len(anatomy.CATEGORIES) + 1 for row in a["series"])
+    assert a["mean"]["private"] == round(sum(s["private"] for s in samples) / 200, 1)
+    assert anatomy.summarise([]) == {}
+
+
+def test_the_table_has_a_line_per_cell_and_the_plot_a_panel_per_system(tmp_path):
+    a = anatomy.summarise([sample(0, 4, private=4), sample(1, 6, private=2, chunk_evictable=4)])
+    text = anatomy.table([("mepic (seed 0)", 512, a), ("epic-16 (seed 0)", 512, {})])
+    lines = text.splitlines()
+    assert len(lines) == 3 and lines[2].startswith("| mepic (seed 0) | 512 | 6 | 2 |")
+    assert "chunk, evictable" in lines[0]
+    anatomy.plot([("mepic", a), ("vanilla", a)], tmp_path / "anatomy.png", "test")
+    assert (tmp_path / "anatomy.png").stat().st_size > 1000
