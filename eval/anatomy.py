@@ -62,7 +62,7 @@ def plot(panels: list[tuple[str, dict]], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.2 * len(panels) + 0.8), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9.5, 2.2 * len(panels) + 0.8), sharex=True, squeeze=False)
     for ax, (label, a) in zip(axes[:, 0], panels):
         series = a["series"]
         t = [row[0] for row in series]
@@ -72,7 +72,7 @@ def plot(panels: list[tuple[str, dict]], path: Path, title: str) -> None:
         ax.set_title(label, fontsize=9)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("seconds into the probe")
-    axes[0, 0].legend(fontsize=6, ncol=2, loc="upper left")
+    axes[0, 0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the panels, not on them
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
