@@ -19,7 +19,6 @@ The differences appear where the default is bf16: a CPU with amx_bf16 or avx512_
 """
 
 import random
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -27,6 +26,7 @@ import requests
 from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
 from sglang_mepic.frontend.markup import CHUNK_END_ID as END
 from sglang_mepic.process.server_process import ServerProcess
+from support.warm_alone import warm_then_alone
 
 SEED = 68
 PROMPTS = 24
@@ -63,14 +63,7 @@ def generate(server, ids) -> tuple[list[int], list[float]]:
 
 
 def warm_and_cold(server, work) -> tuple[list, list]:
-    assert requests.post(server.url + "/flush_cache", timeout=60).status_code == 200
-    with ThreadPoolExecutor(4) as pool:
-        warm = list(pool.map(lambda ids: generate(server, ids), work))
-    cold = []
-    for ids in work:
-        assert requests.post(server.url + "/flush_cache", timeout=60).status_code == 200
-        cold.append(generate(server, ids))
-    return warm, cold
+    return warm_then_alone(server.url, work, lambda ids: generate(server, ids))
 
 
 def spread(warm, cold) -> tuple[int, float]:

@@ -13,13 +13,13 @@ is printed and named in every failure. MEPIC_INDEPENDENCE_REQUESTS sets the coun
 import os
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
 from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
 from sglang_mepic.frontend.markup import CHUNK_END_ID as END
+from support.warm_alone import warm_then_alone
 
 SEED = 1  # it caught the tree-key collision of issue 29 (defect 1) before the fix
 REQUESTS = int(os.environ.get("MEPIC_INDEPENDENCE_REQUESTS", 48))
@@ -75,13 +75,7 @@ def test_outputs_do_not_depend_on_what_the_cache_holds(tiny_server):
     print(f"[independence] seed {s} (MEPIC_INDEPENDENCE_SEED={s} replays it), {REQUESTS} requests")
     work = workload(random.Random(s))
     started = time.monotonic()
-    assert requests.post(tiny_server.url + "/flush_cache", timeout=60).status_code == 200
-    with ThreadPoolExecutor(4) as pool:
-        warm = list(pool.map(lambda ids: generate(tiny_server, ids), work))
-    alone = []
-    for ids in work:
-        assert requests.post(tiny_server.url + "/flush_cache", timeout=60).status_code == 200
-        alone.append(generate(tiny_server, ids))
+    warm, alone = warm_then_alone(tiny_server.url, work, lambda ids: generate(tiny_server, ids))
     for i, (ids, w, a) in enumerate(zip(work, warm, alone)):
         assert w[0] == a[0], f"seed {s}, request {i} {ids}: tokens {w[0]} on a warm cache, {a[0]} alone"
         assert w[1] == pytest.approx(a[1], abs=1e-4), \

@@ -25,8 +25,6 @@ Every `--schedule-policy` SGLang offers but `priority` (an alias SGLang maps ont
 """
 
 import random
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -34,6 +32,7 @@ import requests
 from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
 from sglang_mepic.frontend.markup import CHUNK_END_ID as END
 from sglang_mepic.process.server_process import ServerProcess
+from support import warm_alone
 
 
 NEW_TOKENS = 24
@@ -83,25 +82,12 @@ def generate(url: str, ids: list[int], extra: dict | None = None) -> list[int]:
     return r.json()["output_ids"]
 
 
-def flush(url: str) -> None:
-    assert requests.post(url + "/flush_cache", timeout=60).status_code == 200
-
-
 def alone_then_together(url: str, work: list[list[int]], extras: list[dict] | None = None):
-    extras = extras or [{}] * len(work)
-    alone = []
-    for ids, extra in zip(work, extras):
-        flush(url)  # what a fresh server holds
-        alone.append(generate(url, ids, extra))
-    flush(url)
-
-    def staggered(i):
-        time.sleep(i * ARRIVAL_GAP_S)
-        return generate(url, work[i], extras[i])
-
-    with ThreadPoolExecutor(len(work)) as pool:
-        together = list(pool.map(staggered, range(len(work))))
-    return alone, together
+    items = list(zip(work, extras or [{}] * len(work)))
+    send = lambda item: generate(url, *item)  # noqa: E731
+    first = warm_alone.alone(url, items, send)
+    warm_alone.flush(url)
+    return first, warm_alone.together(items, send, len(items), ARRIVAL_GAP_S)
 
 
 def assert_same(name: str, work, alone, together) -> None:
