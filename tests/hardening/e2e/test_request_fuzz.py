@@ -952,7 +952,6 @@ def _shrink(server, method: str, path: str, body, key: str):
     return body
 
 
-@pytest.mark.alone  # a time budget: under another run's load it checks fewer requests than its floor
 def test_request_fuzz(fuzzed, registered):
     server, model_path, cheap = fuzzed
     s = seed()

@@ -201,7 +201,6 @@ def test_eval_known_reuse(cluster, tiny_model, tmp_path, capsys):
     assert "median unmarked / marked" in out
 
 
-@pytest.mark.alone  # a deadline: the cluster's stop outlived 90 s under another run's load
 def test_launch_cluster_stops_on_ctrl_c(cluster):
     cluster.proc.send_signal(signal.SIGINT)
     assert cluster.proc.wait(90) == 0, "".join(cluster.lines)
