@@ -20,7 +20,10 @@ What keeps a fork honest:
   is gone, as a cold server dies with its parent.
 - Each child's exit status is written beside its log, where the client's `poll` reads it.
 
-Never on a GPU: a CUDA context does not survive a fork (the server refuses to start here).
+Never on a GPU: a CUDA context does not survive a fork (the server refuses to start here). Whoever can
+connect to the socket starts processes as this user, with the argv and environment it sends: the
+socket is made readable and writable by its owner only (tests/conftest.py also puts it in pytest's
+private temporary folder).
 """
 
 import json
@@ -124,6 +127,7 @@ class ForkServer:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         staging = f"{self.path}.{os.getpid()}"
         listener.bind(staging)
+        os.chmod(staging, 0o600)  # whoever can connect starts processes as this user: only this user may
         listener.listen(16)
         listener.settimeout(POLL_S)
         os.rename(staging, self.path)  # the path appears only once this process can fork a server

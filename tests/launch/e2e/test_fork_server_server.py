@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_mepic.process.server_process import FORK_SERVER_ENV, ServerError, ServerProcess, process_exists
+from sglang_mepic.process.server_process import (FORK_SERVER_ENV, ServerError, ServerProcess, fork_server_socket,
+                                                  process_exists)
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +23,9 @@ def forking(fork_server):
 def test_a_forked_server_serves_what_a_cold_one_serves(tiny_model, run_prompt_set, servers, fork_server):
     """`python -m sglang_mepic.launch.fork_server SOCKET`, as tests/conftest.py starts it, forks the server."""
     servers.stop_all()  # two servers at once, beside none of the shared ones
+    assert fork_server_socket() == fork_server  # waits for its imports (the first server of a session)
     assert f"serving on {fork_server}" in (Path(fork_server).parent / "log").read_text()
+    assert os.stat(fork_server).st_mode & 0o777 == 0o600  # only its owner may have servers started
     # A variable that some module might read at import: the fork server declines, and the server starts cold.
     with ServerProcess(tiny_model, "--dtype", "float32", env={"SGLANG_MEPIC_TEST_UNREAD": "1",
                                                                 "FORK_SERVER_PROBE": "1"}) as cold:
