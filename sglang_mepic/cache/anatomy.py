@@ -31,18 +31,22 @@ def of_scheduler(scheduler) -> dict:
     used = torch.ones(num_pages, dtype=torch.bool)
     used[0] = False
     used[allocator.get_all_free_pages().cpu().long()] = False
-    table = scheduler.req_to_token_pool.req_to_token
+    running = running_requests(scheduler)
+    held = [req.kv.kv_allocated_len for req in running]
+    rows = torch.empty(0, 0, dtype=torch.int64)
+    if running:  # one copy to the host for every row, not one per request
+        index = torch.tensor([req.kv.req_pool_idx for req in running], dtype=torch.int64)
+        table = scheduler.req_to_token_pool.req_to_token
+        rows = table[index.to(table.device), :max(held)].cpu().long() // b
     reads, compiling, pads = [], [], 0
-    for req in running_requests(scheduler):
-        held = req.kv.kv_allocated_len
-        pages = table[req.kv.req_pool_idx, :held].cpu().long() // b
+    for req, n, pages in zip(running, held, rows):
         link = link_of(req)
         if link is not None and link.compile:
-            compiling.append(pages)
+            compiling.append(pages[:n])
             continue
-        reads.append(pages)
+        reads.append(pages[:n])
         if link is not None:
-            laid = min(held, link.size)
+            laid = min(n, link.size)
             pads += laid - link.real_slots(0, laid)
     tree = scheduler.tree_cache
     store, ledger = getattr(tree, "store", None), getattr(tree, "ledger", None)
