@@ -182,16 +182,21 @@ def stream(url: str, text: str, new_tokens: int, ignore_eos: bool = False):
     return last["output_ids"], last["text"], kept_meta(last["meta_info"]), ttft, time.perf_counter() - t0, sent
 
 
+def internal_state(url: str, timeout: float = 60) -> dict:
+    """The scheduler's state from /server_info (its `mepic` figures, its `page_anatomy`)."""
+    return requests.get(url + "/server_info", timeout=timeout).json()["internal_states"][0]
+
+
 def page_anatomy(url: str) -> dict | None:
     """Where the pool's pages go now (sglang_mepic/pages/anatomy.py), or None if the server did not say."""
     try:
-        return requests.get(url + "/server_info", timeout=30).json()["internal_states"][0].get("page_anatomy")
+        return internal_state(url, timeout=30).get("page_anatomy")
     except (requests.RequestException, ValueError, KeyError, IndexError):
         return None
 
 
 def mepic_stats(server) -> dict:
-    return requests.get(server.url + "/server_info", timeout=60).json()["internal_states"][0].get("mepic", {})
+    return internal_state(server.url).get("mepic", {})
 
 
 def tiered(system: str, flags: list[str], host_tier_gb: float) -> tuple[list[str], float]:

@@ -18,7 +18,7 @@ What keeps a fork honest:
 - A child starts its own session (the client stops it by its process group, as it stops a cold one),
   dies with this process (parent-death signal), and is killed when the process that asked for it
   is gone, as a cold server dies with its parent.
-- Each child's exit status is written beside its log, where the client's `poll` reads it.
+- Each child's exit status is written where the client asked (beside its log), and its `poll` reads it.
 
 Never on a GPU: a CUDA context does not survive a fork (the server refuses to start here). Whoever can
 connect to the socket starts processes as this user, with the argv and environment it sends: the
@@ -149,7 +149,8 @@ class ForkServer:
     def answer(self, line: str, listener: socket.socket, conn: socket.socket) -> dict:
         try:
             request = json.loads(line)
-            argv, env, log, cwd, client = (request[k] for k in ("argv", "env", "log", "cwd", "client"))
+            keys = ("argv", "env", "log", "exit", "cwd", "client")
+            argv, env, log, exit_path, cwd, client = (request[k] for k in keys)
         except (ValueError, KeyError, TypeError) as e:
             return {"error": f"bad request: {e}"}
         if (key := env_difference(env, self.before, self.after)) is not None:
@@ -159,7 +160,7 @@ class ForkServer:
             listener.close()
             conn.close()
             _run_server({"argv": argv, "env": child_env(env, self.before, self.after), "log": log, "cwd": cwd})
-        self.children[pid] = (int(client), log + ".exit")
+        self.children[pid] = (int(client), exit_path)
         return {"pid": pid}
 
     def reap(self) -> None:
@@ -178,7 +179,7 @@ class ForkServer:
                     f.write(str(os.waitstatus_to_exitcode(status)))
                 os.rename(staging, exit_path)
         for pid, (client, _) in list(self.children.items()):
-            if not process_exists(client):  # the client died without stopping its server: stop it, as a cold one would die
+            if not process_exists(client):  # its client died without stopping it: as a cold server would, it dies
                 try:
                     os.killpg(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):

@@ -13,11 +13,10 @@ processes die with it), so a killed test run or evaluation leaves no server.
 Where `SGLANG_MEPIC_FORK_SERVER` names the socket of a running `sglang_mepic.launch.fork_server` (the
 test suite starts one), the server is forked from that process, which has imported SGLang already: a
 tiny-model server answers in about 8 s instead of 26 on 2 cores. It is stopped and polled the same way.
-A server whose environment the fork server cannot honour, or one asked for with `fork=False`, starts cold.
+A server whose environment the fork server cannot honour starts cold, and its log's first line says why.
 """
 
 import json
-
 import os
 import signal
 import socket
@@ -104,7 +103,7 @@ def fork_server_socket() -> str | None:
 
 class ServerProcess:
     def __init__(self, model_path: str | os.PathLike, *args: str, port: int | None = None,
-                 startup_timeout: float = 900.0, env: dict[str, str] | None = None, fork: bool = True):
+                 startup_timeout: float = 900.0, env: dict[str, str] | None = None):
         self.model_path = str(model_path)
         self.args = list(args)
         self.port = port or free_port()
@@ -117,7 +116,6 @@ class ServerProcess:
         self.proc: subprocess.Popen | ForkedProcess | None = None
         self._stopped = False
         self.log_path: Path | None = None
-        self.fork = fork
         self.forked = False  # started by the fork server
         self.cold_because: str | None = None  # why a fork server there was not used
 
@@ -138,7 +136,7 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "sglang_mepic.launch_server", "--model-path", self.model_path,
                "--host", HOST, "--port", str(self.port), *self.args]
         self._stopped = False
-        if self.fork and (forked := self._fork(cmd[3:])) is not None:
+        if (forked := self._fork(cmd[3:])) is not None:
             os.close(fd)
             self.proc, self.forked = forked, True
             return
@@ -154,8 +152,9 @@ class ServerProcess:
         path = fork_server_socket()
         if path is None:
             return None
-        request = {"argv": argv, "env": self.env, "log": str(self.log_path), "cwd": tempfile.gettempdir(),
-                   "client": os.getpid()}
+        exit_path = Path(f"{self.log_path}.exit")
+        request = {"argv": argv, "env": self.env, "log": str(self.log_path), "exit": str(exit_path),
+                   "cwd": tempfile.gettempdir(), "client": os.getpid()}
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.settimeout(60)
@@ -167,7 +166,7 @@ class ServerProcess:
         if "pid" not in reply:
             self.cold_because = reply.get("cold") or reply.get("error") or "no reply"
             return None
-        return ForkedProcess(int(reply["pid"]), Path(str(self.log_path) + ".exit"))
+        return ForkedProcess(int(reply["pid"]), exit_path)
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
