@@ -40,3 +40,13 @@ def test_without_its_socket_it_prints_its_usage_and_exits_2():
     done = subprocess.run([sys.executable, "-m", "sglang_mepic.launch.fork_server"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and "usage: python -m sglang_mepic.launch.fork_server SOCKET" in done.stderr
+
+
+def test_a_malformed_request_is_refused_and_nothing_is_forked():
+    from sglang_mepic.launch.fork_server import ForkServer
+
+    server = ForkServer("/nonexistent", dict(BEFORE))
+    for line in ("not json\n", "{}\n", '{"argv": []}\n', "[1, 2]\n", ""):
+        reply = server.answer(line, listener=None, conn=None)
+        assert reply.keys() == {"error"} and reply["error"].startswith("bad request"), (line, reply)
+    assert server.children == {}
