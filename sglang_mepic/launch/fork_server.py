@@ -11,10 +11,12 @@ sglang_mepic.launch_server` serves; SGLang's scheduler and detokenizer are then 
 on CPU (patches/engine_set_envs_and_config.py).
 
 What keeps a fork honest:
-- This process runs one thread and never computes (no OpenMP pool to inherit); it only imports.
+- This process runs no Python thread but its main one and never computes (no OpenMP pool to inherit): it
+  only imports, and applies the plugins' hooks (`preload`).
 - A module may read the environment when it is imported, so a server is forked only when its
-  environment equals this process's but for variables read at run time (`RUNTIME_PREFIXES`); any
-  other difference gets a cold start, and the reply says which variable.
+  environment equals this process's but for variables read at run time (`RUNTIME_PREFIXES`,
+  `RUNTIME_NAMES`) and the OpenMP thread count, which the child sets; any other difference gets a cold
+  start, and the reply says which variable.
 - A child starts its own session (the client stops it by its process group, as it stops a cold one),
   dies with this process (parent-death signal), and is killed when the process that asked for it
   is gone, as a cold server dies with its parent.
@@ -41,6 +43,13 @@ from sglang_mepic.process.server_process import FORK_SERVER_ENV, die_with_parent
 # cache folder with setdefault; a test process that ran torch's inductor has its own default set).
 RUNTIME_PREFIXES = ("SGLANG_MEPIC_", "PYTEST_", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH",
                     "TILELANG_CACHE_DIR")
+# Read when a line is printed (the terminal's size), never at import.
+RUNTIME_NAMES = frozenset({"COLUMNS", "LINES"})
+# OpenMP reads its thread count when libgomp loads, so a forked child would keep this process's; the child
+# sets it as a cold start would have it (launch_cluster gives each instance its share of the cores).
+THREADS = "OMP_NUM_THREADS"
+# Python reads it when it starts: the child rebuilds its stdout and stderr as `python -u` would have them.
+UNBUFFERED = "PYTHONUNBUFFERED"
 # What a server imports after its first log line, imported here once.
 PRELOAD = (
     "sglang_mepic.launch.server",
@@ -50,6 +59,13 @@ PRELOAD = (
     "sglang.srt.managers.detokenizer_manager",
     "sglang.srt.model_executor.model_runner",
     "sglang.srt.models.llama",
+    "sglang.srt.models.registry",  # every model module SGLang has, scanned when a model loads: 2.3 s a server
+    "sglang.srt.managers.tp_worker",
+    "sglang.srt.constrained.xgrammar_backend",
+    "sglang_mepic.cache.cache_backend",
+    "sglang_mepic.attention.backend",
+    "sglang_mepic.frontend.request_markup",
+    # Not prometheus_client: it reads PROMETHEUS_MULTIPROC_DIR when imported, which SGLang sets before that.
 )
 POLL_S = 0.1  # how soon an exit or a gone client is seen
 
@@ -59,9 +75,37 @@ def env_difference(env: dict[str, str], before: dict[str, str], after: dict[str,
     had it before its imports (`before`) or has it after them (`after`: SGLang's imports set some with
     setdefault, the cache folders); None if there is none."""
     for key in sorted(set(env) | set(before) | set(after)):
-        if not key.startswith(RUNTIME_PREFIXES) and env.get(key) not in (before.get(key), after.get(key)):
+        if key.startswith(RUNTIME_PREFIXES) or key in RUNTIME_NAMES:
+            continue
+        if key == THREADS and _threads(env.get(key)) is not None or key == UNBUFFERED:
+            continue
+        if env.get(key) not in (before.get(key), after.get(key)):
             return key
     return None
+
+
+def _threads(text: str | None) -> int | None:
+    """OMP_NUM_THREADS as a count the child can set, or None (unset, a list per nesting level, garbage)."""
+    return int(text) if text is not None and text.strip().isdigit() and int(text) > 0 else None
+
+
+def set_buffering(env: dict[str, str]) -> None:
+    """In the child, once fds 1 and 2 are its log: unbuffered where `env` asks, as `python -u` starts."""
+    import io
+
+    if env.get(UNBUFFERED):
+        for name, fd in (("stdout", 1), ("stderr", 2)):
+            old = getattr(sys, name)
+            setattr(sys, name, io.TextIOWrapper(io.FileIO(fd, "wb", closefd=False), encoding=old.encoding,
+                                                errors=old.errors, write_through=True))
+
+
+def set_threads(env: dict[str, str], before: dict[str, str]) -> None:
+    """In the child: the thread count a cold start under `env` would have, where it differs from this process's."""
+    if env.get(THREADS) != before.get(THREADS) and (count := _threads(env.get(THREADS))) is not None:
+        import torch
+
+        torch.set_num_threads(count)
 
 
 def child_env(env: dict[str, str], before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
@@ -77,11 +121,23 @@ def child_env(env: dict[str, str], before: dict[str, str], after: dict[str, str]
     return out
 
 
-def preload() -> None:
+def preload() -> str | None:
+    """Import what a server imports, and load SGLang's plugins: their hooks are applied once here, not in
+    every child (SGLang walks every loaded module for each of the 37 hooks: about 3 s a server). Loading
+    them reads nothing a server sets: the plugin's log filters come from the launcher's `main`, in the
+    child. Returns why children cannot be forked, or None."""
     import importlib
 
     for name in PRELOAD:
         importlib.import_module(name)
+    from sglang.srt.plugins import load_plugins
+
+    from sglang_mepic import plugin
+
+    load_plugins()
+    if not plugin._registered:  # a cold start logs the plugin's error where the server's log shows it
+        return "the sglang-mepic plugin did not register in the fork server"
+    return None
 
 
 def _run_server(request: dict) -> None:
@@ -98,6 +154,8 @@ def _run_server(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    set_threads(request["env"], request["before"])
+    set_buffering(request["env"])
     sys.argv = ["sglang_mepic.launch_server", *request["argv"]]
     code = 0
     try:
@@ -118,8 +176,8 @@ def _run_server(request: dict) -> None:
 
 
 class ForkServer:
-    def __init__(self, path: str, before: dict[str, str]):
-        self.path = path
+    def __init__(self, path: str, before: dict[str, str], declined: str | None = None):
+        self.path, self.declined = path, declined  # declined: why every server starts cold
         self.before, self.after = before, dict(os.environ)  # the environment before and after the imports
         self.children: dict[int, tuple[int, str]] = {}  # pid → (the client's pid, where its exit status goes)
 
@@ -153,13 +211,16 @@ class ForkServer:
             argv, env, log, exit_path, cwd, client = (request[k] for k in keys)
         except (ValueError, KeyError, TypeError) as e:
             return {"error": f"bad request: {e}"}
+        if self.declined:
+            return {"cold": self.declined}
         if (key := env_difference(env, self.before, self.after)) is not None:
             return {"cold": f"{key} differs from the fork server's, and a module may read it at import"}
         pid = os.fork()
         if pid == 0:
             listener.close()
             conn.close()
-            _run_server({"argv": argv, "env": child_env(env, self.before, self.after), "log": log, "cwd": cwd})
+            _run_server({"argv": argv, "env": child_env(env, self.before, self.after), "log": log, "cwd": cwd,
+                         "before": self.before})
         self.children[pid] = (int(client), exit_path)
         return {"pid": pid}
 
@@ -196,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # as the launcher sets it on CPU, before SGLang's imports
     before = dict(os.environ)
     start = time.monotonic()
-    preload()
+    declined = preload()
     import torch
 
     if torch.cuda.is_available():
@@ -204,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     print(f"fork_server: SGLang imported in {time.monotonic() - start:.1f} s; serving on {argv[0]}",
           file=sys.stderr, flush=True)
-    ForkServer(argv[0], before).serve()
+    ForkServer(argv[0], before, declined).serve()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The fork server's rules for a server's environment (sglang_mepic/launch/fork_server.py): which
 differences still allow a fork, and what the forked launcher's environment becomes."""
 
-from sglang_mepic.launch.fork_server import child_env, env_difference
+import os
+
+from sglang_mepic.launch.fork_server import child_env, env_difference, set_buffering, set_threads
 
 BEFORE = {"PATH": "/bin", "HOME": "/root"}
 AFTER = {**BEFORE, "TRITON_CACHE_DIR": "/root/.cache/sglang/triton", "SGL_X": "1", "SGLANG_X": "1"}
@@ -13,7 +15,8 @@ def test_the_same_environment_forks():
 
 
 def test_a_variable_a_module_may_read_at_import_starts_cold():
-    assert env_difference({**BEFORE, "OMP_NUM_THREADS": "1"}, BEFORE, AFTER) == "OMP_NUM_THREADS"
+    assert env_difference({**BEFORE, "OMP_NUM_THREADS": "2,1"}, BEFORE, AFTER) == "OMP_NUM_THREADS"  # per level
+    assert env_difference({**BEFORE, "OMP_NUM_THREADS": "0"}, BEFORE, AFTER) == "OMP_NUM_THREADS"
     assert env_difference({**BEFORE, "PATH": "/usr/bin"}, BEFORE, AFTER) == "PATH"
     assert env_difference({"PATH": "/bin"}, BEFORE, AFTER) == "HOME"  # one removed counts too
     assert env_difference({**BEFORE, "SGLANG_X": "2"}, BEFORE, AFTER) == "SGLANG_X"
@@ -21,8 +24,26 @@ def test_a_variable_a_module_may_read_at_import_starts_cold():
 
 def test_settings_read_at_run_time_may_differ():
     client = {**BEFORE, "SGLANG_MEPIC_MODE": "full", "PYTEST_CURRENT_TEST": "t", "TORCHINDUCTOR_CACHE_DIR": "/tmp/i",
-              "TRITON_CACHE_DIR": "/tmp/t"}
+              "TRITON_CACHE_DIR": "/tmp/t", "COLUMNS": "80", "LINES": "24", "OMP_NUM_THREADS": "1",
+              "PYTHONUNBUFFERED": "1"}
     assert env_difference(client, BEFORE, AFTER) is None
+
+
+def test_a_forked_child_runs_the_thread_count_its_environment_asks_for():
+    """launch_cluster gives each instance OMP_NUM_THREADS; OpenMP read the fork server's when it loaded."""
+    import torch
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        set_threads({**BEFORE, "OMP_NUM_THREADS": "1"}, BEFORE)
+        os.write(write, str(torch.get_num_threads()).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        assert f.read() == "1"
+    os.waitpid(pid, 0)
 
 
 def test_the_child_gets_what_the_imports_set_unless_the_client_set_it_itself():
@@ -50,3 +71,19 @@ def test_a_malformed_request_is_refused_and_nothing_is_forked():
         reply = server.answer(line, listener=None, conn=None)
         assert reply.keys() == {"error"} and reply["error"].startswith("bad request"), (line, reply)
     assert server.children == {}
+
+
+def test_a_forked_child_asked_for_unbuffered_output_writes_at_once(tmp_path):
+    """PYTHONUNBUFFERED is read when Python starts: a child asked for it writes each line as it is printed."""
+    import sys
+
+    log = tmp_path / "log"
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT)
+        os.dup2(fd, 1)
+        set_buffering({**BEFORE, "PYTHONUNBUFFERED": "1"})
+        print("written", end="")  # no newline, no flush
+        os._exit(0)  # exits without flushing anything
+    os.waitpid(pid, 0)
+    assert log.read_text() == "written"

@@ -90,6 +90,22 @@ def run_launcher(*args, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def launch_to_exit(model: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The launcher as a ServerProcess starts it (forked from the fork server where the session has one: its
+    18 s of imports paid once), run until it exits; stdout and stderr are its log, both."""
+    from sglang_mepic.process.server_process import ServerProcess
+
+    server = ServerProcess(model, *args)
+    server.launch()
+    try:
+        code = server.proc.wait(timeout)
+    finally:
+        server.stop()
+    log = "".join(line for line in server.log().splitlines(keepends=True)
+                  if not line.startswith("sglang-mepic: started cold, not forked:"))  # ServerProcess's, not the launcher's
+    return subprocess.CompletedProcess(["launch_server", *args], code, log, log)
+
+
 class ReachedSGLang(Exception):
     """The launcher got past its own checks, to where it imports and starts SGLang."""
 
@@ -125,9 +141,9 @@ def launch_here(monkeypatch, capsys):
     return launch
 
 
-@pytest.mark.slow  # the launcher in a subprocess, through SGLang's imports and parser: 20-50 s
-def test_help_shows_sglang_flags():
-    out = run_launcher("--help")
+@pytest.mark.slow  # the launcher through SGLang's imports and parser
+def test_help_shows_sglang_flags(tiny_model):
+    out = launch_to_exit(tiny_model, "--help")
     assert out.returncode == 0, out.stderr
     for flag in ("--model-path", "--attention-backend", "--radix-cache-backend", "--max-total-tokens",
                  "--mepic-placement"):
@@ -576,26 +592,21 @@ def test_bad_flag_values_of_ours_are_one_line(capsys):
         assert err.count("\n") == 1 and err.startswith("sglang_mepic.launch_server: error: argument " + flags[0])
 
 
-@pytest.mark.slow  # the launcher in a subprocess, through SGLang's imports and parser: 20-50 s
+@pytest.mark.slow  # the launcher through SGLang's imports and parser (forked: a few seconds)
 def test_a_flag_sglang_refuses_is_one_line_and_status_2(tiny_model):
     """SGLang's own argument checks (here: the chunked prefill size must be a multiple of the page)."""
-    from sglang_mepic.process.server_process import free_port
-
-    out = run_launcher("--model-path", tiny_model, "--port", str(free_port()), "--page-size", "7", timeout=120)
+    out = launch_to_exit(tiny_model, "--page-size", "7")
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert "sglang_mepic.launch_server: error: chunked_prefill_size must be divisible by page_size" in out.stderr
     assert "Load weight" not in out.stderr  # refused before any process started
 
 
-@pytest.mark.slow  # the launcher in a subprocess, through SGLang's imports and parser: 20-50 s
+@pytest.mark.slow  # the launcher through SGLang's imports and parser (forked: a few seconds)
 def test_a_combination_sglang_refuses_when_it_resolves_its_flags_is_one_line(tiny_model):
     """SGLang checks some combinations only in `run_server` (ServerArgs.resolve_once), before any process."""
-    from sglang_mepic.process.server_process import free_port
-
-    out = run_launcher("--model-path", tiny_model, "--port", str(free_port()), "--speculative-algorithm", "NGRAM",
-                       "--attention-backend", "torch_native", "--radix-cache-backend", "sglang", "--page-size", "16",
-                       timeout=120)
+    out = launch_to_exit(tiny_model, "--speculative-algorithm", "NGRAM", "--attention-backend", "torch_native",
+                         "--radix-cache-backend", "sglang", "--page-size", "16")
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr and "Load weight" not in out.stderr
     errors = [line for line in out.stderr.splitlines() if "error:" in line]
@@ -604,16 +615,14 @@ def test_a_combination_sglang_refuses_when_it_resolves_its_flags_is_one_line(tin
                       "only supported for the 'flashinfer' backend."], out.stderr[-2000:]
 
 
-@pytest.mark.slow  # the launcher in a subprocess, through SGLang's imports and parser: 20-50 s
+@pytest.mark.slow  # the launcher through SGLang's imports and parser (forked: a few seconds)
 def test_a_flag_sglang_does_not_know_is_one_line_not_its_usage(tiny_model):
     """SGLang's parser prints its whole usage block (hundreds of lines) for an unknown flag."""
-    from sglang_mepic.process.server_process import free_port
-
-    out = run_launcher("--model-path", tiny_model, "--port", str(free_port()), "--no-such-flag", timeout=120)
+    out = launch_to_exit(tiny_model, "--no-such-flag")
     assert_refused(out, "unrecognized arguments: --no-such-flag")
 
 
-@pytest.mark.slow  # the launcher in a subprocess, through SGLang's imports and parser: 20-50 s
+@pytest.mark.slow  # the launcher through SGLang's imports and parser (forked: a few seconds)
 def test_a_package_whose_hooks_come_from_another_checkout_does_not_serve(tiny_model, tmp_path):
     """PYTHONPATH set to another checkout (a git worktree) while the editable install maps the hooks to
     this one: the plugin refuses, and the launcher stops instead of serving without MEPIC's hooks (a

@@ -335,13 +335,25 @@ def test_a_chunked_request_just_over_the_context_limit_is_a_400_and_the_server_l
     alive(smollm2_server)
 
 
-def test_a_chunked_request_at_the_context_limit_is_served(smollm2_server):
-    """The limit is SGLang's own, not one below it: the largest request the scheduler takes is served."""
-    r = requests.post(smollm2_server.url + "/generate", timeout=600,
-                      json={"input_ids": chunked_ids(SMOLLM2_MOST_SLOTS - 32), "sampling_params": {"max_new_tokens": 1}})
+# The tiny model's context is 4,096 tokens: the same rule makes 4,089 slots the most a request may hold.
+TINY_MOST_SLOTS = 4089
+
+
+def tiny_chunked_ids(prompt_tokens: int) -> list[int]:
+    return CHUNK + [100 + i % 3900 for i in range(prompt_tokens)]  # within its 4,096-token vocabulary
+
+
+def test_a_chunked_request_at_the_context_limit_is_served(tiny_server):
+    """The limit is SGLang's own, not one below it: the largest request the scheduler takes is served, one
+    slot more is refused. On the tiny model: prefilling SmolLM2's 8,185 slots took 70 s on 2 cores."""
+    r = requests.post(tiny_server.url + "/generate", timeout=600,
+                      json={"input_ids": tiny_chunked_ids(TINY_MOST_SLOTS - 32), "sampling_params": {"max_new_tokens": 1}})
     assert r.status_code == 200, r.text
-    assert r.json()["meta_info"]["prompt_tokens"] == SMOLLM2_MOST_SLOTS - 32 + 17
-    alive(smollm2_server)
+    assert r.json()["meta_info"]["prompt_tokens"] == TINY_MOST_SLOTS - 32 + 17
+    r = requests.post(tiny_server.url + "/generate", timeout=120,
+                      json={"input_ids": tiny_chunked_ids(TINY_MOST_SLOTS - 31), "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 400 and f"more than the {TINY_MOST_SLOTS} this server accepts" in r.text, r.text
+    alive(tiny_server)
 
 
 @pytest.mark.parametrize("start", [-2, -5, -(2**40)])
