@@ -38,9 +38,9 @@ class Rows:
 
 
 def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num_pages=NUM_PAGES, sglang=False,
-              eviction_policy="lru"):
+              eviction_policy="lru", rows=16):
     """The mepic radix cache on a small real KV pool (or, with `sglang`, SGLang's own RadixCache);
-    `eviction_policy`: SGLang's --radix-eviction-policy."""
+    `eviction_policy`: SGLang's --radix-eviction-policy; `rows`: requests (compile rows too) at once."""
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
@@ -53,7 +53,7 @@ def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num
     for buffer in (*kv.k_buffer, *kv.v_buffer):
         buffer.normal_()  # stands for computed KV, so that copies between tiers can be checked
     allocator = PagedTokenToKVPoolAllocator(num_pages * B, B, torch.float32, "cpu", kv, False)
-    params = CacheInitParams(disable=False, req_to_token_pool=Rows(16, min(num_pages * B, 1 << 14)),
+    params = CacheInitParams(disable=False, req_to_token_pool=Rows(rows, min(num_pages * B, 1 << 14)),
                              token_to_kv_pool_allocator=allocator, page_size=B, eviction_policy=eviction_policy)
     if sglang:
         from sglang.srt.mem_cache.radix_cache import RadixCache
