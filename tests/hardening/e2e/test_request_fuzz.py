@@ -25,7 +25,7 @@ It runs on the tiny test model and on SmolLM2-135M (whose tokenizer adds no BOS,
 text is a prompt of no tokens), each on a server of its own, started here and always stopped.
 CI runs a fixed seed, so a failure replays as is; MEPIC_REQUEST_FUZZ_SEED=<n> runs another and
 MEPIC_REQUEST_FUZZ_SEED=random draws one. The seed is printed and named in every failure.
-MEPIC_REQUEST_FUZZ_SECONDS bounds each model's run (default 60). The run stops at the first
+MEPIC_REQUEST_FUZZ_SECONDS bounds each model's run (default 120). The run stops at the first
 failure; MEPIC_REQUEST_FUZZ_KEEP_GOING=1 (for exploring) restarts a dead server, shrinks each
 failure's body and reports every distinct failure at the end.
 """
@@ -47,7 +47,7 @@ from sglang_mepic.launch import models
 from sglang_mepic.process.server_process import ServerProcess
 
 SEED = 20261124
-SECONDS = float(os.environ.get("MEPIC_REQUEST_FUZZ_SECONDS", 60))
+SECONDS = float(os.environ.get("MEPIC_REQUEST_FUZZ_SECONDS", 120))
 MAX_REQUESTS = int(os.environ.get("MEPIC_REQUEST_FUZZ_REQUESTS", 3000))
 KEEP_GOING = os.environ.get("MEPIC_REQUEST_FUZZ_KEEP_GOING", "") not in ("", "0")
 # For exploring past a known failure: routes (comma-separated) left out of this run
