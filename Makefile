@@ -10,8 +10,12 @@ PORT   ?= 30000
 ARGS   ?=
 PYTEST_ARGS ?=
 
-# The unit and property tests: no server, nothing marked slow (`make test-fast`, and make test's first part).
+# The unit and property tests: no server, nothing marked slow (`make test-fast`).
 FAST   := not server and not slow
+# make test's first part: every test that starts no server, slow ones included (Triton-interpreter kernels,
+# wheel builds), on both cores (pytest-xdist): they share nothing, and the cores would otherwise wait on Python.
+UNIT   := not server
+WORKERS ?= 2
 # make test writes each part's time here (.ci/run prints it).
 TIMES  := $(VENV)/.test-times
 
@@ -20,11 +24,11 @@ TIMES  := $(VENV)/.test-times
 serve: $(STAMP) $(MODELS)/smollm2-135m/config.json
 	$(PY) -m sglang_mepic.launch_server --model-path $(MODELS)/smollm2-135m --host $(HOST) --port $(PORT) $(ARGS)
 
-# Every test once, in three pytest runs timed apart: the fast part first (a failing unit test shows in
-# minutes), then the tests that start servers or take minutes, in two parts by folder. Run at once, the
-# two server parts took 35 min instead of 46 (the 2 cores were already busy), and under that load the route
-# fuzzer sent fewer requests than its floor and launch_cluster outlived its 90 s after a Ctrl-C: they run
-# one after the other.
+# Every test once, in three pytest runs timed apart: the tests that start no server first, on both cores (a
+# failing unit test shows in minutes), then the tests that start servers, in two parts by folder, one test at
+# a time. Run at once, the two server parts took 35 min instead of 46 (the 2 cores were already busy), and
+# under that load the route fuzzer sent fewer requests than its floor and launch_cluster outlived its 90 s
+# after a Ctrl-C: they run one after the other, and a server test never runs beside another test.
 SERVER_PART_1 := tests/cache tests/frontend tests/pages tests/gate
 SERVER_PART_2 := $(filter-out $(SERVER_PART_1) tests/support tests/data,$(patsubst %/,%,$(wildcard tests/*/)))
 test: $(STAMP) $(MODELS)/tiny/config.json
@@ -36,9 +40,9 @@ ifeq ($(strip $(PYTEST_ARGS)),)
 	  if [ $$code -eq 5 ]; then code=0; fi; \
 	  echo "[test] $$name part (-m \"$$mark\" $$*): $$(( $$(date +%s) - start )) s, exit status $$code" >> $(TIMES); \
 	  return $$code; }; \
-	run fast '$(FAST)' || rc=1; \
-	run servers-1 'server or slow' $(SERVER_PART_1) || rc=1; \
-	run servers-2 'server or slow' $(SERVER_PART_2) || rc=1; \
+	run unit '$(UNIT)' -n $(WORKERS) || rc=1; \
+	run servers-1 server $(SERVER_PART_1) || rc=1; \
+	run servers-2 server $(SERVER_PART_2) || rc=1; \
 	cat $(TIMES); exit $$rc
 else
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

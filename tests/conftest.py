@@ -38,7 +38,7 @@ _register_eval()
 
 @pytest.fixture(scope="session", autouse=True)
 def fork_server(request, tmp_path_factory):
-    """Where the session runs tests that start servers, a fork server (sglang_mepic/launch/fork_server.py)
+    """Where the session runs tests that start servers (marked `server`), a fork server (sglang_mepic/launch/fork_server.py)
     that every ServerProcess of the session, and of the commands it runs, starts its servers from: SGLang
     is imported once, not once per server (about 18 s of each start on 2 cores). `SGLANG_MEPIC_TEST_COLD=1`
     starts every server cold, as before."""
@@ -48,7 +48,7 @@ def fork_server(request, tmp_path_factory):
 
     from sglang_mepic.process.server_process import FORK_SERVER_ENV, die_with_parent
 
-    wanted = any(item.get_closest_marker("server") or item.get_closest_marker("slow") for item in request.session.items)
+    wanted = any(item.get_closest_marker("server") for item in request.session.items)
     if not wanted or os.environ.get("SGLANG_MEPIC_TEST_COLD") or os.environ.get(FORK_SERVER_ENV):
         yield None
         return

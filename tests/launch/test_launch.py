@@ -9,6 +9,7 @@ import pytest
 
 from sglang_mepic.launch import checks, defaults, mepic_flags, models, sglang_flags
 from sglang_mepic.launch.defaults import with_defaults
+from support.launcher import assert_refused
 
 
 def flag_value(argv, flag):
@@ -90,22 +91,6 @@ def run_launcher(*args, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def launch_to_exit(model: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """The launcher as a ServerProcess starts it (forked from the fork server where the session has one: its
-    18 s of imports paid once), run until it exits; stdout and stderr are its log, both."""
-    from sglang_mepic.process.server_process import ServerProcess
-
-    server = ServerProcess(model, *args)
-    server.launch()
-    try:
-        code = server.proc.wait(timeout)
-    finally:
-        server.stop()
-    log = "".join(line for line in server.log().splitlines(keepends=True)
-                  if not line.startswith("sglang-mepic: started cold, not forked:"))  # ServerProcess's, not the launcher's
-    return subprocess.CompletedProcess(["launch_server", *args], code, log, log)
-
-
 class ReachedSGLang(Exception):
     """The launcher got past its own checks, to where it imports and starts SGLang."""
 
@@ -139,15 +124,6 @@ def launch_here(monkeypatch, capsys):
         return subprocess.CompletedProcess(["launch_server", *args], code, out.out, out.err)
 
     return launch
-
-
-@pytest.mark.slow  # the launcher through SGLang's imports and parser
-def test_help_shows_sglang_flags(tiny_model):
-    out = launch_to_exit(tiny_model, "--help")
-    assert out.returncode == 0, out.stderr
-    for flag in ("--model-path", "--attention-backend", "--radix-cache-backend", "--max-total-tokens",
-                 "--mepic-placement"):
-        assert flag in out.stdout
 
 
 def test_missing_model_folder_is_a_clear_error(tmp_path, launch_here):
@@ -444,13 +420,7 @@ REFUSED = [
 ]
 
 
-def assert_refused(out, reason):
-    """Exit status 2 and one line on stderr, the reason: no traceback, no usage block, nothing loaded."""
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert "Traceback" not in out.stderr + out.stdout
-    assert len(lines) == 1 and lines[0].startswith("sglang_mepic.launch_server: error: ") and reason in lines[0], \
-        out.stderr[-2000:]
+
 
 
 @pytest.mark.parametrize("flags, reason", REFUSED, ids=[" ".join(f) for f, _ in REFUSED])
@@ -590,36 +560,6 @@ def test_bad_flag_values_of_ours_are_one_line(capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("sglang_mepic.launch_server: error: argument " + flags[0])
-
-
-@pytest.mark.slow  # the launcher through SGLang's imports and parser (forked: a few seconds)
-def test_a_flag_sglang_refuses_is_one_line_and_status_2(tiny_model):
-    """SGLang's own argument checks (here: the chunked prefill size must be a multiple of the page)."""
-    out = launch_to_exit(tiny_model, "--page-size", "7")
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert "Traceback" not in out.stderr
-    assert "sglang_mepic.launch_server: error: chunked_prefill_size must be divisible by page_size" in out.stderr
-    assert "Load weight" not in out.stderr  # refused before any process started
-
-
-@pytest.mark.slow  # the launcher through SGLang's imports and parser (forked: a few seconds)
-def test_a_combination_sglang_refuses_when_it_resolves_its_flags_is_one_line(tiny_model):
-    """SGLang checks some combinations only in `run_server` (ServerArgs.resolve_once), before any process."""
-    out = launch_to_exit(tiny_model, "--speculative-algorithm", "NGRAM", "--attention-backend", "torch_native",
-                         "--radix-cache-backend", "sglang", "--page-size", "16")
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert "Traceback" not in out.stderr and "Load weight" not in out.stderr
-    errors = [line for line in out.stderr.splitlines() if "error:" in line]
-    assert errors == ["sglang_mepic.launch_server: error: speculative_eagle_topk(10) > 1 with page_size(16) > 1 is "
-                      "unstable and produces incorrect results for paged attention backends. This combination is "
-                      "only supported for the 'flashinfer' backend."], out.stderr[-2000:]
-
-
-@pytest.mark.slow  # the launcher through SGLang's imports and parser (forked: a few seconds)
-def test_a_flag_sglang_does_not_know_is_one_line_not_its_usage(tiny_model):
-    """SGLang's parser prints its whole usage block (hundreds of lines) for an unknown flag."""
-    out = launch_to_exit(tiny_model, "--no-such-flag")
-    assert_refused(out, "unrecognized arguments: --no-such-flag")
 
 
 @pytest.mark.slow  # the launcher through SGLang's imports and parser (forked: a few seconds)
