@@ -7,6 +7,9 @@
   popular paragraphs recur at different positions, as retrieved documents do.
 - HotpotQA: each question's paragraphs are its chunks (the supporting ones and
   distractors, up to k); questions are picked so that they share paragraphs.
+- SQuAD, long (`squad-long`): consecutive paragraphs of an article joined into
+  documents of 310-450 words (about 400-600 tokens), the paper's long-prompt case:
+  16 of them make a prompt of 8k-12k tokens. Reuse as `with_reuse` draws it.
 - Either, with a set reuse ratio (`with_reuse`, `eval.run --reuse`): each chunk
   repeats an earlier one with that probability, popular ones more often, so the
   share of chunk tokens that repeat can be swept (the MEPIC paper's Table 1 has
@@ -110,7 +113,43 @@ def hotpotqa(n: int, chunks: int, seed: int = 0) -> list[Request]:
     return out
 
 
-DATASETS = {"squad": squad, "hotpotqa": hotpotqa}
+LONG_WORDS = (310, 450)  # a long document's words: about 400-600 tokens of SmolLM2's (or Llama's) tokenizer
+LONG_REUSE = 0.85  # squad-long without --reuse: the paper's base reuse
+
+
+def long_documents(paragraphs: list[str], words: tuple[int, int] = LONG_WORDS) -> list[list[int]]:
+    """Consecutive paragraphs grouped into documents of `words` words (indices into `paragraphs`): a group
+    closes once it has the least; a paragraph that would take it past the most starts the next; a last
+    group short of the least joins the one before where both fit. Groups outside `words` (a paragraph
+    longer than the most, a short tail) are left out."""
+    least, most = words
+    groups: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i, text in enumerate(paragraphs):
+        n = len(text.split())
+        if current and size + n > most:
+            groups.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += n
+        if size >= least:
+            groups.append(current)
+            current, size = [], 0
+    if current:
+        tail = sum(len(paragraphs[i].split()) for i in current)
+        if groups and sum(len(paragraphs[i].split()) for i in groups[-1]) + tail <= most:
+            groups[-1] += current
+        else:
+            groups.append(current)
+    return [g for g in groups if least <= sum(len(paragraphs[i].split()) for i in g) <= most]
+
+
+def squad_long(n: int, chunks: int, seed: int = 0) -> list[Request]:
+    return with_reuse("squad-long", n, chunks, LONG_REUSE, seed)
+
+
+DATASETS = {"squad": squad, "hotpotqa": hotpotqa, "squad-long": squad_long}
 
 
 @dataclass(frozen=True)
@@ -132,6 +171,19 @@ def units(dataset: str) -> list[Unit]:
                     if not qa.get("is_impossible") and qa["answers"]:
                         out.append(Unit(texts[i], qa["question"], tuple(sorted({a["text"] for a in qa["answers"]})),
                                         tuple(t for j, t in enumerate(texts) if j != i)))
+        return out
+    if dataset == "squad-long":
+        out = []
+        for article in load_json("squad.json")["data"]:
+            texts = [p["context"] for p in article["paragraphs"]]
+            groups = long_documents(texts)
+            docs = [" ".join(texts[i] for i in group) for group in groups]
+            for d, group in enumerate(groups):
+                for i in group:
+                    for qa in article["paragraphs"][i]["qas"]:
+                        if not qa.get("is_impossible") and qa["answers"]:
+                            out.append(Unit(docs[d], qa["question"], tuple(sorted({a["text"] for a in qa["answers"]})),
+                                            tuple(t for j, t in enumerate(docs) if j != d)))
         return out
     if dataset == "hotpotqa":
         out = []

@@ -3,7 +3,7 @@
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.cache.radix_cache import MepicRadixCache
+from sglang_mepic.cache.radix_cache import mepic_cache
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
@@ -11,7 +11,6 @@ HOOK_TYPE = HookType.AFTER
 
 
 def hook(result, batch, *args, **kwargs):
-    tree = batch.tree_cache
-    if isinstance(tree, MepicRadixCache):
+    if (tree := mepic_cache(batch)) is not None:
         tree.figures.sample()
     return result

@@ -14,7 +14,7 @@ round comes to admit it, as under FCFS.
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.cache.radix_cache import MepicRadixCache
+from sglang_mepic.cache.radix_cache import mepic_cache
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.schedule_policy.SchedulePolicy._compute_prefix_matches"
@@ -22,8 +22,7 @@ HOOK_TYPE = HookType.AROUND
 
 
 def hook(original, policy, *args, **kwargs):
-    tree = getattr(policy, "tree_cache", None)
-    if not isinstance(tree, MepicRadixCache):
+    if (tree := mepic_cache(policy)) is None:
         return original(policy, *args, **kwargs)
     tree.prioritising = True
     try:

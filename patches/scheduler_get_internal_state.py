@@ -4,7 +4,7 @@ radix cache, where the pool's pages go under `page_anatomy` (cache/anatomy.py)."
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic.cache import anatomy
-from sglang_mepic.cache.radix_cache import MepicRadixCache
+from sglang_mepic.cache.radix_cache import mepic_cache
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
@@ -13,8 +13,7 @@ HOOK_TYPE = HookType.AROUND
 
 def hook(original, scheduler, *args, **kwargs):
     result = original(scheduler, *args, **kwargs)
-    tree = scheduler.tree_cache
-    if isinstance(tree, MepicRadixCache):
+    if (tree := mepic_cache(scheduler)) is not None:
         result.internal_state["mepic"] = tree.figures.stats()
     result.internal_state["page_anatomy"] = anatomy.of_scheduler(scheduler)
     return result

@@ -3,7 +3,7 @@ with compile rows made in the scheduler (compile_rows.py) it equals the requests
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.cache.radix_cache import MepicRadixCache
+from sglang_mepic.cache.radix_cache import mepic_cache
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.scheduler.Scheduler.handle_generate_request"
@@ -11,7 +11,6 @@ HOOK_TYPE = HookType.AROUND
 
 
 def hook(original, scheduler, *args, **kwargs):
-    tree = getattr(scheduler, "tree_cache", None)
-    if isinstance(tree, MepicRadixCache):
+    if (tree := mepic_cache(scheduler)) is not None:
         tree.figures.counters.requests_received += 1
     return original(scheduler, *args, **kwargs)

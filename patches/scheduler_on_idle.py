@@ -12,7 +12,7 @@ at the idle pass where the pool's use changed (`metrics.refresh_sglang_usage_whe
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic.cache import metrics
-from sglang_mepic.cache.radix_cache import MepicRadixCache
+from sglang_mepic.cache.radix_cache import mepic_cache
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.scheduler.Scheduler.on_idle"
@@ -22,7 +22,6 @@ HOOK_TYPE = HookType.AROUND
 def hook(original, scheduler, *args, **kwargs):
     metrics.refresh_sglang_usage_when_stale(scheduler)  # SGLang's own gauges, published by the original
     result = original(scheduler, *args, **kwargs)
-    tree = getattr(scheduler, "tree_cache", None)
-    if isinstance(tree, MepicRadixCache):
+    if (tree := mepic_cache(scheduler)) is not None:
         tree.figures.sample()
     return result

@@ -10,14 +10,14 @@ rows have run).
 
 from sglang_mepic.cache.compile_rows import layout_of
 from sglang_mepic.cache.link import link_of
-from sglang_mepic.cache.radix_cache import MepicRadixCache
+from sglang_mepic.cache.radix_cache import mepic_cache
 
 
 def add_request(original, adder, req, *args, **kwargs):
     """SGLang's `PrefillAdder.add_one_req`, with the compile rows the request reads added first."""
     from sglang.srt.managers.schedule_policy import AddReqResult
 
-    tree = adder.tree_cache if isinstance(adder.tree_cache, MepicRadixCache) else None
+    tree = mepic_cache(adder)
     link = link_of(req)
     if tree is None or link is None or not link.compiling:
         return original(adder, req, *args, **kwargs)

@@ -12,7 +12,7 @@ each laid-out slot scores the next real token, not the next slot (logprobs.py).
 
 from sglang_mepic.cache.link import link_of
 from sglang_mepic.cache.logprobs import score_real_tokens
-from sglang_mepic.cache.radix_cache import MepicRadixCache
+from sglang_mepic.cache.radix_cache import mepic_cache
 from sglang_mepic.pages import context
 
 
@@ -23,7 +23,7 @@ def point_readers(tree, batch) -> None:
 
 
 def prepare_extend(original, batch, *args, **kwargs):
-    tree = batch.tree_cache if isinstance(batch.tree_cache, MepicRadixCache) else None
+    tree = mepic_cache(batch)
     if tree is not None:
         # What the batch's extends will allocate (a page more each for alignment): EPIC's
         # private copies, made at admission, must leave it free.

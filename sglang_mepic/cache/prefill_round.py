@@ -18,7 +18,7 @@ import functools
 
 from sglang_mepic import config
 from sglang_mepic.cache.link import link_of
-from sglang_mepic.cache.radix_cache import MepicRadixCache
+from sglang_mepic.cache.radix_cache import mepic_cache
 
 
 def compile_req(scheduler, rid, ids, parent):
@@ -62,7 +62,7 @@ def hold_back(tree, reqs) -> list:
 
 
 def prefill_round(original, scheduler, *args, **kwargs):
-    tree = scheduler.tree_cache if isinstance(scheduler.tree_cache, MepicRadixCache) else None
+    tree = mepic_cache(scheduler)
     if tree is not None:
         rows = tree.compile_rows
         rows.make_req = functools.partial(compile_req, scheduler)

@@ -350,3 +350,10 @@ class MepicRadixCache(RadixCache):
             self.residency.reset()
             self.compile_rows.reset()
             self.figures.reset()
+
+
+def mepic_cache(holder) -> "MepicRadixCache | None":
+    """The MEPIC cache of a scheduler, batch, prefill adder or schedule policy (whatever holds SGLang's
+    `tree_cache`); None where it runs another cache (SGLang's own: no chunk is reused)."""
+    tree = getattr(holder, "tree_cache", None)
+    return tree if isinstance(tree, MepicRadixCache) else None

@@ -159,6 +159,8 @@ def build(name: str, out: Path | None = None, force: bool = False) -> Path:
     print(f"[models] building {name} into {out}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{name}-") as tmp:
         BUILDERS[name](Path(tmp))
+        if is_built(out) and not force:  # another process built it meanwhile (tests on two cores): keep theirs,
+            return out                   # which someone may be reading
         if out.exists():
             shutil.rmtree(out)
         os.rename(tmp, out)

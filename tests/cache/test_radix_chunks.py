@@ -531,3 +531,12 @@ def test_cacheblend_pages_match_no_other_request():
     tree.residency.end_round()
     plain = planned(tree, ids, None)
     assert plain.prefix_len == 0
+
+
+def test_a_holders_mepic_cache_is_found_and_another_cache_is_none(tree):
+    """The one way the patches and the scheduler-side parts reach the cache (issue 72)."""
+    from sglang_mepic.cache.radix_cache import mepic_cache
+
+    assert mepic_cache(SimpleNamespace(tree_cache=tree)) is tree
+    assert mepic_cache(SimpleNamespace(tree_cache=make_tree(sglang=True))) is None
+    assert mepic_cache(SimpleNamespace()) is None  # a holder without a cache (SGLang's disaggregation stubs)

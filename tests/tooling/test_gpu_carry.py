@@ -313,6 +313,9 @@ def test_the_launcher_keeps_the_site_it_was_installed_into_on_sys_path(tmp_path,
 @pytest.mark.slow
 def test_the_real_carry_builds_fits_and_installs_as_on_the_device(tmp_path):
     """Builds the carry (PyPI the first time; the wheel cache after) and installs it as run.sh does."""
+    from sglang_mepic.launch import models
+
+    models.build("smollm2-135m")  # the carry takes its tokenizer; no other test need have built it first
     out = tmp_path / "carry"
     done = subprocess.run([sys.executable, "-m", "eval.gpu.e2e.make_carry", "--out", str(out),
                            "--wheels-cache", str(mc.DEFAULT_CACHE)], cwd=ROOT, capture_output=True, text=True,

@@ -36,3 +36,28 @@ def test_impossible_shapes_are_refused_clearly():
         with_reuse("squad", 10, 4, 1.0)
     with pytest.raises(ValueError, match="runs out of new documents"):
         with_reuse("squad", 1000, 16, 0.0)
+
+
+def test_long_documents_group_consecutive_paragraphs_within_the_words_asked():
+    paragraphs = ["w " * n for n in (200, 150, 100, 500, 90, 80, 300, 120, 40)]
+    # 200+150 closes at 350; 100 is cut short by the 500 (over the most: left out, as the 100); 90+80 is cut
+    # short by the 300, which closes alone; the 120+40 tail would take the 300 past the most: left out.
+    assert workloads.long_documents(paragraphs, (300, 450)) == [[0, 1], [6]]
+    assert workloads.long_documents(["w " * 100] * 9, (300, 450)) == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert workloads.long_documents(["w " * 100] * 7, (300, 450)) == [[0, 1, 2], [3, 4, 5, 6]]  # the tail joins
+
+
+def test_the_long_prompt_workload_is_16_documents_of_400_to_600_tokens():
+    """The paper's long-prompt case (issue 71): 16 documents of about 400-600 tokens, 8k-12k-token prompts."""
+    from transformers import AutoTokenizer
+
+    from sglang_mepic.launch import models
+
+    tokenizer = AutoTokenizer.from_pretrained(str(models.build("smollm2-135m")))
+    reqs = workloads.DATASETS["squad-long"](100, 16)
+    docs = sorted({d for r in reqs for d in r.docs})
+    tokens = [len(tokenizer(d)["input_ids"]) for d in docs]
+    assert sum(400 <= t <= 600 for t in tokens) >= 0.8 * len(tokens) and min(tokens) >= 300, tokens
+    prompts = [len(tokenizer(workloads.render(tokenizer, r))["input_ids"]) for r in reqs]
+    assert all(len(r.docs) == 16 for r in reqs) and 7500 <= min(prompts) and max(prompts) <= 12000, prompts
+    assert abs(reuse_ratio(reqs) - workloads.LONG_REUSE) < 0.05

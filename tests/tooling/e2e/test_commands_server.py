@@ -43,6 +43,9 @@ SHARED = ["--dtype", "float32", "--max-total-tokens", str(512 * 16), "--decode-l
 def _die_with_parent() -> None:
     from sglang_mepic.process.server_process import die_with_parent as die
     die()
+    # As a terminal's foreground job has it: a suite started in the background (`make test &`) hands on
+    # SIGINT ignored, and Python then never raises KeyboardInterrupt (launch_cluster outlived its 90 s).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="module")
