@@ -63,8 +63,9 @@ def test_a_stopped_mooncake_master_is_a_logged_miss_and_is_used_again_when_back(
 def test_a_master_that_cannot_be_reached_at_start_is_a_logged_miss(caplog, monkeypatch):
     from sglang_mepic.process.server_process import free_port
 
-    # Mooncake's client tries 20 ports, 4.3 s each, before it gives up; how often it retries is its business.
-    monkeypatch.setenv("MC_STORE_CLIENT_SETUP_RETRIES", "2")
+    # Mooncake's client tries 20 ports, 4.3 s each, before it gives up (86 s); how often it retries is its
+    # business, not this test's.
+    monkeypatch.setenv("MC_STORE_CLIENT_SETUP_RETRIES", "1")
 
     port = free_port()
     config = {"master_server_address": f"127.0.0.1:{port}", "metadata_server": f"http://127.0.0.1:{port}/metadata",
