@@ -5,10 +5,10 @@
 
 On 2 cores a server spends about 18 of its 26 s to /health importing SGLang, torch and transformers
 before its first log line, and the test suite starts about 70 servers. Forked from this process, which
-paid the imports once, a tiny-model server answers in about 8 s. The child runs the launcher's own
-`main` with the server's argv and environment, so what it serves is what `python -m
-sglang_mepic.launch_server` serves; SGLang's scheduler and detokenizer are then forked from it as usual
-on CPU (patches/engine_set_envs_and_config.py).
+paid the imports once (and applied SGLang's plugin hooks), a tiny-model server answers in about 5-6 s.
+The child runs the launcher's own `main` with the server's argv and environment, so what it serves is
+what `python -m sglang_mepic.launch_server` serves; SGLang's scheduler and detokenizer are then forked
+from it as usual on CPU (patches/engine_set_envs_and_config.py).
 
 What keeps a fork honest:
 - This process runs no Python thread but its main one and never computes (no OpenMP pool to inherit): it
