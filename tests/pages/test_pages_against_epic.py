@@ -21,8 +21,7 @@ import random
 import pytest
 
 from sglang_mepic.cache.compile_rows import is_compile_row
-from support.replay import (B, apply_hooks, laid_out, make_tree, new_request, prepare_batch, release, replanned,
-                            request)
+from support.replay import B, admit_round, apply_hooks, laid_out, make_tree, new_request, release, request
 
 WAVES = (1, 2, 4, 8, 1, 4, 8, 2, 8)  # requests in flight together, in trace order
 DOCS = 8
@@ -57,22 +56,12 @@ def held(tree, free_when_empty: int) -> int:
 def run_wave(tree, layouts, free_when_empty: int) -> tuple[int, int, int]:
     """(the prefill rounds' peak of held pages, held pages once every request of the wave runs, chunks
     compiled); every request then ends."""
-    tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, parent.extra_key, rid)
     pending = [new_request(*laid_out(lay), rid=f"r{i}") for i, lay in enumerate(layouts)]
     running, peak, compiled = [], 0, 0
     for _ in range(3):  # EPIC's readers wait one round for their chunks
         if not pending:
             break
-        batch = []
-        for req in pending:
-            replanned(tree, req)
-            for key, row in req.mepic.compiling.items():
-                if not any(r is row for r in batch):
-                    batch.append(replanned(tree, row))
-                req.mepic.made_for.add(key)
-            if not req.mepic.wait:
-                batch.append(req)
-        prepare_batch(tree, batch)
+        batch = admit_round(tree, pending)
         peak = max(peak, held(tree, free_when_empty))
         for req in batch:  # a compile row ends with its prefill; a reader goes on decoding
             if is_compile_row(req):

@@ -242,12 +242,12 @@ def prepare_batch(tree, batch):
     tree.compile_rows.end_round()
 
 
-def serve_round(tree, *reqs):
-    """One prefill round as the scheduler runs it (prefill_round.py, batch_join.py, extend.py): each request planned, the compile
-    rows its plan reads put in the batch right before it (each once), the batch admitted and
-    allocated, its readers pointed at the compile rows' pages, then every row released, compile
-    rows first. A request that waits for its chunks to be stored (EPIC, CacheBlend) is left out.
-    Returns the batch and each row's pages."""
+def admit_round(tree, reqs):
+    """One prefill round up to its forward, as the scheduler runs it (prefill_round.py, batch_join.py,
+    extend.py): each request planned, the compile rows its plan reads put in the batch right before it
+    (each once), the batch admitted and allocated, its readers pointed at the compile rows' pages. A
+    request that waits for its chunks to be stored (EPIC, CacheBlend) is left out. Returns the batch,
+    every row of it still held."""
     tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, parent.extra_key, rid)
     batch = []
     for req in reqs:
@@ -259,6 +259,13 @@ def serve_round(tree, *reqs):
         if not req.mepic.wait:
             batch.append(req)
     prepare_batch(tree, batch)
+    return batch
+
+
+def serve_round(tree, *reqs):
+    """One prefill round (`admit_round`), then every row released, compile rows first. Returns the batch
+    and each row's pages."""
+    batch = admit_round(tree, reqs)
     rows = [tree.req_to_token_pool.req_to_token[r.kv.req_pool_idx, :len(r.origin_input_ids)].tolist() for r in batch]
     for req in batch:
         release(tree, req)
