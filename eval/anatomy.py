@@ -23,6 +23,15 @@ CATEGORIES = {
 SERIES_POINTS = 40  # samples kept per probe for the plot (results.json stays small)
 
 
+def in_pages(sample: dict, page_size: int) -> dict:
+    """A /server_info sample in pages of `page_size` tokens: the server counts in its allocator's pages, and
+    SGLang's own cache (vanilla) runs at page size 1, so its counts are tokens. Systems compare in one unit."""
+    scale = sample.get("page_size", page_size) / page_size
+    if scale == 1:
+        return sample
+    return {k: (round(v * scale, 1) if k == "used_pages" or k in CATEGORIES else v) for k, v in sample.items()}
+
+
 def summarise(samples: list[dict]) -> dict:
     """A probe's anatomy: `peak` (the sample where the most pages were used), `mean` (each category over
     the samples) and `series` (at most SERIES_POINTS samples: t, then the categories in CATEGORIES order)."""

@@ -230,7 +230,7 @@ def probe(server, pool: int, texts: list[str], rate: float, seed: int, args, bar
     before = scheduler_counters(server.url)
     watch = None if clients else Watch(server.url, len(texts), args)
     with watch or ExitStack():
-        outputs, sampler, exact, seconds, counters = run_point(server, MEPIC_PAGE_SIZE, pool, texts, rate, NEW_TOKENS,
+        outputs, sampler, exact, seconds, counters = run_point(server, MEPIC_PAGE_SIZE, pool, texts, rate, args.new_tokens,
                                                                seed, bar, watch=watch, clients=clients)
     after = scheduler_counters(server.url)
     if watch is not None and watch.counters_at_stop is not None:  # the stages up to the stop, not the flush after
@@ -519,24 +519,26 @@ def load_cells(path: Path) -> list[Cell]:
     return cells
 
 
-def run_cells(model: str, args, todo: list, cells: list[Cell], record) -> None:
-    """Run the cells in `todo`, recording each as it ends; every server it starts is stopped."""
-    seeds = sorted({t[2] for t in todo})
+class OutOfTime(Exception):
+    """The run's --budget would end inside the next probe: stop before it (the finished cells are kept)."""
+
+
+def run_cells(args, todo: list, cells: list[Cell], record, make_server, texts: dict[int, list[str]],
+              deadline: float | None = None) -> None:
+    """Run the cells in `todo`, recording each as it ends; every server it starts is stopped.
+
+    make_server(system, pool) -> ServerProcess (not launched): one system's server with a pool of that many
+    pages; texts: each seed's prompts; deadline (time.time()): no probe starts that could end after it."""
     with ExitStack() as stack:
         servers = {}
 
-        context = ([], {})  # the model's own context length, unless the prompts need more (below)
-
         def launch(system, pool):
-            flags, _ = tiered(system, SYSTEMS[system], args.host_tier_gb)
-            extra, env = context
-            server = server_process(model, [*extra, "--max-total-tokens", str(pool * MEPIC_PAGE_SIZE)], flags, env)
+            server = make_server(system, pool)
             server.launch()  # from this (the main) thread: a server dies with the thread that launched it
             server.launched_at = time.time()
             stack.callback(server.stop)
             servers[(system, pool)] = server
             return server
-
 
         def server_for(system, pool):
             if (system, pool) not in servers:
@@ -558,20 +560,20 @@ def run_cells(model: str, args, todo: list, cells: list[Cell], record) -> None:
             if getattr(server, "warmed", False):
                 return
             for text in texts_[:args.warmup]:
-                stream(server.url, text, NEW_TOKENS)
+                stream(server.url, text, args.new_tokens)
             flush(server.url)
             server.warmed = True
 
+        def timed(server, pool, seed, bar):
+            def run(rate):
+                # A probe lasts its arrivals, then at most the e2e target for the last ones.
+                if deadline is not None and time.time() + len(texts[seed]) / rate + args.e2e_slo > deadline:
+                    raise OutOfTime(f"a probe at {rate:.2f} req/s would end past the budget")
+                return probe(server, pool, texts[seed], rate, seed, args, bar)
+            return run
+
         if args.together:  # launch them all at once: their imports overlap (a smoke run's time, not for timings)
             for key in dict.fromkeys((t[0], t[1]) for t in todo):
-                launch(*key)  # while the prompts are counted; relaunched below if they need a longer context
-        texts = prompts(model, args, seeds)
-        counts = {(args.chunks, args.reuse): [n for ts in texts.values() for _, n in ts]}
-        texts = {seed: [t for t, _ in ts] for seed, ts in texts.items()}
-        if (needed := context_args(model, counts, MEPIC_PAGE_SIZE, NEW_TOKENS)) != context:
-            context = needed
-            for key in list(servers):
-                servers.pop(key).stop()
                 launch(*key)
         bar = tqdm(desc="requests", unit="req", mininterval=5)
         for system, pool, seed, kind in todo:
@@ -580,9 +582,9 @@ def run_cells(model: str, args, todo: list, cells: list[Cell], record) -> None:
             warm_up(server, texts[seed])
             bar.set_postfix_str(f"{system} pool {pool} seed {seed} {kind}")
             if kind == "capacity":
-                run = lambda rate: probe(server, got, texts[seed], rate, seed, args, bar)  # noqa: E731
                 start, step = warm_start(cells, system, pool, args)
-                cap, probes = search(run, start, args.min_rate, args.max_rate, args.resolution, args.max_probes, step)
+                cap, probes = search(timed(server, got, seed, bar), start, args.min_rate, args.max_rate,
+                                     args.resolution, args.max_probes, step)
             else:  # matched concurrency: n clients in a closed loop keep n requests in flight
                 cap, probes = 0.0, [probe(server, got, texts[seed], 0.0, seed, args, bar, clients=int(kind.split("-")[1]))]
             record(Cell(system, pool, seed, round(cap, 3), [asdict(p) for p in probes], kind,
@@ -593,9 +595,20 @@ def run_cells(model: str, args, todo: list, cells: list[Cell], record) -> None:
         bar.close()
 
 
-def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def cpu_servers(model: str, args, prompt_tokens: list[int]):
+    """make_server for run_cells on this machine: eval.run's servers (float32), each PIC system with the host
+    tier, the model's context unless the prompts need more."""
+    extra, env = context_args(model, {(args.chunks, args.reuse): prompt_tokens}, MEPIC_PAGE_SIZE, args.new_tokens)
+
+    def make_server(system, pool):
+        flags, _ = tiered(system, SYSTEMS[system], args.host_tier_gb)
+        return server_process(model, [*extra, "--max-total-tokens", str(pool * MEPIC_PAGE_SIZE)], flags, env)
+    return make_server
+
+
+def parser(description: str = __doc__) -> argparse.ArgumentParser:
+    """The arguments of a capacity run (eval/gpu/e2e/capacity.py adds the device's own to them)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help=f"the smoke run: {QUICK}")
     ap.add_argument("--systems", default=None, help="comma-separated, default " + ",".join(DEFAULT_SYSTEMS))
     ap.add_argument("--pools", default=None, help="KV pool sizes in pages, default " + ",".join(map(str, DEFAULT_POOLS)))
@@ -605,6 +618,7 @@ def main(argv=None) -> None:
     ap.add_argument("--chunks", type=int, default=PAPER["base"]["chunks"], help="documents a request")
     ap.add_argument("--reuse", type=float, default=PAPER["base"]["reuse"], help="share of documents drawn again")
     ap.add_argument("--requests", type=int, default=PAPER["requests"], help="requests per probe")
+    ap.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="tokens each request generates")
     ap.add_argument("--ttft-slo", type=float, default=2.0, help="seconds")
     ap.add_argument("--e2e-slo", type=float, default=8.0, help="seconds")
     ap.add_argument("--attainment", type=float, default=0.95, help="share of requests that must meet both SLOs")
@@ -626,7 +640,20 @@ def main(argv=None) -> None:
     ap.add_argument("--together", action="store_true",
                     help="start a system's servers for all pools at once (faster starts; idle servers stay up "
                          "while one is probed, so not for timings you report); --quick sets it")
-    args = ap.parse_args(argv)
+    return ap
+
+
+@dataclass
+class Plan:
+    """What a run is asked for, checked: its systems, pools, seeds, matched-concurrency targets."""
+    systems: list[str]
+    pools: list[int]
+    seeds: list[int]
+    targets: list[int]
+
+
+def plan(args) -> Plan:
+    """The run's systems, pools, seeds and targets from its arguments (--quick filled in); a bad one exits."""
     if args.quick:
         args.systems = args.systems or ",".join(QUICK["systems"])
         args.pools = args.pools or ",".join(map(str, QUICK["pools"]))
@@ -636,17 +663,25 @@ def main(argv=None) -> None:
         args.warmup = QUICK["warmup"]  # a smoke run: its timings are not read
         if args.model == "models/tiny-4l" and not Path(args.model).is_dir():
             args.model = "models/tiny"
-    systems = (args.systems or ",".join(DEFAULT_SYSTEMS)).split(",")
-    pools = [int(p) for p in (args.pools or ",".join(map(str, DEFAULT_POOLS))).split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
-    targets = [int(n) for n in args.matched.split(",") if n.strip()]
-    bad = [s for s in systems if s not in SYSTEMS]
-    if bad or min(pools) < 16 or not 0 < args.attainment <= 1 or args.min_rate <= 0 or args.max_rate < args.min_rate:
-        raise SystemExit(f"bad arguments: systems {bad or 'ok'} (from {', '.join(SYSTEMS)}), pools {pools} "
-                         f"(>= 16 pages), attainment {args.attainment} (0-1], rates {args.min_rate}-{args.max_rate}")
-    model = str(Path(args.model).resolve())
-    if not Path(model, "config.json").is_file():
-        raise SystemExit(f"no model at {args.model}: build it with python -m sglang_mepic.models tiny-4l")
+    got = Plan(systems=(args.systems or ",".join(DEFAULT_SYSTEMS)).split(","),
+               pools=[int(p) for p in (args.pools or ",".join(map(str, DEFAULT_POOLS))).split(",")],
+               seeds=[int(s) for s in args.seeds.split(",")],
+               targets=[int(n) for n in args.matched.split(",") if n.strip()])
+    bad = [s for s in got.systems if s not in SYSTEMS]
+    if bad or min(got.pools) < 16 or not 0 < args.attainment <= 1 or args.min_rate <= 0 or args.max_rate < args.min_rate \
+            or args.new_tokens < 1:
+        raise SystemExit(f"bad arguments: systems {bad or 'ok'} (from {', '.join(SYSTEMS)}), pools {got.pools} "
+                         f"(>= 16 pages), attainment {args.attainment} (0-1], rates {args.min_rate}-{args.max_rate}, "
+                         f"new tokens {args.new_tokens} (>= 1)")
+    return got
+
+
+def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline: float | None = None,
+        note: str = "", module: str = "eval.capacity") -> list[Cell]:
+    """Run what `todo_of` asks that --out does not hold yet (all of it without --resume), record the invocation,
+    write the report; returns every cell. prepare(seeds) -> ({seed: prompts}, make_server), called only when a
+    cell is to run (make_server as run_cells takes it); note: a line the invocation's record keeps; module: the
+    command the record names."""
     args.out.mkdir(parents=True, exist_ok=True)
     saved, invocations = args.out / "cells.jsonl", args.out / "invocations.jsonl"
     args.resume = args.resume or args.report
@@ -658,8 +693,9 @@ def main(argv=None) -> None:
     started, load_before = time.time(), loadavg()
     # Pool by pool, the smallest first (the capacity targets are judged at the smallest pool where vanilla holds
     # 1 req/s), so a run stopped part way has whole pools; one server at a time, each started once.
-    todo = [(s, p, seed, "capacity") for p in sorted(pools) for s in systems for seed in seeds]
-    todo += [(s, max(pools), seed, f"matched-{n}") for s in systems for n in targets for seed in seeds]
+    p = todo_of
+    todo = [(s, pool, seed, "capacity") for pool in sorted(p.pools) for s in p.systems for seed in p.seeds]
+    todo += [(s, max(p.pools), seed, f"matched-{n}") for s in p.systems for n in p.targets for seed in p.seeds]
     todo = [t for t in todo if t not in done] if not args.report else []
     print(f"[capacity] {len(todo)} cells to run ({len(done)} kept); SLO TTFT <= {args.ttft_slo:g} s and e2e <= "
           f"{args.e2e_slo:g} s for {args.attainment:.0%}; {args.requests} requests a probe; load {load_before}",
@@ -674,32 +710,43 @@ def main(argv=None) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)  # a stopped run still records what it ran
-    stopped = False
+    stopped = ""
     try:
         if todo:
-            run_cells(model, args, todo, cells, record)
+            texts, make_server = prepare(sorted({t[2] for t in todo}))
+            run_cells(args, todo, cells, record, make_server, texts, deadline)
     except KeyboardInterrupt:
-        stopped = True
-        print("[capacity] stopped: the finished cells are kept (go on with --resume)", flush=True)
-    wall = time.time() - started
-    settings = (f"Model {Path(model).name}, {args.dataset}, {args.chunks} chunks, reuse "
-                f"{args.reuse:g}, {args.requests} requests a probe, {NEW_TOKENS} new tokens, greedy; SLO: "
+        stopped = "stopped"
+    except OutOfTime as e:
+        stopped = f"out of time: {e}"
+    if stopped:
+        print(f"[capacity] {stopped}: the finished cells are kept (go on with --resume)", flush=True)
+    settings = (f"Model {model_name}, {args.dataset}, {args.chunks} chunks, reuse "
+                f"{args.reuse:g}, {args.requests} requests a probe, {args.new_tokens} new tokens, greedy; SLO: "
                 f"TTFT <= {args.ttft_slo:g} s and e2e <= {args.e2e_slo:g} s for >= {args.attainment:.0%} of requests, "
                 f"queue growth <= {args.queue_slack:g} s; {args.warmup} warm-up request(s) a server; rate resolution "
                 f"{args.resolution:.0%}; a probe ends early once more requests missed the SLO than {args.attainment:.0%} allows")
     if not args.report:
         with invocations.open("a") as f:
-            f.write(json.dumps({"argv": [provenance.portable(a) for a in argv], "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
-                                "wall_s": round(wall, 1), "load_before": load_before, "load_after": loadavg(),
-                                "cells_run": len(cells) - len(done), "stopped": stopped,
-                                "settings": settings}) + "\n")
+            f.write(json.dumps({"argv": [provenance.portable(a) for a in argv],
+                                "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
+                                "wall_s": round(time.time() - started, 1), "load_before": load_before,
+                                "load_after": loadavg(), "cells_run": len(cells) - len(done), "stopped": bool(stopped),
+                                "settings": settings, "module": module, **({"note": note} if note else {})}) + "\n")
+    report(args, cells, p.systems, p.pools, settings)
+    return cells
+
+
+def report(args, cells: list[Cell], systems: list[str], pools: list[int], settings: str) -> None:
+    """table.md, results.json, capacity.png and anatomy.png in --out, from every cell and invocation there."""
+    invocations = args.out / "invocations.jsonl"
     runs = [json.loads(line) for line in invocations.read_text().splitlines()] if invocations.is_file() else []
-    systems += [s for s in dict.fromkeys(c.system for c in cells) if s not in systems]
+    systems = systems + [s for s in dict.fromkeys(c.system for c in cells) if s not in systems]
     pools = sorted({*pools, *(c.pool_pages for c in cells if c.kind == "capacity")})
     header = ["Commands (one line an invocation; a stopped run goes on with --resume):"]
-    header += [f"- `python -m eval.capacity {shlex.join(r['argv'])}`: {r['started']} UTC, {r['cells_run']} cells in "
-               f"{r['wall_s'] / 60:.1f} min, load average {r['load_before']} before, {r['load_after']} after"
-               + (" (stopped part way)" if r.get("stopped") else "")
+    header += [f"- `python -m {r.get('module', 'eval.capacity')} {shlex.join(r['argv'])}`: {r['started']} UTC, "
+               f"{r['cells_run']} cells in {r['wall_s'] / 60:.1f} min, load average {r['load_before']} before, "
+               f"{r['load_after']} after" + (" (stopped part way)" if r.get("stopped") else "")
                + "".join(f"; {r[k]}" for k in ("withdrawn", "note") if r.get(k)) for r in runs]
     header += [f"Machine: {platform.node()}, {os.cpu_count()} CPUs; {sum(c.seconds for c in cells) / 60:.1f} min over "
                f"the {len(cells)} cells", runs[-1].get("settings", settings) if runs else settings]
@@ -715,6 +762,22 @@ def main(argv=None) -> None:
                  "Where the pages go at the capacity point (smallest pool, first seed)")
     print(text)
     print(f"[capacity] {args.out / 'table.md'}, results.json, capacity.png, anatomy.png")
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
+    todo_of = plan(args)
+    model = str(Path(args.model).resolve())
+    if not Path(model, "config.json").is_file():
+        raise SystemExit(f"no model at {args.model}: build it with python -m sglang_mepic.models tiny-4l")
+
+    def prepare(seeds):
+        counted = prompts(model, args, seeds)
+        texts = {seed: [t for t, _ in ts] for seed, ts in counted.items()}
+        return texts, cpu_servers(model, args, [n for ts in counted.values() for _, n in ts])
+
+    run(args, argv, todo_of, Path(model).name, prepare)
 
 
 if __name__ == "__main__":

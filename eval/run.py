@@ -140,7 +140,7 @@ class Sampler(threading.Thread):
             if self.anatomy_period and now >= next_anatomy:
                 next_anatomy = now + self.anatomy_period
                 if (sample := page_anatomy(self.url)) is not None:
-                    self.anatomy.append({"t": round(now, 2), **sample})
+                    self.anatomy.append({"t": round(now, 2), **anatomy.in_pages(sample, self.page_size)})
             try:
                 text = requests.get(self.url + "/metrics", timeout=5).text
                 if m := USED_TOKENS.search(text):

@@ -28,3 +28,13 @@ def test_the_table_has_a_line_per_cell_and_the_plot_a_panel_per_system(tmp_path)
     assert "chunk, evictable" in lines[0]
     anatomy.plot([("mepic", a), ("vanilla", a)], tmp_path / "anatomy.png", "test")
     assert (tmp_path / "anatomy.png").stat().st_size > 1000
+
+
+def test_a_sample_counted_in_tokens_is_put_in_the_pages_every_system_is_compared_in():
+    # SGLang's own cache (vanilla) runs at page size 1: its anatomy counts tokens. 22,194 of them on a pool of
+    # 2,048 16-token pages read as 11x the pool before.
+    tokens = sample(0, 22194, private=18160, prefix_evictable=4034) | {"page_size": 1}
+    pages = anatomy.in_pages(tokens, 16)
+    assert pages["used_pages"] == 1387.1 and pages["private"] == 1135.0 and pages["prefix_evictable"] == 252.1
+    assert pages["pad_slots"] == 3 and pages["running_requests"] == 2 and pages["t"] == 0  # counts, not pages
+    assert anatomy.in_pages(sample(0, 9, private=9), 16) == sample(0, 9, private=9)

@@ -603,13 +603,14 @@ def gpu_flags(args) -> list[str]:
     return ["--cuda-graph-max-bs-decode", str(args.graph_max_bs), "--mem-fraction-static", "0.85"]
 
 
-def serve_system(name: str, args, model: Path, work: dict, out: Path) -> dict:
+def server_args(name: str, args, pool_pages: int, context_length: int = 8192) -> tuple[list[str], list[str], dict]:
+    """One system's server as every device run starts it: (its system's flags, the flags all share, env)."""
     mepic = name != "vanilla"
     flags = (CPU_VANILLA if args.cpu else GPU_VANILLA) if name == "vanilla" else list(SYSTEMS[name])
     if name in HOST_TIER_GB and not args.cpu:
         flags += ["--mepic-host-tier-gb", str(HOST_TIER_GB[name])]
-    common = ["--dtype", args.dtype, "--max-total-tokens", str(args.pool_pages * MEPIC_PAGE_SIZE),
-              "--decode-log-interval", "8", "--sampling-backend", "pytorch", "--context-length", "8192"]
+    common = ["--dtype", args.dtype, "--max-total-tokens", str(pool_pages * MEPIC_PAGE_SIZE),
+              "--decode-log-interval", "8", "--sampling-backend", "pytorch", "--context-length", str(context_length)]
     if not args.cpu:
         common += gpu_flags(args)
     env = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
@@ -629,6 +630,12 @@ def serve_system(name: str, args, model: Path, work: dict, out: Path) -> dict:
         env["SGLANG_ENABLE_METRICS_DEVICE_TIMER"] = "1"
         if mepic and args.sync_debug:
             env["MEPIC_SYNC_DEBUG"] = args.sync_debug  # the backend's per-batch calls watched (sync_probe.py)
+    return flags, common, env
+
+
+def serve_system(name: str, args, model: Path, work: dict, out: Path) -> dict:
+    mepic = name != "vanilla"
+    flags, common, env = server_args(name, args, args.pool_pages)
     switch = out / f"eager-switch-{name}"
     if greedy_prompts(name, args):
         env["MEPIC_PREFILL_GRAPHS_OFF_FILE"] = str(switch)

@@ -13,6 +13,7 @@ untracked files git does not ignore) plus the carry, 64 MiB in all. The carry:
                   wheel; the sgl_kernel stand-in (sgl_kernel_standin/) and this project's wheel, both built here.
   model/          SmolLM2's tokenizer files (not its weights: drive.py writes its own config and weights).
   workload.json   the requests (`python -m eval.gpu.e2e.workload`).
+  capacity.json.xz  the capacity runs' prompts, per workload and seed (the same command; eval/gpu/e2e/capacity.py).
   COMMIT          the project commit, `+dirty` if sglang_mepic/ patches/ kernels/ eval/ differ from it.
   MANIFEST.txt    every wheel with version, size and sha256; what was trimmed and why; the totals.
 
@@ -577,7 +578,8 @@ def build(out: Path, cache: Path, standin: Path = STANDIN, requirements: Path = 
     for f in copied:
         shutil.copy2(tokenizer / f, model / f)
     done = subprocess.run([sys.executable, "-m", "eval.gpu.e2e.workload", "--tokenizer", str(tokenizer),
-                           "--out", str(out / "workload.json")], cwd=ROOT, capture_output=True, text=True)
+                           "--out", str(out / "workload.json"), "--capacity-out", str(out / "capacity.json.xz")],
+                          cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise CarryError(f"eval.gpu.e2e.workload failed:\n{(done.stdout + done.stderr)[-2000:]}")
     log(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "workload written")
@@ -626,6 +628,7 @@ def manifest_text(info: dict, rules) -> str:
     lines += ["", "## other", "",
               f"model/: {', '.join(info['model'])} (SmolLM2's tokenizer; drive.py writes config and weights)",
               f"workload.json: {(out / 'workload.json').stat().st_size} bytes",
+              f"capacity.json.xz: {(out / 'capacity.json.xz').stat().st_size} bytes",
               f"COMMIT: {info['commit']}", "",
               "## totals", "",
               f"wheels: {folder_bytes(out / 'wheels')} bytes",

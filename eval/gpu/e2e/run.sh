@@ -6,10 +6,13 @@
 #   set -o pipefail; bash eval/gpu/e2e/run.sh --part 2     # full, epic-16, recompute-all (timeout_s 570)
 #   set -o pipefail; bash eval/gpu/e2e/run.sh --part 4     # issue 69: vanilla, mepic, sync check, graphs vs eager,
 #                                                           # decode profile, TTFT parts (timeout_s 590)
-# Other arguments go to drive.py (--rates, --requests, --budget, ...). Everything lands in $OUT: log.txt,
-# results.json, table.md, logs.tar.gz, install.txt.
+#   set -o pipefail; bash eval/gpu/e2e/run.sh capacity --part 1   # issue 71: capacity, SQuAD at 2,048 pages, vanilla
+#                                                           # and mepic (capacity.py: parts 1-4; timeout_s 590)
+# Other arguments go to drive.py (--rates, --requests, --budget, ...), or after `capacity` to capacity.py.
+# Everything lands in $OUT: log.txt, results.json, table.md, logs.tar.gz, install.txt (capacity: capacity-*/).
 # Here, without CUDA, the dry run of the same steps (the .venv has everything; no install):
 #   bash eval/gpu/e2e/run.sh --cpu --smoke
+#   bash eval/gpu/e2e/run.sh capacity --cpu --part 1 --requests 12 --max-probes 1
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/e2e_out}
@@ -17,7 +20,11 @@ CARRY=${CARRY:-.gpu_e2e}
 SITE=${SITE:-/tmp/mepic-site}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [ "${1:-}" = --cpu ]; then
+MODULE=eval.gpu.e2e.drive
+if [ "${1:-}" = capacity ]; then MODULE=eval.gpu.e2e.capacity; shift; fi
+CPU=0
+for arg in "$@"; do [ "$arg" = --cpu ] && CPU=1; done
+if [ "$CPU" = 1 ]; then
   PY=${PY:-.venv/bin/python}
 else
   PY=${PY:-python3}
@@ -35,8 +42,8 @@ echo "=== [$SECONDS s] imports"
 print("sglang", sglang.__version__, "| sgl_kernel", getattr(sgl_kernel, "__version__", "?"), sgl_kernel.__file__,
       "| sglang_mepic", sglang_mepic.__version__, "| torch", torch.__version__, "| triton", triton.__version__)' \
   || exit 4
-echo "=== [$SECONDS s] drive $*"
-"$PY" -m eval.gpu.e2e.drive --carry "$CARRY" --out "$OUT" "$@" 2>&1 | tee "$OUT/log.txt"
+echo "=== [$SECONDS s] $MODULE $*"
+"$PY" -m "$MODULE" --carry "$CARRY" --out "$OUT" "$@" 2>&1 | tee "$OUT/log.txt"
 rc=${PIPESTATUS[0]}
 echo "=== [$SECONDS s] done, rc $rc"
 exit "$rc"
