@@ -42,7 +42,8 @@ def summarise(samples: list[dict]) -> dict:
     return {
         "samples": len(samples),
         "peak": {k: peak.get(k, 0) for k in ("used_pages", "pad_slots", "running_requests", *CATEGORIES)},
-        "mean": {k: round(statistics.fmean(s.get(k, 0) for s in samples), 1) for k in ("used_pages", *CATEGORIES)},
+        "mean": {k: round(statistics.fmean(s.get(k, 0) for s in samples), 1)
+                 for k in ("used_pages", "running_requests", "pad_slots", *CATEGORIES)},
         "series": [[s["t"], *(s.get(k, 0) for k in CATEGORIES)] for s in samples[::step]],
     }
 

@@ -1,9 +1,9 @@
 """An embedding request of the wrong shape (a list of rids on one input) is a 400, not a 500
-(sglang_mepic.frontend.request_shape)."""
+(sglang_mepic.hardening.request_shape)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.frontend import request_shape
+from sglang_mepic.hardening import request_shape
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.io_struct.EmbeddingReqInput.normalize_batch_and_arguments"

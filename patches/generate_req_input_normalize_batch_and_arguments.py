@@ -1,9 +1,9 @@
 """A generate request of the wrong shape (`sampling_params: []`, `n: 0` on a batch) is a 400,
-not a 500 (sglang_mepic.frontend.request_shape)."""
+not a 500 (sglang_mepic.hardening.request_shape)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.frontend import request_shape
+from sglang_mepic.hardening import request_shape
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments"

@@ -1,12 +1,13 @@
-"""Put the request-shape check (sglang_mepic.frontend.request_shape) and the answer for routes SGLang did not
-start (sglang_mepic.frontend.unserved_routes) in front of SGLang's HTTP app, add the route that registers
+"""Put the request-shape check (sglang_mepic.hardening.request_shape) and the answer for routes SGLang did not
+start (sglang_mepic.hardening.unserved_routes) in front of SGLang's HTTP app, add the route that registers
 documents (sglang_mepic.frontend.known_routes), answer validation errors without the server's source path
-(sglang_mepic.frontend.validation_errors) and refuse admin bodies that are not JSON objects
-(sglang_mepic.frontend.admin_bodies), before it starts."""
+(sglang_mepic.hardening.validation_errors) and refuse admin bodies that are not JSON objects
+(sglang_mepic.hardening.admin_bodies), before it starts."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.frontend import admin_bodies, known_routes, request_shape, unserved_routes, validation_errors
+from sglang_mepic.frontend import known_routes
+from sglang_mepic.hardening import admin_bodies, request_shape, unserved_routes, validation_errors
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"

@@ -3,7 +3,7 @@ process (`batch_guard.run`; what stays fatal is listed there)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.cache import batch_guard
+from sglang_mepic.hardening import batch_guard
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"

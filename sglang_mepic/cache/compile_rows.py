@@ -21,7 +21,7 @@ readers planned while its batch is in flight (SGLang's overlap scheduler plans
 the next batch before it processes this one's results): forwards run in order,
 so a later batch reads pages an earlier one wrote (`in_flight`). A batch whose
 forward raised has its compile rows dropped before the next batch is planned
-(batch_guard.py), so nothing reads what they never wrote.
+(hardening/batch_guard.py), so nothing reads what they never wrote.
 
 A compile row that SGLang splits over several forwards (a chunk longer than the
 chunked prefill budget) cannot be read by a row of its first forward: its

@@ -73,7 +73,7 @@ def test_the_command_posts_to_the_route_it_names():
 def test_a_validation_error_is_answered_without_the_source_path():
     from fastapi.exceptions import RequestValidationError
 
-    from sglang_mepic.frontend.validation_errors import without_source
+    from sglang_mepic.hardening.validation_errors import without_source
 
     exc = RequestValidationError([{"loc": ["body"], "msg": "bad", "type": "x"}], body=b"x", endpoint_ctx={
         "file": "/site-packages/sglang/srt/entrypoints/http_server.py", "line": 933, "function": "generate_request",

@@ -17,6 +17,7 @@ MAY_IMPORT = {
     "cache": {"config", "side_table", "modes", "wire", "pages", "tiers"},
     "attention": {"config", "side_table", "modes", "wire", "pages", "kernels"},
     "process": {"config"},
+    "hardening": set(),  # guards against SGLang's own mishandling: nothing of MEPIC in them
     "lang": {"config", "wire", "frontend"},
     "gate": {"config", "side_table", "wire", "frontend", "lang", "process", "tiers"},
 }

@@ -1,4 +1,4 @@
-"""A batch whose forward raises ends its requests with a 500, not the server (sglang_mepic/cache/batch_guard.py).
+"""A batch whose forward raises ends its requests with a 500, not the server (sglang_mepic/hardening/batch_guard.py).
 
 The fault is injected where a real one happens, in the model worker's forward, for
 requests whose rid starts with a given prefix (SGLANG_MEPIC_TEST_FAIL_RID_PREFIX),
@@ -10,7 +10,7 @@ before the faults, and a flush gives every page back.
 import pytest
 import requests
 
-from sglang_mepic.cache.batch_guard import FAULT_ENV
+from sglang_mepic.hardening.batch_guard import FAULT_ENV
 from sglang_mepic.lang import chunk
 from sglang_mepic.process.server_process import ServerProcess
 

@@ -1,0 +1,15 @@
+"""Guards against SGLang's own mishandling of inputs: what SGLang should fix upstream, not MEPIC.
+
+Each module is one guard, installed by a hook in `patches/`, and imports nothing of this package: MEPIC's
+parts (frontend, cache, attention) never depend on it, and a newcomer learning how a chunk is laid out
+need not read it. Checked against SGLang 0.5.23 (each hook's WRITTEN_FOR); when an SGLang release fixes
+the behaviour, the guard and its hook go.
+
+| module | SGLang's behaviour it covers (0.5.23) | answer |
+|---|---|---|
+| `request_shape` | OpenAI request models' `mode="before"` validators and `normalize_batch_and_arguments` call `.get` / index whatever was sent: AttributeError, TypeError, IndexError | 400, not 500 |
+| `unserved_routes` | `/v1/responses` listed without its handler (no `openai_harmony`); scheduler routes that raise without their server flag, which took the server down | 404 / 400 that says why |
+| `validation_errors` | a RequestValidationError's message carries the endpoint's source file and line | the same errors without them |
+| `admin_bodies` | `/remove_external_corpus` calls `.get` on any JSON body (`null`, `[]`, `0`) | 400 |
+| `batch_guard` | an exception in `run_batch` leaves the scheduler process and ends the server | the batch's requests end with a 500; the server goes on |
+"""
