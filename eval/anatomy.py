@@ -62,6 +62,21 @@ def table(rows: list[tuple[str, int, dict]]) -> str:
     return "\n".join(lines)
 
 
+def mean_table(rows: list[tuple[str, int, dict]]) -> str:
+    """One line per (label, pool, anatomy): each category's time mean over the probe, beside the requests
+    running (admitted, holding KV rows) and the pad slots they read."""
+    rows = [(s, pool, a) for s, pool, a in rows if a.get("mean")]
+    if not rows:
+        return ""
+    head = "| run | pool pages | used | running requests | " + " | ".join(CATEGORIES.values()) + " | pad slots |"
+    lines = [head, "|" + "---|" * (len(CATEGORIES) + 5)]
+    for label, pool, a in rows:
+        m = a["mean"]
+        lines.append(f"| {label} | {pool:,} | {m['used_pages']} | {m.get('running_requests', '—')} | "
+                     + " | ".join(str(m[k]) for k in CATEGORIES) + f" | {m.get('pad_slots', '—')} |")
+    return "\n".join(lines)
+
+
 def plot(panels: list[tuple[str, dict]], path: Path, title: str) -> None:
     """Stacked pages by category over a probe's time, one panel per (label, anatomy)."""
     panels = [(label, a) for label, a in panels if a.get("series")]

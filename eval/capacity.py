@@ -458,20 +458,41 @@ def at_capacity(cells: list[Cell], systems: list[str], pools: list[int]):
                     yield s, pool, c.seed, p["anatomy"]
 
 
+def matched_anatomy(cells: list[Cell], systems: list[str]):
+    """(system, pool, seed, kind, anatomy) of each matched-concurrency cell that sampled one."""
+    for s in systems:
+        for c in sorted((c for c in cells if c.system == s and c.kind.startswith("matched")),
+                        key=lambda c: (int(c.kind.split("-")[1]), c.seed)):
+            if c.probes and c.probes[0].get("anatomy"):
+                yield s, c.pool_pages, c.seed, c.kind, c.probes[0]["anatomy"]
+
+
 def anatomy_section(cells: list[Cell], systems: list[str], pools: list[int]) -> str:
     rows = [(f"{s} (seed {seed})", pool, a) for s, pool, seed, a in at_capacity(cells, systems, pools)]
-    text = anatomy.table(rows)
-    return ("Where the pages went at each cell's capacity point, at the sample with the most pages used "
-            "(eval/anatomy.py; anatomy.png plots them over time):\n\n" + text) if text else ""
+    parts = []
+    if text := anatomy.table(rows):
+        parts.append("Where the pages went at each cell's capacity point, at the sample with the most pages used "
+                     "(eval/anatomy.py; anatomy.png plots them over time):\n\n" + text)
+    matched = [(f"{s}, {kind.split('-')[1]} in flight (seed {seed})", pool, a)
+               for s, pool, seed, kind, a in matched_anatomy(cells, systems)]
+    if text := anatomy.mean_table(matched):
+        parts.append("Where the pages went with N requests in flight (matched concurrency), each category's mean "
+                     "over the run; running requests are those admitted, holding KV rows:\n\n" + text)
+    return "\n\n".join(parts)
 
 
 def anatomy_panels(cells: list[Cell], systems: list[str], pools: list[int]) -> list[tuple[str, dict]]:
-    """One panel per system: its capacity point at the smallest pool it has one, first seed."""
+    """One panel per system: its capacity point at the smallest pool it has one, first seed; else its first
+    matched-concurrency run."""
     panels, shown = [], set()
     for s, pool, seed, a in at_capacity(cells, systems, sorted(pools)):
         if s not in shown:
             shown.add(s)
             panels.append((f"{s}, {pool:,} pages, seed {seed}", a))
+    for s, pool, seed, kind, a in matched_anatomy(cells, systems):
+        if s not in shown:
+            shown.add(s)
+            panels.append((f"{s}, {pool:,} pages, {kind.split('-')[1]} in flight, seed {seed}", a))
     return panels
 
 
@@ -759,7 +780,7 @@ def report(args, cells: list[Cell], systems: list[str], pools: list[int], settin
          "cells": [asdict(c) for c in cells]}, indent=1))
     plot(cells, systems, pools, args.out / "capacity.png")
     anatomy.plot(anatomy_panels(cells, systems, pools), args.out / "anatomy.png",
-                 "Where the pages go at the capacity point (smallest pool, first seed)")
+                 "Where the pages go: the capacity point (else a matched run), smallest pool, first seed")
     print(text)
     print(f"[capacity] {args.out / 'table.md'}, results.json, capacity.png, anatomy.png")
 

@@ -216,6 +216,28 @@ def test_tables_and_ratios_read_the_cells(tmp_path):
     assert (tmp_path / "c.png").stat().st_size > 1000
 
 
+def test_matched_runs_report_their_anatomy_and_stand_in_for_a_missing_capacity_point():
+    """At 512 pages on a busy CPU no rate held, so no capacity point has an anatomy: the matched runs' means
+    (requests admitted among them) are what tells two systems' pages apart."""
+    from eval import anatomy
+
+    def sampled(system, running, private):
+        c = cell(system, 512, 0, kind="matched-8")
+        c.probes[0]["anatomy"] = anatomy.summarise([
+            {"t": t, "used_pages": 500, "running_requests": running, "pad_slots": 10, "page_size": 16,
+             **{k: 0 for k in anatomy.CATEGORIES}, "private": private, "chunk_read_1": 500 - private}
+            for t in range(3)])
+        return c
+    cells = [cell("epic-16", 512, 0), cell("mepic", 512, 0), sampled("epic-16", 3, 80), sampled("mepic", 5, 60)]
+    text = capacity.anatomy_section(cells, ["epic-16", "mepic"], [512])
+    assert "capacity point" not in text  # no rate held: no capacity-point table
+    assert "| epic-16, 8 in flight (seed 0) | 512 | 500.0 | 3.0 | 80.0 |" in text
+    assert "| mepic, 8 in flight (seed 0) | 512 | 500.0 | 5.0 | 60.0 |" in text
+    panels = capacity.anatomy_panels(cells, ["epic-16", "mepic"], [512])
+    assert [label for label, _ in panels] == ["epic-16, 512 pages, 8 in flight, seed 0",
+                                              "mepic, 512 pages, 8 in flight, seed 0"]
+
+
 def test_a_slow_model_gets_its_ratios_without_a_target_verdict():
     """SmolLM2 on a CPU: vanilla under 1 req/s at its one pool. The ratio is what the run is for; no target
     is judged there (the targets are read where vanilla sustains 1 req/s)."""
