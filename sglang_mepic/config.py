@@ -5,9 +5,9 @@ turns it into (so the scheduler and tokenizer processes SGLang spawns read the
 same value), its default, its check and its help. The launcher builds its
 parser, the flag-to-environment split, the start-up line and the docs' flag
 table from `SETTINGS`; every process reads a value through `read()`, which
-parses each distinct environment text once. This module imports nothing else
-of the package: the rules that belong to another part (the separator's markup
-check, the calibration set's size) are added by the launcher.
+parses each distinct environment text once. It imports only the mode's value
+type (modes.py) of the package: the rules that belong to another part (the
+separator's markup check, the calibration set's size) are added by the launcher.
 """
 
 import enum
@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from sglang_mepic.modes import MODE_HELP, Mode, parse_mode
+
 
 class Placement(enum.Enum):
     """Where a chunk's padding goes in its pages (segments.layout): the setting `--mepic-placement`."""
@@ -24,59 +26,9 @@ class Placement(enum.Enum):
     TRAILING = "trailing"
 
 
-class Kind(enum.Enum):
-    FULL = "full"              # no chunk reuse; SGLang's prefix cache only
-    NAIVE = "naive"            # shared chunk KV, nothing recomputed
-    EPIC = "epic"              # first k tokens (whole pages) recomputed, private copy per request
-    CACHEBLEND = "cacheblend"  # fraction r with the largest KV deviation recomputed, private copy
-    MEPIC = "mepic"            # first block(s) recomputed, canonical pages shared
-
-
-@dataclass(frozen=True)
-class Mode:
-    kind: Kind
-    tokens: int = 0            # epic-k: leading tokens of each chunk recomputed
-    ratio: float = 0.0         # cacheblend-r: fraction of chunk tokens recomputed
-    # cacheblend: the layer whose KV deviation selects tokens. Layer 1, as LMCache's CacheBlend
-    # (LMCACHE_BLEND_CHECK_LAYERS=1): layer 0's NoPE KV depends on the token alone, so its deviation is 0.
-    check_layer: int = 1
-
-    @property
-    def name(self) -> str:
-        if self.kind is Kind.EPIC:
-            return f"epic-{self.tokens}"
-        if self.kind is Kind.CACHEBLEND:
-            return f"cacheblend-{self.ratio:g}"
-        return self.kind.value
-
-    @property
-    def shares(self) -> bool:
-        """Requests read the chunk store's pages in place (no private copy)."""
-        return self.kind in (Kind.NAIVE, Kind.MEPIC)
-
-    @property
-    def reuses(self) -> bool:
-        return self.kind is not Kind.FULL
-
-
-MODE_HELP = "full | naive | mepic | epic-K (K tokens, e.g. epic-16) | cacheblend-R (fraction, e.g. cacheblend-0.15)"
 
 
 # The parsers: text (a flag's value or its environment variable) -> typed value, or ValueError naming the flag.
-
-def parse_mode(text: str) -> Mode:
-    text = text.strip().lower()
-    for kind in (Kind.FULL, Kind.NAIVE, Kind.MEPIC):
-        if text == kind.value:
-            return Mode(kind)
-    m = re.fullmatch(r"epic-(\d+)", text)
-    if m and int(m.group(1)) >= 1:
-        return Mode(Kind.EPIC, tokens=int(m.group(1)))
-    m = re.fullmatch(r"cacheblend-(0?\.\d+|1(\.0*)?|0)", text)
-    if m and 0 < float(m.group(1)) <= 1:
-        return Mode(Kind.CACHEBLEND, ratio=float(m.group(1)))
-    raise ValueError(f"--mepic-mode {text!r}: choose one of {MODE_HELP}")
-
 
 def parse_recompute_blocks(text: str) -> int | None:
     """Leading blocks of each chunk recomputed in mepic mode; None means all (nothing shared)."""

@@ -50,7 +50,7 @@ def build(ctx) -> MepicRadixCache:
         if not os.access(directory, os.W_OK):
             raise ValueError(f"--mepic-storage-dir {directory}: not writable")
     mode = config.mode()
-    modes.canonical_from()
+    modes.canonical_from(mode, config.recompute_blocks())  # a bad --mepic-recompute-blocks fails here
     metrics.publish_reuse_refused(mode.name, config.reuse_refused())
     if ctx.disable_radix_cache and mode.reuses:
         raise ValueError(f"--mepic-mode {mode.name} needs the radix cache: drop --disable-radix-cache "

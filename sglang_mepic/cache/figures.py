@@ -37,7 +37,7 @@ def compiled_reuse(link, canonical_from: int, page_size: int) -> int:
     return total
 
 
-def count_admitted(link, prefix_len: int, counters: Counters, mode: config.Mode, canonical_from: int,
+def count_admitted(link, prefix_len: int, counters: Counters, mode: modes.Mode, canonical_from: int,
                    page_size: int, plan_hits: int) -> None:
     """Fill the admitted request's report and add it to the totals."""
     prefix = min(prefix_len, link.size)

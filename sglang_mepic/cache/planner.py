@@ -17,7 +17,7 @@ from functools import cached_property
 
 import torch
 
-from sglang_mepic import config, modes
+from sglang_mepic import modes
 from sglang_mepic.cache.plan import Plan, arrangement_tag, make_plan, page_tag, private, sources
 from sglang_mepic.wire.segments import NO_POSITION, PAD_ID
 
@@ -76,7 +76,7 @@ class Planned:
         return out
 
 
-def plan(shape, resident: dict[str, tuple[int, ...]], mode: config.Mode, page_size: int,
+def plan(shape, resident: dict[str, tuple[int, ...]], mode: modes.Mode, page_size: int,
          canonical_from: int | None, logprob_start: int | None, holds_natural: bool = False) -> Planned:
     """Plan `shape` (link.Shape) against the chunks `resident` on the device (key -> canonical pages).
 

@@ -65,12 +65,13 @@ class MepicRadixCache(RadixCache):
     # matches then plan, pin and load nothing (`_match_unplanned`).
     prioritising = False
 
-    def __init__(self, params, model_fingerprint: str = "", mode: config.Mode | None = None,
+    def __init__(self, params, model_fingerprint: str = "", mode: modes.Mode | None = None,
                  canonical_from: int | None = -1, tiers: Tiers | None = None):
         check_allocator(params.token_to_kv_pool_allocator)
         super().__init__(params)
         self.mode = mode or config.mode()
-        self.canonical_from = modes.canonical_from() if canonical_from == -1 else canonical_from
+        self.canonical_from = (modes.canonical_from(self.mode, config.recompute_blocks()) if canonical_from == -1
+                               else canonical_from)
         self.pages = PoolPages(params.token_to_kv_pool_allocator)
         self.refs = PageRefs(self.pages)
         self.ownership = ownership.register(params.token_to_kv_pool_allocator, self.refs)

@@ -32,7 +32,7 @@ from typing import Callable
 
 import requests
 
-from sglang_mepic import config
+from sglang_mepic import config, modes
 from sglang_mepic.gate import calibration
 from sglang_mepic.gate import verdict as gate
 from sglang_mepic.gate.agreement import lumped_kl, mean, prefix_agreement, top1_agreement
@@ -92,7 +92,7 @@ def measure(url: str, tokenizer, questions: int, progress: bool = True) -> gate.
                         prefix=mean([r[1] for r in results]), positions=len(kls))
 
 
-def run_gate(model_path: str, mode: config.Mode, questions: int, thresholds: gate.Thresholds,
+def run_gate(model_path: str, mode: modes.Mode, questions: int, thresholds: gate.Thresholds,
              server_args: list[str], env: dict[str, str] | None = None, progress: bool = True,
              log: Callable[[str], None] = print) -> gate.Verdict:
     """Start a server for the mode (on a free loopback port, always stopped), measure, judge."""
@@ -131,9 +131,9 @@ def _nats(text: str) -> float:
     return value
 
 
-def _mode(text: str) -> config.Mode:
+def _mode(text: str) -> modes.Mode:
     try:
-        return config.parse_mode(text)
+        return modes.parse_mode(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e).replace("--mepic-mode", "--mode")) from None
 
@@ -142,8 +142,8 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sglang_mepic.check_model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True, help="local HF model folder")
-    ap.add_argument("--mode", type=_mode, default=config.parse_mode(config.DEFAULT_MODE), metavar="MODE",
-                    help=f"the reuse mode to check: {config.MODE_HELP}. Default: {config.DEFAULT_MODE}.")
+    ap.add_argument("--mode", type=_mode, default=modes.parse_mode(config.DEFAULT_MODE), metavar="MODE",
+                    help=f"the reuse mode to check: {modes.MODE_HELP}. Default: {config.DEFAULT_MODE}.")
     ap.add_argument("--questions", type=int, default=calibration.size(), metavar="N",
                     help=f"calibration questions to run, 1-{calibration.size()}. Default: all {calibration.size()}.")
     ap.add_argument("--min-top1", type=_fraction("--min-top1"), default=gate.MIN_TOP1, metavar="X",

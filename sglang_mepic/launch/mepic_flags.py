@@ -4,7 +4,7 @@ process reads, checked where a row's check belongs to another part, and shown ba
 import argparse
 import os
 
-from sglang_mepic import config
+from sglang_mepic import config, modes
 from sglang_mepic.frontend import auto_chunk
 from sglang_mepic.gate import calibration, verdict_cache, verify
 from sglang_mepic.launch.sglang_flags import LaunchError, Parser, known_flags
@@ -58,7 +58,7 @@ def _display(setting: config.Setting) -> str:
     if setting in (config.STORAGE_CONFIG, config.RECOMPUTE_BLOCKS):  # as given: JSON, or a count or 'all'
         return f"'{config.raw(setting)}'" if setting is config.STORAGE_CONFIG else config.raw(setting)
     value = config.read(setting)
-    if isinstance(value, config.Mode):
+    if isinstance(value, modes.Mode):
         return value.name
     if isinstance(value, float):
         return f"{value:g}"

@@ -85,16 +85,16 @@ def test_private_copy_sources_skip_pads_and_the_first_k_tokens():
 
 
 def test_modes_parse_and_say_what_they_keep():
-    from sglang_mepic import config
+    from sglang_mepic import config, modes
 
-    assert config.parse_mode("epic-16") == config.Mode(config.Kind.EPIC, tokens=16)
-    assert config.parse_mode("cacheblend-0.15").ratio == 0.15
-    assert config.parse_mode("mepic").shares and config.parse_mode("naive").shares
-    assert not config.parse_mode("epic-8").shares and not config.parse_mode("full").reuses
+    assert modes.parse_mode("epic-16") == modes.Mode(modes.Kind.EPIC, tokens=16)
+    assert modes.parse_mode("cacheblend-0.15").ratio == 0.15
+    assert modes.parse_mode("mepic").shares and modes.parse_mode("naive").shares
+    assert not modes.parse_mode("epic-8").shares and not modes.parse_mode("full").reuses
     assert config.parse_recompute_blocks("all") is None and config.parse_recompute_blocks("2") == 2
     for bad in ("epic-0", "epic", "cacheblend-1.5", "fast"):
         with pytest.raises(ValueError, match="choose one of"):
-            config.parse_mode(bad)
+            modes.parse_mode(bad)
 
 
 def test_chunks_past_the_logprob_start_are_computed_and_later_pages_keep_their_places():

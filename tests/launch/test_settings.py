@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from sglang_mepic import config
+from sglang_mepic import config, modes
 from sglang_mepic.launch import flags_doc, mepic_flags
 
 # A value each setting accepts and one it refuses (None: a switch, or text is never wrong). A setting added to
@@ -98,7 +98,7 @@ def test_a_bad_variable_set_by_hand_names_the_variable(monkeypatch):
 
 
 def test_typed_readers_give_the_table_defaults():
-    assert config.mode() == config.Mode(config.Kind.MEPIC)
+    assert config.mode() == modes.Mode(modes.Kind.MEPIC)
     assert config.recompute_blocks() == 1 and config.placement() is config.Placement.TRAILING
     assert config.compile_sink() == "none" and config.text_markup() is True
     assert config.host_tier_gb() == 0 and config.max_chunks() == 64 and config.auto_chunk() == "off"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_mepic import config
+from sglang_mepic import modes
 from sglang_mepic.wire import hint
 from sglang_mepic.wire.request_layout import PAD_FILL_ID
 from sglang_mepic.wire.segments import PAD_ID, Kind, Piece, Placement, Segment, layout, span_hash
@@ -63,7 +63,7 @@ def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num
     if storage_dir is not None:
         shared = Storage("file", {"file_storage_path": storage_dir}, "tiny", timeout=10)
         assert shared.connected()
-    tree = MepicRadixCache(params, model_fingerprint="tiny", mode=config.parse_mode(mode),
+    tree = MepicRadixCache(params, model_fingerprint="tiny", mode=modes.parse_mode(mode),
                            canonical_from=canonical_from,
                            tiers=Tiers(kv, B, host_gb=host_gb, storage=shared))
     return tree
