@@ -48,32 +48,20 @@ def summarise(samples: list[dict]) -> dict:
     }
 
 
-def table(rows: list[tuple[str, int, dict]]) -> str:
-    """One line per (system, pool, anatomy at its capacity point): the peak sample's pages by category."""
-    rows = [(s, pool, a) for s, pool, a in rows if a.get("peak")]
+def table(rows: list[tuple[str, int, dict]], stat: str = "peak") -> str:
+    """One line per (label, pool, anatomy): with `peak` the sample with the most pages used (a capacity point),
+    with `mean` each figure's time mean over the probe (a matched run). Running requests are the admitted
+    ones, holding KV rows; pad slots, the slots of their rows that hold pads."""
+    rows = [(s, pool, a) for s, pool, a in rows if a.get(stat)]
     if not rows:
         return ""
-    head = "| system | pool pages | used at peak | " + " | ".join(CATEGORIES.values()) + " | pad slots | in flight |"
-    lines = [head, "|" + "---|" * (len(CATEGORIES) + 5)]
-    for system, pool, a in rows:
-        p = a["peak"]
-        lines.append(f"| {system} | {pool:,} | {p['used_pages']} | " + " | ".join(str(p[k]) for k in CATEGORIES)
-                     + f" | {p['pad_slots']} | {p['running_requests']} |")
-    return "\n".join(lines)
-
-
-def mean_table(rows: list[tuple[str, int, dict]]) -> str:
-    """One line per (label, pool, anatomy): each category's time mean over the probe, beside the requests
-    running (admitted, holding KV rows) and the pad slots they read."""
-    rows = [(s, pool, a) for s, pool, a in rows if a.get("mean")]
-    if not rows:
-        return ""
-    head = "| run | pool pages | used | running requests | " + " | ".join(CATEGORIES.values()) + " | pad slots |"
+    used = "used at peak" if stat == "peak" else "used"
+    head = f"| run | pool pages | {used} | running requests | " + " | ".join(CATEGORIES.values()) + " | pad slots |"
     lines = [head, "|" + "---|" * (len(CATEGORIES) + 5)]
     for label, pool, a in rows:
-        m = a["mean"]
-        lines.append(f"| {label} | {pool:,} | {m['used_pages']} | {m.get('running_requests', '—')} | "
-                     + " | ".join(str(m[k]) for k in CATEGORIES) + f" | {m.get('pad_slots', '—')} |")
+        x = a[stat]
+        lines.append(f"| {label} | {pool:,} | {x['used_pages']} | {x.get('running_requests', '—')} | "
+                     + " | ".join(str(x[k]) for k in CATEGORIES) + f" | {x.get('pad_slots', '—')} |")
     return "\n".join(lines)
 
 

@@ -475,7 +475,7 @@ def anatomy_section(cells: list[Cell], systems: list[str], pools: list[int]) -> 
                      "(eval/anatomy.py; anatomy.png plots them over time):\n\n" + text)
     matched = [(f"{s}, {kind.split('-')[1]} in flight (seed {seed})", pool, a)
                for s, pool, seed, kind, a in matched_anatomy(cells, systems)]
-    if text := anatomy.mean_table(matched):
+    if text := anatomy.table(matched, "mean"):
         parts.append("Where the pages went with N requests in flight (matched concurrency), each category's mean "
                      "over the run; running requests are those admitted, holding KV rows:\n\n" + text)
     return "\n\n".join(parts)

@@ -24,7 +24,10 @@ def test_the_table_has_a_line_per_cell_and_the_plot_a_panel_per_system(tmp_path)
     a = anatomy.summarise([sample(0, 4, private=4), sample(1, 6, private=2, chunk_evictable=4)])
     text = anatomy.table([("mepic (seed 0)", 512, a), ("epic-16 (seed 0)", 512, {})])
     lines = text.splitlines()
-    assert len(lines) == 3 and lines[2].startswith("| mepic (seed 0) | 512 | 6 | 2 |")
+    assert len(lines) == 3 and lines[2].startswith("| mepic (seed 0) | 512 | 6 | 2 | 2 | 0 |")  # used, running, private
+    assert lines[2].endswith("| 3 |")  # pad slots
+    means = anatomy.table([("mepic, 8 in flight", 512, a)], "mean").splitlines()
+    assert "| used | running requests |" in means[0] and means[2].startswith("| mepic, 8 in flight | 512 | 5.0 | 2.0 | 3.0 |")
     assert "chunk, evictable" in lines[0]
     anatomy.plot([("mepic", a), ("vanilla", a)], tmp_path / "anatomy.png", "test")
     assert (tmp_path / "anatomy.png").stat().st_size > 1000
