@@ -698,11 +698,11 @@ def plan(args) -> Plan:
 
 
 def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline: float | None = None,
-        note: str = "", module: str = "eval.capacity") -> list[Cell]:
+        note: str = "", module: str = "eval.capacity", machine: str | None = None) -> list[Cell]:
     """Run what `todo_of` asks that --out does not hold yet (all of it without --resume), record the invocation,
     write the report; returns every cell. prepare(seeds) -> ({seed: prompts}, make_server), called only when a
     cell is to run (make_server as run_cells takes it); note: a line the invocation's record keeps; module: the
-    command the record names."""
+    command the record names; machine: where the servers ran (default: this machine's CPUs)."""
     args.out.mkdir(parents=True, exist_ok=True)
     saved, invocations = args.out / "cells.jsonl", args.out / "invocations.jsonl"
     args.resume = args.resume or args.report
@@ -753,7 +753,9 @@ def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline
                                 "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
                                 "wall_s": round(time.time() - started, 1), "load_before": load_before,
                                 "load_after": loadavg(), "cells_run": len(cells) - len(done), "stopped": bool(stopped),
-                                "settings": settings, "module": module, **({"note": note} if note else {})}) + "\n")
+                                "settings": settings, "module": module,
+                                "machine": machine or f"{os.cpu_count()}-core CPU",
+                                **({"note": note} if note else {})}) + "\n")
     report(args, cells, p.systems, p.pools, settings)
     return cells
 

@@ -95,6 +95,15 @@ def top_below_saturation(results: dict | None) -> float | None:
     return max(fine, default=None)
 
 
+def run_of(results: dict) -> str:
+    """What a capacity run served and where: model, workload, and the machine its invocations name (runs
+    recorded before invocations named one ran on the 2-core CPU)."""
+    given = results.get("args", {})
+    machine = next((r["machine"] for r in reversed(results.get("invocations", [])) if r.get("machine")), "2-core CPU")
+    return (f"{Path(given.get('model', 'tiny-4l')).name}, {given.get('dataset', 'squad')}, "
+            f"{given.get('chunks', 7)} chunks; {machine}")
+
+
 def capacity_rows(results: dict | None) -> list[str]:
     """Capacity ratios at the judged pool and KV ratios at matched concurrency, seed by seed; "not run" rows
     where the cells are missing."""
@@ -108,8 +117,7 @@ def capacity_rows(results: dict | None) -> list[str]:
 
     pool = capacity.judged_pool(cells)
     where = f"{pool:,} pages" if pool else "the smallest pool where vanilla holds 1 req/s"
-    given = (results or {}).get("args", {})
-    what = f"{Path(given.get('model', 'tiny-4l')).name}, {given.get('dataset', 'squad')}, {given.get('chunks', 7)} chunks"
+    what = run_of(results or {})
     lines = [row(f"capacity within the SLO, mepic / {other}, at {where} ({what})",
                  capacity.paired(cells, "capacity", pool, "mepic", other, capacity.capacity_of) if pool else [],
                  "≥ 2", lambda v: v >= 2) for other in ("epic-16", "vanilla")]
@@ -119,7 +127,7 @@ def capacity_rows(results: dict | None) -> list[str]:
                                           ("mean_kv_pages", "time-weighted", "≤ 0.4", 0.4)):
             values = capacity.paired(cells, kind, None, "mepic", "epic-16", capacity.last_probe(key))
             judged = n in (8, 16)
-            lines.append(row(f"{label} KV mepic / epic-16 at {n} requests in flight (matched concurrency)", values,
+            lines.append(row(f"{label} KV mepic / epic-16 at {n} requests in flight (matched concurrency; {what})", values,
                              target if judged else "—", lambda v, b=bound: v <= b))
     return lines
 
@@ -131,8 +139,7 @@ def more_capacity_rows(path: Path) -> list[str]:
     if not cells:
         return []
     pool = min(c.pool_pages for c in cells)
-    given = results.get("args", {})
-    what = f"{Path(given.get('model', 'tiny-4l')).name}, {given.get('dataset', 'squad')}, {given.get('chunks', 7)} chunks"
+    what = run_of(results)
     lines = []
     for other in ("epic-16", "vanilla"):
         values = capacity.paired(cells, "capacity", pool, "mepic", other, capacity.capacity_of)

@@ -98,3 +98,14 @@ def test_the_committed_headline_passes_the_check():
                                     (ROOT / "docs" / "results.md", "table2", headline.table2()),
                                     (ROOT / "docs" / "results.md", "capacity", headline.capacity_tables())])
     assert "| figure | median | range | runs | target | source |" in head
+
+
+def test_a_capacity_row_names_the_machine_its_cells_ran_on():
+    """Issue 71: the headline's capacity rows say which machine each figure comes from. The device path records
+    the device (eval/gpu/e2e/capacity.py); runs recorded before invocations named one ran on the 2-core CPU."""
+    args = {"model": "/x/llama3-8b", "dataset": "squad", "chunks": "7"}
+    on_device = {"args": args, "invocations": [{"argv": []}, {"argv": [], "machine": "NVIDIA H200"}]}
+    assert headline.run_of(on_device) == "llama3-8b, squad, 7 chunks; NVIDIA H200"
+    assert headline.run_of({"args": args, "invocations": [{"argv": []}]}).endswith("; 2-core CPU")
+    rows = headline.capacity_rows({**on_device, "cells": []})
+    assert rows and all("NVIDIA H200" in row for row in rows)

@@ -112,7 +112,7 @@ def main(argv=None) -> None:
     note = (f"device {device.get('name')}, model {shape} {args.dtype} (weights checksum {written.get('checksum')}), "
             f"commit {commit}, capacity part {args.part} (eval.gpu.e2e.capacity)")
     capacity.run(args, argv, todo, f"{shape} ({name})", prepare, deadline=began + budget, note=note,
-                 module="eval.gpu.e2e.capacity")
+                 module="eval.gpu.e2e.capacity", machine=device.get("name"))
     drive.log(f"done in {time.time() - began:.0f} s -> {args.out}")
 
 
