@@ -545,11 +545,12 @@ class OutOfTime(Exception):
 
 
 def run_cells(args, todo: list, cells: list[Cell], record, make_server, texts: dict[int, list[str]],
-              deadline: float | None = None) -> None:
+              deadline: float | None = None, server_start_s: float = 0.0) -> None:
     """Run the cells in `todo`, recording each as it ends; every server it starts is stopped.
 
     make_server(system, pool) -> ServerProcess (not launched): one system's server with a pool of that many
-    pages; texts: each seed's prompts; deadline (time.time()): no probe starts that could end after it."""
+    pages; texts: each seed's prompts; deadline (time.time()): no probe starts that could end after it, and no
+    server starts that could not be up `server_start_s` seconds before it."""
     with ExitStack() as stack:
         servers = {}
 
@@ -599,6 +600,9 @@ def run_cells(args, todo: list, cells: list[Cell], record, make_server, texts: d
         bar = tqdm(desc="requests", unit="req", mininterval=5)
         for system, pool, seed, kind in todo:
             cell_started = time.time()
+            if deadline is not None and (system, pool) not in servers and cell_started + server_start_s > deadline:
+                raise OutOfTime(f"{system}'s server at {pool} pages (about {server_start_s:.0f} s to start) would "
+                                "be up past the budget")
             server, got = server_for(system, pool)
             warm_up(server, texts[seed])
             bar.set_postfix_str(f"{system} pool {pool} seed {seed} {kind}")
@@ -698,11 +702,13 @@ def plan(args) -> Plan:
 
 
 def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline: float | None = None,
-        note: str = "", module: str = "eval.capacity", machine: str | None = None) -> list[Cell]:
+        note: str = "", module: str = "eval.capacity", machine: str | None = None,
+        server_start_s: float = 0.0) -> list[Cell]:
     """Run what `todo_of` asks that --out does not hold yet (all of it without --resume), record the invocation,
     write the report; returns every cell. prepare(seeds) -> ({seed: prompts}, make_server), called only when a
     cell is to run (make_server as run_cells takes it); note: a line the invocation's record keeps; module: the
-    command the record names; machine: where the servers ran (default: this machine's CPUs)."""
+    command the record names; machine: where the servers ran (default: this machine's CPUs); server_start_s:
+    what a server's start is counted as against the deadline."""
     args.out.mkdir(parents=True, exist_ok=True)
     saved, invocations = args.out / "cells.jsonl", args.out / "invocations.jsonl"
     args.resume = args.resume or args.report
@@ -735,7 +741,7 @@ def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline
     try:
         if todo:
             texts, make_server = prepare(sorted({t[2] for t in todo}))
-            run_cells(args, todo, cells, record, make_server, texts, deadline)
+            run_cells(args, todo, cells, record, make_server, texts, deadline, server_start_s)
     except KeyboardInterrupt:
         stopped = "stopped"
     except OutOfTime as e:

@@ -13,7 +13,6 @@ separator's markup check, the calibration set's size) are added by the launcher.
 import enum
 import json
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Callable
 

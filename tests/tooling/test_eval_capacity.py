@@ -286,3 +286,15 @@ def test_a_cut_line_in_the_saved_cells_is_dropped(tmp_path):
     good = json.dumps(capacity.asdict(cell("mepic", 512, 1.0)))
     (tmp_path / "cells.jsonl").write_text(good + "\n" + good[:40])
     assert [c.capacity for c in capacity.load_cells(tmp_path / "cells.jsonl")] == [1.0]
+
+
+def test_a_budget_starts_no_server_that_would_be_up_too_late(monkeypatch):
+    """The device path's calls end at a hard limit: a cell whose server could not be up `server_start_s` before
+    the deadline is not started (no server made), and the run stops with the cells it has."""
+    made = []
+    args = SimpleNamespace(together=False, warmup=0, e2e_slo=8.0, new_tokens=4)
+    with pytest.raises(capacity.OutOfTime, match="would be up past the budget"):
+        capacity.run_cells(args, [("mepic", 512, 0, "capacity")], [], lambda c: None,
+                           lambda system, pool: made.append((system, pool)), {0: ["a"]},
+                           deadline=capacity.time.time() + 100, server_start_s=170)
+    assert made == []
