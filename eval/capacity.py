@@ -758,12 +758,18 @@ def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline
             f.write(json.dumps({"argv": [provenance.portable(a) for a in argv],
                                 "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
                                 "wall_s": round(time.time() - started, 1), "load_before": load_before,
-                                "load_after": loadavg(), "cells_run": len(cells) - len(done), "stopped": bool(stopped),
+                                "load_after": loadavg(), "cells_run": len(cells) - len(done), "stopped": stopped or False,
                                 "settings": settings, "module": module,
                                 "machine": machine or f"{os.cpu_count()}-core CPU",
                                 **({"note": note} if note else {})}) + "\n")
     report(args, cells, p.systems, p.pools, settings)
     return cells
+
+
+def stop_reason(invocation: dict) -> str:
+    """Why a recorded invocation stopped, where it said (an out-of-time stop does; Ctrl-C and older records not)."""
+    stopped = invocation.get("stopped")
+    return f": {stopped}" if isinstance(stopped, str) and stopped != "stopped" else ""
 
 
 def report(args, cells: list[Cell], systems: list[str], pools: list[int], settings: str) -> None:
@@ -775,9 +781,11 @@ def report(args, cells: list[Cell], systems: list[str], pools: list[int], settin
     header = ["Commands (one line an invocation; a stopped run goes on with --resume):"]
     header += [f"- `python -m {r.get('module', 'eval.capacity')} {shlex.join(r['argv'])}`: {r['started']} UTC, "
                f"{r['cells_run']} cells in {r['wall_s'] / 60:.1f} min, load average {r['load_before']} before, "
-               f"{r['load_after']} after" + (" (stopped part way)" if r.get("stopped") else "")
+               f"{r['load_after']} after" + (f" (stopped part way{stop_reason(r)})" if r.get("stopped") else "")
                + "".join(f"; {r[k]}" for k in ("withdrawn", "note") if r.get(k)) for r in runs]
-    header += [f"Machine: {platform.node()}, {os.cpu_count()} CPUs; {sum(c.seconds for c in cells) / 60:.1f} min over "
+    machines = ", ".join(dict.fromkeys(r["machine"] for r in runs if r.get("machine"))) \
+        or f"{platform.node()}, {os.cpu_count()} CPUs"  # runs recorded before invocations named their machine
+    header += [f"Machine: {machines}; {sum(c.seconds for c in cells) / 60:.1f} min over "
                f"the {len(cells)} cells", runs[-1].get("settings", settings) if runs else settings]
     text = "\n\n".join(["# Serving capacity at a fixed KV budget", "\n".join(header[:-2]), *header[-2:],
                         capacity_table(cells, systems, pools), "\n".join(ratios(cells, pools)),
