@@ -79,6 +79,7 @@ from eval.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, abort_all, context_a
                       server_process, stream, tiered)
 from eval.workloads import DATASETS, render, with_reuse
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
+from sglang_mepic.process.server_process import ServerError
 
 DEFAULT_SYSTEMS = ("vanilla", "full", "epic-16", "cacheblend-0.15", "mepic")
 DEFAULT_POOLS = (512, 1024, 2048, 4096)
@@ -736,8 +737,8 @@ def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline
     def interrupted(signum, frame):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupted)  # a stopped run still records what it ran
-    stopped = ""
+    before = signal.signal(signal.SIGTERM, interrupted)  # a stopped run still records what it ran
+    stopped, failed = "", None
     try:
         if todo:
             texts, make_server = prepare(sorted({t[2] for t in todo}))
@@ -746,6 +747,10 @@ def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline
         stopped = "stopped"
     except OutOfTime as e:
         stopped = f"out of time: {e}"
+    except ServerError as e:  # its log's tail is in the message; the report of the cells before it is still written
+        stopped, failed = "a server failed", e
+    finally:
+        signal.signal(signal.SIGTERM, before)
     if stopped:
         print(f"[capacity] {stopped}: the finished cells are kept (go on with --resume)", flush=True)
     settings = (f"Model {model_name}, {args.dataset}, {args.chunks} chunks, reuse "
@@ -763,6 +768,8 @@ def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline
                                 "machine": machine or f"{os.cpu_count()}-core CPU",
                                 **({"note": note} if note else {})}) + "\n")
     report(args, cells, p.systems, p.pools, settings)
+    if failed is not None:
+        raise failed
     return cells
 
 

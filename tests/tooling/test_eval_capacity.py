@@ -298,3 +298,26 @@ def test_a_budget_starts_no_server_that_would_be_up_too_late(monkeypatch):
                            lambda system, pool: made.append((system, pool)), {0: ["a"]},
                            deadline=capacity.time.time() + 100, server_start_s=170)
     assert made == []
+
+
+def test_a_server_that_fails_to_start_still_leaves_the_report_of_the_cells_before_it(tmp_path):
+    """On the device a call is one chance: a server that dies at start ends the run with its error, after the
+    invocation and the table of the cells finished so far are written."""
+    from sglang_mepic.process.server_process import ServerError
+
+    args = capacity.parser().parse_args(["--out", str(tmp_path), "--systems", "mepic", "--pools", "512",
+                                         "--seeds", "0", "--matched", ""])
+    asked = capacity.plan(args)
+
+    class Dead:
+        def launch(self):
+            raise ServerError("server exited with code 1: boom")
+
+        def stop(self):
+            pass
+
+    with pytest.raises(ServerError, match="boom"):
+        capacity.run(args, [], asked, "tiny", lambda seeds: ({0: ["a"]}, lambda system, pool: Dead()))
+    (invocation,) = [json.loads(line) for line in (tmp_path / "invocations.jsonl").read_text().splitlines()]
+    assert invocation["stopped"] == "a server failed" and invocation["cells_run"] == 0
+    assert "(stopped part way: a server failed)" in (tmp_path / "table.md").read_text()
