@@ -30,6 +30,7 @@ from sglang_mepic.cache.compile_rows import layout_of
 from sglang_mepic.cache.plan import ChunkSpan, Plan
 from sglang_mepic.cache.planner import Planned
 from sglang_mepic.wire.hint import decode_laid_out
+from sglang_mepic.wire.namespace import tenant_key
 from sglang_mepic.wire.request_layout import masked_key, pad_mask, slot_positions
 from sglang_mepic.wire.report import Report
 from sglang_mepic.wire.segments import NO_POSITION, span_hash
@@ -257,11 +258,11 @@ class Linker:
                 # SGLang replaced the ids of a request it refused (an invalid grammar, say) by one token:
                 # it is not laid out as its hint says, and is only streamed its error.
                 return None
-            # Everything that keeps SGLang's tree entries apart keeps chunks apart too.
-            # repr keeps None apart from "None" and a field's text from the separators: a client's
-            # extra_key or cache_salt must never spell another tenant's namespace. SGLang treats an
-            # empty cache_salt as none, and so does this.
-            namespace = repr((getattr(req, "extra_key", None), getattr(req, "cache_salt", None) or None,
+            # Everything that keeps SGLang's tree entries apart keeps chunks apart too (wire/namespace.py, the
+            # rule the tokenizer side finds registered texts by). repr keeps None apart from "None" and a
+            # field's text from the separators: a client's extra_key or cache_salt must never spell another
+            # tenant's namespace.
+            namespace = repr((*tenant_key(getattr(req, "extra_key", None), getattr(req, "cache_salt", None)),
                               getattr(req, "lora_id", None)))
             masked = masked_key(natural, pads)
             keys = tuple(span_hash(masked[s:e], self.placement, self.page_size, self.model_fingerprint, namespace)

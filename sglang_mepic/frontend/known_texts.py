@@ -53,6 +53,7 @@ import numpy as np
 
 from sglang_mepic import config
 from sglang_mepic.wire.segments import Kind
+from sglang_mepic.wire.namespace import tenant_key
 
 ANCHOR = 64
 _B = 0x100000001B3  # odd: invertible mod 2^64
@@ -434,11 +435,10 @@ def registry() -> KnownTexts:
 
 
 def namespace_of(extra_key, cache_salt) -> tuple:
-    """A request's namespace for registered texts: what keeps its cache entries apart from another
-    tenant's (SGLang treats an empty cache_salt as none). The LoRA adapter is left out: it keeps the
-    chunks' KV apart in the cache already, and a text registered once serves every adapter."""
-    return (extra_key if isinstance(extra_key, str) and extra_key else None,
-            cache_salt if isinstance(cache_salt, str) and cache_salt else None)
+    """A request's namespace for registered texts: the one its chunks' KV is keyed in (wire/namespace.py). The
+    LoRA adapter is left out: it keeps the chunks' KV apart in the cache already, and a text registered once
+    serves every adapter."""
+    return tenant_key(extra_key, cache_salt)
 
 
 def known_pieces(text: str, namespace, max_chars: int | None = None) -> list[tuple[Kind, str]] | None:

@@ -140,6 +140,22 @@ def test_what_a_reviewer_tried_stays_cheap_and_correct():
     assert namespace_of("", "") == namespace_of(None, None) == (None, None)
 
 
+def test_both_sides_key_a_tenant_as_sglang_does():
+    """Issue 72: the tokenizer side (registered texts) and the scheduler side (chunk keys) had a rule each;
+    one now (wire/namespace.py), SGLang's: an empty extra_key or cache_salt is none. SGLang makes a request's
+    empty extra_key none before any hook of ours reads it, so a registration sent with "" must land where
+    those requests look."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_mepic.frontend.known_texts import namespace_of
+    from sglang_mepic.wire.namespace import tenant_key
+
+    sent = GenerateReqInput(text="x", extra_key="", cache_salt="", sampling_params={})
+    sent.normalize_batch_and_arguments()
+    assert namespace_of("", "") == tenant_key(sent.extra_key, sent.cache_salt) == (None, None)
+    assert tenant_key("a", "") == ("a", None) != tenant_key("a", "s") and tenant_key("", "s") == (None, "s")
+
+
 # Issue 68: a newcomer/attacker battery against registered texts.
 
 

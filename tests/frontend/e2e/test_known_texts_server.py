@@ -67,6 +67,20 @@ def test_a_text_registered_by_one_tenant_is_never_found_for_another(server):
         {"index": 0, "registered": "new", "chunk": "absent"}]
 
 
+
+def test_a_text_registered_with_an_empty_extra_key_is_found_where_sglang_keys_that_tenant(server):
+    """SGLang reads an empty extra_key as none: a text registered with "" is the tenant's without one, found
+    for its requests and already known to it (issue 72: one namespace rule for both processes)."""
+    doc = " ".join(WORDS[480:560])
+    assert register(server, [doc], extra_key="")["texts"][0]["registered"] == "new"
+    prompt = "Read this:\n" + doc + "\nWhat does it say?"
+    for fields in ({}, {"extra_key": ""}):
+        out = post(server, "/generate", {"text": prompt, **fields, "sampling_params": {"max_new_tokens": 2}})
+        assert len(out["meta_info"]["mepic_chunks"]) == 1 and out["meta_info"]["mepic_residency"] == ["device"]
+    assert register(server, [doc])["texts"] == [{"index": 0, "registered": "known", "chunk": "device"}]
+    other = post(server, "/generate", {"text": prompt, "extra_key": "t", "sampling_params": {"max_new_tokens": 2}})
+    assert other["meta_info"]["mepic_chunks"] == []
+
 BAD = [
     ({"texts": []}, "non-empty list"),
     ({"texts": "a document"}, "non-empty list"),
