@@ -1,8 +1,7 @@
 # The two set-up commands of the README (serve, test), and the fast test loop. Each installs only what is missing.
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# pytest is run as a script, not `python -m pytest`, so the repo root is not on
-# sys.path and kernels/ cannot shadow the PyPI package of the same name.
+# pytest is run as a script, not `python -m pytest`, so the repo root is not on sys.path.
 STAMP  := $(VENV)/.sglang-mepic-installed
 MODELS := models
 HOST   ?= 127.0.0.1

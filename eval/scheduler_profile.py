@@ -32,8 +32,8 @@ Busy = forward + outside; every share printed is of busy samples. The top
 functions outside the forward count a function once per sample it is on
 (inclusive), pass-through decorators (SGLang's stage-metrics and NVTX
 wrappers, the HookRegistry wrapper, torch's no-grad decorator) left out;
-`[mepic]` marks this project's code (files under sglang_mepic/, patches/ or
-kernels/ outside site-packages). For this project's functions the list also
+`[mepic]` marks this project's code (files under sglang_mepic/ outside
+site-packages). For this project's functions the list also
 gives their own share: samples whose innermost project frame is the function
 with no SGLang frame below it (its own Python and the torch/stdlib calls it
 makes; a hook's time inside the SGLang function it wraps is SGLang's). The
@@ -77,7 +77,7 @@ TARGET_RATIO = 1.2
 NEW_TOKENS = 16  # eval.run's default
 MAIN_LOOP = ("Scheduler.event_loop_normal", "Scheduler.event_loop_overlap")
 FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
-MEPIC_FILE = re.compile(r"^(?P<root>.*)/(?P<top>sglang_mepic|patches|kernels)/(?:[^/]+/)*[^/]+\.py$")
+MEPIC_FILE = re.compile(r"^(?P<root>.*)/(?P<top>sglang_mepic)/(?:[^/]+/)*[^/]+\.py$")
 SCHEDULER_FILE = "sglang/srt/managers/scheduler.py"
 MODEL_RUNNER_FILE = "sglang/srt/model_executor/model_runner.py"
 SGLANG_FILE = "site-packages/sglang/"
@@ -350,7 +350,7 @@ def provenance(argv: list[str]) -> list[str]:
     root = Path(sglang_mepic.__file__).resolve().parent.parent
     git = ["git", "-C", str(root)]
     commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", "sglang_mepic", "patches", "kernels"],
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", "sglang_mepic"],
                            capture_output=True, text=True).stdout.strip()
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
@@ -361,7 +361,7 @@ def provenance(argv: list[str]) -> list[str]:
             f"date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
             f"machine: {platform.node()}, {cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
             f"code: {code} at {commit or 'unknown commit'}"
-            + (" with uncommitted changes in sglang_mepic/, patches/ or kernels/" if dirty else "")]
+            + (" with uncommitted changes in sglang_mepic/" if dirty else "")]
 
 
 def main(argv: list[str] | None = None) -> None:

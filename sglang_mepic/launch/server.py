@@ -76,9 +76,9 @@ def _has_cuda() -> bool:
 
 
 def _drop_checkout_root_from_path() -> None:
-    """`python -m` from the repo root puts it first on sys.path, where `kernels/`
-    would shadow the PyPI package `kernels` in this process and the ones it
-    spawns. The installed package does not need it there. Installed from its
+    """`python -m` from the repo root puts it first on sys.path, where its folders
+    (eval/, shims/, tests/) would be top-level import names in this process and
+    the ones it spawns. The installed package does not need it there. Installed from its
     wheel, the folder above this package is the site (site-packages, or a
     `pip --target` folder on PYTHONPATH, as the GPU e2e run installs it), which
     holds SGLang itself: it stays."""

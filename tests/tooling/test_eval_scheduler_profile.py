@@ -14,7 +14,7 @@ FORWARD = (f"Scheduler.run_batch ({SITE}/managers/scheduler.py:4704);"
 EXTEND = f"EagerRunner._execute_extend ({SITE}/model_executor/runner/eager_runner.py:250)"
 DECODE = f"EagerRunner._execute_decode ({SITE}/model_executor/runner/eager_runner.py:268)"
 NEXT = f"Scheduler.get_next_batch_to_run ({SITE}/managers/scheduler.py:3000)"
-HOOK = "hook (/repo/patches/scheduler_get_new_batch_prefill.py:40)"
+HOOK = "hook (/repo/sglang_mepic/patches/scheduler_get_new_batch_prefill.py:40)"
 MATCH = "MepicRadixCache.match_prefix (/repo/sglang_mepic/cache/radix_cache.py:120)"
 
 RAW = "\n".join([
@@ -35,7 +35,7 @@ def test_classify_splits_main_thread_samples():
     assert split.busy == 100 and split.share(split.outside) == 0.2
     by_name = {f.function: n for f, n in split.outside_functions.items()}
     assert by_name == {"Scheduler.get_next_batch_to_run": 20, "hook": 12, "MepicRadixCache.match_prefix": 12}
-    assert split.mepic_folders == {"/repo/patches": 12, "/repo/sglang_mepic": 12}
+    assert split.mepic_folders == {"/repo/sglang_mepic": 12}  # the hook and the cache: one folder, once a sample
     assert {f.function: n for f, n in split.own.items()} == {"MepicRadixCache.match_prefix": 12}
 
 

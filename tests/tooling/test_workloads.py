@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 # eval/ is run from the repository root and is not installed; the root is kept off sys.path
-# in tests (its kernels/ would shadow the PyPI package), so the module is loaded by path.
+# in tests (its folders would become top-level import names), so the module is loaded by path.
 _spec = importlib.util.spec_from_file_location(
     "eval_workloads", Path(__file__).resolve().parents[2] / "eval" / "workloads.py")
 workloads = importlib.util.module_from_spec(_spec)

@@ -14,7 +14,7 @@ untracked files git does not ignore) plus the carry, 64 MiB in all. The carry:
   model/          SmolLM2's tokenizer files (not its weights: drive.py writes its own config and weights).
   workload.json   the requests (`python -m eval.gpu.e2e.workload`).
   capacity.json.xz  the capacity runs' prompts, per workload and seed (the same command; eval/gpu/e2e/capacity.py).
-  COMMIT          the project commit, `+dirty` if sglang_mepic/ patches/ kernels/ eval/ differ from it.
+  COMMIT          the project commit, `+dirty` if sglang_mepic/ or eval/ differ from it.
   MANIFEST.txt    every wheel with version, size and sha256; what was trimmed and why; the totals.
 
 It refuses (exit status 1) a carry over 60 MiB or a travelling total (tree + carry) over 64 MiB.
@@ -60,8 +60,8 @@ TOKENIZER = ROOT / "models" / "smollm2-135m"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                    "special_tokens_map.json")
 # Where the project wheel is built from (copied to a temporary folder first: no build/ in the checkout).
-PROJECT_FILES = ("pyproject.toml", "README.md", "sglang_mepic", "kernels", "patches")
-DIRTY_PATHS = ("sglang_mepic", "patches", "kernels", "eval")
+PROJECT_FILES = ("pyproject.toml", "README.md", "sglang_mepic")
+DIRTY_PATHS = ("sglang_mepic", "eval")
 
 SGLANG = ("sglang", "0.5.23")
 PYTHON = "3.12"  # the device's; --python-version builds for another (emulate.sh: 3.11, this machine's)
@@ -741,9 +741,7 @@ def module_file(module: str) -> Path | None:
     import importlib.metadata as md
 
     parts = module.split(".")
-    if parts[0] == "sglang_mepic" and len(parts) > 1 and parts[1] in ("kernels", "patches"):
-        base = ROOT / parts[1] / Path(*parts[2:]) if len(parts) > 2 else ROOT / parts[1]
-    elif parts[0] in ("sglang_mepic", "eval"):
+    if parts[0] in ("sglang_mepic", "eval"):
         base = ROOT / Path(*parts)
     else:
         try:

@@ -1,4 +1,4 @@
-"""HookRegistry hooks on SGLang internals (installed as `sglang_mepic.patches`).
+"""HookRegistry hooks on SGLang internals.
 
 One module per upstream function. Each module names the function it hooks
 (`TARGET`), how (`HOOK_TYPE`), the hook itself (`hook`), and the SGLang release

@@ -1,1 +1,0 @@
-"""Triton kernels for the MEPIC attention backend (installed as sglang_mepic.kernels)."""

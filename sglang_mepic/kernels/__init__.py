@@ -1,0 +1,1 @@
+"""Triton kernels for the MEPIC attention backend."""
