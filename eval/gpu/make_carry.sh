@@ -16,10 +16,11 @@ sgl=$(ls -d "$root"/.venv/lib/python3*/site-packages/sglang | head -1)
 out=$root/.gpu_carry
 rm -rf "$out" && mkdir -p "$out/proj/sglang_mepic/kernels" "$out/sgl/sglang/kernels/ops/attention" "$out/sgl/sglang/srt"
 files="sglang_mepic/kernels/__init__.py sglang_mepic/kernels/attention.py sglang_mepic/kernels/aot.py sglang_mepic/kernels/occupancy.py sglang_mepic/__init__.py sglang_mepic/attention/reference.py
-       sglang_mepic/attention/rope.py sglang_mepic/wire/segments.py"
+       sglang_mepic/attention/rope.py sglang_mepic/wire/segments.py sglang_mepic/config.py sglang_mepic/modes.py"
 commit=$(git -C "$root" rev-parse --short HEAD)
 for f in $files; do
   dest="$out/proj/sglang_mepic/${f#sglang_mepic/}"
+  mkdir -p "$(dirname "$dest")"  # the package's parts are folders (attention/, wire/, kernels/)
   if [ "${1:-}" = --worktree ]; then cp "$root/$f" "$dest"; else git -C "$root" show "HEAD:$f" > "$dest"; fi
 done
 if [ "${1:-}" = --worktree ] && ! git -C "$root" diff --quiet HEAD -- $files; then

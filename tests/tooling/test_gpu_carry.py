@@ -359,3 +359,22 @@ def test_the_scripts_a_device_call_runs_travel_with_the_tree():
     from eval.gpu.e2e import drive
 
     assert "eval.gpu.e2e.sync_check" in Path(drive.__file__).read_text()  # started by module name, from the tree
+
+
+def test_the_kernel_harness_carry_imports_on_its_own():
+    """eval/gpu/make_carry.sh (the kernel harness's carry) copies the project files its scripts import. It had
+    not followed the package into parts (attention/, wire/: no folder made) nor segments' import of config, and
+    the editable install here hid the second: the carry is imported with that install's finder taken out."""
+    subprocess.run(["bash", str(ROOT / "eval/gpu/make_carry.sh"), "--worktree"], check=True, capture_output=True,
+                   timeout=120)
+    code = ("import sys\n"
+            "sys.meta_path = [f for f in sys.meta_path if 'Editable' not in getattr(f, '__name__', type(f).__name__)]\n"
+            "sys.path[:0] = ['proj', 'sgl']\n"
+            "from sglang_mepic.attention.reference import attend\n"
+            "from sglang_mepic.kernels import attention, aot, occupancy\n"
+            "import sglang_mepic.wire.segments as s\n"
+            "print(s.__file__, attention.__file__)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / ".gpu_carry", capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert all("/.gpu_carry/proj/" in f for f in out.stdout.split())
