@@ -30,6 +30,11 @@ import requests
 
 HOST = "127.0.0.1"
 FORK_SERVER_ENV = "SGLANG_MEPIC_FORK_SERVER"
+# A port taken before the server bound it: the launcher's check ("cannot listen on ...: Address already in use"),
+# or, taken after that check, uvicorn's bind (it then waits for the scheduler to shut down, which it may never
+# do). The start is retried on another port.
+BIND_FAILED = ("Address already in use", "error while attempting to bind on address")
+PORT_ATTEMPTS = 3
 FORK_SERVER_WAIT_S = 120.0  # a fork server still importing SGLang (about 20 s) is waited for
 
 
@@ -169,17 +174,42 @@ class ServerProcess:
         return ForkedProcess(int(reply["pid"]), exit_path)
 
     def wait_ready(self) -> None:
+        """Wait until the server answers /health. A port taken between `free_port` and the server's bind
+        (servers started together pick their own ports for SGLang's internal sockets) is not waited out:
+        the server is stopped and started again on another port, up to PORT_ATTEMPTS times."""
+        for _ in range(PORT_ATTEMPTS):
+            if self._wait_ready():
+                return
+            taken = self.port
+            self.stop()
+            self.port = free_port()
+            self.url = f"http://{HOST}:{self.port}"
+            print(f"sglang-mepic: port {taken} was taken before the server bound it; again on {self.port}",
+                  file=sys.stderr, flush=True)
+            self.launch()
+        raise ServerError(f"no free port held after {PORT_ATTEMPTS} starts:\n{self.log_tail()}")
+
+    def _wait_ready(self) -> bool:
+        """True once /health answers 200; False if the HTTP server could not bind its port."""
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self._port_taken():
+                    return False
                 raise ServerError(f"server exited with code {self.proc.returncode}:\n{self.log_tail()}")
+            if self._port_taken():  # uvicorn gave up, the process lingers: whatever answers there is not it
+                return False
             try:
                 if requests.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
+                    return True
             except requests.RequestException:
                 pass
             time.sleep(0.5)
         raise ServerError(f"server not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+
+    def _port_taken(self) -> bool:
+        log = self.log()
+        return any(mark in log for mark in BIND_FAILED)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path else ""
