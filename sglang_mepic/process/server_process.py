@@ -112,6 +112,7 @@ class ServerProcess:
         self.model_path = str(model_path)
         self.args = list(args)
         self.port = port or free_port()
+        self.port_chosen = port is None  # a port it chose itself it may choose again (wait_ready)
         self.url = f"http://{HOST}:{self.port}"
         self.startup_timeout = startup_timeout
         # A test session may run Triton under the interpreter; a server never should
@@ -174,12 +175,15 @@ class ServerProcess:
         return ForkedProcess(int(reply["pid"]), exit_path)
 
     def wait_ready(self) -> None:
-        """Wait until the server answers /health. A port taken between `free_port` and the server's bind
+        """Wait until the server answers /health. A port it chose that was taken before the server bound it
         (servers started together pick their own ports for SGLang's internal sockets) is not waited out:
-        the server is stopped and started again on another port, up to PORT_ATTEMPTS times."""
+        the server is stopped and started again on another port, up to PORT_ATTEMPTS times. A port the
+        caller gave is its to keep: taken, it is an error at once."""
         for _ in range(PORT_ATTEMPTS):
             if self._wait_ready():
                 return
+            if not self.port_chosen:
+                raise ServerError(f"port {self.port} is taken:\n{self.log_tail()}")
             taken = self.port
             self.stop()
             self.port = free_port()

@@ -297,7 +297,9 @@ def _tp() -> tuple[int, int]:
 def settings_known(model_fingerprint: str) -> dict:
     """The SETTINGS the --mepic-* flags and the process give; the KV pool gives the rest (`Storage.bind`)."""
     tp_rank, tp_size = _tp()
-    return {"model": model_fingerprint, "mode": config.mode().name, "canonical_from": modes.canonical_from(config.mode(), config.recompute_blocks()),
+    mode = config.mode()
+    return {"model": model_fingerprint, "mode": mode.name,
+            "canonical_from": modes.canonical_from(mode, config.recompute_blocks()),
             "compile_sink": config.compile_sink(), "placement": config.placement().value,
             "tp_rank": tp_rank, "tp_size": tp_size}
 
