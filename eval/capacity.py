@@ -504,14 +504,20 @@ def loadavg() -> str:
         return "?"
 
 
+def rendered(tokenizer, dataset: str, requests: int, chunks: int, reuse: float,
+             seeds) -> dict[int, list[tuple[str, int]]]:
+    """Each seed's prompts with their token counts: the requests of a capacity run, here or on the device
+    (eval/gpu/e2e/workload.py renders them into its carry)."""
+    texts = {seed: [render(tokenizer, r) for r in with_reuse(dataset, requests, chunks, reuse, seed=seed)]
+             for seed in seeds}
+    return {seed: [(t, len(tokenizer.encode(t, add_special_tokens=False))) for t in ts] for seed, ts in texts.items()}
+
+
 def prompts(model: str, args, seeds: list[int]) -> dict[int, list[tuple[str, int]]]:
-    """Each seed's prompts with their token counts."""
+    """Each seed's prompts with their token counts, with the model's tokenizer."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    texts = {seed: [render(tokenizer, r) for r in with_reuse(args.dataset, args.requests, args.chunks, args.reuse,
-                                                             seed=seed)] for seed in seeds}
-    return {seed: [(t, len(tokenizer.encode(t, add_special_tokens=False))) for t in ts] for seed, ts in texts.items()}
+    return rendered(AutoTokenizer.from_pretrained(model), args.dataset, args.requests, args.chunks, args.reuse, seeds)
 
 
 def warm_start(cells: list[Cell], system: str, pool: int, args) -> tuple[float, float]:

@@ -15,6 +15,7 @@ import lzma
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from eval import capacity
 from eval.run import PAPER
 from eval.workloads import render, reuse_ratio, with_reuse
 
@@ -33,8 +34,8 @@ class CapacityWorkload:
     start_rate: float
 
 
-# issue 71: SQuAD as the paper's base point at a pool that 128 new tokens a request fill (vanilla holds about 25
-# requests of ~1.1k tokens); long prompts (16 documents of 400-600 tokens, 7.8k-9k tokens) at a pool that holds
+# issue 71: SQuAD as the paper's base point at a pool that 128 new tokens a request fill (vanilla holds about 22
+# requests of ~1.3k tokens, SmolLM2's tokenizer); long prompts (16 documents of 400-600 tokens, 7.8k-9k tokens) at a pool that holds
 # about 8 of them whole. squad-long has 355 documents: 120 requests draw 16 x 120 x 0.15 ~ 290 new ones.
 CAPACITY = {"squad": CapacityWorkload("squad", 7, 0.85, 300, 2048, 8.0),
             "long": CapacityWorkload("squad-long", 16, 0.85, 120, 4352, 2.0)}
@@ -70,11 +71,10 @@ def build_capacity(tokenizer_dir: str, seeds=CAPACITY_SEEDS, requests: int | Non
     out = {}
     for name, w in CAPACITY.items():
         n = min(requests or w.requests, w.requests)
-        texts = {str(seed): [render(tokenizer, r) for r in with_reuse(w.dataset, n, w.chunks, w.reuse, seed=seed)]
-                 for seed in seeds}
-        out[name] = {**asdict(w), "requests": n, "texts": texts,
-                     "prompt_tokens": {seed: [len(tokenizer.encode(t, add_special_tokens=False)) for t in ts]
-                                       for seed, ts in texts.items()}}
+        counted = capacity.rendered(tokenizer, w.dataset, n, w.chunks, w.reuse, seeds)
+        out[name] = {**asdict(w), "requests": n,  # JSON keys: seeds as text
+                     "texts": {str(seed): [t for t, _ in ts] for seed, ts in counted.items()},
+                     "prompt_tokens": {str(seed): [k for _, k in ts] for seed, ts in counted.items()}}
     return out
 
 
