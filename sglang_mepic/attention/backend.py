@@ -51,15 +51,30 @@ class PrefillGraphMetadata:
     num_tokens: int
 
 
-def _refuse_quantized_kv(token_to_kv_pool) -> None:
-    """The kernels read the KV pool in the model's dtype and apply no k/v scales: an fp8 cache is refused."""
-    dtype = getattr(token_to_kv_pool, "store_dtype", None) or getattr(token_to_kv_pool, "dtype", None)
+# The KV dtypes the torch path and the kernels read: a float pool, or SGLang's fp8 pool (stored as
+# uint8, read through a float8 view) with its per-layer k/v scales (`kv_scales`).
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def check_kv_dtype(token_to_kv_pool) -> None:
+    """Refuse a KV pool this backend cannot read: one SGLang quantizes with block scales of its own
+    (`is_quantized_kv_cache`: fp4, mxfp8), an fp8 format but e4m3fn/e5m2, or no float at all."""
+    dtype = getattr(token_to_kv_pool, "dtype", None)
     if dtype is None and hasattr(token_to_kv_pool, "get_key_buffer"):
         dtype = token_to_kv_pool.get_key_buffer(0).dtype
-    names = {getattr(token_to_kv_pool, "dtype", None), dtype}
-    if any(d is not None and (d.is_floating_point and d.itemsize == 1 or d == torch.uint8) for d in names):
-        raise ValueError(f"--attention-backend mepic does not support a quantized KV cache ({dtype}): its kernels "
-                         "apply no k/v scales; use --kv-cache-dtype auto")
+    readable = dtype is not None and (dtype in FP8_KV_DTYPES or dtype.is_floating_point and dtype.itemsize >= 2)
+    if getattr(token_to_kv_pool, "is_quantized_kv_cache", False) or not readable:
+        raise ValueError(f"--attention-backend mepic cannot read a {dtype} KV cache"
+                         f"{' quantized with block scales' if readable else ''}: use --kv-cache-dtype auto, bf16, "
+                         "fp8_e4m3 or fp8_e5m2")
+
+
+def kv_scales(layer) -> tuple[float, float]:
+    """What the pool's keys and values are multiplied by when read: SGLang's rule (its triton backend's),
+    the layer's host floats when both scales are set, else 1 (a cast, as SGLang writes it)."""
+    if getattr(layer, "k_scale", None) is not None and getattr(layer, "v_scale", None) is not None:
+        return layer.k_scale_float, layer.v_scale_float
+    return 1.0, 1.0
 
 
 def _rotary_modules(model) -> list:
@@ -75,13 +90,15 @@ class MepicAttnBackend(AttentionBackend):
         config = model_runner.model_config
         self._graph_heads = (config.num_attention_heads // tp, config.get_num_kv_heads(tp))
         self._attach(model_runner.device, model_runner.req_to_token_pool, model_runner.token_to_kv_pool,
-                     self._take_over_rotary(model_runner))
+                     self._take_over_rotary(model_runner), model_runner.dtype)
         self.sync_probe = sync_probe.install(self)  # MEPIC_SYNC_DEBUG (GPU runs): per-batch calls watched
         context.current().positions = self.positions
 
     @classmethod
-    def over_pools(cls, req_to_token, k_pool, v_pool, rope: Rope, q_heads: int | None = None) -> "MepicAttnBackend":
-        """A backend around bare tensors, without a model runner (tests, benchmarks)."""
+    def over_pools(cls, req_to_token, k_pool, v_pool, rope: Rope, q_heads: int | None = None,
+                   q_dtype: torch.dtype | None = None) -> "MepicAttnBackend":
+        """A backend around bare tensors, without a model runner (tests, benchmarks). `q_dtype`: the model's
+        (default: the pool's, bf16 over an fp8 pool)."""
 
         class Pool:
             def get_key_buffer(self, layer_id):
@@ -93,11 +110,13 @@ class MepicAttnBackend(AttentionBackend):
         backend = cls.__new__(cls)
         AttentionBackend.__init__(backend)
         backend._graph_heads = (q_heads or k_pool.shape[1], k_pool.shape[1])
-        backend._attach(k_pool.device, type("ReqToTokenPool", (), {"req_to_token": req_to_token})(), Pool(), rope)
+        backend._attach(k_pool.device, type("ReqToTokenPool", (), {"req_to_token": req_to_token})(), Pool(), rope,
+                        q_dtype or (torch.bfloat16 if k_pool.dtype in FP8_KV_DTYPES else k_pool.dtype))
         return backend
 
-    def _attach(self, device, req_to_token_pool, token_to_kv_pool, rope: Rope) -> None:
+    def _attach(self, device, req_to_token_pool, token_to_kv_pool, rope: Rope, q_dtype: torch.dtype) -> None:
         self.device = device
+        self.q_dtype = q_dtype  # the model's: queries and outputs (the pool may hold fp8)
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool = token_to_kv_pool
         self.positions = PositionMap(req_to_token_pool.req_to_token)
@@ -109,7 +128,11 @@ class MepicAttnBackend(AttentionBackend):
         if modes.planning(mode) is modes.Planning.BLEND:
             layers = getattr(token_to_kv_pool, "layer_num", mode.check_layer + 1)
             self.blend = dataclasses.replace(mode, check_layer=modes.blend_check_layer(mode, layers))
-        _refuse_quantized_kv(token_to_kv_pool)
+        check_kv_dtype(token_to_kv_pool)
+        kv_dtype = getattr(token_to_kv_pool, "dtype", None)
+        if kv_dtype in FP8_KV_DTYPES:
+            logger.info("mepic attention: fp8 KV cache (%s), NoPE keys widened and scaled before rotation",
+                        str(kv_dtype).removeprefix("torch."))
         self.use_triton = torch.device(device).type == "cuda"
         self.graph: GraphBuffers | None = None
         # SGLang's breakable prefill runner captured with this backend's hooks (it then calls the replay hook).
@@ -155,7 +178,7 @@ class MepicAttnBackend(AttentionBackend):
         kernel's registers and shared memory (`kernels.decode_ctas_per_sm`); on a CPU, the static figure."""
         k_pool = self.token_to_kv_pool.get_key_buffer(0)
         v_pool = self.token_to_kv_pool.get_value_buffer(0)
-        q = k_pool.new_empty((1, self._graph_heads[0], k_pool.shape[-1]))
+        q = k_pool.new_empty((1, self._graph_heads[0], k_pool.shape[-1]), dtype=self.q_dtype)
         index = torch.zeros(1, dtype=torch.int64, device=k_pool.device)
         return self.kernels.decode_ctas_per_sm(
             q, k_pool, v_pool, self.req_to_token_pool.req_to_token, self.positions.req_to_pos, index, index + 1,
@@ -248,12 +271,16 @@ class MepicAttnBackend(AttentionBackend):
             return
         loc = forward_batch.out_cache_loc
         if self.copies is not None and self.blend is not None and layer.layer_id >= self.blend.check_layer:
-            fresh = self._select(layer.layer_id, loc, k, v)
+            fresh = self._select(layer, loc, k, v)
             if layer.layer_id > self.blend.check_layer:
                 loc, k, v = loc[fresh], k[fresh], v[fresh]
-        self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
+        if getattr(layer, "k_scale", None) is None:
+            self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
+        else:  # SGLang's pool divides by the scales in place: k and v may be views the model still holds
+            self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k.clone(), v.clone(), layer.k_scale,
+                                                layer.v_scale)
 
-    def _select(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _select(self, layer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """CacheBlend: which extend tokens write their fresh KV after the check layer.
 
         The tokens that read stored KV found it in their own slots, copied there when they
@@ -265,13 +292,15 @@ class MepicAttnBackend(AttentionBackend):
         layers without forking model code. So this baseline is faithful in what attention sees
         and in memory, and its compute time is an upper bound on CacheBlend's.
         """
-        if layer_id == self.blend.check_layer:
+        if layer.layer_id == self.blend.check_layer:
             idx, batch = self.copies
-            keys = self.token_to_kv_pool.get_key_buffer(layer_id)
-            values = self.token_to_kv_pool.get_value_buffer(layer_id)
+            keys = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+            values = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
             dst = loc[idx].long()
-            deviation = ((k[idx].reshape(-1, *keys.shape[1:]).float() - keys[dst].float()) ** 2).sum((1, 2)) + \
-                        ((v[idx].reshape(-1, *values.shape[1:]).float() - values[dst].float()) ** 2).sum((1, 2))
+            k_scale, v_scale = kv_scales(layer)
+            stored_k, stored_v = keys[dst].float() * k_scale, values[dst].float() * v_scale
+            deviation = ((k[idx].reshape(-1, *keys.shape[1:]).float() - stored_k) ** 2).sum((1, 2)) + \
+                        ((v[idx].reshape(-1, *values.shape[1:]).float() - stored_v) ** 2).sum((1, 2))
             stored = modes.blend_keep_stored(self.blend, deviation, batch)
             self._fresh = torch.ones(k.shape[0], dtype=torch.bool, device=k.device)
             self._fresh[idx[stored]] = False
@@ -287,6 +316,8 @@ class MepicAttnBackend(AttentionBackend):
         req_to_token = self.req_to_token_pool.req_to_token
         req_to_pos = self.positions.req_to_pos
         positions = forward_batch.positions
+        k_scale, v_scale = kv_scales(layer)
+        scaling = layer.scaling * k_scale  # a key's scale multiplies its scores
         start = 0
         for row, seq_len, n, plain in zip(self.rows, self.seq_lens, q_lens, self.plain_rows):
             end = start + n
@@ -299,13 +330,15 @@ class MepicAttnBackend(AttentionBackend):
                     pads = None
                 k = self.rotated_keys.get(layer.layer_id, row, k_pool, slots, q.dtype,
                                           None if plain else kv_pos.clamp(min=0))
-                out[start:end] = attend_causal(q[start:end], k, v_pool[slots].to(q.dtype), layer.scaling, pads)
+                out[start:end] = attend_causal(q[start:end], k, v_pool[slots].to(q.dtype), scaling, pads)
             elif plain:
-                out[start:end] = attend_plain(q[start:end], k_pool, v_pool, slots, self.rope, layer.scaling)
+                out[start:end] = attend_plain(q[start:end], k_pool, v_pool, slots, self.rope, scaling)
             else:
                 out[start:end] = attend_paged(q[start:end], positions[start:end], k_pool, v_pool, slots, kv_pos,
-                                              self.rope, layer.scaling)
+                                              self.rope, scaling)
             start = end
+        if v_scale != 1.0:  # the output is linear in the values
+            out.mul_(v_scale)
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def _run_triton(self, q, layer, forward_batch, decode: bool):
@@ -315,10 +348,11 @@ class MepicAttnBackend(AttentionBackend):
                 self.req_to_token_pool.req_to_token, self.positions.req_to_pos, forward_batch.req_pool_indices,
                 forward_batch.seq_lens)
         rope = (self.cos_sin, self.rope.rotary_dim, self.rope.is_neox_style, layer.scaling)
+        k_scale, v_scale = kv_scales(layer)
         if decode:
             splits, workspace = self._decode_buffers(q, args[0].shape[1], layer.v_head_dim, forward_batch.seq_lens)
             out = self.kernels.decode(q, *args, forward_batch.positions, *rope, splits=splits, workspace=workspace,
-                                      **self.rope_args)
+                                      k_scale=k_scale, v_scale=v_scale, **self.rope_args)
         else:
             lens = forward_batch.extend_seq_lens
             if self._kv_end is None:  # a forward this backend did not prepare (tests): bounds per call
@@ -327,7 +361,8 @@ class MepicAttnBackend(AttentionBackend):
                                                           forward_batch.positions)
             out = self.kernels.extend(q, *args, torch.cumsum(lens, 0) - lens, lens, forward_batch.positions, *rope,
                                       max_ext_len=max(forward_batch.extend_seq_lens_cpu), kv_end=self._kv_end,
-                                      max_seq_len=self._max_seq_len, **self.rope_args)
+                                      max_seq_len=self._max_seq_len, k_scale=k_scale, v_scale=v_scale,
+                                      **self.rope_args)
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def _decode_buffers(self, q, kv_heads: int, dv: int, seq_lens):

@@ -39,6 +39,13 @@ Structure, for GPU speed:
 Numerics: rotation and softmax run in fp32 (the softmax in base 2); the dot
 products take the model's dtype on tensor cores (fp32 models, and the
 interpreter, whose bf16 arithmetic is wrong, take ieee fp32 dots).
+
+An fp8 pool (SGLang's `--kv-cache-dtype fp8_e4m3` / `fp8_e5m2`, stored without
+RoPE like any other) is read as it is: a key is widened to fp32 before it is
+rotated, so the shared copy stays position-independent, and a value is widened
+to the dot's type. The per-layer scales SGLang divides by when it writes
+(`k_scale`, `v_scale`) are multiplied back in once: the key's into the scores'
+scale, the value's into the output.
 """
 
 import functools
@@ -230,7 +237,7 @@ def _split_range(seq_len, splits, split, BLOCK_N: tl.constexpr):
 @triton.jit
 def _mepic_decode_kernel(
     Q, K, V, PartialOut, PartialLse, ReqToToken, ReqToPos, ReqIdx, SeqLens, QPos, NumSplits, CosSin, InvFreq,
-    mscale, sm_scale,
+    mscale, sm_scale, v_scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_pb, stride_ph, stride_ps,
     stride_lb, stride_lh, stride_rt, stride_rp, stride_cs,
     GROUP: tl.constexpr, HEAD_TILES: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
@@ -278,7 +285,7 @@ def _mepic_decode_kernel(
         acc = _dot(p.to(q1.dtype), v, acc, DOT_FP32)
     seen = l_i > 0.0
     out = PartialOut + b * stride_pb + head[:, None] * stride_ph + split * stride_ps + dv[None, :]
-    tl.store(out, acc / tl.where(seen, l_i, 1.0)[:, None], mask=gmask[:, None])
+    tl.store(out, acc * (v_scale / tl.where(seen, l_i, 1.0))[:, None], mask=gmask[:, None])
     lse = _lse(m_i, l_i, seen)
     tl.store(PartialLse + b * stride_lb + head * stride_lh + split, lse, mask=gmask)
 
@@ -323,7 +330,7 @@ def _merge_kernel(PartialOut, PartialLse, Out, SeqLens, NumSplits, stride_pb, st
 @triton.jit
 def _mepic_extend_kernel(
     Q, K, V, Out, PartialOut, PartialLse, ReqToToken, ReqToPos, ReqIdx, SeqLens, QStart, ExtLens, Positions, KvEnd,
-    CosSin, InvFreq, mscale, sm_scale,
+    CosSin, InvFreq, mscale, sm_scale, v_scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
     stride_pt, stride_ph, stride_ps, stride_lt, stride_lh, stride_rt, stride_rp, stride_cs,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, ROT: tl.constexpr,
@@ -382,10 +389,11 @@ def _mepic_extend_kernel(
     seen = l_i > 0.0
     if SPLITS == 1:
         out = Out + q_tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :]
-        tl.store(out, (acc / tl.where(seen, l_i, 1.0)[:, None]).to(Out.dtype.element_ty), mask=rmask[:, None])
+        tl.store(out, (acc * (v_scale / tl.where(seen, l_i, 1.0))[:, None]).to(Out.dtype.element_ty),
+                 mask=rmask[:, None])
     else:  # partial output and log-sum-exp of this split; _merge_kernel (FIXED) combines them
         out = PartialOut + q_tok[:, None] * stride_pt + head[:, None] * stride_ph + split * stride_ps + dv[None, :]
-        tl.store(out, acc / tl.where(seen, l_i, 1.0)[:, None], mask=rmask[:, None])
+        tl.store(out, acc * (v_scale / tl.where(seen, l_i, 1.0))[:, None], mask=rmask[:, None])
         lse = _lse(m_i, l_i, seen)
         tl.store(PartialLse + q_tok * stride_lt + head * stride_lh + split, lse, mask=rmask)
 
@@ -565,14 +573,15 @@ def decode_programs_per_split(batch: int, q_heads: int, kv_heads: int) -> int:
 
 def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin, rotary_dim, neox,
            sm_scale, out=None, block_n=None, inv_freq=None, mscale=1.0, splits=None, workspace=None, block_h=None,
-           num_warps=None, num_stages=None, dot_fp32=None):
+           num_warps=None, num_stages=None, dot_fp32=None, k_scale=1.0, v_scale=1.0):
     """One new token per request: q [B, Hq, D] -> out [B, Hq, Dv].
 
     `splits` [B] int32 (default: `num_kv_splits` for the kernel's capacity,
     `decode_ctas_per_sm`) says how many programs share each request's context;
     `workspace` (a DecodeWorkspace) holds their partial results. Both may be
     fixed buffers, for CUDA graphs. `dot_fp32` (tests) overrides the choice of
-    ieee fp32 dots.
+    ieee fp32 dots. `k_scale`, `v_scale`: what the pool's keys and values are
+    multiplied by when read (SGLang's per-layer scales of a quantized cache).
     """
     _check(q, k_pool, cos_sin, rotary_dim, inv_freq)
     batch, hq, _ = q.shape
@@ -583,7 +592,7 @@ def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos
         raise ValueError(f"decode workspace {tuple(workspace.partial.shape)} does not fit batch {batch}, "
                          f"{hq} heads, head dim {dv}")
     options = dict(inv_freq=inv_freq, mscale=mscale, block_n=block_n, block_h=block_h, num_warps=num_warps,
-                   num_stages=num_stages, dot_fp32=dot_fp32)
+                   num_stages=num_stages, dot_fp32=dot_fp32, k_scale=k_scale, v_scale=v_scale)
     tensors = (q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin)
     if splits is None:
         ctas = decode_ctas_per_sm(*tensors, rotary_dim, neox, sm_scale, workspace=workspace, **options)
@@ -628,7 +637,7 @@ def decode_ctas_per_sm(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq
 
 def _decode_launch(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin, rotary_dim, neox,
                    sm_scale, splits, workspace, inv_freq=None, mscale=1.0, block_n=None, block_h=None, num_warps=None,
-                   num_stages=None, dot_fp32=None):
+                   num_stages=None, dot_fp32=None, k_scale=1.0, v_scale=1.0):
     """(grid, args, kwargs) of the split decode kernel's launch: what `decode` runs and
     `decode_ctas_per_sm` compiles."""
     batch, hq, d = q.shape
@@ -638,8 +647,9 @@ def _decode_launch(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_len
     block_h, head_tiles = decode_tiles(group, block_h or cfg["block_h"])
     table, freq, mscale, is_table, scaled = _rope_args(cos_sin, inv_freq, mscale)
     partial, lse = workspace.partial, workspace.lse
+    # A key's scale multiplies its every score, so it folds into sm_scale; a value's, the output.
     args = (q, k_pool, v_pool, partial, lse, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, splits,
-            table, freq, mscale, sm_scale,
+            table, freq, mscale, sm_scale * k_scale, v_scale,
             q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
             partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
             req_to_token.stride(0), req_to_pos.stride(0), table.stride(0))
@@ -692,13 +702,15 @@ def extend_splits(programs: int, longest: int, block_n: int, capacity: int) -> i
 
 def extend(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_start, ext_lens, positions, cos_sin,
            rotary_dim, neox, sm_scale, max_ext_len, out=None, block_m=None, block_n=None, inv_freq=None, mscale=1.0,
-           num_warps=None, num_stages=None, kv_end=None, max_seq_len=None, splits=None, dot_fp32=None):
+           num_warps=None, num_stages=None, kv_end=None, max_seq_len=None, splits=None, dot_fp32=None, k_scale=1.0,
+           v_scale=1.0):
     """New tokens of several requests, packed: q [N, Hq, D] with positions [N] -> out [N, Hq, Dv].
 
     block_m is the query tile's rows: block_m / next_pow2(group) tokens of every
     query head in a kv head's group. `kv_end` [B] int32 (`extend_kv_end`; computed
     here when not given) bounds each program's key loop; `max_seq_len` (a host
     int; default: read from seq_lens, a sync) sizes split-K, which `splits` can force.
+    `k_scale`, `v_scale` as in `decode`.
     """
     _check(q, k_pool, cos_sin, rotary_dim, inv_freq)
     tokens, hq, d = q.shape
@@ -724,7 +736,7 @@ def extend(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_sta
         partial, lse = out, out  # unused
     _mepic_extend_kernel[(req_idx.shape[0], hkv * splits, blocks)](
         q, k_pool, v_pool, out, partial, lse, req_to_token, req_to_pos, req_idx, seq_lens, q_start, ext_lens,
-        positions, kv_end, table, freq, mscale, sm_scale,
+        positions, kv_end, table, freq, mscale, sm_scale * k_scale, v_scale,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(-2) if splits > 1 else 0,
         lse.stride(0), lse.stride(1), req_to_token.stride(0), req_to_pos.stride(0), table.stride(0),

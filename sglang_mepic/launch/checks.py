@@ -15,7 +15,8 @@ from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE, LaunchError, known
 # (tests/launch/test_launch.py checks that the two agree).
 MEPIC_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # KV cache dtypes the mepic attention kernels read: the model's own, or bf16 (no k/v scales are applied).
-MEPIC_KV_DTYPES = ("auto", "bf16", "bfloat16")
+# What the mepic backend reads: the model's dtype or bf16, and fp8 with SGLang's per-layer scales.
+MEPIC_KV_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
 # Attention backends SGLang offers for a CPU (`--device cpu`), and ours; the others need a GPU or an accelerator.
 CPU_ATTENTION_BACKENDS = ("mepic", "torch_native", "intel_amx", "flex_attention")
 # RAM SGLang's HiCache host pool (which the mepic host tier is) leaves free when it sizes itself:
@@ -103,7 +104,7 @@ def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
                           "--radix-cache-backend sglang")
     if known.attention_backend == "mepic" and (known.kv_cache_dtype or "auto") not in MEPIC_KV_DTYPES:
         raise LaunchError(f"--kv-cache-dtype {known.kv_cache_dtype}: --attention-backend mepic reads the KV cache "
-                          "unscaled, in the model's dtype or bf16; use --kv-cache-dtype auto or bf16")
+                          f"as {', '.join(MEPIC_KV_DTYPES)} only")
     if config.known_texts_on() and known.tokenizer_worker_num > 1:
         raise LaunchError(f"--tokenizer-worker-num {known.tokenizer_worker_num}: --mepic-auto-chunk "
                           f"{config.raw(config.AUTO_CHUNK)} keeps the registered texts in the tokenizer process, "
@@ -116,6 +117,11 @@ def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
     if known.device == "cpu" and known.attention_backend not in CPU_ATTENTION_BACKENDS:
         raise LaunchError(f"--attention-backend {known.attention_backend}: needs a GPU; on the CPU use one of "
                           f"{', '.join(CPU_ATTENTION_BACKENDS)}")
+    if known.device == "cpu" and known.kv_cache_dtype == "fp8_e4m3" and known.attention_backend == "mepic":
+        # SGLang's CPU pool takes e4m3 only quantized its own way, for its intel_amx backend (Intel AMX).
+        raise LaunchError("--kv-cache-dtype fp8_e4m3: on the CPU SGLang keeps an e4m3 KV cache only for its "
+                          "intel_amx attention backend; with --attention-backend mepic use --kv-cache-dtype fp8_e5m2 "
+                          "(e4m3 is for GPUs)")
 
 
 def free_host_memory() -> int:

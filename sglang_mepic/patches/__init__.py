@@ -48,6 +48,7 @@ MODULES = (
     "tokenizer_control_mixin_execute_profile",
     "dual_gemm_select_mode",
     "engine_set_envs_and_config",
+    "kv_cache_dtype_configure_kv_cache_dtype",
 )
 
 

@@ -728,14 +728,133 @@ def test_decode_preparation_does_not_sync(monkeypatch):
     assert fb.positions.tolist() == [expected, seq_lens[1] - 1]
 
 
-def test_quantized_kv_cache_is_refused():
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+# fp8's own error: e4m3 keeps 3 mantissa bits (relative step 2^-3), e5m2 2 (2^-2). Attention over unit-variance
+# keys and values quantized so stays within about a step of the float pool's, and well inside these bounds.
+FP8_ERROR = {torch.float8_e4m3fn: 0.08, torch.float8_e5m2: 0.16}
+
+
+def quantized(pool: torch.Tensor, scale: float, fp8: torch.dtype) -> torch.Tensor:
+    """What SGLang's pool stores for `pool` under a per-layer scale: divided by it, cast to fp8."""
+    return (pool / scale).to(fp8)
+
+
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+@pytest.mark.parametrize("decode", [False, True], ids=["extend", "decode"])
+def test_kernels_read_an_fp8_pool_widened_scaled_then_rotated(fp8, decode):
+    """NoPE keys in fp8: the kernels widen each key, multiply its scale back in and only then rotate it at its
+    slot's position (the shared copy stays position-independent), and scale the values. Against a float
+    reference over the same fp8 values they agree to the dot's precision; against the float pool they were
+    quantized from, within fp8's own error."""
+    d, hq, hkv, rot = 64, 6, 2, 64
+    seq_lens = [37, 70, 21]
+    ext = [1, 1, 1] if decode else [37, 9, 21]
+    k_float, v_float, r2t, r2p, req_idx = make_batch(seq_lens, ext, hq, hkv, d, 16, torch.float32, seed=73)
+    k_scale, v_scale = 0.5, 2.0
+    k_pool, v_pool = quantized(k_float, k_scale, fp8), quantized(v_float, v_scale, fp8)
+    cache = cos_sin_cache(rot, MAX_POS)
+    rope = Rope(cache, rot, d, True)
+    positions = torch.cat([r2p[row, n - e:n] for row, n, e in zip(req_idx.tolist(), seq_lens, ext)])
+    q = rope.rotate(torch.randn(sum(ext), hq, d), positions.long()).to(torch.bfloat16)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    scale = d ** -0.5
+    if decode:
+        out = kernels.decode(q, k_pool, v_pool, r2t, r2p, req_idx, lens, positions.to(torch.int32), cache, rot,
+                             True, scale, block_n=32, k_scale=k_scale, v_scale=v_scale)
+    else:
+        q_start = torch.tensor([0, ext[0], ext[0] + ext[1]], dtype=torch.int32)
+        out = kernels.extend(q, k_pool, v_pool, r2t, r2p, req_idx, lens, q_start, torch.tensor(ext, dtype=torch.int32),
+                             positions, cache, rot, True, scale, max(ext), block_m=32, block_n=32, k_scale=k_scale,
+                             v_scale=v_scale)
+    assert out.dtype == torch.bfloat16
+    same_values = reference(q, positions, k_pool.float() * k_scale, v_pool.float() * v_scale, r2t, r2p, req_idx,
+                            seq_lens, ext, rope, scale)
+    torch.testing.assert_close(out.float(), same_values, atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
+    unquantized = reference(q, positions, k_float, v_float, r2t, r2p, req_idx, seq_lens, ext, rope, scale)
+    error = (out.float() - unquantized).abs().mean()
+    assert error < FP8_ERROR[fp8]
+    # The scales are read: without them the output is another one, several times fp8's error away.
+    unscaled = reference(q, positions, k_pool.float(), v_pool.float(), r2t, r2p, req_idx, seq_lens, ext, rope,
+                         scale)
+    assert (out.float() - unscaled).abs().mean() > 3 * error
+
+
+def sglang_fp8_pool(fp8, slots: int, hkv: int, d: int):
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    return MHATokenToKVPool(size=slots, page_size=16, dtype=fp8, head_num=hkv, head_dim=d, layer_num=1,
+                            device="cpu", enable_memory_saver=False)
+
+
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+@pytest.mark.parametrize("decode", [False, True], ids=["extend", "decode"])
+def test_backend_writes_fp8_through_sglangs_pool_and_both_paths_read_it(fp8, decode):
+    """The backend over SGLang's own fp8 pool (uint8 storage, a float8 view): a forward writes the batch's NoPE
+    keys and values with the layer's scales (SGLang divides and casts), the torch path and the kernels read
+    them back alike, and match attention over the float keys within fp8's error."""
     from types import SimpleNamespace
 
-    from sglang_mepic.attention.backend import _refuse_quantized_kv
+    from sglang_mepic.attention.backend import MepicAttnBackend, check_kv_dtype
 
-    with pytest.raises(ValueError, match="quantized KV cache"):
-        _refuse_quantized_kv(SimpleNamespace(dtype=torch.float8_e4m3fn, store_dtype=torch.uint8))
-    _refuse_quantized_kv(SimpleNamespace(dtype=torch.bfloat16, store_dtype=torch.bfloat16))
+    d, hq, hkv = 64, 6, 2
+    seq_lens, ext = [30, 45], ([1, 1] if decode else [30, 12])
+    k_float, v_float, r2t, r2p, req_idx = make_batch(seq_lens, ext, hq, hkv, d, 16, torch.float32, seed=7,
+                                                     pads=False)
+    pool = sglang_fp8_pool(fp8, k_float.shape[0], hkv, d)
+    check_kv_dtype(pool)
+    assert pool.k_buffer[0].dtype == torch.uint8 and pool.get_key_buffer(0).dtype == fp8
+    k_scale, v_scale = 0.25, 4.0
+    every = torch.arange(k_float.shape[0])
+    layer = SimpleNamespace(tp_q_head_num=hq, qk_head_dim=d, v_head_dim=d, layer_id=0, scaling=d ** -0.5,
+                            is_cross_attention=False, sliding_window_size=-1, k_scale=torch.tensor(k_scale),
+                            v_scale=torch.tensor(v_scale), k_scale_float=k_scale, v_scale_float=v_scale)
+    rope = Rope(cos_sin_cache(d, MAX_POS), d, d, True)
+    backend = MepicAttnBackend.over_pools(r2t, pool.get_key_buffer(0), pool.get_value_buffer(0), rope, q_heads=hq)
+    backend.token_to_kv_pool = pool
+    for row, n in zip(req_idx.tolist(), seq_lens):
+        backend.positions.assign(row, r2p[row, :n])
+    loc = torch.cat([r2t[row, n - e:n] for row, n, e in zip(req_idx.tolist(), seq_lens, ext)]).long()
+    positions = torch.cat([r2p[row, n - e:n] for row, n, e in zip(req_idx.tolist(), seq_lens, ext)]).long()
+    # The context before the new tokens, as earlier forwards would have left it; the new tokens the forward writes.
+    older = torch.ones(k_float.shape[0], dtype=torch.bool)
+    older[loc] = False
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+    pool.set_kv_buffer(layer, KVWriteLoc(every[older], None), k_float[older].clone(), v_float[older].clone(),
+                       layer.k_scale, layer.v_scale)
+    q = rope.rotate(torch.randn(sum(ext), hq, d), positions).to(torch.bfloat16).reshape(sum(ext), -1)
+    fb = SimpleNamespace(req_pool_indices=req_idx.long(), seq_lens=torch.tensor(seq_lens), positions=positions,
+                         batch_size=len(seq_lens), extend_seq_lens=torch.tensor(ext), extend_seq_lens_cpu=ext,
+                         forward_mode=SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: not decode),
+                         extend_prefix_lens=torch.tensor([n - e for n, e in zip(seq_lens, ext)]), out_cache_loc=loc)
+    backend.init_forward_metadata(fb)
+    k_new, v_new = k_float[loc].clone(), v_float[loc].clone()
+    forward = backend.forward_decode if decode else backend.forward_extend
+    torch_out = forward(q, k_new, v_new, layer, fb)
+    assert torch.equal(k_new, k_float[loc]), "the model's k is left as it was (SGLang's pool divides in place)"
+    stored = pool.get_key_buffer(0)[loc].float() * k_scale
+    assert (stored - k_float[loc]).abs().max() <= FP8_ERROR[fp8] * 8 * k_float[loc].abs().max()
+    backend._use_kernels(kernels)
+    triton_out = backend._run_triton(q.reshape(sum(ext), hq, d), layer, fb, decode=decode)
+    torch.testing.assert_close(triton_out.float(), torch_out.float(), atol=6e-2, rtol=6e-2)
+    expected = reference(q.reshape(sum(ext), hq, d), positions, k_float, v_float, r2t, r2p, req_idx, seq_lens,
+                         ext, rope, layer.scaling)
+    assert (torch_out.float().reshape(expected.shape) - expected).abs().mean() < FP8_ERROR[fp8]
+
+
+def test_kv_dtypes_the_backend_reads_and_refuses():
+    from types import SimpleNamespace
+
+    from sglang_mepic.attention.backend import check_kv_dtype
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2):
+        check_kv_dtype(SimpleNamespace(dtype=dtype, store_dtype=torch.uint8 if dtype.itemsize == 1 else dtype))
+    refused = [SimpleNamespace(dtype=torch.float8_e4m3fnuz), SimpleNamespace(dtype=torch.uint8),
+               SimpleNamespace(dtype=torch.float8_e4m3fn, is_quantized_kv_cache=True)]  # mxfp8's block scales
+    if hasattr(torch, "float4_e2m1fn_x2"):
+        refused.append(SimpleNamespace(dtype=torch.float4_e2m1fn_x2))
+    for pool in refused:
+        with pytest.raises(ValueError, match="--attention-backend mepic cannot read"):
+            check_kv_dtype(pool)
 
 
 @pytest.mark.slow

@@ -400,7 +400,11 @@ REFUSED = [
     (["--port", "-5"], "--port -5: a TCP port is 1-65535"),
     (["--port", "abc"], "argument --port: invalid int value: 'abc'"),
     (["--disable-radix-cache"], "--disable-radix-cache: --mepic-mode mepic reuses chunks through the radix cache"),
-    (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3: --attention-backend mepic reads the KV cache"),
+    (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3: on the CPU SGLang keeps an e4m3 KV cache only "
+                                       "for its intel_amx attention backend; with --attention-backend mepic use "
+                                       "--kv-cache-dtype fp8_e5m2"),
+    (["--kv-cache-dtype", "mxfp8"], "--kv-cache-dtype mxfp8: --attention-backend mepic reads the KV cache as auto, "
+                                    "bf16, bfloat16, fp8_e4m3, fp8_e5m2 only"),
     (["--device", "cpu", "--attention-backend", "triton"], "--attention-backend triton: needs a GPU"),
     (["--device", "cpu", "--radix-cache-backend", "sglang", "--enable-hierarchical-cache"],
      "--enable-hierarchical-cache: SGLang's HiCache registers its host pool with CUDA and needs a GPU"),
@@ -492,6 +496,8 @@ def test_what_the_combination_checks_let_through(monkeypatch):
     check("--page-size", "4")
     check("--kv-cache-dtype", "bf16")
     check("--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "torch_native", "--radix-cache-backend", "sglang")
+    check("--kv-cache-dtype", "fp8_e5m2")  # the mepic backend reads fp8 (issue 73)
+    check("--kv-cache-dtype", "fp8_e4m3", cuda=True)  # on the CPU SGLang keeps e4m3 for intel_amx only
     check("--disable-radix-cache", "--radix-cache-backend", "sglang")
     check("--enable-hierarchical-cache", "--attention-backend", "triton", "--radix-cache-backend", "sglang",
           cuda=True)
@@ -502,7 +508,7 @@ def test_what_the_combination_checks_let_through(monkeypatch):
     check("--disable-radix-cache")
     check("--speculative-algorithm", "NGRAM", "--attention-backend", "triton", "--radix-cache-backend", "sglang",
           cuda=True)  # SGLang's own backends: SGLang's business
-    for flags in (["--kv-cache-dtype", "fp8_e5m2"], ["--port", "0"], ["--pp-size", "0"],
+    for flags in (["--port", "0"], ["--pp-size", "0"],
                   ["--attention-backend", "flashinfer"], ["--speculative-algorithm", "EAGLE"]):
         with pytest.raises(SystemExit):
             check(*flags)

@@ -70,9 +70,18 @@ def generate(server, ids):
     return r.json()["output_ids"], [lp for lp, *_ in meta["output_token_logprobs"]]
 
 
-def test_outputs_do_not_depend_on_what_the_cache_holds(tiny_server):
+# fp8 KV (issue 73): float32 compute over keys and values stored in fp8, NoPE keys rotated after widening.
+# (SGLang's CPU pool keeps e4m3 for its intel_amx backend only; the kernels' e4m3 is tests/attention's.)
+KV_DTYPES = [pytest.param((), id="float32-kv"), pytest.param(("--kv-cache-dtype", "fp8_e5m2"), id="fp8-kv")]
+
+
+@pytest.mark.parametrize("kv_flags", KV_DTYPES)
+def test_outputs_do_not_depend_on_what_the_cache_holds(servers, kv_flags):
+    tiny_server = servers.get(*kv_flags)
+    assert ("mepic attention: fp8 KV cache (float8_e5m2)" in tiny_server.log()) == bool(kv_flags)
     s = seed()
-    print(f"[independence] seed {s} (MEPIC_INDEPENDENCE_SEED={s} replays it), {REQUESTS} requests")
+    print(f"[independence] seed {s} (MEPIC_INDEPENDENCE_SEED={s} replays it), {REQUESTS} requests, "
+          f"{' '.join(kv_flags) or 'KV in the model dtype'}")
     work = workload(random.Random(s))
     started = time.monotonic()
     warm, alone = warm_then_alone(tiny_server.url, work, lambda ids: generate(tiny_server, ids))
