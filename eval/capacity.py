@@ -48,6 +48,14 @@ peak and time-weighted KV pages, and mepic's ratios to epic-16 and vanilla, seed
 comparable with the paper's Table 2. (Setting an open-loop Poisson rate to reach N in flight does not
 converge: near capacity the number in flight jumps from a few to the whole run.)
 
+KV dtypes (issue 73): `mepic-bf16` and `mepic-fp8` are mepic over a bf16 and an fp8 KV cache (fp8_e5m2 on
+the CPU, where SGLang keeps e4m3 for its intel_amx backend only). With `--equal-bytes` each pool is read as
+bytes, those of that many pages of a bf16 cache, and each system gets the pages they hold in its own KV dtype:
+fp8 twice as many, the float32 cache of the CPU servers half (the table shows the pages each held). The ratio
+mepic-fp8 / mepic-bf16 is then what halving the bytes of a page buys, seed by seed:
+
+    .venv/bin/python -m eval.capacity --systems mepic-bf16,mepic-fp8 --pools 256 --equal-bytes --matched ''
+
 Output (--out, default eval/results/capacity): results.json (every probe), table.md (capacity table,
 matched table, the command, the machine's load before and after, the wall time) and capacity.png
 (capacity against pool pages, a line per system, the range over seeds shaded) and anatomy.png (where
@@ -82,6 +90,12 @@ from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 from sglang_mepic.process.server_process import ServerError
 
 DEFAULT_SYSTEMS = ("vanilla", "full", "epic-16", "cacheblend-0.15", "mepic")
+# mepic over another KV cache dtype (issue 73): (system whose flags it takes, --kv-cache-dtype). On the CPU fp8 is
+# e5m2 (SGLang keeps e4m3 there for its intel_amx backend only); the GPU run has e4m3 (eval/gpu/e2e/capacity.py).
+KV_VARIANTS = {"mepic-bf16": ("mepic", "bf16"), "mepic-fp8": ("mepic", "fp8_e5m2")}
+# Bytes of a KV element by --kv-cache-dtype; None: the model's dtype (`--dtype`, float32 on this CPU).
+KV_BYTES = {"bf16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+MODEL_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_POOLS = (512, 1024, 2048, 4096)
 QUICK = {"pools": (512, 1024), "systems": ("vanilla", "mepic"), "seeds": (0,), "requests": 12, "start_rate": 4.0,
          "min_rate": 2.0, "resolution": 1.0, "matched": (), "max_probes": 2, "warmup": 0}
@@ -122,6 +136,7 @@ class Cell:
     kind: str = "capacity"  # or "matched-<N>"
     seconds: float = 0.0  # wall time of the cell
     load: str = ""  # the machine's load average when the cell ended
+    server_pages: int = 0  # pages the server's pool held (--equal-bytes: the pool's bytes in its KV dtype)
 
 
 def aborted(output) -> bool:
@@ -290,6 +305,8 @@ def capacity_table(cells: list[Cell], systems: list[str], pools: list[int]) -> s
     lines = ["| system | pool pages | capacity req/s | peak KV pages | time-weighted KV pages | retractions | "
              "chunk evictions | chunks compiled | TTFT p50 s | stopped by | probes |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    if any(c.server_pages and c.server_pages != c.pool_pages for c in cells):  # --equal-bytes
+        lines[0] = lines[0].replace("| pool pages |", "| pool (bf16 pages' bytes): pages held |")
     for s in systems:
         for pool in pools:
             mine = [c for c in cells if c.system == s and c.pool_pages == pool and c.kind == "capacity"]
@@ -297,7 +314,8 @@ def capacity_table(cells: list[Cell], systems: list[str], pools: list[int]) -> s
                 continue
             at = [best(c) for c in mine]
             at = [p for p in at if p is not None]
-            lines.append(f"| {s} | {pool:,} | {fmt([c.capacity for c in mine])} | "
+            held = sorted({c.server_pages for c in mine if c.server_pages and c.server_pages != pool})
+            lines.append(f"| {s} | {pool:,}{''.join(f': {h:,}' for h in held)} | {fmt([c.capacity for c in mine])} | "
                          f"{fmt([p['peak_kv_pages'] for p in at], '{:.0f}')} | "
                          f"{fmt([p['mean_kv_pages'] for p in at], '{:.0f}')} | "
                          f"{fmt([p['counters'].get('retractions', 0) for p in at], '{:.0f}')} | "
@@ -388,6 +406,11 @@ def ratios(cells: list[Cell], pools: list[int]) -> list[str]:
             target = " (target >= 2: " + ("met)" if m >= 2 else "missed)") \
                 if judged and other in ("epic-16", "vanilla") else ""
             out.append(f"- capacity mepic / {other}: {fmt(values)}{target}")
+    for pool_ in sorted({c.pool_pages for c in cells if c.kind == "capacity"}):  # each pool: fp8 against bf16
+        values = paired(cells, "capacity", pool_, "mepic-fp8", "mepic-bf16", capacity_of)
+        if values:
+            target = " (target >= 1.6: " + ("met)" if statistics.median(values) >= 1.6 else "missed)")
+            out.append(f"- at {pool_:,} pages, capacity mepic-fp8 / mepic-bf16: {fmt(values)}{target}")
     return out
 
 
@@ -620,11 +643,29 @@ def run_cells(args, todo: list, cells: list[Cell], record, make_server, texts: d
             else:  # matched concurrency: n clients in a closed loop keep n requests in flight
                 cap, probes = 0.0, [probe(server, got, texts[seed], 0.0, seed, args, bar, clients=int(kind.split("-")[1]))]
             record(Cell(system, pool, seed, round(cap, 3), [asdict(p) for p in probes], kind,
-                        round(time.time() - cell_started, 1), loadavg()))
+                        round(time.time() - cell_started, 1), loadavg(), server_pages=got))
             print(f"[capacity] {system} pool {pool} seed {seed} {kind}: "
                   + (f"{cap:.2f} req/s" if kind == "capacity" else f"{probes[-1].in_flight:.1f} in flight")
                   + f" after {len(probes)} probe(s)", flush=True)
         bar.close()
+
+
+def system_flags(system: str, variants: dict = KV_VARIANTS) -> tuple[str, list[str]]:
+    """(the system whose flags and host tier it takes, its own flags): a KV variant adds its dtype."""
+    if system in variants:
+        base, dtype = variants[system]
+        return base, [*SYSTEMS[base], "--kv-cache-dtype", dtype]
+    return system, list(SYSTEMS[system])
+
+
+def pool_pages_for(system: str, pool: int, equal_bytes: bool, model_dtype: str = "float32",
+                   variants: dict = KV_VARIANTS) -> int:
+    """The pages a system's server gets for a pool: `pool` itself, or with --equal-bytes the pages that `pool`
+    pages of a bf16 KV cache take in bytes hold in the system's own KV dtype (fp8 twice as many, float32 half)."""
+    if not equal_bytes:
+        return pool
+    dtype = variants[system][1] if system in variants else None
+    return pool * KV_BYTES["bf16"] // (KV_BYTES[dtype] if dtype else MODEL_BYTES[model_dtype])
 
 
 def cpu_servers(model: str, args, prompt_tokens: list[int]):
@@ -633,8 +674,10 @@ def cpu_servers(model: str, args, prompt_tokens: list[int]):
     extra, env = context_args(model, {(args.chunks, args.reuse): prompt_tokens}, MEPIC_PAGE_SIZE, args.new_tokens)
 
     def make_server(system, pool):
-        flags, _ = tiered(system, SYSTEMS[system], args.host_tier_gb)
-        return server_process(model, [*extra, "--max-total-tokens", str(pool * MEPIC_PAGE_SIZE)], flags, env)
+        base, flags = system_flags(system)
+        flags, _ = tiered(base, flags, args.host_tier_gb)
+        pages = pool_pages_for(system, pool, args.equal_bytes)
+        return server_process(model, [*extra, "--max-total-tokens", str(pages * MEPIC_PAGE_SIZE)], flags, env)
     return make_server
 
 
@@ -665,6 +708,9 @@ def parser(description: str = __doc__) -> argparse.ArgumentParser:
     ap.add_argument("--max-probes", type=int, default=9, help="per cell")
     ap.add_argument("--matched", default="4,8,16", help="in-flight targets at the largest pool ('' for none)")
     ap.add_argument("--host-tier-gb", type=float, default=DEFAULT_HOST_TIER_GB)
+    ap.add_argument("--equal-bytes", action="store_true",
+                    help="read each pool as bytes, those of that many pages of a bf16 KV cache: a system gets the "
+                         "pages they hold in its own KV dtype (mepic-fp8 twice as many, a float32 one half)")
     ap.add_argument("--out", type=Path, default=Path("eval/results/capacity"))
     ap.add_argument("--resume", action="store_true", help="keep the cells a stopped run saved in --out")
     ap.add_argument("--report", action="store_true",
@@ -699,10 +745,11 @@ def plan(args) -> Plan:
                pools=[int(p) for p in (args.pools or ",".join(map(str, DEFAULT_POOLS))).split(",")],
                seeds=[int(s) for s in args.seeds.split(",")],
                targets=[int(n) for n in args.matched.split(",") if n.strip()])
-    bad = [s for s in got.systems if s not in SYSTEMS]
+    bad = [s for s in got.systems if s not in SYSTEMS and s not in KV_VARIANTS]
     if bad or min(got.pools) < 16 or not 0 < args.attainment <= 1 or args.min_rate <= 0 or args.max_rate < args.min_rate \
             or args.new_tokens < 1:
-        raise SystemExit(f"bad arguments: systems {bad or 'ok'} (from {', '.join(SYSTEMS)}), pools {got.pools} "
+        raise SystemExit(f"bad arguments: systems {bad or 'ok'} (from {', '.join([*SYSTEMS, *KV_VARIANTS])}), "
+                         f"pools {got.pools} "
                          f"(>= 16 pages), attainment {args.attainment} (0-1], rates {args.min_rate}-{args.max_rate}, "
                          f"new tokens {args.new_tokens} (>= 1)")
     return got

@@ -321,3 +321,25 @@ def test_a_server_that_fails_to_start_still_leaves_the_report_of_the_cells_befor
     (invocation,) = [json.loads(line) for line in (tmp_path / "invocations.jsonl").read_text().splitlines()]
     assert invocation["stopped"] == "a server failed" and invocation["cells_run"] == 0
     assert "(stopped part way: a server failed)" in (tmp_path / "table.md").read_text()
+
+
+def test_equal_bytes_gives_each_kv_dtype_the_pages_its_bytes_hold_and_fp8_is_read_against_bf16():
+    """Issue 73: at one pool size in bytes (pages of a bf16 cache), fp8 holds twice the pages, the float32
+    cache of this CPU's servers half; without --equal-bytes every system gets the pool as pages."""
+    assert capacity.pool_pages_for("mepic-fp8", 256, equal_bytes=True) == 512
+    assert capacity.pool_pages_for("mepic-bf16", 256, equal_bytes=True) == 256
+    assert capacity.pool_pages_for("mepic", 256, equal_bytes=True) == 128  # float32 KV
+    assert capacity.pool_pages_for("mepic", 256, equal_bytes=True, model_dtype="bfloat16") == 256
+    assert capacity.pool_pages_for("mepic-fp8", 256, equal_bytes=False) == 256
+    base, flags = capacity.system_flags("mepic-fp8")
+    assert base == "mepic" and flags[-2:] == ["--kv-cache-dtype", "fp8_e5m2"] and "--mepic-mode" in flags
+    assert capacity.system_flags("epic-16") == ("epic-16", ["--mepic-mode", "epic-16"])
+    args = capacity.parser().parse_args(["--systems", "mepic-bf16,mepic-fp8", "--pools", "256", "--equal-bytes"])
+    assert capacity.plan(args).systems == ["mepic-bf16", "mepic-fp8"] and args.equal_bytes
+
+    cells = [cell("mepic-bf16", 256, 2.0), cell("mepic-fp8", 256, 3.6)]
+    cells[0].server_pages, cells[1].server_pages = 256, 512
+    text = capacity.capacity_table(cells, ["mepic-bf16", "mepic-fp8"], [256])
+    assert "| system | pool (bf16 pages' bytes): pages held |" in text
+    assert "| mepic-fp8 | 256: 512 | 3.60 |" in text and "| mepic-bf16 | 256 | 2.00 |" in text
+    assert "- at 256 pages, capacity mepic-fp8 / mepic-bf16: 1.80 (target >= 1.6: met)" in capacity.ratios(cells, [256])

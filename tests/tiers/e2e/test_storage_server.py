@@ -80,9 +80,15 @@ def test_a_master_that_cannot_be_reached_at_start_is_a_logged_miss(caplog, monke
 # ---- two real servers of different settings on one directory --------------------
 
 @pytest.mark.timeout(400)
-def test_servers_of_different_recompute_blocks_share_a_directory_and_keep_hitting_their_own(tiny_model, tmp_path):
-    """Issue 29, defect 4: recompute blocks 1 and 2 store chunks of other sizes. Each server must
-    keep loading its own entries: none is read by the other, rejected as corrupt or deleted."""
+@pytest.mark.parametrize("one_flags, two_flags", [
+    pytest.param(("--mepic-recompute-blocks", "1"), ("--mepic-recompute-blocks", "2"), id="recompute-blocks"),
+    pytest.param((), ("--kv-cache-dtype", "fp8_e5m2"), id="kv-dtype"),
+])
+def test_servers_of_other_settings_share_a_directory_and_keep_hitting_their_own(tiny_model, tmp_path, one_flags,
+                                                                                 two_flags):
+    """Issue 29, defect 4: recompute blocks 1 and 2 store chunks of other sizes. Issue 73: a float32 KV
+    cache and an fp8 one store other bytes for the same chunk. Each server must keep loading its own
+    entries: none is read by the other, rejected as corrupt or deleted."""
     import json as _json
 
     import requests
@@ -105,8 +111,8 @@ def test_servers_of_different_recompute_blocks_share_a_directory_and_keep_hittin
         assert requests.post(server.url + "/flush_cache", timeout=60).status_code == 200
 
     common = ("--dtype", "float32", "--mepic-storage-dir", str(tmp_path))
-    with ServerProcess(tiny_model, *common, "--mepic-recompute-blocks", "1", "--mepic-max-chunks", "2") as one, \
-            ServerProcess(tiny_model, *common, "--mepic-recompute-blocks", "2") as two:
+    with ServerProcess(tiny_model, *common, *one_flags, "--mepic-max-chunks", "2") as one, \
+            ServerProcess(tiny_model, *common, *two_flags) as two:
         first = {}
         for server in (one, two):
             reply = generate(server, text).json()
