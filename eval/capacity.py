@@ -730,8 +730,9 @@ class Plan:
     targets: list[int]
 
 
-def plan(args) -> Plan:
-    """The run's systems, pools, seeds and targets from its arguments (--quick filled in); a bad one exits."""
+def plan(args, variants: dict = KV_VARIANTS) -> Plan:
+    """The run's systems, pools, seeds and targets from its arguments (--quick filled in); a bad one exits.
+    variants: the KV-dtype systems the run may name beside eval.run's (KV_VARIANTS, or the device's)."""
     if args.quick:
         args.systems = args.systems or ",".join(QUICK["systems"])
         args.pools = args.pools or ",".join(map(str, QUICK["pools"]))
@@ -745,10 +746,10 @@ def plan(args) -> Plan:
                pools=[int(p) for p in (args.pools or ",".join(map(str, DEFAULT_POOLS))).split(",")],
                seeds=[int(s) for s in args.seeds.split(",")],
                targets=[int(n) for n in args.matched.split(",") if n.strip()])
-    bad = [s for s in got.systems if s not in SYSTEMS and s not in KV_VARIANTS]
+    bad = [s for s in got.systems if s not in SYSTEMS and s not in variants]
     if bad or min(got.pools) < 16 or not 0 < args.attainment <= 1 or args.min_rate <= 0 or args.max_rate < args.min_rate \
             or args.new_tokens < 1:
-        raise SystemExit(f"bad arguments: systems {bad or 'ok'} (from {', '.join([*SYSTEMS, *KV_VARIANTS])}), "
+        raise SystemExit(f"bad arguments: systems {bad or 'ok'} (from {', '.join([*SYSTEMS, *variants])}), "
                          f"pools {got.pools} "
                          f"(>= 16 pages), attainment {args.attainment} (0-1], rates {args.min_rate}-{args.max_rate}, "
                          f"new tokens {args.new_tokens} (>= 1)")

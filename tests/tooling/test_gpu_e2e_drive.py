@@ -317,3 +317,28 @@ def test_the_table_names_both_decode_figures_and_shows_the_profiles(tmp_path):
     assert "decode_tok_s_p50: a request's own rate, first token to last" in text
     assert "| mepic | 8 | 9.0 | 4 | 8.0 | 1.0 | 2.0 | run_batch 0.5 |" in text
     assert "| mepic | 4 | 100.0 | " + " | ".join(["1.0"] * len(drive.TTFT_PARTS)) + " | 20.0 | 5 (5) | 1.5 |" in text
+
+
+def test_capacity_part_5_runs_sglangs_fp8_and_mepics_at_part_1s_bytes():
+    """Issue 73 on the device: SGLang's triton backend and mepic over an e4m3 cache, each given the pages
+    that part 1's 2,048 bf16 pages take in bytes (4,096), and flags SGLang's own parser accepts."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from eval.gpu.e2e import capacity as device_capacity
+
+    args = device_capacity.parser().parse_args(["--part", "5"])
+    args.dtype, args.sync_debug, args.equal_bytes = "bfloat16", "", True
+    assert device_capacity.PARTS[5] == ("squad", ("vanilla-fp8", "mepic-fp8"))
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    for system, backend in (("vanilla-fp8", "triton"), ("mepic-fp8", None)):
+        flags, common, _ = device_capacity.server_of(system, args, 2048, 8192)
+        assert flags[-2:] == ["--kv-cache-dtype", "fp8_e4m3"]
+        assert common[common.index("--max-total-tokens") + 1] == str(4096 * 16)
+        mepic_flags = [f for i, f in enumerate(flags) if f.startswith("--mepic") or flags[i - 1].startswith("--mepic")]
+        parsed = parser.parse_args(["--model-path", "m", *[f for f in flags if f not in mepic_flags], *common])
+        assert parsed.kv_cache_dtype == "fp8_e4m3" and parsed.attention_backend == backend
+    flags, common, _ = device_capacity.server_of("mepic", args, 2048, 8192)  # part 1's: the bf16 pool as it was
+    assert "--kv-cache-dtype" not in flags and common[common.index("--max-total-tokens") + 1] == str(2048 * 16)

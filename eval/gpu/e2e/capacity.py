@@ -7,6 +7,8 @@ rendered here into the carry (capacity.json.xz). One device call runs one part, 
     set -o pipefail; bash eval/gpu/e2e/run.sh capacity --part 2   # SQuAD, 2,048 pages: epic-16
     set -o pipefail; bash eval/gpu/e2e/run.sh capacity --part 3   # long prompts, 4,352 pages: epic-16, mepic
     set -o pipefail; bash eval/gpu/e2e/run.sh capacity --part 4   # long prompts, 4,352 pages: vanilla
+    set -o pipefail; bash eval/gpu/e2e/run.sh capacity --part 5   # SQuAD, 2,048 bf16 pages' bytes (4,096 fp8
+                                                                  # pages): vanilla-fp8, mepic-fp8 (issue 73)
 
 The parts are ranked as the issue asks: SQuAD at the memory-bound pool first, then the long prompts. A call's
 cells land in $OUT/capacity-<workload>/; the next call goes on from them when they travel back with the tree
@@ -32,7 +34,10 @@ from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 from sglang_mepic.process.server_process import ServerProcess
 
 PARTS = {1: ("squad", ("vanilla", "mepic")), 2: ("squad", ("epic-16",)), 3: ("long", ("epic-16", "mepic")),
-         4: ("long", ("vanilla",))}
+         4: ("long", ("vanilla",)), 5: ("squad", ("vanilla-fp8", "mepic-fp8"))}
+# fp8 KV (issue 73): SGLang's own triton backend and mepic over an e4m3 cache. Part 5 reads its pool as bytes
+# (--equal-bytes): part 1's bf16 pool holds twice its pages in fp8, so its cells sit beside part 1's.
+FP8_VARIANTS = {"vanilla-fp8": ("vanilla", "fp8_e4m3"), "mepic-fp8": ("mepic", "fp8_e4m3")}
 # What a device call is given unless the command line says otherwise: 128 new tokens a request (the issue's), one
 # seed a call, no matched concurrency, at most 6 probes a cell (two systems' starts, ~2 min each, leave ~5 min).
 DEVICE_DEFAULTS = {"new_tokens": 128, "seeds": "0", "matched": "", "max_probes": 6, "max_rate": 256.0}
@@ -64,6 +69,15 @@ def context_length(prompt_tokens: list[int], chunks: int, new_tokens: int) -> in
     return max(8192, 1 << math.ceil(math.log2(longest)))
 
 
+def server_of(system: str, args, pool: int, length: int) -> tuple[list[str], list[str], dict]:
+    """drive.py's server for a system (its flags, the common ones, env); an fp8 variant is its base system's
+    over an fp8 cache, given the pages its bytes hold (--equal-bytes)."""
+    base, dtype = FP8_VARIANTS.get(system, (system, None))
+    pages = capacity.pool_pages_for(system, pool, args.equal_bytes, args.dtype, FP8_VARIANTS)
+    flags, common, env = drive.server_args(base, args, pages, length)
+    return ([*flags, "--kv-cache-dtype", dtype] if dtype else flags), common, env
+
+
 def main(argv=None) -> None:
     began = time.time()
     argv = sys.argv[1:] if argv is None else argv
@@ -79,7 +93,8 @@ def main(argv=None) -> None:
     args.start_rate = args.start_rate or work.start_rate
     args.dtype, args.sync_debug = ("float32" if args.cpu else "bfloat16"), ""
     args.out = args.out / f"capacity-{name}"
-    todo = capacity.plan(args)
+    args.equal_bytes = args.equal_bytes or any(s in FP8_VARIANTS for s in args.systems.split(","))
+    todo = capacity.plan(args, FP8_VARIANTS)
     missing = [s for s in todo.seeds if str(s) not in carried["texts"]]
     if missing:
         raise SystemExit(f"the carry has no prompts of seeds {missing} for {name} (it has {sorted(carried['texts'])})")
@@ -104,7 +119,7 @@ def main(argv=None) -> None:
         texts = {s: carried["texts"][str(s)][:args.requests] for s in seeds}
 
         def make_server(system, pool):
-            flags, common, env = drive.server_args(system, args, pool, length)
+            flags, common, env = server_of(system, args, pool, length)
             return ServerProcess(model, *flags, *common, startup_timeout=args.startup_timeout, env=env)
         return texts, make_server
 
