@@ -96,3 +96,16 @@ def test_gate_server_drops_the_launch_address_and_key():
 
     argv = ["--model-path", "m", "--host", "0.0.0.0", "--port=8000", "--api-key", "k", "--dtype", "float32"]
     assert gate_server_args(argv) == ["--dtype", "float32"]
+
+
+def test_the_gate_runs_with_the_kv_dtype_the_server_will_use(tiny_model):
+    """Issue 73: --mepic-verify's server gets the launch's --kv-cache-dtype, and a verdict for an fp8 cache is
+    another verdict than one for the model's dtype (the key holds the server flags)."""
+    from sglang_mepic.gate.verify import gate_server_args
+
+    fp8 = gate_server_args(["--model-path", "m", "--port", "8000", "--kv-cache-dtype", "fp8_e5m2"])
+    assert fp8 == ["--kv-cache-dtype", "fp8_e5m2"]
+    fingerprint = verdict_cache.model_fingerprint(tiny_model)
+    thresholds = gate.Thresholds()
+    keys = [verdict_cache.key(fingerprint, "mepic", 8, thresholds, {"server_args": args}) for args in (fp8, [])]
+    assert keys[0] != keys[1]

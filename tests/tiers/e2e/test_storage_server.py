@@ -80,16 +80,13 @@ def test_a_master_that_cannot_be_reached_at_start_is_a_logged_miss(caplog, monke
 # ---- two real servers of different settings on one directory --------------------
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("one_flags, two_flags", [
-    pytest.param(("--mepic-recompute-blocks", "1"), ("--mepic-recompute-blocks", "2"), id="recompute-blocks"),
-    pytest.param((), ("--kv-cache-dtype", "fp8_e5m2"), id="kv-dtype"),
-])
-def test_servers_of_other_settings_share_a_directory_and_keep_hitting_their_own(tiny_model, tmp_path, one_flags,
-                                                                                 two_flags):
+def test_servers_of_other_settings_share_a_directory_and_keep_hitting_their_own(tiny_model, tmp_path):
     """Issue 29, defect 4: recompute blocks 1 and 2 store chunks of other sizes. Issue 73: a float32 KV
-    cache and an fp8 one store other bytes for the same chunk. Each server must keep loading its own
-    entries: none is read by the other, rejected as corrupt or deleted."""
+    cache and an fp8 one (the first and the third server, alike but for it) store other bytes for the
+    same chunk. Each server must keep loading its own entries: none is read by another, rejected as
+    corrupt or deleted."""
     import json as _json
+    from contextlib import ExitStack
 
     import requests
 
@@ -110,27 +107,35 @@ def test_servers_of_other_settings_share_a_directory_and_keep_hitting_their_own(
     def flush(server):
         assert requests.post(server.url + "/flush_cache", timeout=60).status_code == 200
 
-    common = ("--dtype", "float32", "--mepic-storage-dir", str(tmp_path))
-    with ServerProcess(tiny_model, *common, *one_flags, "--mepic-max-chunks", "2") as one, \
-            ServerProcess(tiny_model, *common, *two_flags) as two:
+    common = ("--dtype", "float32", "--mepic-storage-dir", str(tmp_path), "--mepic-recompute-blocks")
+    with ExitStack() as stack:
+        servers = [ServerProcess(tiny_model, *common, "1", "--mepic-max-chunks", "2"),
+                   ServerProcess(tiny_model, *common, "2"),
+                   ServerProcess(tiny_model, *common, "1", "--kv-cache-dtype", "fp8_e5m2")]
+        for server in servers:  # started together: their imports overlap
+            server.launch()
+            stack.callback(server.stop)
+        for server in servers:
+            server.wait_ready()
+        one = servers[0]
         first = {}
-        for server in (one, two):
+        for server in servers:
             reply = generate(server, text).json()
             assert reply["meta_info"]["mepic_residency"] == ["absent", "absent"]  # not the other's entries
             first[server.url] = reply["output_ids"]
         deadline = time.time() + 20  # entries are written in the background
-        while len(list(tmp_path.glob("*.bin"))) < 4 and time.time() < deadline:
+        while len(list(tmp_path.glob("*.bin"))) < 6 and time.time() < deadline:
             time.sleep(0.2)
         files = sorted(tmp_path.glob("*.bin"))
-        assert len(files) == 4  # two chunks, two settings: four entries side by side
+        assert len(files) == 6  # two chunks, three settings: six entries side by side
         for _ in range(2):
-            for server in (one, two):
+            for server in servers:
                 flush(server)  # device pool and host tier emptied; the directory stays
                 reply = generate(server, text).json()
                 assert reply["meta_info"]["mepic_residency"] == ["storage", "storage"]
                 assert reply["output_ids"] == first[server.url]
         assert sorted(tmp_path.glob("*.bin")) == files  # nothing deleted
-        for server in (one, two):
+        for server in servers:
             state = mepic(server)
             assert state["storage_rejected"] == 0 and state["tier_loads_storage"] == 4, state
             assert "rejected" not in server.log()
