@@ -33,6 +33,8 @@ CAPACITY = RESULTS / "capacity" / "results.json"
 # The same search on another dataset and on the default model, at one pool each (issue 50).
 CAPACITY_MORE = {"capacity-hotpotqa": RESULTS / "capacity-hotpotqa" / "results.json",
                  "capacity-smollm2": RESULTS / "capacity-smollm2" / "results.json"}
+# fp8 KV (issue 73): mepic over an fp8 cache against a bf16 one, at equal pool bytes (eval.capacity --equal-bytes).
+CAPACITY_FP8 = RESULTS / "capacity-fp8" / "results.json"
 TABLE2 = {"squad": RESULTS / "squad-paper" / "base-repeats" / "results.json",
           "hotpotqa": RESULTS / "hotpotqa-paper" / "base-repeats" / "results.json"}
 # The paper's Table 2 (Mistral-7B, vLLM + LMCache, Ascend 910B): SQuAD only of our datasets.
@@ -150,13 +152,29 @@ def more_capacity_rows(path: Path) -> list[str]:
     return lines
 
 
+def fp8_rows(path: Path = CAPACITY_FP8) -> list[str]:
+    """Capacity mepic-fp8 / mepic-bf16 at each pool (read as bytes), seed by seed, against the issue's 1.6."""
+    results = load(path)
+    cells = [capacity.Cell(**c) for c in (results or {}).get("cells", []) if c["kind"] == "capacity"]
+    what, lines = run_of(results or {}), []
+    for pool in sorted({c.pool_pages for c in cells}):
+        values = capacity.paired(cells, "capacity", pool, "mepic-fp8", "mepic-bf16", capacity.capacity_of)
+        if values:
+            med, rng = span(values)
+            lines.append(f"| capacity within the SLO, mepic-fp8 / mepic-bf16, at the bytes of {pool:,} bf16 pages "
+                         f"({what}) | {med} | {rng} | {len(values)} | ≥ 1.6: "
+                         f"{verdict(statistics.median(values), lambda v: v >= 1.6)} | `{rel(path)}` |")
+    return lines
+
+
 def headline() -> str:
     base, qps = load(TINY_BASE), load(TINY_QPS)
     smol = {k: load(v) for k, v in SMOL.items()}
     smol_ttft = {k: load(v) for k, v in SMOL_TTFT.items()}
     cap = load(CAPACITY)
     lines = ["| figure | median | range | runs | target | source |", "|---|---|---|---|---|---|",
-             *capacity_rows(cap), *(row for p in CAPACITY_MORE.values() for row in more_capacity_rows(p))]
+             *capacity_rows(cap), *(row for p in CAPACITY_MORE.values() for row in more_capacity_rows(p)),
+             *fp8_rows()]
 
     def add_ratio(name, results, path, metric, a, b, target, ok, q=None):
         r = ratio(results, metric, a, b, q)

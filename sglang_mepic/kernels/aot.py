@@ -206,13 +206,21 @@ MODELS = (
 )
 
 
+# An fp8 KV cache under a bf16 model (issue 73), on the targets whose Triton has fp8 (sm_89 and later): one
+# model's shapes, each format, on-chip cos/sin (the key loads are the same for the table).
+FP8_MODELS = (("Llama-3-8B, KV fp8_e4m3", "bf16", 128, 32, 8, 128, True, torch.float8_e4m3fn),
+              ("Llama-3-8B, KV fp8_e5m2", "bf16", 128, 32, 8, 128, True, torch.float8_e5m2))
+FP8_MIN_ARCH = 89
+
+
 def fake_inputs(dtype: torch.dtype, d: int, hq: int, hkv: int, rot: int, seq_lens, ext_lens=None,
-                context: int = 4096, slots: int = 4096):
-    """Small CPU tensors with the dtypes and strides the server passes (no values matter)."""
+                context: int = 4096, slots: int = 4096, kv_dtype: torch.dtype | None = None):
+    """Small CPU tensors with the dtypes and strides the server passes (no values matter); the pool in
+    `kv_dtype` (default: the model's)."""
     batch = len(seq_lens)
     tokens = batch if ext_lens is None else sum(ext_lens)
     q = torch.empty(tokens, hq, d, dtype=dtype)
-    pool = torch.empty(slots, hkv, d, dtype=dtype)
+    pool = torch.empty(slots, hkv, d, dtype=kv_dtype or dtype)
     r2t = torch.zeros(batch + 1, context, dtype=torch.int32)  # SGLang's req_to_token is int32
     r2p = torch.zeros_like(r2t)
     idx = torch.arange(batch, dtype=torch.int64)  # req_pool_indices: int64
@@ -223,10 +231,11 @@ def fake_inputs(dtype: torch.dtype, d: int, hq: int, hkv: int, rot: int, seq_len
 
 
 def our_launches(kind: str, dtype: torch.dtype, d: int, hq: int, hkv: int, rot: int, neox: bool, table: bool,
-                 arch: int, seq_lens=(256, 300), ext_lens=(256, 17), context: int = 4096) -> list[Launch]:
+                 arch: int, seq_lens=(256, 300), ext_lens=(256, 17), context: int = 4096,
+                 kv_dtype: torch.dtype | None = None) -> list[Launch]:
     """The launches `decode` / `extend` make for a batch (values only shape split counts and grids)."""
     q, pool, r2t, r2p, idx, lens, cos_sin, inv_freq = fake_inputs(
-        dtype, d, hq, hkv, rot, seq_lens, None if kind == "decode" else ext_lens, context)
+        dtype, d, hq, hkv, rot, seq_lens, None if kind == "decode" else ext_lens, context, kv_dtype=kv_dtype)
     rope = {} if table else dict(inv_freq=inv_freq, mscale=1.0)
     with target_arch(arch), capture() as launches:
         if kind == "decode":
@@ -241,11 +250,13 @@ def our_launches(kind: str, dtype: torch.dtype, d: int, hq: int, hkv: int, rot: 
 
 
 def configs(arch: int):
-    for model, dtype, d, hq, hkv, rot, neox in MODELS:
-        for table in (False, True):
+    fp8 = FP8_MODELS if arch >= FP8_MIN_ARCH else ()
+    for model, dtype, d, hq, hkv, rot, neox, kv_dtype in [(*m, None) for m in MODELS] + list(fp8):
+        for table in ((False, True) if kv_dtype is None else (False,)):
             rope = "table" if table else "chip"
             for kind in ("decode", "extend"):
-                for launch in our_launches(kind, TORCH_DTYPES[dtype], d, hq, hkv, rot, neox, table, arch):
+                for launch in our_launches(kind, TORCH_DTYPES[dtype], d, hq, hkv, rot, neox, table, arch,
+                                           kv_dtype=kv_dtype):
                     name = {"_mepic_decode_kernel": "decode", "_mepic_extend_kernel": "extend",
                             "_merge_kernel": "merge"}[launch.name]
                     if name == "merge" and (table or kind == "extend"):

@@ -340,6 +340,10 @@ def test_compiles_for_sm90_and_sm80():
     for arch in ("sm_90", "sm_80"):
         for kernel in ("decode", "extend", "merge"):
             assert f"| {arch} | {kernel} |" in out.stdout
+    for fp8 in ("fp8_e4m3", "fp8_e5m2"):  # an fp8 pool (issue 73): sm_90 only, Triton has no fp8 before sm_89
+        for kernel in ("decode", "extend"):
+            assert f"| sm_90 | {kernel} | Llama-3-8B, KV {fp8} | bf16 | chip |" in out.stdout
+        assert f"| sm_80 | decode | Llama-3-8B, KV {fp8}" not in out.stdout
     assert "no spills, all compiled" in out.stdout
 
 
