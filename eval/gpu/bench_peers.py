@@ -102,6 +102,18 @@ def sdpa(q, k, v, backends, is_causal=False, mask=None):
                                                                 enable_gqa=True)
 
 
+# Our kernels over an fp8 pool (issue 73): the same keys and values divided by these scales and cast to e4m3,
+# read back with them; checked against attention over those fp8 values, timed beside the bf16 pool ("ours").
+FP8, FP8_SCALES = getattr(torch, "float8_e4m3fn", None), (0.5, 2.0)
+
+
+def fp8_pools(kp, vp):
+    """(k, v) as SGLang's fp8 pool holds them, and the values they stand for (widened, scales back)."""
+    ks, vs = FP8_SCALES
+    k8, v8 = (kp.float() / ks).to(FP8), (vp.float() / vs).to(FP8)
+    return k8, v8, k8.float() * ks, v8.float() * vs
+
+
 def rope_setup():
     table = cos_sin_cache(D, ck.MAX_POS)
     rope = Rope(table.to(DEV), D, D, True)
@@ -139,6 +151,14 @@ def bench_decode(grid, rope, chip):
         measure(row, "ours_table", lambda: K.decode(q, kp, vp, r2t, r2p, ri, seq, qpos, cache, D, True, scale,
                                                     out=out, splits=splits, workspace=ws),
                 lambda o: o[:n], ref_rot, 100)
+        if FP8 is not None:
+            k8, v8, kf, vf = fp8_pools(kp, vp)
+            ref8 = torch.cat([ref_attn(q[i:i + 1], rope.rotate(kf[slots[i]]), vf[slots[i]], qpos[i:i + 1], scale)
+                              for i in range(n)])
+            measure(row, "ours_fp8", lambda: K.decode(q, k8, v8, r2t, r2p, ri, seq, qpos, cache, D, True, scale,
+                                                      out=out, splits=splits, workspace=ws, k_scale=FP8_SCALES[0],
+                                                      v_scale=FP8_SCALES[1], **chip), lambda o: o[:n], ref8, 100)
+            del k8, v8, kf, vf
         sglang = SglangDecode(q, kp, vp, slots, seq, SMS, scale)
         if sglang.note:
             row["sglang_splits_note"] = sglang.note
@@ -189,6 +209,14 @@ def bench_extend(grid, rope, chip):
                                               out=out, **ext_kw, **chip), lambda o: o[rows], ref_rot, 100)
         measure(row, "ours_table", lambda: K.extend(q, kp, vp, r2t, r2p, ri, seq, qs, el, pos, cache, D, True,
                                                     scale, E, out=out, **ext_kw), lambda o: o[rows], ref_rot, 100)
+        if FP8 is not None:
+            k8, v8, kf, vf = fp8_pools(kp, vp)
+            ref8 = ref_attn(q[rows], rope.rotate(kf[slots]), vf[slots], P + rows, scale)
+            measure(row, "ours_fp8", lambda: K.extend(q, k8, v8, r2t, r2p, ri, seq, qs, el, pos, cache, D, True,
+                                                      scale, E, out=out, k_scale=FP8_SCALES[0],
+                                                      v_scale=FP8_SCALES[1], **ext_kw, **chip),
+                    lambda o: o[rows], ref8, 100)
+            del k8, v8, kf, vf
         # SGLang's forward_extend: prefix through kv_indices into the pool, the new tokens' K/V contiguous.
         ke, ve = kp[slots[P:]].contiguous(), vp[slots[P:]].contiguous()
         kv_indices = slots[:P] if P else torch.zeros(1, dtype=torch.int64, device=DEV)
@@ -227,17 +255,18 @@ def table(info, rows):
 
     lines = [f"\n## {info['device']}: ms ({info['timer']}), {info['dtype']}, heads {HQ}/{HKV}/{D}, pages of {PAGE}, "
              f"project {info['project_commit']}\n",
-             "| case | ours | ours (cos/sin table) | SGLang triton | flash (SDPA) | ours / SGLang | ours / flash "
-             "| checks |", "|---|---|---|---|---|---|---|---|"]
+             "| case | ours | ours (cos/sin table) | ours, fp8 e4m3 KV | SGLang triton | flash (SDPA) | ours / SGLang "
+             "| ours / flash | ours fp8 / ours | checks |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         case = (f"decode, batch {r['batch']}, context {r['ctx']}" if r["kind"] == "decode"
                 else f"{r['new']} new tokens on {r['ctx']} context" if r["new"] != r["ctx"]
                 else f"prefill {r['ctx']} (fresh)")
         ms = r["ms"]
         bad = [k for k, c in r["check"].items() if not c["ok"]]
-        lines.append(f"| {case} | {ms['ours']:.4f} | {ms['ours_table']:.4f} | {ms['sglang']:.4f} | "
+        fp8 = ms.get("ours_fp8", float("nan"))
+        lines.append(f"| {case} | {ms['ours']:.4f} | {ms['ours_table']:.4f} | {fp8:.4f} | {ms['sglang']:.4f} | "
                      f"{ms['flash']:.4f} | {r2(ms['ours'], ms['sglang'])} | {r2(ms['ours'], ms['flash'])} | "
-                     f"{'ok' if not bad else 'FAILED: ' + ', '.join(bad)} |")
+                     f"{r2(fp8, ms['ours'])} | {'ok' if not bad else 'FAILED: ' + ', '.join(bad)} |")
     return "\n".join(lines)
 
 
