@@ -69,10 +69,11 @@ def check_kv_dtype(token_to_kv_pool) -> None:
                          "fp8_e4m3 or fp8_e5m2")
 
 
-def kv_scales(layer) -> tuple[float, float]:
-    """What the pool's keys and values are multiplied by when read: SGLang's rule (its triton backend's),
-    the layer's host floats when both scales are set, else 1 (a cast, as SGLang writes it)."""
-    if getattr(layer, "k_scale", None) is not None and getattr(layer, "v_scale", None) is not None:
+def kv_scales(layer, fp8_pool: bool) -> tuple[float, float]:
+    """What the pool's keys and values are multiplied by when read: the layer's host floats when both scales
+    are set and the pool is fp8 (SGLang's pool divides by them only when it casts to fp8: a checkpoint's
+    scales over a bf16 cache leave it unscaled), else 1."""
+    if fp8_pool and getattr(layer, "k_scale", None) is not None and getattr(layer, "v_scale", None) is not None:
         return layer.k_scale_float, layer.v_scale_float
     return 1.0, 1.0
 
@@ -129,8 +130,9 @@ class MepicAttnBackend(AttentionBackend):
             layers = getattr(token_to_kv_pool, "layer_num", mode.check_layer + 1)
             self.blend = dataclasses.replace(mode, check_layer=modes.blend_check_layer(mode, layers))
         check_kv_dtype(token_to_kv_pool)
-        kv_dtype = getattr(token_to_kv_pool, "dtype", None)
-        if kv_dtype in FP8_KV_DTYPES:
+        kv_dtype = getattr(token_to_kv_pool, "dtype", None) or token_to_kv_pool.get_key_buffer(0).dtype
+        self.fp8_kv = kv_dtype in FP8_KV_DTYPES
+        if self.fp8_kv:
             logger.info("mepic attention: fp8 KV cache (%s), NoPE keys widened and scaled before rotation",
                         str(kv_dtype).removeprefix("torch."))
         self.use_triton = torch.device(device).type == "cuda"
@@ -274,7 +276,7 @@ class MepicAttnBackend(AttentionBackend):
             fresh = self._select(layer, loc, k, v)
             if layer.layer_id > self.blend.check_layer:
                 loc, k, v = loc[fresh], k[fresh], v[fresh]
-        if getattr(layer, "k_scale", None) is None:
+        if getattr(layer, "k_scale", None) is None or not self.fp8_kv:
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
         else:  # SGLang's pool divides by the scales in place: k and v may be views the model still holds
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k.clone(), v.clone(), layer.k_scale,
@@ -297,7 +299,7 @@ class MepicAttnBackend(AttentionBackend):
             keys = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
             values = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
             dst = loc[idx].long()
-            k_scale, v_scale = kv_scales(layer)
+            k_scale, v_scale = kv_scales(layer, self.fp8_kv)
             stored_k, stored_v = keys[dst].float() * k_scale, values[dst].float() * v_scale
             deviation = ((k[idx].reshape(-1, *keys.shape[1:]).float() - stored_k) ** 2).sum((1, 2)) + \
                         ((v[idx].reshape(-1, *values.shape[1:]).float() - stored_v) ** 2).sum((1, 2))
@@ -316,7 +318,7 @@ class MepicAttnBackend(AttentionBackend):
         req_to_token = self.req_to_token_pool.req_to_token
         req_to_pos = self.positions.req_to_pos
         positions = forward_batch.positions
-        k_scale, v_scale = kv_scales(layer)
+        k_scale, v_scale = kv_scales(layer, self.fp8_kv)
         scaling = layer.scaling * k_scale  # a key's scale multiplies its scores
         start = 0
         for row, seq_len, n, plain in zip(self.rows, self.seq_lens, q_lens, self.plain_rows):
@@ -348,7 +350,7 @@ class MepicAttnBackend(AttentionBackend):
                 self.req_to_token_pool.req_to_token, self.positions.req_to_pos, forward_batch.req_pool_indices,
                 forward_batch.seq_lens)
         rope = (self.cos_sin, self.rope.rotary_dim, self.rope.is_neox_style, layer.scaling)
-        k_scale, v_scale = kv_scales(layer)
+        k_scale, v_scale = kv_scales(layer, self.fp8_kv)
         if decode:
             splits, workspace = self._decode_buffers(q, args[0].shape[1], layer.v_head_dim, forward_batch.seq_lens)
             out = self.kernels.decode(q, *args, forward_batch.positions, *rope, splits=splits, workspace=workspace,

@@ -845,6 +845,36 @@ def test_backend_writes_fp8_through_sglangs_pool_and_both_paths_read_it(fp8, dec
     assert (torch_out.float().reshape(expected.shape) - expected).abs().mean() < FP8_ERROR[fp8]
 
 
+def test_a_checkpoints_scales_over_a_float_cache_are_not_applied():
+    """SGLang's pool divides by a layer's scales only when it casts to fp8: over a float cache (a checkpoint
+    with kv scales served with --kv-cache-dtype bf16) the keys and values are stored as they are, so reading
+    them must not multiply the scales back in."""
+    from types import SimpleNamespace
+
+    from sglang_mepic.attention.backend import MepicAttnBackend
+
+    d, hq, hkv = 64, 6, 2
+    seq_lens, ext = [30, 45], [30, 12]
+    k_pool, v_pool, r2t, r2p, req_idx = make_batch(seq_lens, ext, hq, hkv, d, 16, torch.float32, seed=5, pads=False)
+    rope = Rope(cos_sin_cache(d, MAX_POS), d, d, True)
+    backend = MepicAttnBackend.over_pools(r2t, k_pool, v_pool, rope, q_heads=hq)
+    assert not backend.fp8_kv
+    for row, n in zip(req_idx.tolist(), seq_lens):
+        backend.positions.assign(row, r2p[row, :n])
+    positions = torch.cat([r2p[row, n - e:n] for row, n, e in zip(req_idx.tolist(), seq_lens, ext)]).long()
+    q = rope.rotate(torch.randn(sum(ext), hq, d), positions).reshape(sum(ext), -1)
+    fb = SimpleNamespace(req_pool_indices=req_idx.long(), seq_lens=torch.tensor(seq_lens), positions=positions,
+                         batch_size=len(seq_lens), extend_seq_lens=torch.tensor(ext), extend_seq_lens_cpu=ext,
+                         forward_mode=SimpleNamespace(is_decode=lambda: False, is_extend=lambda: True),
+                         extend_prefix_lens=torch.tensor([n - e for n, e in zip(seq_lens, ext)]))
+    backend.init_forward_metadata(fb)
+    plain = SimpleNamespace(tp_q_head_num=hq, qk_head_dim=d, v_head_dim=d, layer_id=0, scaling=d ** -0.5,
+                            is_cross_attention=False, sliding_window_size=-1)
+    scaled = SimpleNamespace(**vars(plain), k_scale=torch.tensor(0.25), v_scale=torch.tensor(4.0),
+                             k_scale_float=0.25, v_scale_float=4.0)
+    torch.testing.assert_close(backend._run(q, scaled, fb, ext), backend._run(q, plain, fb, ext), atol=0, rtol=0)
+
+
 def test_kv_dtypes_the_backend_reads_and_refuses():
     from types import SimpleNamespace
 
