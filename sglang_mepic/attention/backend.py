@@ -70,12 +70,16 @@ def check_kv_dtype(token_to_kv_pool) -> None:
 
 
 def kv_scales(layer, fp8_pool: bool) -> tuple[float, float]:
-    """What the pool's keys and values are multiplied by when read: the layer's host floats when both scales
-    are set and the pool is fp8 (SGLang's pool divides by them only when it casts to fp8: a checkpoint's
-    scales over a bf16 cache leave it unscaled), else 1."""
-    if fp8_pool and getattr(layer, "k_scale", None) is not None and getattr(layer, "v_scale", None) is not None:
-        return layer.k_scale_float, layer.v_scale_float
-    return 1.0, 1.0
+    """What the pool's keys and values are multiplied by when read: the layer's scales when both are set and the
+    pool is fp8 (SGLang's pool divides by them only when it casts to fp8: a checkpoint's scales over a bf16 cache
+    leave it unscaled), else 1. As host floats: SGLang keeps a checkpoint's as `k_scale_float`, and a
+    `--quantization-param-path` file's as `k_scale` itself, a float; a tensor is read once (`MepicAttnBackend`
+    asks before any forward)."""
+    k, v = getattr(layer, "k_scale", None), getattr(layer, "v_scale", None)
+    if not fp8_pool or k is None or v is None:
+        return 1.0, 1.0
+    k_float, v_float = getattr(layer, "k_scale_float", None), getattr(layer, "v_scale_float", None)
+    return float(k if k_float is None else k_float), float(v if v_float is None else v_float)
 
 
 def _rotary_modules(model) -> list:
@@ -92,6 +96,10 @@ class MepicAttnBackend(AttentionBackend):
         self._graph_heads = (config.num_attention_heads // tp, config.get_num_kv_heads(tp))
         self._attach(model_runner.device, model_runner.req_to_token_pool, model_runner.token_to_kv_pool,
                      self._take_over_rotary(model_runner), model_runner.dtype)
+        # Every attention layer's scales, read now: a forward (a CUDA graph's capture among them) reads no tensor.
+        for module in model_runner.model.modules():
+            if isinstance(getattr(module, "layer_id", None), int) and hasattr(module, "k_scale"):
+                self._layer_scales[module.layer_id] = kv_scales(module, self.fp8_kv)
         self.sync_probe = sync_probe.install(self)  # MEPIC_SYNC_DEBUG (GPU runs): per-batch calls watched
         context.current().positions = self.positions
 
@@ -132,6 +140,7 @@ class MepicAttnBackend(AttentionBackend):
         check_kv_dtype(token_to_kv_pool)
         kv_dtype = getattr(token_to_kv_pool, "dtype", None) or token_to_kv_pool.get_key_buffer(0).dtype
         self.fp8_kv = kv_dtype in FP8_KV_DTYPES
+        self._layer_scales: dict[int, tuple[float, float]] = {}  # layer id -> (k, v) scale (`_scales`)
         if self.fp8_kv:
             logger.info("mepic attention: fp8 KV cache (%s), NoPE keys widened and scaled before rotation",
                         str(kv_dtype).removeprefix("torch."))
@@ -282,6 +291,12 @@ class MepicAttnBackend(AttentionBackend):
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k.clone(), v.clone(), layer.k_scale,
                                                 layer.v_scale)
 
+    def _scales(self, layer) -> tuple[float, float]:
+        scales = self._layer_scales.get(layer.layer_id)
+        if scales is None:  # a layer the model runner did not show at start-up (tests' layers)
+            scales = self._layer_scales[layer.layer_id] = kv_scales(layer, self.fp8_kv)
+        return scales
+
     def _select(self, layer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """CacheBlend: which extend tokens write their fresh KV after the check layer.
 
@@ -299,7 +314,7 @@ class MepicAttnBackend(AttentionBackend):
             keys = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
             values = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
             dst = loc[idx].long()
-            k_scale, v_scale = kv_scales(layer, self.fp8_kv)
+            k_scale, v_scale = self._scales(layer)
             stored_k, stored_v = keys[dst].float() * k_scale, values[dst].float() * v_scale
             deviation = ((k[idx].reshape(-1, *keys.shape[1:]).float() - stored_k) ** 2).sum((1, 2)) + \
                         ((v[idx].reshape(-1, *values.shape[1:]).float() - stored_v) ** 2).sum((1, 2))
@@ -318,7 +333,7 @@ class MepicAttnBackend(AttentionBackend):
         req_to_token = self.req_to_token_pool.req_to_token
         req_to_pos = self.positions.req_to_pos
         positions = forward_batch.positions
-        k_scale, v_scale = kv_scales(layer, self.fp8_kv)
+        k_scale, v_scale = self._scales(layer)
         scaling = layer.scaling * k_scale  # a key's scale multiplies its scores
         start = 0
         for row, seq_len, n, plain in zip(self.rows, self.seq_lens, q_lens, self.plain_rows):
@@ -350,7 +365,7 @@ class MepicAttnBackend(AttentionBackend):
                 self.req_to_token_pool.req_to_token, self.positions.req_to_pos, forward_batch.req_pool_indices,
                 forward_batch.seq_lens)
         rope = (self.cos_sin, self.rope.rotary_dim, self.rope.is_neox_style, layer.scaling)
-        k_scale, v_scale = kv_scales(layer, self.fp8_kv)
+        k_scale, v_scale = self._scales(layer)
         if decode:
             splits, workspace = self._decode_buffers(q, args[0].shape[1], layer.v_head_dim, forward_batch.seq_lens)
             out = self.kernels.decode(q, *args, forward_batch.positions, *rope, splits=splits, workspace=workspace,

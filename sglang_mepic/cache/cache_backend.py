@@ -6,6 +6,7 @@
 import hashlib
 import json
 import os
+from pathlib import Path
 
 from sglang_mepic import config, modes
 from sglang_mepic.cache import metrics
@@ -15,18 +16,31 @@ from sglang_mepic.tiers import weights
 BACKEND_NAME = "mepic"
 
 
-def model_fingerprint(model_config) -> str:
+def quantization_param_path() -> str | None:
+    """SGLang's `--quantization-param-path` (the KV scales file of an fp8 cache), where the process has one."""
+    from sglang.srt.runtime_context import get_model
+
+    try:
+        return getattr(get_model(), "quantization_param_path", None)
+    except ValueError:  # not published in this process
+        return None
+
+
+def model_fingerprint(model_config, scales_path: str | None = None) -> str:
     """What makes KV reusable: the weights (path, revision), their dtype and the architecture.
 
     With a storage backend, chunk KV outlives this process: weights replaced in the same
     folder (a fine-tune saved over the original) must not read the old weights' KV, so the
-    folder's contents are hashed too (weights.py; paid once at start, and only then)."""
+    folder's contents are hashed too (weights.py; paid once at start, and only then). So is
+    `scales_path`, SGLang's `--quantization-param-path`: the KV scales an fp8 cache is stored under."""
     hf = getattr(model_config, "hf_config", None)
     described = json.dumps(hf.to_dict() if hf is not None else {}, sort_keys=True, default=str)
     path = str(getattr(model_config, "model_path", ""))
     parts = [path, str(getattr(model_config, "revision", "")), str(getattr(model_config, "dtype", "")), described]
     if config.storage_backend() not in (None, "none") and os.path.isdir(path):
         parts.append(weights.digest(path))
+    if scales_path:
+        parts.append(weights.file_digest(Path(scales_path)) if os.path.isfile(scales_path) else scales_path)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
@@ -58,4 +72,4 @@ def build(ctx) -> MepicRadixCache:
     params = ctx.params
     if ctx.disable_radix_cache:
         params.disable = True
-    return MepicRadixCache(params, model_fingerprint(ctx.model_config), mode)
+    return MepicRadixCache(params, model_fingerprint(ctx.model_config, quantization_param_path()), mode)

@@ -184,6 +184,17 @@ def _dot(a, b, acc, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
+def _load_values(V, slot, pos, kvh, dv, stride_vs, stride_vh, WIDE: tl.constexpr, ZERO_V: tl.constexpr):
+    """A value tile [BLOCK_N, DV], read without a mask (a masked key weighs 0). ZERO_V (an fp8 pool): the rows of
+    slots no query may see (pads, and slot 0 read past a request's end) are zeros, since 0 x inf is NaN and a cast
+    to fp8 turns large values into inf or NaN: what another request left in such a slot cannot reach this one."""
+    v = tl.load(V + _slot_offset(slot, stride_vs, WIDE)[:, None] + kvh * stride_vh + dv[None, :])
+    if ZERO_V:
+        v = tl.where((pos >= 0)[:, None], v.to(tl.float32), 0.0)
+    return v
+
+
+@triton.jit
 def _load_query(Q, tok, head, mask, stride_qt, stride_qh, i1, i2, HALF: tl.constexpr, PASS: tl.constexpr):
     base = Q + tok[:, None] * stride_qt + head[:, None] * stride_qh
     q1 = tl.load(base + i1[None, :], mask=mask[:, None], other=0.0)
@@ -242,7 +253,7 @@ def _mepic_decode_kernel(
     stride_lb, stride_lh, stride_rt, stride_rp, stride_cs,
     GROUP: tl.constexpr, HEAD_TILES: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     ROT: tl.constexpr, NEOX: tl.constexpr, BLOCK_N: tl.constexpr, TABLE: tl.constexpr, DOT_FP32: tl.constexpr,
-    FAST: tl.constexpr, SCALED: tl.constexpr, WIDE: tl.constexpr,
+    FAST: tl.constexpr, SCALED: tl.constexpr, WIDE: tl.constexpr, ZERO_V: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1) // HEAD_TILES
@@ -281,7 +292,7 @@ def _mepic_decode_kernel(
                     SCALED, WIDE) * (sm_scale * LOG2E)
         s = tl.where(visible[None, :], s, -float("inf"))
         m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc, FAST)
-        v = tl.load(V + _slot_offset(slot, stride_vs, WIDE)[:, None] + kvh * stride_vh + dv[None, :])
+        v = _load_values(V, slot, pos, kvh, dv, stride_vs, stride_vh, WIDE, ZERO_V)
         acc = _dot(p.to(q1.dtype), v, acc, DOT_FP32)
     seen = l_i > 0.0
     out = PartialOut + b * stride_pb + head[:, None] * stride_ph + split * stride_ps + dv[None, :]
@@ -336,7 +347,7 @@ def _mepic_extend_kernel(
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, ROT: tl.constexpr,
     NEOX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TABLE: tl.constexpr,
     DOT_FP32: tl.constexpr, FAST: tl.constexpr, SCALED: tl.constexpr, WIDE: tl.constexpr, SPLITS: tl.constexpr,
-    HAS_KV_END: tl.constexpr,
+    HAS_KV_END: tl.constexpr, ZERO_V: tl.constexpr = False,
 ):
     # Query tile: BLOCK_M rows = BLOCK_M // GROUP_P new tokens x GROUP_P heads of kv head `kvh`.
     TOKENS: tl.constexpr = BLOCK_M // GROUP_P
@@ -384,7 +395,7 @@ def _mepic_extend_kernel(
                     SCALED, WIDE) * (sm_scale * LOG2E)
         s = tl.where((pos[None, :] >= 0) & (pos[None, :] <= q_pos[:, None]), s, -float("inf"))
         m_i, l_i, acc, p = _online_softmax(s, m_i, l_i, acc, FAST)
-        v = tl.load(V + _slot_offset(slot, stride_vs, WIDE)[:, None] + kvh * stride_vh + dv[None, :])
+        v = _load_values(V, slot, pos, kvh, dv, stride_vs, stride_vh, WIDE, ZERO_V)
         acc = _dot(p.to(q1.dtype), v, acc, DOT_FP32)
     seen = l_i > 0.0
     if SPLITS == 1:
@@ -429,6 +440,10 @@ def _wide_slots(k_pool, v_pool) -> bool:
     """Slot offsets by `mul.wide.s32` with a 16-element alignment hint (`_slot_offset`): on the GPU, for pools
     whose slot strides are int32 multiples of 16 (every contiguous pool of a head dim the kernels take)."""
     return not _interpreting() and all(p.stride(0) % 16 == 0 and p.stride(0) < 2 ** 31 for p in (k_pool, v_pool))
+
+
+def _fp8(pool: torch.Tensor) -> bool:
+    return pool.element_size() == 1 and pool.dtype.is_floating_point
 
 
 def _dot_fp32(dtype: torch.dtype, dot_fp32: bool | None) -> bool:
@@ -655,7 +670,7 @@ def _decode_launch(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_len
             req_to_token.stride(0), req_to_pos.stride(0), table.stride(0))
     kwargs = dict(GROUP=group, HEAD_TILES=head_tiles, BLOCK_H=block_h, D=d, DV=dv, ROT=rotary_dim, NEOX=neox,
                   BLOCK_N=block_n or cfg["block_n"], TABLE=is_table, DOT_FP32=_dot_fp32(q.dtype, dot_fp32),
-                  FAST=not _interpreting(), SCALED=scaled, WIDE=_wide_slots(k_pool, v_pool),
+                  FAST=not _interpreting(), SCALED=scaled, WIDE=_wide_slots(k_pool, v_pool), ZERO_V=_fp8(v_pool),
                   num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"])
     return (batch, hkv * head_tiles, workspace.max_splits), args, kwargs
 
@@ -742,7 +757,8 @@ def extend(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_sta
         lse.stride(0), lse.stride(1), req_to_token.stride(0), req_to_pos.stride(0), table.stride(0),
         GROUP=group, GROUP_P=group_p, D=d, DV=dv, ROT=rotary_dim, NEOX=neox, BLOCK_M=per_program * group_p,
         BLOCK_N=block_n, TABLE=is_table, DOT_FP32=_dot_fp32(q.dtype, dot_fp32), FAST=not _interpreting(),
-        SCALED=scaled, WIDE=_wide_slots(k_pool, v_pool), SPLITS=splits, HAS_KV_END=True, num_warps=num_warps,
+        SCALED=scaled, WIDE=_wide_slots(k_pool, v_pool), SPLITS=splits, HAS_KV_END=True, ZERO_V=_fp8(v_pool),
+        num_warps=num_warps,
         num_stages=num_stages)
     if splits > 1:
         _merge_kernel[(tokens, hq)](

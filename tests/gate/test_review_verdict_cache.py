@@ -91,3 +91,23 @@ def test_stored_chunk_keys_follow_the_weights_not_only_the_path(tmp_path, monkey
     before = cache_backend.model_fingerprint(model_config)
     (model / "model.safetensors").write_bytes(b"\1" + b"\0" * 999)
     assert cache_backend.model_fingerprint(model_config) != before
+
+
+def test_stored_chunk_keys_follow_the_kv_scales_file(tmp_path, monkeypatch):
+    """Issue 73: an fp8 cache is stored divided by the layers' scales; SGLang's --quantization-param-path file
+    gives them. Two servers of one model with other scales files must not read each other's entries."""
+    from types import SimpleNamespace
+
+    from sglang_mepic import config
+    from sglang_mepic.cache import cache_backend
+
+    (tmp_path / "model").mkdir()
+    model_config = SimpleNamespace(model_path=str(tmp_path / "model"), revision=None, dtype="bfloat16", hf_config=None)
+    monkeypatch.setenv(config.STORAGE_BACKEND_ENV, "mooncake")
+    scales = tmp_path / "kv_scales.json"
+    scales.write_text('{"kv_cache": {"scaling_factor": {"0": {"0": 0.5}}}}')
+    first = cache_backend.model_fingerprint(model_config, str(scales))
+    scales.write_text('{"kv_cache": {"scaling_factor": {"0": {"0": 0.25}}}}')
+    assert cache_backend.model_fingerprint(model_config, str(scales)) != first
+    assert cache_backend.model_fingerprint(model_config) not in (first, cache_backend.model_fingerprint(
+        model_config, str(scales)))
