@@ -163,6 +163,11 @@ class MepicAttnBackend(AttentionBackend):
 
     def _use_kernels(self, kernels) -> None:
         kernels.check_shapes(self.rope.head_size, self.rope.rotary_dim, 1, 1)
+        arch = kernels.device_arch(self.device)
+        if self.fp8_kv and arch < kernels.FP8_MIN_ARCH:
+            raise ValueError(f"--kv-cache-dtype fp8: the mepic kernels read an fp8 cache on sm_{kernels.FP8_MIN_ARCH} "
+                             f"and later GPUs (Ada, Hopper, Blackwell); this one is sm_{arch}: use --kv-cache-dtype "
+                             "auto or bf16")
         self.use_triton = True
         self.kernels = kernels
         self.cos_sin = self.rope.cos_sin_cache.float().contiguous()

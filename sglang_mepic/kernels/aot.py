@@ -210,7 +210,7 @@ MODELS = (
 # model's shapes, each format, on-chip cos/sin (the key loads are the same for the table).
 FP8_MODELS = (("Llama-3-8B, KV fp8_e4m3", "bf16", 128, 32, 8, 128, True, torch.float8_e4m3fn),
               ("Llama-3-8B, KV fp8_e5m2", "bf16", 128, 32, 8, 128, True, torch.float8_e5m2))
-FP8_MIN_ARCH = 89
+FP8_MIN_ARCH = k.FP8_MIN_ARCH
 
 
 def fake_inputs(dtype: torch.dtype, d: int, hq: int, hkv: int, rot: int, seq_lens, ext_lens=None,

@@ -563,6 +563,9 @@ DEFAULT_TABLE_ROPE = False
 MIN_EXTEND_SPLIT_TILES = 4  # key tiles per extend split at least
 
 
+FP8_MIN_ARCH = 89  # Triton's fp8 types (e4m3 as fp8e4nv) start at sm_89
+
+
 def device_arch(device) -> int:
     device = torch.device(device)
     return _cuda_arch(device.index) if device.type == "cuda" else 90

@@ -821,6 +821,20 @@ def test_what_another_request_left_in_a_slot_never_reaches_an_fp8_read(decode):
     torch.testing.assert_close(out.float(), expected, atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
 
 
+def test_an_fp8_cache_on_a_gpu_before_sm_89_is_refused_at_start_up(monkeypatch):
+    """Triton has no fp8 before sm_89: an A100 would fail in a kernel compile; the backend says so at start-up."""
+    from sglang_mepic.attention.backend import MepicAttnBackend
+
+    k_pool = torch.zeros(64, 2, 64).to(torch.float8_e4m3fn)
+    r2t = torch.zeros(2, 64, dtype=torch.int32)
+    backend = MepicAttnBackend.over_pools(r2t, k_pool, k_pool, Rope(cos_sin_cache(64, MAX_POS), 64, 64, True))
+    monkeypatch.setattr(kernels, "device_arch", lambda device: 80)
+    with pytest.raises(ValueError, match="sm_89 and later GPUs .* this one is sm_80"):
+        backend._use_kernels(kernels)
+    monkeypatch.setattr(kernels, "device_arch", lambda device: 90)
+    backend._use_kernels(kernels)
+
+
 def test_scales_are_read_as_sglang_keeps_them():
     """A checkpoint's scales: tensors, with host floats beside them; a --quantization-param-path file's: floats
     in k_scale itself (SGLang's load_kv_cache_scales), with no k_scale_float."""
