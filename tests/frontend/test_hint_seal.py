@@ -15,7 +15,7 @@ from sglang_mepic.frontend import intake, request_state
 from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
 from sglang_mepic.frontend.markup import CHUNK_END_ID as END
 from sglang_mepic.frontend.request_markup import with_hint
-from sglang_mepic.patches import request_logger_compute_metadata as log_patch
+from sglang_mepic.patches.tokenizer import request_logger_compute_metadata as log_patch
 from sglang_mepic.wire import hint
 from sglang_mepic.wire.hint import MARK_KEY
 from support.hint_seal import GREEDY
@@ -126,7 +126,7 @@ def test_no_log_level_writes_a_layout_or_a_mark(level, fmt):
 
 def test_the_request_log_does_not_decode_chunk_markers():
     """Level 2 and up decoded a request's ids for the log, and raised on the markers (a 500)."""
-    from sglang_mepic.patches import request_logger_log_received_request as decode_patch
+    from sglang_mepic.patches.tokenizer import request_logger_log_received_request as decode_patch
 
     class Tokenizer:
         def decode(self, ids, **kwargs):
