@@ -22,7 +22,7 @@ from sglang_mepic.frontend.intake import IntakeError
 from sglang_mepic.frontend.markup import (CHUNK_BEGIN_ID, CHUNK_CLOSE, CHUNK_END_ID, CHUNK_OPEN, MarkupError, has_text_markup,
                                  split_ids, split_text, tokenize_text)
 from sglang_mepic.frontend.request_markup import page_size
-from sglang_mepic.wire.segments import Kind
+from sglang_mepic.wire.layout import Kind
 
 
 def _marked(request) -> bool:

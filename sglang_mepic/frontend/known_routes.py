@@ -27,7 +27,7 @@ from sglang_mepic.frontend import auto_chunk, request_limits, request_markup
 from sglang_mepic.frontend.markup import has_text_markup
 from sglang_mepic.frontend.known_texts import (ANCHOR, IndexFull, KnownTextError, namespace_bytes, namespace_of,
                                                registry, text_bytes)
-from sglang_mepic.wire.segments import Kind
+from sglang_mepic.wire.layout import Kind
 
 ROUTE = "/mepic/chunks"
 MAX_TEXTS = 256

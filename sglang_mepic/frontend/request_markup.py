@@ -23,8 +23,8 @@ from sglang_mepic import config
 from sglang_mepic.frontend import auto_chunk, known_texts, request_limits, request_state
 from sglang_mepic.frontend.markup import Marked, MarkupError, has_id_markup, split_ids, tokenize_pieces
 from sglang_mepic.wire import hint
-from sglang_mepic.wire.request_layout import PAD_FILL_ID, start_slot
-from sglang_mepic.wire.segments import PAD_ID, Kind, Layout, Piece, layout
+from sglang_mepic.wire.slots import PAD_FILL_ID, start_slot
+from sglang_mepic.wire.layout import PAD_ID, Kind, Layout, Piece, layout
 
 
 def prepare(manager, obj) -> None:
