@@ -11,7 +11,7 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import decode_kv_hints_envelope
 from sglang.srt.utils.request_logger import RequestLogger
 
-from sglang_mepic.frontend import intake, request_state
+from sglang_mepic.frontend import intake, state
 from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
 from sglang_mepic.frontend.markup import CHUNK_END_ID as END
 from sglang_mepic.frontend.request_markup import with_hint
@@ -29,7 +29,7 @@ def made(ids=IDS, layout=LAYOUT) -> GenerateReqInput:
     """A request as the tokenizer side leaves it: final ids and the hint it sealed for them."""
     obj = GenerateReqInput(input_ids=list(ids), sampling_params=dict(GREEDY))
     obj.kv_hints = with_hint(None, "r", hint.encode(layout))
-    request_state.mark(obj, request_state.MarkedRequest.made(layout.chunks, len(ids) - sum(n for _, n in layout.pads),
+    state.mark(obj, state.MarkedRequest.made(layout.chunks, len(ids) - sum(n for _, n in layout.pads),
                                                       len(ids), obj.input_ids))
     intake.check(obj, obj.input_ids)  # validation seals it
     return obj
