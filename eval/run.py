@@ -594,7 +594,7 @@ def context_args(model: str, prompt_tokens: dict, page_size: int, new_tokens: in
     return ["--context-length", str(length)], {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
 
 
-def main(argv=None) -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help=f"{QUICK['requests']} requests at QPS {QUICK['qps']} "
                                                           f"and {QUICK['chunks']} chunks per request")
@@ -638,9 +638,23 @@ def main(argv=None) -> None:
                     help="write table.md and results.json from the runs kept in --out (as --resume) and run "
                          "nothing: a system may then have fewer runs than --repeats (the header and each row say "
                          "how many); for a long run stopped partway")
-    args = ap.parse_args(argv)
-    args.resume = args.resume or args.tables_only
+    return ap
 
+
+@dataclass
+class RunPlan:
+    """What a run is asked for, checked: its points, seeds, requests a point, systems, output folder, pool."""
+    kind: str  # paper, quick or full
+    points: list
+    seeds: list[int]
+    requests: int
+    systems: list[str]
+    out: Path
+    pool_pages: int | None
+
+
+def plan(args) -> RunPlan:
+    """The run's points, seeds and systems from its arguments; a bad argument exits with status 2's message."""
     if args.paper and (args.quick or args.qps or args.chunks or args.reuse is not None):
         sys.exit("bad arguments: --paper sets QPS, chunks and reuse itself (choose sweeps with --sweeps)")
     if args.pool_pages is not None and args.pool_pages < 64:
@@ -651,109 +665,111 @@ def main(argv=None) -> None:
         sys.exit(f"bad arguments: --sweeps {args.sweeps} (from {', '.join(SWEEPS)}, or base)")
     preset = PAPER if args.paper else QUICK if args.quick else FULL
     points = grid(args, preset)
-    seeds = list(range(args.seed, args.seed + args.repeats))
-    n = args.requests or preset["requests"]
     systems = args.systems.split(",")
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown or not all(2 <= c <= 16 for _, c, _ in points) or not all(q > 0 for q, _, _ in points):
         sys.exit(f"bad arguments: systems {unknown or 'ok'}, chunks {sorted({c for _, c, _ in points})} (2-16), "
                  f"qps {sorted({q for q, _, _ in points})} (> 0)")
     kind = "paper" if args.paper else "quick" if args.quick else "full"
-    out = args.out or Path("eval/results") / f"{args.dataset}-{kind}"
-    out.mkdir(parents=True, exist_ok=True)
-    pool_arg = args.pool_pages or (PAPER_POOL_PAGES if args.paper else None)
+    return RunPlan(kind, points, list(range(args.seed, args.seed + args.repeats)), args.requests or preset["requests"],
+                   systems, args.out or Path("eval/results") / f"{args.dataset}-{kind}",
+                   args.pool_pages or (PAPER_POOL_PAGES if args.paper else None))
 
+
+@dataclass
+class Workload:
+    """Each (chunks, reuse, seed) shape's requests, rendered prompts, their token counts and realised reuse."""
+    model: str
+    requests: dict
+    texts: dict
+    prompt_tokens: dict
+    ratios: dict
+    lengths: dict
+
+
+def workload_of(args, p: RunPlan) -> Workload:
+    """The requests of every point and seed, rendered with the model's tokenizer; the points the dataset cannot
+    supply (a --paper sweep's) are dropped from `p.points`."""
     from transformers import AutoTokenizer
 
     # Absolute: the server starts in a directory of its own.
     model = (str(Path(args.model).resolve()) if args.model
              else str(models.build(models.EVAL_MODEL if args.paper else models.DEFAULT_MODEL)))
     tokenizer = AutoTokenizer.from_pretrained(model)
-    workload = {}
-    for c, r in dict.fromkeys((c, r) for _, c, r in points):
-        for seed in seeds:
+    n, requests_of = p.requests, {}
+    for c, r in dict.fromkeys((c, r) for _, c, r in p.points):
+        for seed in p.seeds:
             try:
-                workload[(c, r, seed)] = (with_reuse(args.dataset, n, c, r, seed=seed) if r is not None
-                                          else DATASETS[args.dataset](n, c, seed=seed))
+                requests_of[(c, r, seed)] = (with_reuse(args.dataset, n, c, r, seed=seed) if r is not None
+                                             else DATASETS[args.dataset](n, c, seed=seed))
             except ValueError as e:
                 if not args.paper:
                     sys.exit(f"bad arguments: {e}")
                 print(f"[workload] skipped: {e}")  # a sweep point the dataset cannot supply
-    points = [p for p in points if all((p[1], p[2], seed) in workload for seed in seeds)]
-    shapes = list(workload)
-    texts = {shape: [render(tokenizer, r) for r in reqs] for shape, reqs in workload.items()}
+    p.points = [pt for pt in p.points if all((pt[1], pt[2], seed) in requests_of for seed in p.seeds)]
+    texts = {shape: [render(tokenizer, r) for r in reqs] for shape, reqs in requests_of.items()}
     prompt_tokens = {shape: [len(tokenizer.encode(t, add_special_tokens=False)) for t in ts]
                      for shape, ts in texts.items()}
     ratios_of, lengths = {}, {}
-    for (c, r, seed), reqs in workload.items():
+    for (c, r, seed), reqs in requests_of.items():
         ratios_of[(c, r, seed)] = reuse_ratio(reqs, lambda d: tokenizer.encode(d, add_special_tokens=False))
         lengths[(c, r, seed)] = statistics.fmean(prompt_tokens[(c, r, seed)])
         print(f"[workload] {args.dataset} seed {seed}: {n} requests x {c} chunks, reuse ratio "
               f"{ratios_of[(c, r, seed)]:.3f} (chunk tokens that repeat an earlier chunk), "
               f"mean prompt {lengths[(c, r, seed)]:.0f} tokens")
+    return Workload(model, requests_of, texts, prompt_tokens, ratios_of, lengths)
+
+
+def run_all(args, p: RunPlan, wl: Workload, checkpoint: Checkpoint, runs: list, done: dict) -> None:
+    """Every (system, point, seed) run not in `done`, one server a system; each point saved as it ends."""
     page_size = MEPIC_PAGE_SIZE
-    extra, env = context_args(model, {(c, r): v for (c, r, _), v in prompt_tokens.items()}, page_size,
+    extra, env = context_args(wl.model, {(c, r): v for (c, r, _), v in wl.prompt_tokens.items()}, page_size,
                               args.new_tokens)
-    if pool_arg:
-        extra += ["--max-total-tokens", str(pool_arg * page_size)]
-    page_bytes = kv_bytes_per_token(model) * page_size
-    settings = {"dataset": args.dataset, "requests": n, "new_tokens": args.new_tokens,
-                "model": Path(model).name, "pool_pages": pool_arg, "host_tier_gb": args.host_tier_gb}
-    try:
-        checkpoint = Checkpoint(out, settings, args.resume, read_only=args.tables_only)
-    except ValueError as e:
-        sys.exit(f"bad arguments: --resume: {e}")
-    if checkpoint.set_aside:
-        print(f"[checkpoint] an earlier run's points were moved to {checkpoint.set_aside} (--resume keeps them)")
-    runs = [(s, *p, seed) for s in systems for seed in seeds for p in points]
-    done = {run: Point.load(record) for run in runs if (record := checkpoint.get(*run))}
-    if done:
-        print(f"[resume] {len(done)} of {len(runs)} (system, point, seed) runs kept from {checkpoint.source}")
-    if args.tables_only:
-        runs = [run for run in runs if run in done]
-        if not runs:
-            sys.exit(f"bad arguments: --tables-only: {checkpoint.source} holds none of these runs")
-    print(f"[checkpoint] each finished point goes to {checkpoint.path}; if this run stops, "
-          "the same command with --resume goes on from there")
+    if p.pool_pages:
+        extra += ["--max-total-tokens", str(p.pool_pages * page_size)]
     last = time.perf_counter()
-    with tqdm(total=len(runs) * n, initial=len(done) * n, desc="requests", unit="req") as bar:
-        for system in systems:
+    with tqdm(total=len(runs) * p.requests, initial=len(done) * p.requests, desc="requests", unit="req") as bar:
+        for system in p.systems:
             todo = [run for run in runs if run[0] == system and run not in done]
             if not todo:
                 continue
             bar.set_postfix_str(f"{system}: starting server")
             flags, tier = tiered(system, SYSTEMS[system], args.host_tier_gb)
-            with serve(model, extra, flags, env, page_size, args.url) as (server, pool):
+            with serve(wl.model, extra, flags, env, page_size, args.url) as (server, pool):
                 for _, q, c, r, seed in todo:
                     bar.set_postfix_str(f"{system} qps={q:g} chunks={c}" + (f" reuse={r:g}" if r is not None else "")
                                         + f" seed={seed}")
-                    mark = len(server.log())
                     outputs, sampler, exact, seconds, counters = run_point(
-                        server, page_size, pool, texts[(c, r, seed)], q, args.new_tokens, seed, bar)
+                        server, page_size, pool, wl.texts[(c, r, seed)], q, args.new_tokens, seed, bar)
                     point = Point(system, q, c, r, outputs, sampler.pages, exact, seconds,
                                   [], pool, time.perf_counter() - last,
                                   seed, sampler.occupied, counters, tier, anatomy.summarise(sampler.anatomy))
                     last = time.perf_counter()
                     checkpoint.add(asdict(point))
                     done[(system, q, c, r, seed)] = point
+
+
+def report(args, argv, p: RunPlan, wl: Workload, checkpoint: Checkpoint, runs: list, done: dict) -> None:
+    """table.md, results.json, the plots and the packed checkpoint in the run's folder, from the finished runs."""
+    out, seeds, systems, n, points = p.out, p.seeds, p.systems, p.requests, p.points
     results = [done[run] for run in runs]
-    minutes = sum(p.wall for p in results) / 60
+    minutes = sum(pt.wall for pt in results) / 60
     invocations = "" if checkpoint.invocations == 1 else f" over {checkpoint.invocations} invocations (--resume)"
 
-    per_run = summarize(results, workload, args.new_tokens, page_bytes)
+    per_run = summarize(results, wl.requests, args.new_tokens, kv_bytes_per_token(wl.model) * MEPIC_PAGE_SIZE)
     for row in per_run:
         shape = (row["chunks"], row["reuse"], row["seed"])
-        row["reuse_ratio"] = round(ratios_of[shape], 4)
-        row["mean_prompt_tokens"] = round(lengths[shape], 1)
+        row["reuse_ratio"] = round(wl.ratios[shape], 4)
+        row["mean_prompt_tokens"] = round(wl.lengths[shape], 1)
     rows = aggregate(per_run)
     ratio_rows = ratios(per_run)
     md = table(rows)
-    pools = sorted({p.pool_pages for p in results})
+    pools = sorted({pt.pool_pages for pt in results})
     command = provenance.command("eval.run", argv if argv is not None else sys.argv[1:])
-    shape = ", ".join(f"{statistics.median(ratios_of[(c, r, s)] for s in seeds):.3f} reused over "
-                      f"{statistics.median(lengths[(c, r, s)] for s in seeds):.0f} prompt tokens at {c} chunks"
+    shape = ", ".join(f"{statistics.median(wl.ratios[(c, r, s)] for s in seeds):.3f} reused over "
+                      f"{statistics.median(wl.lengths[(c, r, s)] for s in seeds):.0f} prompt tokens at {c} chunks"
                       + (f" (reuse {r:g} asked)" if r is not None else "")
-                      for c, r in dict.fromkeys((c, r) for c, r, _ in shapes))
+                      for c, r in dict.fromkeys((c, r) for c, r, _ in wl.requests))
     repeats = f"{len(seeds)} runs per point (seeds {seeds[0]}-{seeds[-1]}; median and range)" if len(seeds) > 1 \
         else f"1 run per point (seed {seeds[0]})"
     kept = {s: sorted({run[-1] for run in runs if run[0] == s}) for s in systems}
@@ -763,7 +779,7 @@ def main(argv=None) -> None:
             + ", as kept when the run stopped")
     capped = sum(r["capped"] for r in per_run)
     header = (f"{args.dataset}, {n} requests per point, {repeats}, {args.new_tokens} new tokens, greedy, float32, "
-              f"model {Path(model).name}, a KV pool of {' / '.join(f'{size:,}' for size in pools)} pages, "
+              f"model {Path(wl.model).name}, a KV pool of {' / '.join(f'{size:,}' for size in pools)} pages, "
               f"a host tier of {args.host_tier_gb:g} GB for {', '.join(s for s in PIC if s in systems) or 'none'}; "
               f"fidelity against `{REFERENCE}`. Realised reuse ratio (chunk tokens "
               f"that repeat an earlier chunk, median over the runs): {shape}. "
@@ -774,7 +790,7 @@ def main(argv=None) -> None:
     ratio_md = ratio_table(ratio_rows)
     (out / "table.md").write_text(header + md + "\n\n## Ratios\n\n" + ratio_md + "\n")
     (out / "results.json").write_text(json.dumps({
-        "command": command, "model": Path(model).name, "dataset": args.dataset, "minutes": round(minutes, 1),
+        "command": command, "model": Path(wl.model).name, "dataset": args.dataset, "minutes": round(minutes, 1),
         "invocations": checkpoint.invocations, "seeds": seeds, "pool_pages": pools,
         "host_tier_gb": args.host_tier_gb, "rows": rows, "runs": per_run, "ratios": ratio_rows}, indent=2))
     if args.tables_only:  # read only: a run may still be appending to it
@@ -798,10 +814,38 @@ def main(argv=None) -> None:
             qs, cs = sorted({q for q, _, _ in points}), sorted({c for _, c, _ in points})
             charts = [("qps", {"chunks": cs[-1]}), ("chunks", {"qps": qs[0]})]
             metrics = ["peak_kv_pages", "ttft_p50"]
-        for p in plots(rows, out, charts, metrics):
-            print(f"[plot] {p}")
+        for path in plots(rows, out, charts, metrics):
+            print(f"[plot] {path}")
     print(f"[results] {out}/table.md, {out}/results.json")
 
+
+def main(argv=None) -> None:
+    """The steps of a run: its plan, its workload, the checkpoint it resumes, the runs, the report."""
+    args = parser().parse_args(argv)
+    args.resume = args.resume or args.tables_only
+    p = plan(args)
+    p.out.mkdir(parents=True, exist_ok=True)
+    wl = workload_of(args, p)
+    settings = {"dataset": args.dataset, "requests": p.requests, "new_tokens": args.new_tokens,
+                "model": Path(wl.model).name, "pool_pages": p.pool_pages, "host_tier_gb": args.host_tier_gb}
+    try:
+        checkpoint = Checkpoint(p.out, settings, args.resume, read_only=args.tables_only)
+    except ValueError as e:
+        sys.exit(f"bad arguments: --resume: {e}")
+    if checkpoint.set_aside:
+        print(f"[checkpoint] an earlier run's points were moved to {checkpoint.set_aside} (--resume keeps them)")
+    runs = [(s, *pt, seed) for s in p.systems for seed in p.seeds for pt in p.points]
+    done = {run: Point.load(record) for run in runs if (record := checkpoint.get(*run))}
+    if done:
+        print(f"[resume] {len(done)} of {len(runs)} (system, point, seed) runs kept from {checkpoint.source}")
+    if args.tables_only:
+        runs = [run for run in runs if run in done]
+        if not runs:
+            sys.exit(f"bad arguments: --tables-only: {checkpoint.source} holds none of these runs")
+    print(f"[checkpoint] each finished point goes to {checkpoint.path}; if this run stops, "
+          "the same command with --resume goes on from there")
+    run_all(args, p, wl, checkpoint, runs, done)
+    report(args, argv, p, wl, checkpoint, runs, done)
 
 if __name__ == "__main__":
     main()

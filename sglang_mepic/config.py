@@ -20,7 +20,7 @@ from sglang_mepic.modes import MODE_HELP, Mode, parse_mode
 
 
 class Placement(enum.Enum):
-    """Where a chunk's padding goes in its pages (segments.layout): the setting `--mepic-placement`."""
+    """Where a chunk's padding goes in its pages (layout.layout): the setting `--mepic-placement`."""
     LEADING = "leading"
     TRAILING = "trailing"
 

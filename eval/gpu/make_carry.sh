@@ -5,7 +5,7 @@
 # By default the project files are taken as committed at HEAD (`git show`), so what is measured is a commit;
 # --worktree takes the working tree's files instead, and COMMIT then says "+dirty" if they differ from HEAD.
 # .gpu_carry/proj: the project's kernels (as sglang_mepic.kernels) and the torch modules they are checked
-#                  against (sglang_mepic.{attention,rope,segments}: torch + triton only), COMMIT.
+#                  against (sglang_mepic.{attention,rope,layout}: torch + triton only), COMMIT.
 # .gpu_carry/sgl:  SGLang's own Triton attention kernels, copied unmodified from .venv, with stubs for the
 #                  sglang.srt helpers they import (SOURCE says from where).
 # .gpu_carry/*.py, run_all.sh: this folder's scripts. `.gpu_carry/` is git-ignored (.git/info/exclude).
@@ -16,7 +16,7 @@ sgl=$(ls -d "$root"/.venv/lib/python3*/site-packages/sglang | head -1)
 out=$root/.gpu_carry
 rm -rf "$out" && mkdir -p "$out/proj/sglang_mepic/kernels" "$out/sgl/sglang/kernels/ops/attention" "$out/sgl/sglang/srt"
 files="sglang_mepic/kernels/__init__.py sglang_mepic/kernels/attention.py sglang_mepic/kernels/aot.py sglang_mepic/kernels/occupancy.py sglang_mepic/__init__.py sglang_mepic/attention/reference.py
-       sglang_mepic/attention/rope.py sglang_mepic/wire/segments.py sglang_mepic/config.py sglang_mepic/modes.py"
+       sglang_mepic/attention/rope.py sglang_mepic/wire/layout.py sglang_mepic/config.py sglang_mepic/modes.py"
 commit=$(git -C "$root" rev-parse --short HEAD)
 for f in $files; do
   dest="$out/proj/sglang_mepic/${f#sglang_mepic/}"

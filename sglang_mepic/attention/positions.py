@@ -31,7 +31,7 @@ for the scheduler-side writer.
 
 import torch
 
-from sglang_mepic.wire.segments import NO_POSITION
+from sglang_mepic.wire.layout import NO_POSITION
 
 
 class PositionMap:

@@ -13,7 +13,7 @@ import torch
 from torch.nn.functional import scaled_dot_product_attention
 
 from sglang_mepic.attention.rope import Rope
-from sglang_mepic.wire.segments import NO_POSITION
+from sglang_mepic.wire.layout import NO_POSITION
 
 # attend_causal pads n queries over m keys to m when REDUNDANT_QUERIES * n >= m (see there).
 REDUNDANT_QUERIES = 3

@@ -47,7 +47,7 @@ from typing import Callable
 import torch
 
 from sglang_mepic.side_table import SideTable
-from sglang_mepic.wire.request_layout import PAD_FILL_ID
+from sglang_mepic.wire.slots import PAD_FILL_ID
 
 # The layout (a `CompileLayout`) of each compile row a scheduler made. Only this module adds to
 # it, for Req objects it makes: nothing a client sends can make a row a compile.

@@ -31,9 +31,9 @@ from sglang_mepic.cache.plan import ChunkSpan, Plan
 from sglang_mepic.cache.planner import Planned
 from sglang_mepic.wire.hint import decode_laid_out
 from sglang_mepic.wire.namespace import tenant_key
-from sglang_mepic.wire.request_layout import masked_key, pad_mask, slot_positions
+from sglang_mepic.wire.slots import masked_key, pad_mask, slot_positions
 from sglang_mepic.wire.report import Report
-from sglang_mepic.wire.segments import NO_POSITION, span_hash
+from sglang_mepic.wire.layout import NO_POSITION, span_hash
 
 
 ATTR = "mepic"  # the one attribute this package sets on SGLang's (scheduler-side) Req
@@ -67,7 +67,7 @@ class Shape:
     natural: array                      # prompt token ids in natural slot order
     pads: tuple[tuple[int, int], ...]   # (first slot, count) in natural order
     chunk_slots: tuple[tuple[int, int], ...]  # [start, end) of each chunk segment
-    keys: tuple[str, ...]               # chunk key of each chunk segment (segments.span_hash)
+    keys: tuple[str, ...]               # chunk key of each chunk segment (layout.span_hash)
     compile: bool                       # a compile row: one chunk computed standalone (compile_rows.py)
     owner: int = 0                      # unique per request: EPIC's and CacheBlend's private tree keys
 

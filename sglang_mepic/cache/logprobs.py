@@ -6,7 +6,7 @@ has pad slots, and in shared modes its pages are reordered. Three things keep
 the user's view exact:
 
 - The tokenizer side turns the user's `logprob_start_len` (a token index) into
-  the slot that token sits in (`request_layout.start_slot`).
+  the slot that token sits in (`slots.start_slot`).
 - The plan reuses only chunks that end before that slot (`make_plan`'s
   `reuse_before`): like SGLang, which limits the prefix match to
   `logprob_start_len`, every token from there on is computed. Pages before the

@@ -1,6 +1,6 @@
 """The placement plan of one laid-out request: which pages are reused, what is computed.
 
-    request slots (segments.py / request_layout.py) + chunk store  ->  Plan
+    request slots (layout.py / slots.py) + chunk store  ->  Plan
 
 SGLang computes a request as [prefix it already has][tokens to extend]. MEPIC
 needs to compute a request's prompt pages and each chunk's first block while
@@ -35,7 +35,7 @@ from typing import Sequence
 
 import torch
 
-from sglang_mepic.wire.segments import NO_POSITION
+from sglang_mepic.wire.layout import NO_POSITION
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import torch
 
 from sglang_mepic import modes
 from sglang_mepic.cache.plan import Plan, arrangement_tag, make_plan, page_tag, private, sources
-from sglang_mepic.wire.segments import NO_POSITION, PAD_ID
+from sglang_mepic.wire.layout import NO_POSITION, PAD_ID
 
 
 @dataclass(frozen=True)

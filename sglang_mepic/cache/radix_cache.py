@@ -57,7 +57,7 @@ from sglang_mepic.pages.pool_pages import PoolPages, check_allocator
 from sglang_mepic.pages.refs import PageRefs
 from sglang_mepic.tiers import storage
 from sglang_mepic.tiers.levels import Tiers
-from sglang_mepic.wire.request_layout import masked_key
+from sglang_mepic.wire.slots import masked_key
 
 
 class MepicRadixCache(RadixCache):

@@ -47,7 +47,7 @@ from typing import Callable
 from sglang_mepic import config
 from sglang_mepic.frontend import known_texts
 from sglang_mepic.frontend.markup import CHUNK_CLOSE, CHUNK_OPEN, MarkupError, has_text_markup, split_text
-from sglang_mepic.wire.segments import Kind
+from sglang_mepic.wire.layout import Kind
 
 MIN_PAGES = 2
 

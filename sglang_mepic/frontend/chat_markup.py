@@ -17,12 +17,12 @@ sent and the separator is refused (400).
 """
 
 from sglang_mepic import config
-from sglang_mepic.frontend import auto_chunk, known_texts, request_limits, request_markup
+from sglang_mepic.frontend import auto_chunk, known_texts, limits, request_markup
 from sglang_mepic.frontend.intake import IntakeError
 from sglang_mepic.frontend.markup import (CHUNK_BEGIN_ID, CHUNK_CLOSE, CHUNK_END_ID, CHUNK_OPEN, MarkupError, has_text_markup,
                                  split_ids, split_text, tokenize_text)
 from sglang_mepic.frontend.request_markup import page_size
-from sglang_mepic.wire.segments import Kind
+from sglang_mepic.wire.layout import Kind
 
 
 def _marked(request) -> bool:
@@ -73,7 +73,7 @@ def process(original, serving, request, *args, **kwargs):
                                       page_size(manager),
                                       known_texts.namespace_of(getattr(request, "extra_key", None),
                                                                getattr(request, "cache_salt", None)),
-                                      request_limits.max_prompt_chars(manager))
+                                      limits.max_prompt_chars(manager))
     if marked is None:
         return mark_rendered(original(serving, request, *args, **kwargs), request, tok)
     # SGLang's own changes to the request (template kwargs, skip_special_tokens) must stay on it,
@@ -104,14 +104,14 @@ def process(original, serving, request, *args, **kwargs):
 def _fits(manager, request, prompt_ids) -> bool:
     if not isinstance(prompt_ids, list):
         return True
-    new = request_limits.new_tokens(manager, {"max_new_tokens": getattr(request, "max_completion_tokens", None)
+    new = limits.new_tokens(manager, {"max_new_tokens": getattr(request, "max_completion_tokens", None)
                                               or getattr(request, "max_tokens", None)})
     # Each chunk and the prompt before it take less than a page of pads each: most prompts fit by far.
-    if request_limits.fits_laid_out(manager, len(prompt_ids) + 2 * prompt_ids.count(CHUNK_BEGIN_ID) * page_size(manager),
+    if limits.fits_laid_out(manager, len(prompt_ids) + 2 * prompt_ids.count(CHUNK_BEGIN_ID) * page_size(manager),
                                     new):
         return True
     slots = request_markup.slots_of(manager, split_ids(prompt_ids, manager.model_config.vocab_size))
-    return request_limits.fits_laid_out(manager, slots, new)
+    return limits.fits_laid_out(manager, slots, new)
 
 
 def _markers(text) -> int:

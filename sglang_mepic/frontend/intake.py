@@ -13,7 +13,7 @@ batch, n > 1 and OpenAI paths all go through):
   send one could have the scheduler key its own tokens as a chunk's. (No
   action makes the scheduler store KV: it stores what its own compile rows
   compute, compile_rows.py.) The tokenizer side seals every action it made
-  (request_markup.py; request_state.MarkedRequest says which) here, once the ids are
+  (request_markup.py; state.MarkedRequest says which) here, once the ids are
   final: its mark is an HMAC, under a key random to this process that never
   leaves it, of the action's payload and the request's final input ids. An action whose mark is
   not the seal of its own payload and ids is refused, whatever path the request
@@ -27,7 +27,7 @@ import json
 import secrets
 from array import array
 
-from sglang_mepic.frontend import request_state
+from sglang_mepic.frontend import state
 from sglang_mepic.wire.hint import HINT_TYPE, MARK_KEY
 
 # Random per tokenizer process; it never leaves the process (the scheduler ignores the mark).
@@ -78,12 +78,12 @@ def check_prompt(text, input_ids, session_params=None, multimodal: bool = False)
         raise IntakeError("the prompt is empty or only whitespace" if not text else
                           "the prompt is only whitespace")
     # On the tokens the scheduler will see, whatever media fields say: a processor that added no
-    # token left an empty extend all the same (media on a text-only model are refused before, request_limits.py).
+    # token left an empty extend all the same (media on a text-only model are refused before, limits.py).
     if input_ids is not None and len(input_ids) == 0:
         raise IntakeError("the prompt has no tokens (empty text, or chunk markers with nothing in them)")
 
 
-def seal_marked(obj, marked: request_state.MarkedRequest, input_ids) -> None:
+def seal_marked(obj, marked: state.MarkedRequest, input_ids) -> None:
     """Seal the hint the server made from this request's markup (request_markup.py), now that its ids
     are final; refuse the request if they are not the ids its layout was made for (a multimodal
     processor expanding media placeholders would put every span in the wrong place)."""
@@ -103,12 +103,12 @@ def check(obj, input_ids) -> None:
         # `text`, which must not decide what is refused.
         text = getattr(obj, "text", None) if getattr(obj, "input_ids", None) is None else None
         check_prompt(text, input_ids, getattr(obj, "session_params", None), multimodal=_multimodal(obj))
-        if (marked := request_state.marked(obj)) is not None:
+        if (marked := state.marked(obj)) is not None:
             seal_marked(obj, marked, input_ids)
         else:
             check_hints(getattr(obj, "kv_hints", None), input_ids)
     except IntakeError as e:
-        raise IntakeError(request_state.labelled(obj, str(e))) from None
+        raise IntakeError(state.labelled(obj, str(e))) from None
 
 
 def _multimodal(obj) -> bool:

@@ -23,11 +23,11 @@ texts registered but not warmed: their `"chunk"` is `"aborted"` and the answer a
 from starlette.requests import Request
 
 from sglang_mepic import config
-from sglang_mepic.frontend import auto_chunk, request_limits, request_markup
+from sglang_mepic.frontend import auto_chunk, limits, request_markup
 from sglang_mepic.frontend.markup import has_text_markup
 from sglang_mepic.frontend.known_texts import (ANCHOR, IndexFull, KnownTextError, namespace_bytes, namespace_of,
                                                registry, text_bytes)
-from sglang_mepic.wire.segments import Kind
+from sglang_mepic.wire.layout import Kind
 
 ROUTE = "/mepic/chunks"
 MAX_TEXTS = 256
@@ -84,15 +84,15 @@ def parse(body) -> tuple[list[str], tuple, bool]:
 def check_fits(manager, texts: list[str]) -> None:
     """Refuse, before anything is registered, a text whose warm request the server could not take: it
     could not be found in any prompt that fits the context either."""
-    limit = request_limits.max_prompt_chars(manager)
+    limit = limits.max_prompt_chars(manager)
     for i, text in enumerate(texts):
         if limit is not None and len(text) > limit:
             raise RouteError(f"texts[{i}] has {len(text)} characters, more than the {limit} that can fit the "
                              f"model's context length ({manager.context_len} tokens)", i)
         slots = request_markup.slots_needed(manager, [(Kind.PROMPT, LEAD), (Kind.CHUNK, text), (Kind.PROMPT, TRAIL)])
-        if not request_limits.fits_laid_out(manager, slots, None):
+        if not limits.fits_laid_out(manager, slots, None):
             raise RouteError(f"texts[{i}] needs {slots} KV slots as a chunk, more than the "
-                             f"{request_limits.max_input_slots(manager)} this server accepts in one request (the "
+                             f"{limits.max_input_slots(manager)} this server accepts in one request (the "
                              "smaller of the context length and the KV pool's input limit)", i)
 
 

@@ -52,7 +52,7 @@ from math import isqrt
 import numpy as np
 
 from sglang_mepic import config
-from sglang_mepic.wire.segments import Kind
+from sglang_mepic.wire.layout import Kind
 from sglang_mepic.wire.namespace import tenant_key
 
 ANCHOR = 64

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from sglang_mepic.wire import hint
 from sglang_mepic.wire.markers import CHUNK_BEGIN_ID, CHUNK_CLOSE, CHUNK_END_ID, CHUNK_OPEN  # noqa: F401 (markup's own names)
-from sglang_mepic.wire.segments import Kind, Piece
+from sglang_mepic.wire.layout import Kind, Piece
 
 
 class MarkupError(ValueError):

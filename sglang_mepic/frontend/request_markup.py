@@ -20,11 +20,11 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
 
 from sglang_mepic import config
-from sglang_mepic.frontend import auto_chunk, known_texts, request_limits, request_state
+from sglang_mepic.frontend import auto_chunk, known_texts, limits, state
 from sglang_mepic.frontend.markup import Marked, MarkupError, has_id_markup, split_ids, tokenize_pieces
 from sglang_mepic.wire import hint
-from sglang_mepic.wire.request_layout import PAD_FILL_ID, start_slot
-from sglang_mepic.wire.segments import PAD_ID, Kind, Layout, Piece, layout
+from sglang_mepic.wire.slots import PAD_FILL_ID, start_slot
+from sglang_mepic.wire.layout import PAD_ID, Kind, Layout, Piece, layout
 
 
 def prepare(manager, obj) -> None:
@@ -35,7 +35,7 @@ def prepare(manager, obj) -> None:
     try:
         strip_markup(manager, obj)
     except ValueError as e:  # malformed markup, too many chunks, markup in a session
-        raise request_state.relabel(obj, e) from None
+        raise state.relabel(obj, e) from None
 
 
 def page_size(manager) -> int:
@@ -108,9 +108,9 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
         action = marked.hint_action()
     obj.text = None
     obj.kv_hints = with_hint(obj.kv_hints, obj.rid, action)
-    # What validation checks (request_limits: the slots against the limits; intake: the ids are still
+    # What validation checks (limits: the slots against the limits; intake: the ids are still
     # these) and the responses report (the chunk spans).
-    request_state.mark(obj, request_state.MarkedRequest.made(marked.chunks, real_tokens=len(marked.input_ids),
+    state.mark(obj, state.MarkedRequest.made(marked.chunks, real_tokens=len(marked.input_ids),
                                                              slots=lay.size if laid_out else None,
                                                              input_ids=obj.input_ids))
     return lay if laid_out else None
@@ -128,7 +128,7 @@ def _text_parts(manager, obj) -> tuple[list | None, bool]:
     parts = auto_chunk.text_pieces(obj.text)
     if parts is not None or _in_session(obj) or not config.known_texts_on():
         return parts, False
-    if not request_limits.fits_by_characters(manager, obj.text):
+    if not limits.fits_by_characters(manager, obj.text):
         return None, False  # over the context, to be cut to it (--allow-auto-truncate): plain, as SGLang cuts it
     parts = known_texts.known_pieces(obj.text, known_texts.namespace_of(obj.extra_key, obj.cache_salt))
     return parts, parts is not None
@@ -140,8 +140,8 @@ def _tokenized(manager, parts) -> list[Piece]:
 
 
 def _fits(manager, obj, lay: Layout, lays_out: bool) -> bool:
-    return request_limits.fits_laid_out(manager, lay.size if lays_out else len(lay.real_tokens()),
-                                        request_limits.new_tokens(manager, obj.sampling_params))
+    return limits.fits_laid_out(manager, lay.size if lays_out else len(lay.real_tokens()),
+                                        limits.new_tokens(manager, obj.sampling_params))
 
 
 def _fitted(manager, obj, parts, pieces: list[Piece], lays_out: bool) -> tuple[list[Piece], Layout] | None:

@@ -20,7 +20,7 @@ so `/generate` and the OpenAI responses' `metadata.mepic` say the same.
 
 from sglang.srt.managers.io_struct import GenerateReqInput
 
-from sglang_mepic.frontend import openai_meta, request_state
+from sglang_mepic.frontend import openai_meta, state
 from sglang_mepic.wire import report
 
 
@@ -40,6 +40,6 @@ async def stream(original, manager, obj, *args, **kwargs):
             meta = out["meta_info"]
             unpack(meta)
             if client:
-                meta[report.CHUNKS] = request_state.chunk_spans(obj)
+                meta[report.CHUNKS] = state.chunk_spans(obj)
                 openai_meta.complete(meta)
         yield out

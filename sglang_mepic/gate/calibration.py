@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID, CHUNK_END_ID, tokenize_text
 from sglang_mepic.lang import chunk
-from sglang_mepic.wire.segments import Kind
+from sglang_mepic.wire.layout import Kind
 
 DATA = Path(__file__).with_name("data") / "calibration.json"
 

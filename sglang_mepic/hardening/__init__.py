@@ -1,6 +1,6 @@
 """Guards against SGLang's own mishandling of inputs: what SGLang should fix upstream, not MEPIC.
 
-Each module is one guard, installed by a hook in `sglang_mepic/patches/`, and imports nothing of this package: MEPIC's
+Each module is one guard, installed by a hook in `sglang_mepic/patches/hardening/`, and imports nothing of this package: MEPIC's
 parts (frontend, cache, attention) never depend on it, and a newcomer learning how a chunk is laid out
 need not read it. Checked against SGLang 0.5.23 (each hook's WRITTEN_FOR); when an SGLang release fixes
 the behaviour, the guard and its hook go.

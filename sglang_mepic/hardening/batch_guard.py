@@ -3,7 +3,7 @@
 SGLang's scheduler loop has no per-request error handling: an exception in
 `run_batch` (the forward, the sampler, the logprob gathering) leaves the
 scheduler process, and the whole server exits. Intake (intake.py,
-request_limits.py) refuses every request known to do that; this is the last
+limits.py) refuses every request known to do that; this is the last
 line of defence for the ones nobody has found yet.
 
 When `run_batch` raises, every request of the batch is finished with a 500 that

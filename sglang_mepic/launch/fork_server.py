@@ -8,7 +8,7 @@ before its first log line, and the test suite starts about 70 servers. Forked fr
 paid the imports once (and applied SGLang's plugin hooks), a tiny-model server answers in about 5-6 s.
 The child runs the launcher's own `main` with the server's argv and environment, so what it serves is
 what `python -m sglang_mepic.launch_server` serves; SGLang's scheduler and detokenizer are then forked
-from it as usual on CPU (sglang_mepic/patches/engine_set_envs_and_config.py).
+from it as usual on CPU (sglang_mepic/patches/launcher/engine_set_envs_and_config.py).
 
 What keeps a fork honest:
 - This process runs no Python thread but its main one and never computes (no OpenMP pool to inherit): it

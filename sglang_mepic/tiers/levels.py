@@ -9,7 +9,7 @@ storage (`--mepic-storage-backend`, storage.py: a directory or Mooncake Store)
 keeps every compiled chunk by hash, so other server instances, or this one
 after a restart, reuse chunks they never computed.
 
-Chunk keys hash the chunk's tokens with the model fingerprint (segments.span_hash),
+Chunk keys hash the chunk's tokens with the model fingerprint (layout.span_hash),
 never its position, so an entry is valid wherever the chunk appears. Shared storage
 keys entries by the chunk key and every setting that shapes the KV bytes (storage.py).
 

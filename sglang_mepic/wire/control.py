@@ -6,7 +6,7 @@ types say a request failed (`success`, `updated`) and why (`message`, `error_mes
 and their routes answer a 400 with it. Some cannot say both (`ResumeMemoryOccupationReqOutput`,
 `SlowDownReqOutput`, `GetInternalStateReqOutput` have neither field, `SetInternalStateReqOutput` no
 reason): for those the reason rides in the reply's `rid`, which nothing reads on a control reply,
-behind `FAILED`, and the tokenizer side raises it as a ValueError (sglang_mepic/patches/fan_out_communicator_call.py),
+behind `FAILED`, and the tokenizer side raises it as a ValueError (sglang_mepic/patches/hardening/fan_out_communicator_call.py),
 which the route answers with a 400.
 """
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from sglang_mepic.cache.logprobs import next_real_ids, per_token
-from sglang_mepic.wire.request_layout import start_slot
-from sglang_mepic.wire.segments import PAD_ID, Kind, Piece, layout
+from sglang_mepic.wire.slots import start_slot
+from sglang_mepic.wire.layout import PAD_ID, Kind, Piece, layout
 
 
 def score(slot, target):

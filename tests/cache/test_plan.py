@@ -1,7 +1,7 @@
 import pytest
 
 from sglang_mepic.cache.plan import ChunkSpan, make_plan, sources
-from sglang_mepic.wire.segments import NO_POSITION, Kind, Piece, layout
+from sglang_mepic.wire.layout import NO_POSITION, Kind, Piece, layout
 
 B = 4
 

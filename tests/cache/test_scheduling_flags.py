@@ -63,7 +63,7 @@ def test_beam_search_is_refused_under_mepic_attention():
     plan of the request that used it before, masking the new prompt's first tokens)."""
     from types import SimpleNamespace
 
-    from sglang_mepic.frontend.request_limits import LimitError, check
+    from sglang_mepic.frontend.limits import LimitError, check
 
     def manager(backend):
         return SimpleNamespace(server_args=SimpleNamespace(attention_backend=backend, allow_auto_truncate=True),

@@ -10,7 +10,7 @@ from sglang_mepic.frontend.auto_chunk import (MIN_PAGES, any_may_split, as_marku
                                      text_pieces)
 from sglang_mepic.frontend.markup import Marked, MarkupError, split_text, tokenize_pieces, tokenize_text
 from sglang_mepic.lang import chunk
-from sglang_mepic.wire.segments import Kind
+from sglang_mepic.wire.layout import Kind
 from support.auto_chunk import SEP
 
 P, C = Kind.PROMPT, Kind.CHUNK

@@ -11,11 +11,11 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import decode_kv_hints_envelope
 from sglang.srt.utils.request_logger import RequestLogger
 
-from sglang_mepic.frontend import intake, request_state
+from sglang_mepic.frontend import intake, state
 from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
 from sglang_mepic.frontend.markup import CHUNK_END_ID as END
 from sglang_mepic.frontend.request_markup import with_hint
-from sglang_mepic.patches import request_logger_compute_metadata as log_patch
+from sglang_mepic.patches.tokenizer import request_logger_compute_metadata as log_patch
 from sglang_mepic.wire import hint
 from sglang_mepic.wire.hint import MARK_KEY
 from support.hint_seal import GREEDY
@@ -29,7 +29,7 @@ def made(ids=IDS, layout=LAYOUT) -> GenerateReqInput:
     """A request as the tokenizer side leaves it: final ids and the hint it sealed for them."""
     obj = GenerateReqInput(input_ids=list(ids), sampling_params=dict(GREEDY))
     obj.kv_hints = with_hint(None, "r", hint.encode(layout))
-    request_state.mark(obj, request_state.MarkedRequest.made(layout.chunks, len(ids) - sum(n for _, n in layout.pads),
+    state.mark(obj, state.MarkedRequest.made(layout.chunks, len(ids) - sum(n for _, n in layout.pads),
                                                       len(ids), obj.input_ids))
     intake.check(obj, obj.input_ids)  # validation seals it
     return obj
@@ -126,7 +126,7 @@ def test_no_log_level_writes_a_layout_or_a_mark(level, fmt):
 
 def test_the_request_log_does_not_decode_chunk_markers():
     """Level 2 and up decoded a request's ids for the log, and raised on the markers (a 500)."""
-    from sglang_mepic.patches import request_logger_log_received_request as decode_patch
+    from sglang_mepic.patches.tokenizer import request_logger_log_received_request as decode_patch
 
     class Tokenizer:
         def decode(self, ids, **kwargs):

@@ -277,7 +277,7 @@ def _request(text, **fields):
 def test_a_prompt_too_long_for_the_context_is_refused_before_any_lookup(tok, registered, monkeypatch):
     """A 2 M-character prompt was searched (7.2 s) and only then refused by its tokens. A token of the tiny
     model stands for at most 64 characters, so a prompt of more than 64 x context_len cannot fit."""
-    from sglang_mepic.frontend.request_limits import LimitError, chars_per_token
+    from sglang_mepic.frontend.limits import LimitError, chars_per_token
     from sglang_mepic.frontend.request_markup import strip_markup
 
     assert chars_per_token(tok) == 64
@@ -308,7 +308,7 @@ def test_found_texts_that_do_not_fit_are_dropped_from_the_end(tok, registered):
     """An unmarked prompt holding 8 registered texts fit the context as plain text but not once each text was
     padded to whole pages: a registration turned a served request into a 400. Now the last found texts stay
     prompt text until the layout fits, or the prompt is served plain."""
-    from sglang_mepic.frontend import request_limits, request_state
+    from sglang_mepic.frontend import limits, state
     from sglang_mepic.frontend.request_markup import strip_markup
 
     docs = [doc(40 + i, 25) for i in range(8)]
@@ -318,17 +318,17 @@ def test_found_texts_that_do_not_fit_are_dropped_from_the_end(tok, registered):
     params = {"max_new_tokens": 1}
     whole = _request(prompt, sampling_params=params)
     strip_markup(_manager(tok, 4096), whole)
-    slots = request_state.marked(whole).slots
-    assert len(request_state.marked(whole).chunks) == 8 and slots > tokens + 40
+    slots = state.marked(whole).slots
+    assert len(state.marked(whole).chunks) == 8 and slots > tokens + 40
     for context_len, chunks in ((tokens + 40, range(1, 8)), (tokens + 2, range(0, 8))):
         manager, obj = _manager(tok, context_len), _request(prompt, sampling_params=params)
         strip_markup(manager, obj)
         ids = obj.input_ids if obj.input_ids is not None else tok.encode(obj.text)
-        request_limits.check(manager, obj, ids)  # served, as the plain prompt is
-        marked = request_state.marked(obj)
+        limits.check(manager, obj, ids)  # served, as the plain prompt is
+        marked = state.marked(obj)
         found = marked.chunks if marked is not None else ()
         assert len(found) in chunks
-        assert list(found) == list(request_state.marked(whole).chunks[:len(found)])  # the first ones kept
+        assert list(found) == list(state.marked(whole).chunks[:len(found)])  # the first ones kept
 
 
 def test_a_text_too_long_for_the_context_is_refused_before_it_is_registered(tok):

@@ -5,7 +5,7 @@ from sglang_mepic.lang import chunk
 from sglang_mepic.wire.hint import HintError
 from sglang_mepic.frontend.markup import (CHUNK_BEGIN_ID as BEG, CHUNK_END_ID as END, Marked, MarkupError, split_ids,
                                  split_text, tokenize_text)
-from sglang_mepic.wire.segments import Kind, Piece
+from sglang_mepic.wire.layout import Kind, Piece
 
 P, C = Kind.PROMPT, Kind.CHUNK
 
@@ -96,7 +96,7 @@ def test_tokenize_hook_lays_out_slots_only_with_the_mepic_cache(radix, laid_out)
 
     from support.replay import pad_runs
     from sglang_mepic.frontend.request_markup import strip_markup
-    from sglang_mepic.wire.request_layout import PAD_FILL_ID
+    from sglang_mepic.wire.slots import PAD_FILL_ID
 
     encode = {"intro ": [5, 6], "doc " * 10: list(range(10, 30)), " q?": [7]}
     tokenizer = SimpleNamespace(encode=lambda s, add_special_tokens: ([1] if add_special_tokens else []) + encode[s])
@@ -144,7 +144,7 @@ def test_markup_in_a_session_is_refused_where_it_would_be_laid_out():
 
 
 def test_slot_positions_and_keys_of_a_laid_out_request():
-    from sglang_mepic.wire.request_layout import masked_key, slot_positions
+    from sglang_mepic.wire.slots import masked_key, slot_positions
 
     runs = [(3, 2), (8, 1)]
     # 10 prompt slots then 2 generated tokens: positions continue after the prompt.

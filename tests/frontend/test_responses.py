@@ -35,7 +35,7 @@ def test_streamed_echo_hook_hands_sglang_the_unmarked_prompt():
     from sglang.srt.entrypoints.openai.protocol import CompletionRequest
     from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 
-    from sglang_mepic.patches import serving_completions_get_echo_text as patch
+    from sglang_mepic.patches.tokenizer import serving_completions_get_echo_text as patch
 
     request = CompletionRequest(model="m", prompt=["Docs: " + chunk("doc") + " Q:", "plain"], echo=True)
     assert patch.hook(OpenAIServingCompletion._get_echo_text, None, request, 0) == "Docs: doc Q:"

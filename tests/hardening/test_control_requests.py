@@ -9,7 +9,7 @@ import pytest
 from sglang.srt.managers import io_struct
 from sglang.utils import TypeBasedDispatcher
 
-from sglang_mepic.patches import dual_gemm_select_mode, type_based_dispatcher_call as guard
+from sglang_mepic.patches.hardening import dual_gemm_select_mode, type_based_dispatcher_call as guard
 from sglang_mepic.wire import control
 
 
@@ -133,7 +133,7 @@ def test_the_tokenizer_side_raises_a_failure_only_rid_carries():
     """The route awaits its replies through a FanOutCommunicator: a failure there is the route's 400."""
     import asyncio
 
-    from sglang_mepic.patches import fan_out_communicator_call as side
+    from sglang_mepic.patches.hardening import fan_out_communicator_call as side
 
     failed = control.failed_reply(io_struct.ResumeMemoryOccupationReqOutput, None, "KeyError: 'tag'")
     ok = io_struct.ResumeMemoryOccupationReqOutput()

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_mepic.frontend import intake, request_state
+from sglang_mepic.frontend import intake, state
 
 
 def action(payload):
@@ -74,6 +74,6 @@ class Item(SimpleNamespace):
 
 def test_errors_name_the_batch_item():
     item = Item(text="", input_ids=[], kv_hints=None)
-    request_state.ITEMS.set(item, 2)
+    state.ITEMS.set(item, 2)
     with pytest.raises(intake.IntakeError, match="^batch item 2: "):
         intake.check(item, [])

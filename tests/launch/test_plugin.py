@@ -34,7 +34,7 @@ def test_a_cpu_server_starts_its_children_by_fork_and_a_gpu_server_by_spawn():
     import multiprocessing as mp
     from types import SimpleNamespace
 
-    from sglang_mepic.patches import engine_set_envs_and_config as patch
+    from sglang_mepic.patches.launcher import engine_set_envs_and_config as patch
 
     def sglang_sets_spawn(server_args):
         mp.set_start_method("spawn", force=True)

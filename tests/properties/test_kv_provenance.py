@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from support.replay import (B, allocate, apply_hooks, compiled, laid_out, make_tree, new_request, planned, prepare_batch,
                             release, replanned)
-from sglang_mepic.wire.segments import NO_POSITION, Kind, Piece, Placement, layout
+from sglang_mepic.wire.layout import NO_POSITION, Kind, Piece, Placement, layout
 
 EXAMPLES = int(os.environ.get("PROVENANCE_EXAMPLES", 150))
 NUM_PAGES = 64
@@ -75,7 +75,7 @@ def standalone(seg) -> list[int]:
 
 
 def _positions(size, pads):
-    from sglang_mepic.wire.request_layout import slot_positions
+    from sglang_mepic.wire.slots import slot_positions
 
     return slot_positions(size, [tuple(p) for p in pads]).tolist()
 

@@ -9,8 +9,8 @@ import torch
 
 from sglang_mepic import modes
 from sglang_mepic.wire import hint
-from sglang_mepic.wire.request_layout import PAD_FILL_ID
-from sglang_mepic.wire.segments import PAD_ID, Kind, Piece, Placement, Segment, layout, span_hash
+from sglang_mepic.wire.slots import PAD_FILL_ID
+from sglang_mepic.wire.layout import PAD_ID, Kind, Piece, Placement, Segment, layout, span_hash
 
 
 def apply_hooks():

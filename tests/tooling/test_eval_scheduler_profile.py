@@ -14,7 +14,7 @@ FORWARD = (f"Scheduler.run_batch ({SITE}/managers/scheduler.py:4704);"
 EXTEND = f"EagerRunner._execute_extend ({SITE}/model_executor/runner/eager_runner.py:250)"
 DECODE = f"EagerRunner._execute_decode ({SITE}/model_executor/runner/eager_runner.py:268)"
 NEXT = f"Scheduler.get_next_batch_to_run ({SITE}/managers/scheduler.py:3000)"
-HOOK = "hook (/repo/sglang_mepic/patches/scheduler_get_new_batch_prefill.py:40)"
+HOOK = "hook (/repo/sglang_mepic/patches/scheduler/scheduler_get_new_batch_prefill.py:40)"
 MATCH = "MepicRadixCache.match_prefix (/repo/sglang_mepic/cache/radix_cache.py:120)"
 
 RAW = "\n".join([

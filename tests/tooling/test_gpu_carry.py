@@ -372,7 +372,7 @@ def test_the_kernel_harness_carry_imports_on_its_own():
             "sys.path[:0] = ['proj', 'sgl']\n"
             "from sglang_mepic.attention.reference import attend\n"
             "from sglang_mepic.kernels import attention, aot, occupancy\n"
-            "import sglang_mepic.wire.segments as s\n"
+            "import sglang_mepic.wire.layout as s\n"
             "print(s.__file__, attention.__file__)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / ".gpu_carry", capture_output=True, text=True,
                          timeout=120)

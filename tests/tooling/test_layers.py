@@ -65,13 +65,52 @@ def test_the_package_keeps_its_import_rule():
     assert violations(ROOT / "sglang_mepic") == []
 
 
-def test_a_hook_imports_from_one_side_only():
-    mixed = []
-    for path in sorted((ROOT / "sglang_mepic" / "patches").glob("*.py")):
+# What a hook may import, by the folder of the process it runs in (sglang_mepic/patches/__init__.py): a tokenizer
+# hook nothing of the scheduler side, a scheduler hook nothing of the frontend, a launcher hook neither.
+HOOK_GROUPS = {"tokenizer": SCHEDULER_SIDE, "scheduler": {"frontend", "lang"},
+               "launcher": SCHEDULER_SIDE | {"frontend", "lang"}, "hardening": set()}
+
+
+def hooks_out_of_place(patches: Path) -> list[str]:
+    found = []
+    for path in sorted(patches.rglob("*.py")):
+        if path.name == "__init__.py" and path.parent != patches:
+            continue
+        rel = path.relative_to(patches)
         parts = imported_parts(path)
+        if len(rel.parts) != 2 or rel.parts[0] not in HOOK_GROUPS:
+            if path.parent != patches or path.name != "__init__.py":
+                found.append(f"{rel}: not in a process's folder ({', '.join(HOOK_GROUPS)})")
+            continue
         if "frontend" in parts and parts & SCHEDULER_SIDE:
-            mixed.append(f"{path.name}: {sorted(parts)}")
-    assert mixed == []
+            found.append(f"{rel}: imports both sides {sorted(parts)}")
+        elif parts & HOOK_GROUPS[rel.parts[0]]:
+            found.append(f"{rel}: a {rel.parts[0]} hook imports {sorted(parts & HOOK_GROUPS[rel.parts[0]])}")
+    return found
+
+
+def test_a_hook_imports_from_one_side_only_and_sits_in_its_process_folder():
+    assert hooks_out_of_place(ROOT / "sglang_mepic" / "patches") == []
+
+
+@pytest.mark.parametrize("path, source, named", [
+    ("scheduler/x.py", "from sglang_mepic.frontend import markup\n", "scheduler/x.py: a scheduler hook imports"),
+    ("tokenizer/x.py", "from sglang_mepic.cache import extend\n", "tokenizer/x.py: a tokenizer hook imports"),
+    ("x.py", "", "x.py: not in a process's folder"),
+])
+def test_the_hook_rule_fails_on_a_planted_violation(tmp_path, path, source, named):
+    (tmp_path / Path(path).parent).mkdir(parents=True, exist_ok=True)
+    (tmp_path / path).write_text(source)
+    assert [f for f in hooks_out_of_place(tmp_path) if f.startswith(path)][0].startswith(named)
+
+
+def test_every_hook_module_is_registered():
+    """A hook file that no group's MODULES lists would never be registered."""
+    from sglang_mepic import patches
+
+    on_disk = {f"{p.parent.name}.{p.stem}" for p in (ROOT / "sglang_mepic" / "patches").glob("*/*.py")
+               if p.name != "__init__.py"}
+    assert sorted(patches.modules()) == sorted(on_disk)
 
 
 @pytest.mark.parametrize("importer, source, named", [

@@ -54,7 +54,7 @@ def test_anything_else_under_the_key_is_not_a_report():
 
 
 def test_the_streamer_hook_sends_the_report_once_per_request():
-    from sglang_mepic.patches import output_streamer_is_request_level_customized_info_key as hook
+    from sglang_mepic.patches.scheduler import output_streamer_is_request_level_customized_info_key as hook
 
     assert hook.hook(lambda streamer, key: False, None, report.KEY)
     assert not hook.hook(lambda streamer, key: False, None, "mepic_recomputed_tokens")

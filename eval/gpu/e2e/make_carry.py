@@ -449,7 +449,8 @@ def build_wheel(source: Path, dest: Path, scratch: Path, names=None) -> Path:
 
 # The package's parts (sglang_mepic/README.md): a wheel that lacks one fails at the first import.
 # Every part of the package as the tree has it: one left out of pyproject.toml's list fails the wheel's check.
-SUBPACKAGES = tuple(sorted(p.parent.name for p in (ROOT / "sglang_mepic").glob("*/__init__.py")))
+SUBPACKAGES = tuple(sorted(p.parent.relative_to(ROOT / "sglang_mepic").as_posix()
+                           for p in (ROOT / "sglang_mepic").glob("*/**/__init__.py")))
 
 
 def check_project_wheel(wheel: Path) -> None:

@@ -17,7 +17,7 @@ import requests
 
 from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID, CHUNK_END_ID
 from sglang_mepic.process.server_process import ServerProcess
-from sglang_mepic.wire.segments import Kind, Piece, layout
+from sglang_mepic.wire.layout import Kind, Piece, layout
 from support.server_log import prefill_logged
 
 

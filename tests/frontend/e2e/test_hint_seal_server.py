@@ -55,7 +55,7 @@ def test_the_request_log_holds_no_layout_and_no_mark(server):
         assert "mepic_chunks" in r.text, "the request was not chunked"
         assert hint.HINT_TYPE not in r.text and not MARK.search(r.text), "a response carries a hint or its mark"
     # Chat markup reaches the tokenizer as ids with chunk markers, which level 2 and up decoded for the
-    # log, and raised on (a 500; sglang_mepic/patches/request_logger_log_received_request.py).
+    # log, and raised on (a 500; sglang_mepic/patches/tokenizer/request_logger_log_received_request.py).
     for path, body in (("/v1/completions", {"prompt": "<|chunk|>" + DOC + "<|/chunk|> c?"}),
                        ("/v1/chat/completions",
                         {"messages": [{"role": "user", "content": "<|chunk|>" + DOC + "<|/chunk|> d?"}]})):

@@ -68,7 +68,7 @@ DOC = " ".join(f"fact{i} is {i * 7 % 13}." for i in range(12))  # about 3 pages
 
 # Routes not fuzzed, each with why: each changes the server by design in a way that breaks the run (or is no
 # HTTP route). Every other admin route is fuzzed (issue 68): a body its handler cannot take is a 4xx, and a
-# control request whose scheduler handler raises is answered as failed (sglang_mepic/patches/type_based_dispatcher_call.py)
+# control request whose scheduler handler raises is answered as failed (sglang_mepic/patches/hardening/type_based_dispatcher_call.py)
 # instead of ending the server.
 SKIP = {
     "/start_profile": "profiles every forward until stopped and writes traces (the run slows to a crawl)",

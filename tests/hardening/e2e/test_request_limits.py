@@ -1,5 +1,5 @@
 """Requests outside a bound the scheduler relies on are a 400, and the server keeps serving
-(sglang_mepic/frontend/request_limits.py).
+(sglang_mepic/frontend/limits.py).
 
 Each of these took a whole server down: a top-logprobs count above the vocabulary
 (the sampler's top-k raised in the scheduler), an empty prompt beside a media field
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from sglang_mepic.frontend import request_limits, request_state
+from sglang_mepic.frontend import limits, state
 from sglang_mepic.process.server_process import ServerProcess
 
 GREEDY = {"max_new_tokens": 2, "temperature": 0}
@@ -34,72 +34,72 @@ def request(**fields):
 
 
 def test_the_smaller_of_context_and_pool_limits_the_input():
-    assert request_limits.max_input_slots(manager(context=4096)) == 4095
-    assert request_limits.max_input_slots(manager(context=4096, pool=2042)) == 2041
-    assert request_limits.max_input_slots(manager(context=1000, pool=2042, reserved=10)) == 989
-    request_limits.check(manager(pool=2042), request(), [1] * 2041)
-    with pytest.raises(request_limits.LimitError, match="2042 tokens, more than the 2041"):
-        request_limits.check(manager(pool=2042), request(), [1] * 2042)
-    request_limits.check(manager(pool=2042, truncate=True), request(), [1] * 3000)  # SGLang truncates it
+    assert limits.max_input_slots(manager(context=4096)) == 4095
+    assert limits.max_input_slots(manager(context=4096, pool=2042)) == 2041
+    assert limits.max_input_slots(manager(context=1000, pool=2042, reserved=10)) == 989
+    limits.check(manager(pool=2042), request(), [1] * 2041)
+    with pytest.raises(limits.LimitError, match="2042 tokens, more than the 2041"):
+        limits.check(manager(pool=2042), request(), [1] * 2042)
+    limits.check(manager(pool=2042, truncate=True), request(), [1] * 3000)  # SGLang truncates it
 
 
 def test_a_laid_out_request_is_held_to_the_limit_by_its_slots_even_where_sglang_would_truncate():
     """Cutting a laid-out request would cut its layout: its padded slots must fit, whatever
     --allow-auto-truncate says, and the refusal counts the client's tokens apart from the slots."""
     slots = [1] * 67
-    laid_out = request(**{request_state.ATTR: request_state.MarkedRequest.made(((3, 43),), 46, 67, slots)})
+    laid_out = request(**{state.ATTR: state.MarkedRequest.made(((3, 43),), 46, 67, slots)})
     for truncate in (False, True):
-        with pytest.raises(request_limits.LimitError, match=r"67 KV slots after chunk padding \(46 real tokens\), "
+        with pytest.raises(limits.LimitError, match=r"67 KV slots after chunk padding \(46 real tokens\), "
                                                             "more than the 60"):
-            request_limits.check(manager(context=61, truncate=truncate), laid_out, slots)
-    request_limits.check(manager(context=68), laid_out, slots)
-    request_limits.check(manager(context=61, truncate=True), request(), slots)  # not laid out: SGLang truncates it
+            limits.check(manager(context=61, truncate=truncate), laid_out, slots)
+    limits.check(manager(context=68), laid_out, slots)
+    limits.check(manager(context=61, truncate=True), request(), slots)  # not laid out: SGLang truncates it
 
 
 def test_top_logprobs_are_bounded_by_the_vocabulary():
-    request_limits.check(manager(vocab=300), request(top_logprobs_num=300), [1])
+    limits.check(manager(vocab=300), request(top_logprobs_num=300), [1])
     for bad in (301, HUGE, -1, 1.5, "3", True):
-        with pytest.raises(request_limits.LimitError, match="top_logprobs_num"):
-            request_limits.check(manager(vocab=300), request(top_logprobs_num=bad), [1])
+        with pytest.raises(limits.LimitError, match="top_logprobs_num"):
+            limits.check(manager(vocab=300), request(top_logprobs_num=bad), [1])
 
 
 def test_counts_in_sampling_parameters_are_whole_numbers():
-    request_limits.check(manager(), request(sampling_params={"max_new_tokens": 3, "top_k": -1, "n": 1}), [1])
+    limits.check(manager(), request(sampling_params={"max_new_tokens": 3, "top_k": -1, "n": 1}), [1])
     for key, bad in (("max_new_tokens", 1.5), ("max_new_tokens", 2.0), ("max_new_tokens", "3"),
                      ("min_new_tokens", True), ("top_k", 0.5), ("sampling_seed", "7")):
-        with pytest.raises(request_limits.LimitError, match=f"{key}.*whole number"):
-            request_limits.check(manager(), request(sampling_params={key: bad}), [1])
-    request_limits.check(manager(), request(sampling_params={"top_k": 2**31 - 1}), [1])
-    request_limits.check(manager(), request(sampling_params={"stop_regex": ["a+", r"\d{3}"]}), [1])
-    request_limits.check(manager(vocab=300), request(sampling_params={"stop_token_ids": [0, 299]}), [1])
+        with pytest.raises(limits.LimitError, match=f"{key}.*whole number"):
+            limits.check(manager(), request(sampling_params={key: bad}), [1])
+    limits.check(manager(), request(sampling_params={"top_k": 2**31 - 1}), [1])
+    limits.check(manager(), request(sampling_params={"stop_regex": ["a+", r"\d{3}"]}), [1])
+    limits.check(manager(vocab=300), request(sampling_params={"stop_token_ids": [0, 299]}), [1])
     for bad in ([-1], [300], ["1"], 7, [True]):
-        with pytest.raises(request_limits.LimitError, match="stop_token_ids"):
-            request_limits.check(manager(vocab=300), request(sampling_params={"stop_token_ids": bad}), [1])
+        with pytest.raises(limits.LimitError, match="stop_token_ids"):
+            limits.check(manager(vocab=300), request(sampling_params={"stop_token_ids": bad}), [1])
     for bad in ("[", ["ok", "(x"], 5, [5]):
-        with pytest.raises(request_limits.LimitError, match="stop_regex"):
-            request_limits.check(manager(), request(sampling_params={"stop_regex": bad}), [1])
+        with pytest.raises(limits.LimitError, match="stop_regex"):
+            limits.check(manager(), request(sampling_params={"stop_regex": bad}), [1])
     for key in ("top_k", "min_new_tokens"):
-        with pytest.raises(request_limits.LimitError, match="32 bits"):
-            request_limits.check(manager(), request(sampling_params={key: 2**31}), [1])
+        with pytest.raises(limits.LimitError, match="32 bits"):
+            limits.check(manager(), request(sampling_params={key: 2**31}), [1])
 
 
 def test_media_only_where_the_model_has_a_processor():
     for field, value in (("image_data", "x"), ("audio_data", ["a"]), ("video_data", "v"), ("image_data", [[]])):
-        with pytest.raises(request_limits.LimitError, match=f"text only: {field}"):
-            request_limits.check(manager(), request(**{field: value}), [1])
-        request_limits.check(manager(mm=object()), request(**{field: value}), [1])
+        with pytest.raises(limits.LimitError, match=f"text only: {field}"):
+            limits.check(manager(), request(**{field: value}), [1])
+        limits.check(manager(mm=object()), request(**{field: value}), [1])
     for absent in (None, "", []):
-        request_limits.check(manager(), request(image_data=absent), [1])
+        limits.check(manager(), request(image_data=absent), [1])
 
 
 def test_cache_key_fields_are_strings_for_one_prompt():
     """`"lora_id": ["x"]` on one prompt took the server down (a TypeError in SGLang's Req; request fuzzer)."""
     for field in ("lora_id", "extra_key", "cache_salt"):
         for bad in (["x"], 3, {"a": 1}):
-            with pytest.raises(request_limits.LimitError, match=f"{field} must be a string"):
-                request_limits.check(manager(), request(**{field: bad}), [1])
-        request_limits.check(manager(), request(**{field: "x"}), [1])
-        request_limits.check(manager(), request(**{field: None}), [1])
+            with pytest.raises(limits.LimitError, match=f"{field} must be a string"):
+                limits.check(manager(), request(**{field: bad}), [1])
+        limits.check(manager(), request(**{field: "x"}), [1])
+        limits.check(manager(), request(**{field: None}), [1])
 
 
 def alive(server) -> None:

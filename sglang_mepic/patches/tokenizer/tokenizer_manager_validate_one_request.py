@@ -1,4 +1,4 @@
-"""Refuse a request outside the scheduler's bounds (request_limits.py), an empty prompt or a
+"""Refuse a request outside the scheduler's bounds (limits.py), an empty prompt or a
 client-made layout hint (intake.py), before SGLang's own checks.
 
 Every tokenization path (single, batch, n > 1, OpenAI) ends here with the
@@ -7,7 +7,7 @@ request's final input_ids, markup already removed.
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.frontend import intake, request_limits, request_state
+from sglang_mepic.frontend import intake, limits, state
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
@@ -16,7 +16,7 @@ HOOK_TYPE = HookType.BEFORE
 
 def hook(manager, obj, input_ids, *args, **kwargs):
     try:
-        request_limits.check(manager, obj, input_ids)
+        limits.check(manager, obj, input_ids)
     except ValueError as e:
-        raise request_state.relabel(obj, e) from None
+        raise state.relabel(obj, e) from None
     intake.check(obj, input_ids)

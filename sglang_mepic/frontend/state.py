@@ -2,7 +2,7 @@
 
 - `MarkedRequest`: the server turned the request's markup (or separator, or unmarked
   documents, auto_chunk.py) into its ids and `mepic.chunks` hint (request_markup.py).
-  Validation reads it (request_limits.py: a laid-out request's limits; intake.py: the hint
+  Validation reads it (limits.py: a laid-out request's limits; intake.py: the hint
   is the server's, sealed there once the ids are final), and so do the responses
   (response_meta.py: the chunk spans).
 - the index of a batch item SGLang split off, so that an error can name the item.

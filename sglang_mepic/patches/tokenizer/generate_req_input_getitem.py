@@ -1,9 +1,9 @@
 """Keep a batch item's index on the per-item request SGLang splits off, so that an
-error about it can say which item it is (request_state.labelled)."""
+error about it can say which item it is (state.labelled)."""
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.frontend.request_state import ITEMS
+from sglang_mepic.frontend.state import ITEMS
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.io_struct.GenerateReqInput.__getitem__"

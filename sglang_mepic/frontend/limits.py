@@ -24,7 +24,7 @@ import json
 import math
 import re
 
-from sglang_mepic.frontend import request_state
+from sglang_mepic.frontend import state
 from sglang_mepic.side_table import SideTable
 
 # Fields only a model with a multimodal processor reads (`positional_embed_overrides: [1]` on the tiny
@@ -207,7 +207,7 @@ def check(manager, obj, input_ids) -> None:
     _check_beam(manager, getattr(obj, "sampling_params", None))
     _check_stop_regex(getattr(obj, "sampling_params", None))
     _check_stop_token_ids(getattr(obj, "sampling_params", None), manager.model_config.vocab_size)
-    marked = request_state.marked(obj)
+    marked = state.marked(obj)
     if marked is not None and marked.slots is not None:
         _check_laid_out(manager, obj, marked.slots, marked.real_tokens)
     elif input_ids is not None and not allows_truncation(manager):

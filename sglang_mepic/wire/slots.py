@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from sglang_mepic.wire.segments import NO_POSITION, PAD_ID
+from sglang_mepic.wire.layout import NO_POSITION, PAD_ID
 
 PAD_FILL_ID = 0
 

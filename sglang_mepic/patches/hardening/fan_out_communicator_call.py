@@ -1,7 +1,7 @@
 """A control reply that says its request failed only in its `rid` (wire/control.py) is raised as a ValueError.
 
 The scheduler answers a failed control request with the reply its route waits for
-(patches/type_based_dispatcher_call.py). Some reply types have no field for a failure and its
+(patches/hardening/type_based_dispatcher_call.py). Some reply types have no field for a failure and its
 reason (`ResumeMemoryOccupationReqOutput`, `SlowDownReqOutput`, `GetInternalStateReqOutput`, ...),
 and their routes would answer 200; raised here, where the route awaits its replies, the failure is
 its 400: those routes catch the error and answer it, and a ValueError that escapes a route is a 400

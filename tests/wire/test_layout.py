@@ -1,7 +1,7 @@
 import pytest
 
 from support.replay import chunk_hash
-from sglang_mepic.wire.segments import NO_POSITION, PAD_ID, Kind, Piece, Placement, SegmentationError, layout
+from sglang_mepic.wire.layout import NO_POSITION, PAD_ID, Kind, Piece, Placement, SegmentationError, layout
 
 B = 16
 
