@@ -39,7 +39,9 @@ from sglang_mepic.kernels import attention as K  # noqa: E402
 
 dev = args.device
 MAX_POS = 65536
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+          "fp8": torch.bfloat16}  # fp8: bf16 queries over an e4m3 pool (issue 73; `fp8_pool`)
+FP8_SCALES = (0.5, 2.0)  # k, v: the pool holds the values divided by them, the kernels multiply them back
 TOL = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}
 
 
@@ -108,7 +110,22 @@ CASES = [  # head dim, q heads, kv heads, page size, neox, rotary dim
 LLAMA = CASES[4]
 
 
-def run_case(d, hq, hkv, ps, neox, rot, dtype, kind, rope_src, splits_mode, seed):
+def fp8_pool(kp, vp, r2t, r2p, ri, seq):
+    """SGLang's fp8 pool for these values (divided by the scales, cast to e4m3), with every slot no request sees
+    (pads, slot 0 and the unused pages) set to NaN in the stored bytes: what another request may leave there.
+    Returns the pools and the values they stand for, clean, for the reference."""
+    ks, vs = FP8_SCALES
+    k8, v8 = (kp.float() / ks).to(torch.float8_e4m3fn), (vp.float() / vs).to(torch.float8_e4m3fn)
+    clean_k, clean_v = k8.float() * ks, v8.float() * vs
+    seen = torch.zeros(kp.shape[0], dtype=torch.bool, device=kp.device)
+    for row, n in zip(ri.tolist(), seq):
+        seen[r2t[row, :n][r2p[row, :n] >= 0].long()] = True
+    for pool in (k8, v8):
+        pool.view(torch.uint8)[~seen] = 0x7F  # e4m3fn's NaN
+    return k8, v8, clean_k, clean_v
+
+
+def run_case(d, hq, hkv, ps, neox, rot, dtype, kind, rope_src, splits_mode, seed, fp8=False):
     table = cos_sin_cache(rot, 4096)
     cache = table.to(dev)
     rope = Rope(cache, rot, d, neox)
@@ -123,6 +140,10 @@ def run_case(d, hq, hkv, ps, neox, rot, dtype, kind, rope_src, splits_mode, seed
     else:
         seq, ext = ([37, 70, 5, 1500], [1, 1, 1, 1]) if kind == "decode" else ([40, 21, 70, 900], [40, 5, 17, 300])
     kp, vp, r2t, r2p, ri = make_batch(seq, ext, hq, hkv, d, ps, dtype, seed=seed)
+    scaled = {}
+    if fp8:
+        kp, vp, ref_k, ref_v = fp8_pool(kp, vp, r2t, r2p, ri, seq)
+        scaled = dict(k_scale=FP8_SCALES[0], v_scale=FP8_SCALES[1])
     scale = d ** -0.5
     seq_t = torch.tensor(seq, dtype=torch.int32, device=dev)
     info = {}
@@ -139,17 +160,18 @@ def run_case(d, hq, hkv, ps, neox, rot, dtype, kind, rope_src, splits_mode, seed
         else:
             splits = torch.full((len(seq),), int(splits_mode), dtype=torch.int32, device=dev)
         info["splits"] = splits.tolist()
-        K.decode(q, kp, vp, r2t, r2p, ri, seq_t, qpos, cache, rot, neox, scale, out=out, splits=splits, **rope_args)
+        K.decode(q, kp, vp, r2t, r2p, ri, seq_t, qpos, cache, rot, neox, scale, out=out, splits=splits, **rope_args,
+                 **scaled)
     else:
         qpos = torch.cat([r2p[row, n - e:n] for row, n, e in zip(ri.tolist(), seq, ext)])
         q = rope.rotate(torch.randn(sum(ext), hq, d, generator=g).to(dev), qpos.long()).to(dtype)
         qs = torch.tensor([sum(ext[:i]) for i in range(len(ext))], dtype=torch.int32, device=dev)
         out = torch.full((sum(ext), hq, d), float("nan"), dtype=dtype, device=dev)
         K.extend(q, kp, vp, r2t, r2p, ri, seq_t, qs, torch.tensor(ext, dtype=torch.int32, device=dev), qpos, cache,
-                 rot, neox, scale, max(ext), out=out, **rope_args)
+                 rot, neox, scale, max(ext), out=out, **rope_args, **scaled)
     if dev == "cuda":
         torch.cuda.synchronize()
-    ref = reference(q, qpos, kp, vp, r2t, r2p, ri, seq, ext, rope, scale)
+    ref = reference(q, qpos, *((ref_k, ref_v) if fp8 else (kp, vp)), r2t, r2p, ri, seq, ext, rope, scale)
     o = out.float()
     unwritten = int(torch.isnan(o).sum())
     err = (o - ref).abs().max().item()
@@ -162,6 +184,9 @@ def correctness(dtypes):
     rows = []
     jobs = []
     for name in dtypes:
+        if name == "fp8":  # Llama-3-8B's heads and SmolLM2's, each kind, cos/sin on chip
+            jobs += [(name, case, kind, "chip", "auto") for case in (LLAMA, CASES[6]) for kind in ("decode", "extend")]
+            continue
         for ci, (d, hq, hkv, ps, neox, rot) in enumerate(CASES):
             for kind in ("decode", "extend"):
                 for rope_src in ("table", "chip"):
@@ -175,7 +200,7 @@ def correctness(dtypes):
         t = time.time()
         try:
             row.update(run_case(d, hq, hkv, ps, neox, rot, DTYPES[name], kind, rope_src, splits_mode,
-                                seed=1000 * n + d + hq + rot))
+                                seed=1000 * n + d + hq + rot, fp8=name == "fp8"))
         except Exception as e:  # report every failure, go on
             lines = [x for x in str(e).splitlines() if x.strip()]
             row.update(ok=False, error=f"{type(e).__name__}: {lines[-1] if lines else ''}"[:400])

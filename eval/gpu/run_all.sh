@@ -30,11 +30,12 @@ if [ "$DEVICE" = cuda ]; then
 fi
 $PY -c 'import torch,triton;print("torch",torch.__version__,"triton",triton.__version__);torch.cuda.is_available() and print(torch.cuda.get_device_name(),torch.cuda.get_device_properties(0).multi_processor_count,"SMs")'
 
-step "correctness: bf16, fp16, fp32 in parallel"
+step "correctness: bf16 (and fp8 KV), fp16, fp32 in parallel"
 t=$(left 200)
 rm -f /tmp/ck_bf16.json /tmp/ck_fp16.json /tmp/ck_fp32.json
 for dt in bf16 fp16 fp32; do
-  timeout "$t" $PY check_kernels.py $CPU_ARGS --dtypes $dt --json /tmp/ck_$dt.json 2>&1 | sed -u "s/^/[ck $dt] /" &
+  dts=$dt; [ $dt = bf16 ] && dts=bf16,fp8  # fp8: an e4m3 pool with scales, its hidden slots NaN (issue 73)
+  timeout "$t" $PY check_kernels.py $CPU_ARGS --dtypes $dts --json /tmp/ck_$dt.json 2>&1 | sed -u "s/^/[ck $dt] /" &
 done
 wait
 $PY - "$OUT/check_kernels.json" <<'EOF'

@@ -783,42 +783,9 @@ def test_kernels_read_an_fp8_pool_widened_scaled_then_rotated(fp8, decode):
     assert (out.float() - unscaled).abs().mean() > 3 * error
 
 
-@pytest.mark.parametrize("decode", [False, True], ids=["extend", "decode"])
-def test_what_another_request_left_in_a_slot_never_reaches_an_fp8_read(decode):
-    """The kernels read value tiles without a mask: pads, and slot 0 past a request's end, weigh 0. In fp8 such
-    a slot may hold inf or NaN (a cast to fp8 does not saturate), and 0 x inf is NaN: those rows are zeros."""
-    d, hq, hkv, rot = 64, 6, 2, 64
-    seq_lens = [37, 70, 21]
-    ext = [1, 1, 1] if decode else [37, 9, 21]
-    k_float, v_float, r2t, r2p, req_idx = make_batch(seq_lens, ext, hq, hkv, d, 16, torch.float32, seed=74)
-    used = torch.zeros(k_float.shape[0], dtype=torch.bool)
-    for row, n in zip(req_idx.tolist(), seq_lens):
-        used[r2t[row, :n].long()] = True
-    spare = int((~used).nonzero()[-1])  # slot 0 is SGLang's padding slot: no request's, as in a server
-    r2t[r2t == 0], k_float[spare], v_float[spare] = spare, k_float[0], v_float[0]
-    k8, v8 = quantized(k_float, 1.0, torch.float8_e5m2), quantized(v_float, 1.0, torch.float8_e5m2)
-    clean = v8.clone()
-    hidden = torch.ones(v8.shape[0], dtype=torch.bool)
-    for row, n in zip(req_idx.tolist(), seq_lens):
-        hidden[r2t[row, :n][r2p[row, :n] >= 0].long()] = False  # every slot some request sees keeps its value
-    assert hidden[0] and hidden.sum() > 3  # slot 0 and the pads
-    v8[hidden] = torch.tensor(float("inf")).to(torch.float8_e5m2)
-    v8[0, 0, 0] = torch.tensor(float("nan")).to(torch.float8_e5m2)
-    cache = cos_sin_cache(rot, MAX_POS)
-    rope = Rope(cache, rot, d, True)
-    positions = torch.cat([r2p[row, n - e:n] for row, n, e in zip(req_idx.tolist(), seq_lens, ext)])
-    q = rope.rotate(torch.randn(sum(ext), hq, d), positions.long()).to(torch.bfloat16)
-    lens = torch.tensor(seq_lens, dtype=torch.int32)
-    if decode:
-        out = kernels.decode(q, k8, v8, r2t, r2p, req_idx, lens, positions.to(torch.int32), cache, rot, True, d ** -0.5,
-                             block_n=32)
-    else:
-        q_start = torch.tensor([0, ext[0], ext[0] + ext[1]], dtype=torch.int32)
-        out = kernels.extend(q, k8, v8, r2t, r2p, req_idx, lens, q_start, torch.tensor(ext, dtype=torch.int32),
-                             positions, cache, rot, True, d ** -0.5, max(ext), block_m=32, block_n=32)
-    assert torch.isfinite(out.float()).all()
-    expected = reference(q, positions, k8.float(), clean.float(), r2t, r2p, req_idx, seq_lens, ext, rope, d ** -0.5)
-    torch.testing.assert_close(out.float(), expected, atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
+# What another request leaves in a hidden slot of an fp8 pool (inf, NaN) never reaches a read: the kernels zero
+# those value rows. The interpreter widens fp8's inf and NaN to finite numbers, so only a GPU shows it:
+# eval/gpu/check_kernels.py --dtypes fp8 poisons every hidden slot with NaN.
 
 
 def test_an_fp8_cache_on_a_gpu_before_sm_89_is_refused_at_start_up(monkeypatch):

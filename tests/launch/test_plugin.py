@@ -47,3 +47,27 @@ def test_a_cpu_server_starts_its_children_by_fork_and_a_gpu_server_by_spawn():
         assert mp.get_start_method() == "spawn"
     finally:
         mp.set_start_method(before, force=True)
+
+
+def test_the_cpu_gets_an_fp8_e5m2_pool_under_mepic_only():
+    """SGLang 0.5.23 refuses fp8_e5m2 on the CPU: under the mepic backend alone the hook gives the pool SGLang
+    builds for the flag on a GPU; any other backend, a draft worker or another dtype meets SGLang's own answer."""
+    from unittest import mock
+
+    import torch
+
+    from sglang_mepic.patches.scheduler import kv_cache_dtype_configure_kv_cache_dtype as patch
+
+    def sglang(**kwargs):
+        return "sglang's", kwargs["server_args_kv_cache_dtype"]
+
+    def hooked(backends, **kwargs):
+        with mock.patch("sglang.srt.runtime_context.attention_backends", return_value=backends):
+            return patch.hook(sglang, **{"server_args_kv_cache_dtype": "fp8_e5m2", "is_draft_worker": False,
+                                         **kwargs})
+
+    assert hooked(("mepic", "mepic")) == (None, torch.float8_e5m2)
+    assert hooked(("torch_native", "torch_native")) == ("sglang's", "fp8_e5m2")
+    assert hooked(("mepic", "torch_native")) == ("sglang's", "fp8_e5m2")
+    assert hooked(("mepic", "mepic"), is_draft_worker=True) == ("sglang's", "fp8_e5m2")
+    assert hooked(("mepic", "mepic"), server_args_kv_cache_dtype="fp8_e4m3") == ("sglang's", "fp8_e4m3")
