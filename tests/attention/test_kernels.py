@@ -55,6 +55,17 @@ def reference(q, q_pos_per_token, k_pool, v_pool, req_to_token, req_to_pos, req_
     return torch.cat(outs)
 
 
+def forward_batch(req_idx, seq_lens, ext, positions, decode: bool, out_cache_loc=None):
+    """The fields of SGLang's ForwardBatch the backend reads, for an extend (or decode) of `ext` new tokens."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(req_pool_indices=req_idx.long(), seq_lens=torch.tensor(seq_lens), positions=positions,
+                           batch_size=len(seq_lens), extend_seq_lens=torch.tensor(ext), extend_seq_lens_cpu=ext,
+                           forward_mode=SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: not decode),
+                           extend_prefix_lens=torch.tensor([n - e for n, e in zip(seq_lens, ext)]),
+                           out_cache_loc=out_cache_loc)
+
+
 CASES = [  # (head dim, query heads, kv heads, page size, neox, rotary dim)
     (64, 4, 4, 16, True, 64),
     (64, 6, 2, 1, True, 64),     # GQA group 3
@@ -363,12 +374,8 @@ def test_backend_triton_path_equals_torch_path(decode):
         backend.positions.assign(row, r2p[row, :n])
     positions = torch.cat([r2p[row, n - e:n] for row, n, e in zip(req_idx.tolist(), seq_lens, ext)]).long()
     q = rope.rotate(torch.randn(sum(ext), hq, d), positions).reshape(sum(ext), -1)
-    fb = SimpleNamespace(req_pool_indices=req_idx.long(), seq_lens=torch.tensor(seq_lens), positions=positions,
-                         batch_size=len(seq_lens), extend_seq_lens=torch.tensor(ext), extend_seq_lens_cpu=ext,
-                         forward_mode=SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: not decode),
-                         extend_prefix_lens=torch.tensor([n - e for n, e in zip(seq_lens, ext)]),
-                         out_cache_loc=torch.cat([r2t[row, n - e:n]
-                                                  for row, n, e in zip(req_idx.tolist(), seq_lens, ext)]))
+    fb = forward_batch(req_idx, seq_lens, ext, positions, decode,
+                       torch.cat([r2t[row, n - e:n] for row, n, e in zip(req_idx.tolist(), seq_lens, ext)]))
     backend.init_forward_metadata(fb)
     layer = SimpleNamespace(tp_q_head_num=hq, qk_head_dim=d, v_head_dim=d, layer_id=0, scaling=d ** -0.5,
                             is_cross_attention=False, sliding_window_size=-1)
@@ -860,10 +867,7 @@ def test_backend_writes_fp8_through_sglangs_pool_and_both_paths_read_it(fp8, dec
     pool.set_kv_buffer(layer, KVWriteLoc(every[older], None), k_float[older].clone(), v_float[older].clone(),
                        layer.k_scale, layer.v_scale)
     q = rope.rotate(torch.randn(sum(ext), hq, d), positions).to(torch.bfloat16).reshape(sum(ext), -1)
-    fb = SimpleNamespace(req_pool_indices=req_idx.long(), seq_lens=torch.tensor(seq_lens), positions=positions,
-                         batch_size=len(seq_lens), extend_seq_lens=torch.tensor(ext), extend_seq_lens_cpu=ext,
-                         forward_mode=SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: not decode),
-                         extend_prefix_lens=torch.tensor([n - e for n, e in zip(seq_lens, ext)]), out_cache_loc=loc)
+    fb = forward_batch(req_idx, seq_lens, ext, positions, decode, loc)
     backend.init_forward_metadata(fb)
     k_new, v_new = k_float[loc].clone(), v_float[loc].clone()
     forward = backend.forward_decode if decode else backend.forward_extend
@@ -897,10 +901,7 @@ def test_a_checkpoints_scales_over_a_float_cache_are_not_applied():
         backend.positions.assign(row, r2p[row, :n])
     positions = torch.cat([r2p[row, n - e:n] for row, n, e in zip(req_idx.tolist(), seq_lens, ext)]).long()
     q = rope.rotate(torch.randn(sum(ext), hq, d), positions).reshape(sum(ext), -1)
-    fb = SimpleNamespace(req_pool_indices=req_idx.long(), seq_lens=torch.tensor(seq_lens), positions=positions,
-                         batch_size=len(seq_lens), extend_seq_lens=torch.tensor(ext), extend_seq_lens_cpu=ext,
-                         forward_mode=SimpleNamespace(is_decode=lambda: False, is_extend=lambda: True),
-                         extend_prefix_lens=torch.tensor([n - e for n, e in zip(seq_lens, ext)]))
+    fb = forward_batch(req_idx, seq_lens, ext, positions, decode=False)
     backend.init_forward_metadata(fb)
     plain = SimpleNamespace(tp_q_head_num=hq, qk_head_dim=d, v_head_dim=d, layer_id=0, scaling=d ** -0.5,
                             is_cross_attention=False, sliding_window_size=-1)
