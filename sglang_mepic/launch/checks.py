@@ -14,8 +14,7 @@ from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE, LaunchError, known
 # backend.SUPPORTED_ARCHITECTURES, named here without importing SGLang before its environment is set
 # (tests/launch/test_launch.py checks that the two agree).
 MEPIC_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-# KV cache dtypes the mepic attention kernels read: the model's own, or bf16 (no k/v scales are applied).
-# What the mepic backend reads: the model's dtype or bf16, and fp8 with SGLang's per-layer scales.
+# KV cache dtypes the mepic backend reads: the model's own or bf16, and fp8 with SGLang's per-layer scales.
 MEPIC_KV_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
 # Attention backends SGLang offers for a CPU (`--device cpu`), and ours; the others need a GPU or an accelerator.
 CPU_ATTENTION_BACKENDS = ("mepic", "torch_native", "intel_amx", "flex_attention")
