@@ -45,7 +45,8 @@ RoPE like any other) is read as it is: a key is widened to fp32 before it is
 rotated, so the shared copy stays position-independent, and a value is widened
 to the dot's type. The per-layer scales SGLang divides by when it writes
 (`k_scale`, `v_scale`) are multiplied back in once: the key's into the scores'
-scale, the value's into the output.
+scale, the value's into the output. Over an fp8 pool the value rows of hidden slots
+are zeroed (`_load_values`): a cast to fp8 does not saturate, and 0 x inf is NaN.
 """
 
 import functools
