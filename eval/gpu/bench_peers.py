@@ -102,16 +102,9 @@ def sdpa(q, k, v, backends, is_causal=False, mask=None):
                                                                 enable_gqa=True)
 
 
-# Our kernels over an fp8 pool (issue 73): the same keys and values divided by these scales and cast to e4m3,
-# read back with them; checked against attention over those fp8 values, timed beside the bf16 pool ("ours").
-FP8, FP8_SCALES = getattr(torch, "float8_e4m3fn", None), (0.5, 2.0)
-
-
-def fp8_pools(kp, vp):
-    """(k, v) as SGLang's fp8 pool holds them, and the values they stand for (widened, scales back)."""
-    ks, vs = FP8_SCALES
-    k8, v8 = (kp.float() / ks).to(FP8), (vp.float() / vs).to(FP8)
-    return k8, v8, k8.float() * ks, v8.float() * vs
+# Our kernels over an fp8 pool (issue 73): check_kernels' e4m3 pool of the same keys and values (its scales, its
+# hidden slots NaN), checked against attention over those fp8 values, timed beside the bf16 pool ("ours").
+FP8, FP8_SCALES = getattr(torch, "float8_e4m3fn", None), ck.FP8_SCALES
 
 
 def rope_setup():
@@ -152,7 +145,7 @@ def bench_decode(grid, rope, chip):
                                                     out=out, splits=splits, workspace=ws),
                 lambda o: o[:n], ref_rot, 100)
         if FP8 is not None:
-            k8, v8, kf, vf = fp8_pools(kp, vp)
+            k8, v8, kf, vf = ck.fp8_pool(kp, vp, r2t, r2p, ri, [L] * b)
             ref8 = torch.cat([ref_attn(q[i:i + 1], rope.rotate(kf[slots[i]]), vf[slots[i]], qpos[i:i + 1], scale)
                               for i in range(n)])
             measure(row, "ours_fp8", lambda: K.decode(q, k8, v8, r2t, r2p, ri, seq, qpos, cache, D, True, scale,
@@ -210,7 +203,7 @@ def bench_extend(grid, rope, chip):
         measure(row, "ours_table", lambda: K.extend(q, kp, vp, r2t, r2p, ri, seq, qs, el, pos, cache, D, True,
                                                     scale, E, out=out, **ext_kw), lambda o: o[rows], ref_rot, 100)
         if FP8 is not None:
-            k8, v8, kf, vf = fp8_pools(kp, vp)
+            k8, v8, kf, vf = ck.fp8_pool(kp, vp, r2t, r2p, ri, [L])
             ref8 = ref_attn(q[rows], rope.rotate(kf[slots]), vf[slots], P + rows, scale)
             measure(row, "ours_fp8", lambda: K.extend(q, k8, v8, r2t, r2p, ri, seq, qs, el, pos, cache, D, True,
                                                       scale, E, out=out, k_scale=FP8_SCALES[0],

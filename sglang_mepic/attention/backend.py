@@ -56,9 +56,10 @@ class PrefillGraphMetadata:
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def check_kv_dtype(token_to_kv_pool) -> None:
-    """Refuse a KV pool this backend cannot read: one SGLang quantizes with block scales of its own
-    (`is_quantized_kv_cache`: fp4, mxfp8), an fp8 format but e4m3fn/e5m2, or no float at all."""
+def check_kv_dtype(token_to_kv_pool) -> torch.dtype:
+    """The pool's KV dtype (its logical one: SGLang stores fp8 as uint8), or refuse a pool this backend cannot
+    read: one SGLang quantizes with block scales of its own (`is_quantized_kv_cache`: fp4, mxfp8), an fp8 format
+    but e4m3fn/e5m2, or no float at all."""
     dtype = getattr(token_to_kv_pool, "dtype", None)
     if dtype is None and hasattr(token_to_kv_pool, "get_key_buffer"):
         dtype = token_to_kv_pool.get_key_buffer(0).dtype
@@ -67,6 +68,7 @@ def check_kv_dtype(token_to_kv_pool) -> None:
         raise ValueError(f"--attention-backend mepic cannot read a {dtype} KV cache"
                          f"{' quantized with block scales' if readable else ''}: use --kv-cache-dtype auto, bf16, "
                          "fp8_e4m3 or fp8_e5m2")
+    return dtype
 
 
 def kv_scales(layer, fp8_pool: bool) -> tuple[float, float]:
@@ -137,8 +139,7 @@ class MepicAttnBackend(AttentionBackend):
         if modes.planning(mode) is modes.Planning.BLEND:
             layers = getattr(token_to_kv_pool, "layer_num", mode.check_layer + 1)
             self.blend = dataclasses.replace(mode, check_layer=modes.blend_check_layer(mode, layers))
-        check_kv_dtype(token_to_kv_pool)
-        kv_dtype = getattr(token_to_kv_pool, "dtype", None) or token_to_kv_pool.get_key_buffer(0).dtype
+        kv_dtype = check_kv_dtype(token_to_kv_pool)
         self.fp8_kv = kv_dtype in FP8_KV_DTYPES
         self._layer_scales: dict[int, tuple[float, float]] = {}  # layer id -> (k, v) scale (`_scales`)
         if self.fp8_kv:
