@@ -41,10 +41,14 @@ from sglang_mepic.process.server_process import FORK_SERVER_ENV, die_with_parent
 # Read when a request is served, never at import: a server may set them differently from this process.
 # Besides the package's own and pytest's, the compiler caches' folders (SGLang points them under its
 # cache folder with setdefault; a test process that ran torch's inductor has its own default set).
-RUNTIME_PREFIXES = ("SGLANG_MEPIC_", "PYTEST_", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH",
+RUNTIME_PREFIXES = ("SGLANG_MEPIC_", "MEPIC_", "PYTEST_", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH",
                     "TILELANG_CACHE_DIR")
-# Read when a line is printed (the terminal's size), never at import.
-RUNTIME_NAMES = frozenset({"COLUMNS", "LINES"})
+# Never read at import: the shell's bookkeeping (a server started from a script), the terminal's size (read
+# when a line is printed), and what SGLang 0.5.23 reads in a function the launch or the first forward calls
+# (`envs.X.get()` reads os.environ each time; the fused-op backend is resolved on first use, and no preloaded
+# module uses one): the GPU run's servers (eval/gpu/e2e) set those three.
+RUNTIME_NAMES = frozenset({"SHLVL", "_", "PWD", "OLDPWD", "COLUMNS", "LINES", "SGLANG_FORCE_FUSED_OP_BACKEND",
+                           "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"})
 # OpenMP reads its thread count when libgomp loads, so a forked child would keep this process's; the child
 # sets it as a cold start would have it (launch_cluster gives each instance its share of the cores).
 THREADS = "OMP_NUM_THREADS"

@@ -27,6 +27,24 @@ def test_settings_read_at_run_time_may_differ():
               "TRITON_CACHE_DIR": "/tmp/t", "COLUMNS": "80", "LINES": "24", "OMP_NUM_THREADS": "1",
               "PYTHONUNBUFFERED": "1"}
     assert env_difference(client, BEFORE, AFTER) is None
+    gpu_run = {**BEFORE, "SGLANG_FORCE_FUSED_OP_BACKEND": "torch", "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
+               "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1", "MEPIC_PREFILL_GRAPHS_OFF_FILE": "/tmp/x",
+               "SHLVL": "3", "_": "/usr/bin/python"}  # eval/gpu/e2e's servers (started by run.sh), dry on CPU
+    assert env_difference(gpu_run, BEFORE, AFTER) is None
+
+
+def test_the_fused_op_backend_is_not_resolved_at_import():
+    """SGLANG_FORCE_FUSED_OP_BACKEND may differ from the fork server's because SGLang resolves it on the first
+    fused op, in the child: a module that resolved it at import would leave every child the parent's."""
+    import subprocess
+    import sys
+
+    code = ("import importlib; from sglang_mepic.launch import fork_server as f\n"
+            "for m in f.PRELOAD: importlib.import_module(m)\n"
+            "import sglang.kernels.fused_op as o; print(o._forced_backend is o._UNRESOLVED)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SGLANG_USE_CPU_ENGINE": "1"})
+    assert done.stdout.strip().splitlines()[-1:] == ["True"], done.stdout[-2000:] + done.stderr[-2000:]
 
 
 def test_a_forked_child_runs_the_thread_count_its_environment_asks_for():

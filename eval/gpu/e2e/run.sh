@@ -18,6 +18,9 @@ cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/e2e_out}
 CARRY=${CARRY:-.gpu_e2e}
 SITE=${SITE:-/tmp/mepic-site}
+# The script's own settings, passed on as arguments: kept out of the servers' environment (under the test
+# suite's fork server a server whose environment differs starts cold).
+export -n OUT CARRY SITE PY 2>/dev/null || true
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 MODULE=eval.gpu.e2e.drive

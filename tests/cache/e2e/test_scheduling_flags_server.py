@@ -12,13 +12,17 @@ refused at launch, and `test_refused_scheduling_flags` checks the refusal instea
 | server | flags | what it exercises |
 |---|---|---|
 | mixed | --enable-mixed-chunk, lpm | decode tokens riding in prefill batches (issue 68); a cache-aware policy |
-| split | --enable-mixed-chunk, --chunked-prefill-size 32, lof, 2 continuous decode steps | chunks split across prefill passes, mixed |
+| split | --enable-mixed-chunk, --chunked-prefill-size 32, lof, 2 continuous decode steps, fp8_e5m2 KV | chunks split across prefill passes, mixed, over an fp8 pool (issue 73) |
 | one-at-a-time | --page-size 32, --max-running-requests 1, dfs-weight, --max-prefill-tokens 256 | larger pages, strictly serial running |
 | wide-pages | --page-size 64, random, --disable-overlap-schedule, --schedule-conservativeness 0.3 | larger pages, no overlap, eager admission |
-| preempt | --enable-priority-scheduling, --max-running-requests 2, fcfs, SGLANG_TEST_RETRACT=1 | priority preemption (compile rows ranked as their readers) and forced retraction |
+| preempt | --enable-priority-scheduling, --max-running-requests 2, fcfs, SGLANG_TEST_RETRACT=1, fp8_e5m2 KV | priority preemption (compile rows ranked as their readers) and forced retraction, over an fp8 pool |
 | interval | hrrn, --prefill-decode-interval 2 | decode rounds forced between prefills |
 | shortest | shortest-prefill-first, --max-running-requests 3, --max-queued-requests 64 | a cache-aware sort by prefill length |
 | keyed | routing-key, --stream-interval 4 | the routing-key sort (requests carry keys) |
+
+An fp8 KV cache (`--kv-cache-dtype fp8_e5m2`, the CPU's fp8) rides on two servers: it changes what a page
+holds, not how the scheduler moves requests, so it shares them; `mixed` keeps the float32 pool under mixed
+batches.
 
 Every `--schedule-policy` SGLang offers but `priority` (an alias SGLang maps onto
 --enable-priority-scheduling's sort, run by `preempt`) is one server's.
@@ -44,13 +48,13 @@ ARRIVAL_GAP_S = 0.12
 SERVERS = {
     "mixed": (["--enable-mixed-chunk", "--schedule-policy", "lpm"], {}),
     "split": (["--enable-mixed-chunk", "--chunked-prefill-size", "32", "--schedule-policy", "lof",
-               "--num-continuous-decode-steps", "2"], {}),
+               "--num-continuous-decode-steps", "2", "--kv-cache-dtype", "fp8_e5m2"], {}),
     "one-at-a-time": (["--page-size", "32", "--max-running-requests", "1", "--schedule-policy", "dfs-weight",
                        "--max-prefill-tokens", "256"], {}),
     "wide-pages": (["--page-size", "64", "--schedule-policy", "random", "--disable-overlap-schedule",
                     "--schedule-conservativeness", "0.3"], {}),
-    "preempt": (["--enable-priority-scheduling", "--max-running-requests", "2", "--schedule-policy", "fcfs"],
-                {"SGLANG_TEST_RETRACT": "1"}),
+    "preempt": (["--enable-priority-scheduling", "--max-running-requests", "2", "--schedule-policy", "fcfs",
+                 "--kv-cache-dtype", "fp8_e5m2"], {"SGLANG_TEST_RETRACT": "1"}),
     "interval": (["--schedule-policy", "hrrn", "--prefill-decode-interval", "2"], {}),
     "shortest": (["--schedule-policy", "shortest-prefill-first", "--max-running-requests", "3",
                   "--max-queued-requests", "64"], {}),
