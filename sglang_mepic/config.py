@@ -1,11 +1,12 @@
-"""MEPIC settings shared by every SGLang process: one table, read one way.
+"""MEPIC settings shared by every SGLang process: one table, read once per process.
 
 Each `Setting` row is a `--mepic-*` flag, the environment variable the launcher
 turns it into (so the scheduler and tokenizer processes SGLang spawns read the
 same value), its default, its check and its help. The launcher builds its
 parser, the flag-to-environment split, the start-up line and the docs' flag
-table from `SETTINGS`; every process reads a value through `read()`, which
-parses each distinct environment text once. It imports only the mode's value
+table from `SETTINGS`. Each process reads the table once into a frozen
+`Settings` (`settings()`, built when the process starts: plugin.register, the
+launcher) and the parts take its typed fields. It imports only the mode's value
 type (modes.py) of the package: the rules that belong to another part (the
 separator's markup check, the calibration set's size) are added by the launcher.
 """
@@ -143,8 +144,8 @@ PLACEMENT = _choice(
     "--mepic-placement", "SGLANG_MEPIC_PLACEMENT", Placement.TRAILING.value, tuple(p.value for p in Placement),
     help="where a chunk's pads go: 'leading' (as in the paper: the chunk ends on a page boundary) or "
          "'trailing' (its first block is all real tokens). Default: trailing.", convert=Placement)
-TEXT_MARKUP_SETTING = _choice(
-    "--mepic-text-markup", "SGLANG_MEPIC_TEXT_MARKUP", "on", ("on", "off"),
+TEXT_MARKUP = _choice(
+    "--mepic-text-markup", "SGLANG_MEPIC_TEXT_MARKUP", "on", ("on", "off"), convert=lambda text: text == "on",
     help="'off': <|chunk|> ... <|/chunk|> in prompt text and chat messages is plain text (for users who type "
          "it); chunks are then marked by input_ids markers (-100/-101) or the frontend's chunk(). Default: on.")
 HOST_TIER_GB = Setting(
@@ -220,7 +221,7 @@ VERIFY_QUESTIONS = Setting(
     help="calibration questions the gate runs for --mepic-verify (1-{questions}). Default: all {questions}.")
 
 SETTINGS: tuple[Setting, ...] = (
-    MODE, RECOMPUTE_BLOCKS, COMPILE_SINK, PLACEMENT, TEXT_MARKUP_SETTING, HOST_TIER_GB, MAX_CHUNKS, AUTO_CHUNK,
+    MODE, RECOMPUTE_BLOCKS, COMPILE_SINK, PLACEMENT, TEXT_MARKUP, HOST_TIER_GB, MAX_CHUNKS, AUTO_CHUNK,
     KNOWN_TEXTS_MB, SEPARATOR, STORAGE_BACKEND, STORAGE_DIR, STORAGE_CONFIG, STORAGE_TIMEOUT, STORAGE_SECRET, VERIFY,
     VERIFY_QUESTIONS)
 
@@ -228,132 +229,76 @@ SETTINGS: tuple[Setting, ...] = (
 # the server runs as `full`.
 REUSE_REFUSED_ENV = "SGLANG_MEPIC_REUSE_REFUSED"
 
-# The names the rest of the package and the tests use.
-MODE_ENV, RECOMPUTE_ENV, SINK_ENV, PLACEMENT_ENV = MODE.env, RECOMPUTE_BLOCKS.env, COMPILE_SINK.env, PLACEMENT.env
-TEXT_MARKUP_ENV, HOST_TIER_ENV, MAX_CHUNKS_ENV = TEXT_MARKUP_SETTING.env, HOST_TIER_GB.env, MAX_CHUNKS.env
-AUTO_CHUNK_ENV, SEPARATOR_ENV, STORAGE_BACKEND_ENV = AUTO_CHUNK.env, SEPARATOR.env, STORAGE_BACKEND.env
-STORAGE_ENV, STORAGE_CONFIG_ENV, STORAGE_TIMEOUT_ENV = STORAGE_DIR.env, STORAGE_CONFIG.env, STORAGE_TIMEOUT.env
-STORAGE_SECRET_ENV, VERIFY_ENV, VERIFY_QUESTIONS_ENV = STORAGE_SECRET.env, VERIFY.env, VERIFY_QUESTIONS.env
-DEFAULT_MODE, DEFAULT_RECOMPUTE_BLOCKS, DEFAULT_MAX_CHUNKS = MODE.default, int(RECOMPUTE_BLOCKS.default), \
-    int(MAX_CHUNKS.default)
-DEFAULT_SINK, DEFAULT_TEXT_MARKUP, DEFAULT_AUTO_CHUNK = COMPILE_SINK.default, TEXT_MARKUP_SETTING.default, \
-    AUTO_CHUNK.default
-DEFAULT_PLACEMENT, DEFAULT_STORAGE_TIMEOUT = Placement(PLACEMENT.default), float(STORAGE_TIMEOUT.default)
-SINKS, TEXT_MARKUP, AUTO_CHUNKS = COMPILE_SINK.choices, TEXT_MARKUP_SETTING.choices, AUTO_CHUNK.choices
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting's typed value in one process, read from its environment once (`Settings.from_env`)."""
+    mode: Mode
+    recompute_blocks: int | None   # None: every block (nothing shared)
+    compile_sink: str              # what a standalone compile puts before the chunk: "bos" or "none"
+    placement: Placement
+    text_markup: bool              # <|chunk|> ... <|/chunk|> in text marks chunks; off, it is text
+    host_tier_gb: float            # host memory for chunk KV evicted from the device pool (0: none)
+    max_chunks: int                # most chunks one request may mark for reuse
+    auto_chunk: str                # --mepic-auto-chunk as given ("messages+known", ...)
+    known_texts_bytes: int         # the registered texts and their index, all namespaces together
+    separator: str | None          # unchecked: auto_chunk.active_separator() checks it
+    storage_backend: str | None    # the shared tier's HiCache backend; "file" where only a directory is given
+    storage_dir: str | None
+    storage_config: dict
+    storage_timeout: float         # longest wait for a shared-tier read before it counts as a miss
+    storage_secret: bytes | None   # authenticates shared-tier entries (HMAC-SHA256); None: checksums only
+    verify: bool
+    verify_questions: int | None   # None: the whole calibration set
+    reuse_refused: str | None      # the mode --mepic-verify refused on this model (it then runs as full)
+
+    @property
+    def chat_chunking(self) -> str:
+        """Which chat contents become chunks without markup (auto_chunk.py): off, messages or tools."""
+        return self.auto_chunk.replace("+known", "").replace("known", "off")
+
+    @property
+    def known_texts(self) -> bool:
+        """Whether registered documents are found in prompts without markup (known_texts.py)."""
+        return "known" in self.auto_chunk
+
+    @classmethod
+    def from_env(cls, environ=None) -> "Settings":
+        environ = os.environ if environ is None else environ
+        value = {setting.dest.removeprefix("mepic_"): _parsed(setting, environ) for setting in SETTINGS}
+        value["known_texts_bytes"] = value.pop("known_texts_mb")
+        value["storage_config"] = value["storage_config"] or {}
+        value["verify"] = bool(value["verify"])
+        if value["storage_backend"] is None and value["storage_dir"]:
+            value["storage_backend"] = "file"
+        if value["storage_backend"] == "file" and not value["storage_dir"]:
+            raise ValueError("--mepic-storage-backend file needs --mepic-storage-dir")
+        return cls(**value, reuse_refused=environ.get(REUSE_REFUSED_ENV) or None)
 
 
-# Reading.
-
-_parsed: dict[tuple[str, str], Any] = {}
-
-
-def raw(setting: Setting) -> str | None:
-    """The setting's text as this process sees it: its variable if set and not empty, else the default."""
-    return os.environ.get(setting.env) or setting.default
-
-
-def read(setting: Setting) -> Any:
-    """The setting's typed value (None where it is unset and has no default), each distinct text parsed once."""
-    text = raw(setting)
+def _parsed(setting: Setting, environ) -> Any:
+    """A setting's typed value: its variable if set and not empty, else its default; None where neither is."""
+    text = environ.get(setting.env) or setting.default
     if text is None:
         return None
-    key = (setting.env, text)
-    if key not in _parsed:
-        try:
-            _parsed[key] = setting.parse(text)
-        except ValueError as e:
-            # The flag names itself; a variable set by hand is named as well, since that is where to look.
-            raise ValueError(f"{e} (from ${setting.env})" if setting.env in os.environ else str(e)) from None
-    return _parsed[key]
+    try:
+        return setting.parse(text)
+    except ValueError as e:
+        # The flag names itself; a variable set by hand is named as well, since that is where to look.
+        raise ValueError(f"{e} (from ${setting.env})" if setting.env in environ else str(e)) from None
 
 
-def mode() -> Mode:
-    return read(MODE)
+_current: Settings | None = None
 
 
-def recompute_blocks() -> int | None:
-    return read(RECOMPUTE_BLOCKS)
+def settings() -> Settings:
+    """This process's settings: read from its environment once, when it starts (plugin.register, the launcher)."""
+    return _current or reload()
 
 
-def compile_sink() -> str:
-    """What a standalone compile puts before the chunk: the model's BOS as an attention sink, or nothing."""
-    return read(COMPILE_SINK)
-
-
-def placement() -> Placement:
-    return read(PLACEMENT)
-
-
-def text_markup() -> bool:
-    """Whether `<|chunk|>` ... `<|/chunk|>` in text marks chunks; off, it is text like any other
-    (chunks are then marked only by input_ids markers, kv_hints or the frontend's `chunk()`)."""
-    return read(TEXT_MARKUP_SETTING) == "on"
-
-
-def host_tier_gb() -> float:
-    """Host memory for chunk KV evicted from the device pool (0: none)."""
-    return read(HOST_TIER_GB)
-
-
-def max_chunks() -> int:
-    """Most chunks one request may mark for reuse: each absent one is a compile row in its batch."""
-    return read(MAX_CHUNKS)
-
-
-def auto_chunk() -> str:
-    """Which chat contents become chunks without markup (auto_chunk.py): off, messages or tools
-    (a '+known' is left out: `known_texts_on`)."""
-    return read(AUTO_CHUNK).replace("+known", "").replace("known", "off")
-
-
-def known_texts_on() -> bool:
-    """Whether registered documents are found in prompts without markup (known_texts.py)."""
-    return "known" in read(AUTO_CHUNK)
-
-
-def known_texts_bytes() -> int:
-    """Bytes the registered texts and their index may take, all namespaces together (--mepic-known-texts-mb)."""
-    return read(KNOWN_TEXTS_MB)
-
-
-def separator() -> str | None:
-    """The separator as set, or None (text is split only by markup); auto_chunk.active_separator() is the
-    checked value its users read."""
-    return os.environ.get(SEPARATOR.env)
-
-
-def storage_dir() -> str | None:
-    """Directory of the `file` storage backend, shared by server instances."""
-    return read(STORAGE_DIR)
-
-
-def storage_backend() -> str | None:
-    """The HiCache storage backend of the shared chunk tier (None: no shared tier)."""
-    name = read(STORAGE_BACKEND) or ("file" if storage_dir() else None)
-    if name == "file" and not storage_dir():
-        raise ValueError("--mepic-storage-backend file needs --mepic-storage-dir")
-    return name
-
-
-def storage_config() -> dict:
-    """The backend's extra_config (SGLang's --hicache-storage-backend-extra-config)."""
-    return read(STORAGE_CONFIG) or {}
-
-
-def storage_timeout() -> float:
-    """How long a read from shared storage may take before it counts as a miss."""
-    return read(STORAGE_TIMEOUT)
-
-
-def storage_secret() -> bytes | None:
-    """The key that authenticates shared-storage entries (HMAC-SHA256); None: entries are not authenticated."""
-    return read(STORAGE_SECRET)
-
-
-def verify() -> bool:
-    return bool(read(VERIFY))
-
-
-def reuse_refused() -> str | None:
-    """The mode the accuracy gate refused for this model (the server then runs as `full`), or None."""
-    return os.environ.get(REUSE_REFUSED_ENV) or None
+def reload() -> Settings:
+    """Read them again, where the environment was set after the process started: the launcher once the flags
+    are variables, the fork server's child once it has its server's environment, a model the gate refused."""
+    global _current
+    _current = Settings.from_env()
+    return _current

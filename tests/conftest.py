@@ -188,18 +188,30 @@ def tok(tiny_model):
     return AutoTokenizer.from_pretrained(tiny_model)
 
 
-@pytest.fixture
-def env(monkeypatch):
-    """Markup settings cleared for the test; `env(separator=..., auto_chunk=...)` sets them
-    (`config.<NAME>_ENV`), and they are restored after it."""
+@pytest.fixture(autouse=True)
+def settings_read_per_test():
+    """Each test's process settings are read from its own environment, at its first read (as a server process
+    reads them at its start); a test that sets a variable after that reads them again (`config.reload()`)."""
     from sglang_mepic import config
 
-    for var in (config.SEPARATOR_ENV, config.AUTO_CHUNK_ENV, config.TEXT_MARKUP_ENV, config.MAX_CHUNKS_ENV):
+    config._current = None
+    yield
+    config._current = None
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """Markup settings cleared for the test; `env(separator=..., auto_chunk=...)` sets them (the rows
+    `config.<NAME>`) and reads the settings again; they are restored after it."""
+    from sglang_mepic import config
+
+    for var in (config.SEPARATOR.env, config.AUTO_CHUNK.env, config.TEXT_MARKUP.env, config.MAX_CHUNKS.env):
         monkeypatch.delenv(var, raising=False)
 
     def set_(**values):
         for name, value in values.items():
-            monkeypatch.setenv(getattr(config, name.upper() + "_ENV"), value)
+            monkeypatch.setenv(getattr(config, name.upper()).env, value)
+        config.reload()
     return set_
 
 

@@ -89,15 +89,15 @@ def _rotary_modules(model) -> list:
 
 
 class MepicAttnBackend(AttentionBackend):
-    def __init__(self, model_runner):
+    def __init__(self, model_runner, settings: config.Settings):
         super().__init__()
         from sglang.srt.runtime_context import get_parallel
 
         tp = get_parallel().attn_tp_size
-        config = model_runner.model_config
-        self._graph_heads = (config.num_attention_heads // tp, config.get_num_kv_heads(tp))
+        model = model_runner.model_config
+        self._graph_heads = (model.num_attention_heads // tp, model.get_num_kv_heads(tp))
         self._attach(model_runner.device, model_runner.req_to_token_pool, model_runner.token_to_kv_pool,
-                     self._take_over_rotary(model_runner), model_runner.dtype)
+                     self._take_over_rotary(model_runner), model_runner.dtype, settings.mode)
         # Every attention layer's scales, read now: a forward (a CUDA graph's capture among them) reads no tensor.
         for module in model_runner.model.modules():
             if isinstance(getattr(module, "layer_id", None), int) and hasattr(module, "k_scale"):
@@ -107,9 +107,9 @@ class MepicAttnBackend(AttentionBackend):
 
     @classmethod
     def over_pools(cls, req_to_token, k_pool, v_pool, rope: Rope, q_heads: int | None = None,
-                   q_dtype: torch.dtype | None = None) -> "MepicAttnBackend":
+                   q_dtype: torch.dtype | None = None, mode: modes.Mode | None = None) -> "MepicAttnBackend":
         """A backend around bare tensors, without a model runner (tests, benchmarks). `q_dtype`: the model's
-        (default: the pool's, bf16 over an fp8 pool)."""
+        (default: the pool's, bf16 over an fp8 pool); `mode`: default, this process's."""
 
         class Pool:
             def get_key_buffer(self, layer_id):
@@ -122,10 +122,12 @@ class MepicAttnBackend(AttentionBackend):
         AttentionBackend.__init__(backend)
         backend._graph_heads = (q_heads or k_pool.shape[1], k_pool.shape[1])
         backend._attach(k_pool.device, type("ReqToTokenPool", (), {"req_to_token": req_to_token})(), Pool(), rope,
-                        q_dtype or (torch.bfloat16 if k_pool.dtype in FP8_KV_DTYPES else k_pool.dtype))
+                        q_dtype or (torch.bfloat16 if k_pool.dtype in FP8_KV_DTYPES else k_pool.dtype),
+                        mode or config.settings().mode)
         return backend
 
-    def _attach(self, device, req_to_token_pool, token_to_kv_pool, rope: Rope, q_dtype: torch.dtype) -> None:
+    def _attach(self, device, req_to_token_pool, token_to_kv_pool, rope: Rope, q_dtype: torch.dtype,
+                mode: modes.Mode) -> None:
         self.device = device
         self.q_dtype = q_dtype  # the model's: queries and outputs (the pool may hold fp8)
         self.req_to_token_pool = req_to_token_pool
@@ -134,7 +136,6 @@ class MepicAttnBackend(AttentionBackend):
         self.rope = rope
         self.rotated_keys = RotatedKeys(rope)
         self.copies = None
-        mode = config.mode()
         self.blend = None
         if modes.planning(mode) is modes.Planning.BLEND:
             layers = getattr(token_to_kv_pool, "layer_num", mode.check_layer + 1)
@@ -505,4 +506,5 @@ class MepicAttnBackend(AttentionBackend):
 
 
 def create(model_runner) -> MepicAttnBackend:
-    return MepicAttnBackend(model_runner)
+    """SGLang's factory (plugin.py registers it): the backend, handed this process's settings."""
+    return MepicAttnBackend(model_runner, config.settings())

@@ -26,10 +26,10 @@ def quantization_param_path() -> str | None:
         return None
 
 
-def model_fingerprint(model_config, scales_path: str | None = None) -> str:
+def model_fingerprint(model_config, scales_path: str | None = None, stored: bool = False) -> str:
     """What makes KV reusable: the weights (path, revision), their dtype and the architecture.
 
-    With a storage backend, chunk KV outlives this process: weights replaced in the same
+    `stored`: with a storage backend, chunk KV outlives this process: weights replaced in the same
     folder (a fine-tune saved over the original) must not read the old weights' KV, so the
     folder's contents are hashed too (weights.py; paid once at start, and only then). So is
     `scales_path`, SGLang's `--quantization-param-path`: the KV scales an fp8 cache is stored under."""
@@ -37,7 +37,7 @@ def model_fingerprint(model_config, scales_path: str | None = None) -> str:
     described = json.dumps(hf.to_dict() if hf is not None else {}, sort_keys=True, default=str)
     path = str(getattr(model_config, "model_path", ""))
     parts = [path, str(getattr(model_config, "revision", "")), str(getattr(model_config, "dtype", "")), described]
-    if config.storage_backend() not in (None, "none") and os.path.isdir(path):
+    if stored and os.path.isdir(path):
         parts.append(weights.digest(path))
     if scales_path:
         parts.append(weights.file_digest(Path(scales_path)) if os.path.isfile(scales_path) else scales_path)
@@ -50,12 +50,8 @@ def build(ctx) -> MepicRadixCache:
                          "(no sliding-window or state-space layers)")
     if ctx.enable_hierarchical_cache:
         raise ValueError("--radix-cache-backend mepic does not support --enable-hierarchical-cache")
-    config.placement()  # fail at start-up on a bad setting
-    config.compile_sink()
-    config.host_tier_gb()
-    config.storage_config()
-    config.storage_timeout()
-    directory = config.storage_dir() if config.storage_backend() == "file" else None
+    settings = config.settings()  # read at the process's start: a bad setting fails here
+    directory = settings.storage_dir if settings.storage_backend == "file" else None
     if directory is not None:
         try:
             os.makedirs(directory, exist_ok=True)
@@ -63,13 +59,15 @@ def build(ctx) -> MepicRadixCache:
             raise ValueError(f"--mepic-storage-dir {directory}: cannot create it ({e.strerror})") from None
         if not os.access(directory, os.W_OK):
             raise ValueError(f"--mepic-storage-dir {directory}: not writable")
-    mode = config.mode()
-    modes.canonical_from(mode, config.recompute_blocks())  # a bad --mepic-recompute-blocks fails here
-    metrics.publish_reuse_refused(mode.name, config.reuse_refused())
+    mode = settings.mode
+    modes.canonical_from(mode, settings.recompute_blocks)  # a bad --mepic-recompute-blocks fails here
+    metrics.publish_reuse_refused(mode.name, settings.reuse_refused)
     if ctx.disable_radix_cache and mode.reuses:
         raise ValueError(f"--mepic-mode {mode.name} needs the radix cache: drop --disable-radix-cache "
                          "or use --mepic-mode full")
     params = ctx.params
     if ctx.disable_radix_cache:
         params.disable = True
-    return MepicRadixCache(params, model_fingerprint(ctx.model_config, quantization_param_path()), mode)
+    fingerprint = model_fingerprint(ctx.model_config, quantization_param_path(),
+                                    stored=settings.storage_backend not in (None, "none"))
+    return MepicRadixCache(params, fingerprint, mode, settings=settings)

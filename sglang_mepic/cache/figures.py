@@ -3,7 +3,7 @@ response's `mepic_*` meta_info) and the cache's totals (/metrics, /server_info, 
 
 from dataclasses import dataclass
 
-from sglang_mepic import config, modes
+from sglang_mepic import modes
 from sglang_mepic.cache import metrics
 from sglang_mepic.wire.report import Report
 
@@ -66,9 +66,11 @@ class Figures:
     Built by MepicRadixCache with what it reads: the pool's pages, their holders and the ledger's
     freeable count, the chunk store, the compile rows' count and the tiers' figures."""
 
-    def __init__(self, *, pages, refs, ledger, store, compile_rows, tiers, mode, page_size):
+    def __init__(self, *, pages, refs, ledger, store, compile_rows, tiers, mode, page_size,
+                 reuse_refused: str | None = None):
         self.pages, self.refs, self.ledger, self.store = pages, refs, ledger, store
         self.compile_rows, self.tiers, self.mode, self.page_size = compile_rows, tiers, mode, page_size
+        self.reuse_refused = reuse_refused  # the mode --mepic-verify refused (then mode is full)
         self.counters = Counters()
         self.peak_pages_in_use = 0
         self._sampled = None  # the counts `sample` compares, at the last sample
@@ -100,7 +102,7 @@ class Figures:
         self.peak_pages_in_use = max(self.peak_pages_in_use, in_use)
         return {
             "mode": self.mode.name,
-            "reuse_refused": config.reuse_refused(),  # the mode --mepic-verify refused (then mode is full)
+            "reuse_refused": self.reuse_refused,
             "page_size": self.page_size,
             "kv_pages_total": self.total_pages(),
             "kv_pages_free": self.pages.available(),

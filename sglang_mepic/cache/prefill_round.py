@@ -16,7 +16,6 @@ its response's `cached_tokens`.
 
 import functools
 
-from sglang_mepic import config
 from sglang_mepic.cache.link import link_of
 from sglang_mepic.cache.radix_cache import mepic_cache
 
@@ -68,7 +67,7 @@ def prefill_round(original, scheduler, *args, **kwargs):
         rows.make_req = functools.partial(compile_req, scheduler)
         rows.rows_left = functools.partial(_rows_left, scheduler)
         tokenizer = getattr(scheduler, "tokenizer", None)
-        rows.sink = tokenizer.bos_token_id if config.compile_sink() == "bos" and tokenizer is not None else None
+        rows.sink = tokenizer.bos_token_id if tree.settings.compile_sink == "bos" and tokenizer is not None else None
     held = hold_back(tree, scheduler.waiting_queue) if tree is not None else []
     if held:
         ids = {id(req) for req in held}

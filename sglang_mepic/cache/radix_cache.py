@@ -66,11 +66,13 @@ class MepicRadixCache(RadixCache):
     prioritising = False
 
     def __init__(self, params, model_fingerprint: str = "", mode: modes.Mode | None = None,
-                 canonical_from: int | None = -1, tiers: Tiers | None = None):
+                 canonical_from: int | None = -1, tiers: Tiers | None = None,
+                 settings: config.Settings | None = None):
         check_allocator(params.token_to_kv_pool_allocator)
         super().__init__(params)
-        self.mode = mode or config.mode()
-        self.canonical_from = (modes.canonical_from(self.mode, config.recompute_blocks()) if canonical_from == -1
+        self.settings = settings = settings or config.settings()
+        self.mode = mode or settings.mode
+        self.canonical_from = (modes.canonical_from(self.mode, settings.recompute_blocks) if canonical_from == -1
                                else canonical_from)
         self.pages = PoolPages(params.token_to_kv_pool_allocator)
         self.refs = PageRefs(self.pages)
@@ -80,9 +82,9 @@ class MepicRadixCache(RadixCache):
         self.refs.on_change = self.ledger.touch
         self.store.on_change = self.ledger.chunk_changed
         self.kv_pool = params.token_to_kv_pool_allocator.get_kvcache()
-        self.tiers = tiers or Tiers(self.kv_pool, self.page_size, config.host_tier_gb(),
-                                    storage.from_settings(model_fingerprint))
-        self.linker = Linker(config.placement(), self.page_size, model_fingerprint)
+        self.tiers = tiers or Tiers(self.kv_pool, self.page_size, settings.host_tier_gb,
+                                    storage.from_settings(model_fingerprint, settings))
+        self.linker = Linker(settings.placement, self.page_size, model_fingerprint)
         self.compile_rows = compile_rows.CompileRows(self.page_size)
         self.residency = Residency(self.store, self.refs, self.pages, self.tiers, self.evict, self.page_size,
                                    self.canonical_from,
@@ -95,7 +97,7 @@ class MepicRadixCache(RadixCache):
                                page_size=self.page_size, canonical_from=self.canonical_from)
         self.figures = Figures(pages=self.pages, refs=self.refs, ledger=self.ledger, store=self.store,
                                compile_rows=self.compile_rows, tiers=self.tiers, mode=self.mode,
-                               page_size=self.page_size)
+                               page_size=self.page_size, reuse_refused=settings.reuse_refused)
         self.admission = Admission(pages=self.pages, refs=self.refs, store=self.store, tiers=self.tiers,
                                    kv_pool=self.kv_pool, evict=self.evict, counters=self.figures.counters,
                                    mode=self.mode, canonical_from=self.canonical_from, page_size=self.page_size)

@@ -99,7 +99,7 @@ def parse_separator(text: str) -> str:
 
 def active_separator() -> str | None:
     """`--mepic-separator`, checked; None: no separator."""
-    value = config.separator()
+    value = config.settings().separator
     return None if value is None else parse_separator(value)
 
 
@@ -109,7 +109,7 @@ def text_pieces(text: str) -> Parts | None:
     separator = active_separator()
     if _separated(text, separator):
         return split_separated(text, separator)
-    if config.text_markup() and has_text_markup(text):
+    if config.settings().text_markup and has_text_markup(text):
         return split_text(text)
     return None
 
@@ -118,7 +118,7 @@ def may_split(text) -> bool:
     """Whether a text prompt may be split into pieces (and so must be tokenized a piece at a time)."""
     separator = active_separator()
     return isinstance(text, str) and ((separator is not None and separator in text) or has_text_markup(text)
-                                      or config.known_texts_on())
+                                      or config.settings().known_texts)
 
 
 def any_may_split(texts) -> bool:
@@ -211,8 +211,9 @@ def chat_messages(messages, count_tokens: Callable[[str], int], page_size: int, 
         return _with_texts(messages, replaced)
     if typed:
         return None
-    replaced, left = {}, config.max_chunks()
-    mode = config.auto_chunk()
+    settings = config.settings()
+    replaced, left = {}, settings.max_chunks
+    mode = settings.chat_chunking
     if mode != "off":
         long = [t for t in candidates(messages, mode) if t.text.strip() and count_tokens(t.text) >= MIN_PAGES * page_size]
         for t in long[:left]:

@@ -128,7 +128,7 @@ def mark_rendered(result, request, tok, server_markup: bool = False):
     tokenizer. `server_markup`: the server put the markup in the messages, so it marks even with
     `--mepic-text-markup off` (auto_chunk.chat_messages left alone any request holding markup text)."""
     check_content(request)
-    if not (config.text_markup() or server_markup) or not _marked(request):
+    if not (config.settings().text_markup or server_markup) or not _marked(request):
         return result
     rendered = result.prompt_ids
     if isinstance(rendered, list):

@@ -21,7 +21,7 @@ def _text(text: str) -> str:
     if separator is not None and separator in text:
         # Text that also held markup was refused (400), so every separator split the prompt.
         return text.replace(separator, "")
-    if not (config.text_markup() and has_text_markup(text)):
+    if not (config.settings().text_markup and has_text_markup(text)):
         return text
     # Malformed markup was refused (400) before generation, so plain removal is exactly split_text's.
     return text.replace(CHUNK_OPEN, "").replace(CHUNK_CLOSE, "")

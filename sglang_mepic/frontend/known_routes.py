@@ -57,7 +57,7 @@ def parse(body) -> tuple[list[str], tuple, bool]:
     if len(texts) > MAX_TEXTS:
         raise RouteError(f'"texts" holds {len(texts)} texts, more than the {MAX_TEXTS} one request may register; '
                          "send them in several requests")
-    limit = config.known_texts_bytes()
+    limit = config.settings().known_texts_bytes
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise RouteError(f"texts[{i}] is a {type(text).__name__}, not a string", i)
@@ -106,7 +106,7 @@ async def register(request: Request):
     from fastapi.responses import JSONResponse
     from sglang.srt.managers.io_struct import GenerateReqInput
 
-    if not config.known_texts_on():
+    if not config.settings().known_texts:
         return JSONResponse(status_code=400, content={"error": {
             "message": "registered texts are off on this server: start it with --mepic-auto-chunk known "
                        "(or messages+known, tools+known)", "type": "invalid_request_error"}})

@@ -78,7 +78,7 @@ def _render(serving, request, *args, **kwargs) -> _Rendered:
 
 def _plain(request) -> bool:
     """Nothing for the markup path to do: no markup or separator in any content, no auto-chunking."""
-    return config.auto_chunk() == "off" and not any(auto_chunk.may_split(t.text)
+    return config.settings().chat_chunking == "off" and not any(auto_chunk.may_split(t.text)
                                                     for t in auto_chunk.chat_texts(request.messages))
 
 

@@ -142,8 +142,8 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sglang_mepic.check_model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True, help="local HF model folder")
-    ap.add_argument("--mode", type=_mode, default=modes.parse_mode(config.DEFAULT_MODE), metavar="MODE",
-                    help=f"the reuse mode to check: {modes.MODE_HELP}. Default: {config.DEFAULT_MODE}.")
+    ap.add_argument("--mode", type=_mode, default=modes.parse_mode(config.MODE.default), metavar="MODE",
+                    help=f"the reuse mode to check: {modes.MODE_HELP}. Default: {config.MODE.default}.")
     ap.add_argument("--questions", type=int, default=calibration.size(), metavar="N",
                     help=f"calibration questions to run, 1-{calibration.size()}. Default: all {calibration.size()}.")
     ap.add_argument("--min-top1", type=_fraction("--min-top1"), default=gate.MIN_TOP1, metavar="X",

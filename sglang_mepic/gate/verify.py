@@ -20,9 +20,9 @@ from sglang_mepic.gate import verdict_cache
 # Flags of the launch that the gate's own server must not share: it listens elsewhere, is
 # asked without a key, and writes nothing of the calibration set to a shared tier.
 NOT_PASSED_ON = ("--model-path", "--model", "--host", "--port", "--api-key")
-NOT_INHERITED = (config.VERIFY_ENV, config.REUSE_REFUSED_ENV, config.STORAGE_ENV, config.STORAGE_BACKEND_ENV, config.STORAGE_CONFIG_ENV)
+NOT_INHERITED = (config.VERIFY.env, config.REUSE_REFUSED_ENV, config.STORAGE_DIR.env, config.STORAGE_BACKEND.env, config.STORAGE_CONFIG.env)
 # The settings a verdict depends on besides the model, the mode and the SGLang flags.
-FIDELITY_SETTINGS = (config.RECOMPUTE_ENV, config.SINK_ENV, config.PLACEMENT_ENV)
+FIDELITY_SETTINGS = (config.RECOMPUTE_BLOCKS.env, config.COMPILE_SINK.env, config.PLACEMENT.env)
 
 
 def gate_server_args(argv: list[str]) -> list[str]:
@@ -38,14 +38,15 @@ def gate_server_args(argv: list[str]) -> list[str]:
 
 
 def questions() -> int:
-    text = config.raw(config.VERIFY_QUESTIONS)
-    return config.parse_questions(text, calibration.size()) if text else calibration.size()
+    """--mepic-verify-questions, checked against the calibration set's size; default, all of it."""
+    n = config.settings().verify_questions
+    return calibration.size() if n is None else config.parse_questions(str(n), calibration.size())
 
 
 def verify(model_path: str, argv: list[str], log: Callable[[str], None]) -> gate.Verdict | None:
     """The verdict for this model and the configured mode (cached or measured now); None
     where there is nothing to check (a mode or cache that reuses no chunk)."""
-    mode = config.mode()
+    mode = config.settings().mode
     if not mode.reuses:
         log(f"--mepic-verify: mode {mode.name} reuses nothing, so there is nothing to check")
         return None
@@ -73,6 +74,7 @@ def verify(model_path: str, argv: list[str], log: Callable[[str], None]) -> gate
 def refuse_reuse(verdict: gate.Verdict, log: Callable[[str], None]) -> None:
     """Serve as `full`, and have every process report the refused mode."""
     os.environ[config.REUSE_REFUSED_ENV] = verdict.mode
-    os.environ[config.MODE_ENV] = "full"
+    os.environ[config.MODE.env] = "full"
+    config.reload()
     log(f"--mepic-verify: reuse refused for this model: mode {verdict.mode} failed the accuracy gate, "
         "serving as --mepic-mode full (every token computed in context)")

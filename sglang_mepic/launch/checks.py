@@ -97,19 +97,20 @@ def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
         raise LaunchError(f"--speculative-algorithm {known.speculative_algorithm}: --attention-backend mepic has "
                           "no draft or verify path (no tree masks); serve without speculative decoding or with "
                           "another --attention-backend")
-    if known.disable_radix_cache and known.radix_cache_backend == "mepic" and config.mode().reuses:
-        raise LaunchError(f"--disable-radix-cache: --mepic-mode {config.mode().name} reuses chunks through the "
+    settings = config.settings()
+    if known.disable_radix_cache and known.radix_cache_backend == "mepic" and settings.mode.reuses:
+        raise LaunchError(f"--disable-radix-cache: --mepic-mode {settings.mode.name} reuses chunks through the "
                           "radix cache; drop --disable-radix-cache, or use --mepic-mode full or "
                           "--radix-cache-backend sglang")
     if known.attention_backend == "mepic" and (known.kv_cache_dtype or "auto") not in MEPIC_KV_DTYPES:
         raise LaunchError(f"--kv-cache-dtype {known.kv_cache_dtype}: --attention-backend mepic reads the KV cache "
                           f"as {', '.join(MEPIC_KV_DTYPES)} only")
-    if config.known_texts_on() and known.tokenizer_worker_num > 1:
+    if settings.known_texts and known.tokenizer_worker_num > 1:
         raise LaunchError(f"--tokenizer-worker-num {known.tokenizer_worker_num}: --mepic-auto-chunk "
-                          f"{config.raw(config.AUTO_CHUNK)} keeps the registered texts in the tokenizer process, "
+                          f"{settings.auto_chunk} keeps the registered texts in the tokenizer process, "
                           "and each worker would hold its own; run one tokenizer worker")
     if known.radix_cache_backend == "mepic":  # the only cache that makes a host tier
-        check_host_memory(config.host_tier_gb(), config.raw(config.HOST_TIER_GB))
+        check_host_memory(settings.host_tier_gb)
     if cuda is False and (known.device or "").startswith("cuda"):
         raise LaunchError(f"--device {known.device}: this machine has no CUDA device (torch.cuda.is_available() "
                           "is False); leave --device out to serve on the CPU")
@@ -135,13 +136,12 @@ def free_host_memory() -> int:
     return module.available_host_memory_bytes(allow_cgroup_fallback=True)
 
 
-def check_host_memory(gigabytes: float, given: str) -> None:
+def check_host_memory(gigabytes: float) -> None:
     """Refuse a host tier SGLang's host pool would refuse in the scheduler process, with a traceback, once the
-    model has loaded: it wants the tier's size free plus its reserve (`HOST_POOL_RESERVE_BYTES`).
-
-    given: the flag's value as the user wrote it, for the message."""
+    model has loaded: it wants the tier's size free plus its reserve (`HOST_POOL_RESERVE_BYTES`)."""
     if gigabytes <= 0:
         return
+    given = format(gigabytes, "f").rstrip("0").rstrip(".")  # as written: 0.5, 1000000
     needed, available = gigabytes * 1e9 + HOST_POOL_RESERVE_BYTES, free_host_memory()
     if needed > available:
         raise LaunchError(f"--mepic-host-tier-gb {given}: the host tier needs {needed / 1e9:.1f} GB of free "

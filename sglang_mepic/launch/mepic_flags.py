@@ -39,11 +39,11 @@ def mepic_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _shown(setting: config.Setting, backend: str | None) -> bool:
+def _shown(setting: config.Setting, backend: str | None, settings: config.Settings) -> bool:
     """Whether the start-up line names a setting: the shared tier's only where one is set."""
     return {"always": True, "never": False, "file": backend == "file", "storage": backend is not None,
             "storage-set": backend is not None and bool(os.environ.get(setting.env)),
-            "known": config.known_texts_on()}[setting.shown]
+            "known": settings.known_texts}[setting.shown]
 
 
 def _display(setting: config.Setting) -> str:
@@ -53,11 +53,12 @@ def _display(setting: config.Setting) -> str:
     if setting is config.SEPARATOR:
         separator = auto_chunk.active_separator()
         return "none" if separator is None else repr(separator)
-    if setting is config.KNOWN_TEXTS_MB:
-        return config.raw(setting)
-    if setting in (config.STORAGE_CONFIG, config.RECOMPUTE_BLOCKS):  # as given: JSON, or a count or 'all'
-        return f"'{config.raw(setting)}'" if setting is config.STORAGE_CONFIG else config.raw(setting)
-    value = config.read(setting)
+    text = os.environ.get(setting.env) or setting.default  # as the flag gave it (the launcher set the variable)
+    if setting in (config.KNOWN_TEXTS_MB, config.RECOMPUTE_BLOCKS, config.TEXT_MARKUP):  # a count, 'all', on/off
+        return text
+    if setting is config.STORAGE_CONFIG:  # JSON, as given
+        return f"'{text}'"
+    value = setting.parse(text)
     if isinstance(value, modes.Mode):
         return value.name
     if isinstance(value, float):
@@ -71,23 +72,24 @@ def mepic_settings(argv: list[str]) -> str:
     Read back from the environment the --mepic-* flags became (what every SGLang
     process reads), and from argv after `with_defaults`; a note says when chunks are
     not reused at all, since the flags then change nothing."""
-    backend = config.storage_backend()
+    settings = config.settings()
+    backend = settings.storage_backend
     shown = []
     for setting in config.SETTINGS:
         if setting is config.STORAGE_BACKEND:
             shown.append(f"{setting.flag} {backend or 'none'}")
-        elif _shown(setting, backend):
+        elif _shown(setting, backend, settings):
             shown.append(f"{setting.flag} {_display(setting)}")
     line = " ".join(shown)
-    if config.verify():
+    if settings.verify:
         line += f" --mepic-verify --mepic-verify-questions {verify.questions()}"
-    if config.reuse_refused():
-        line += f" (reuse refused: --mepic-mode {config.reuse_refused()} failed the accuracy gate on this model)"
+    if settings.reuse_refused:
+        line += f" (reuse refused: --mepic-mode {settings.reuse_refused} failed the accuracy gate on this model)"
     known = known_flags(argv)
     if (known.attention_backend, known.radix_cache_backend) != ("mepic", "mepic"):
         line += (" (chunks are not reused: that needs --attention-backend mepic and --radix-cache-backend mepic; "
                  "markers are still removed)")
-    elif not config.mode().reuses:
+    elif not settings.mode.reuses:
         line += " (full mode: chunks are computed in context, never reused)"
     return line
 

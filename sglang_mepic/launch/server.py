@@ -101,6 +101,7 @@ def _main(argv: list[str] | None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     argv, mepic_env = split_mepic_flags(argv)
     os.environ.update(mepic_env)
+    config.reload()  # this process's settings, from the flags it was given
     summary = None  # a line for after SGLang's argument checks, so that a refused flag is the only line
     if wants_help(argv):
         mepic_parser().print_help()
@@ -115,7 +116,7 @@ def _main(argv: list[str] | None) -> None:
         _ensure_default_model(known.model_path)
         checks.check_model_path(known.model_path, argv)
         checks.check_port_free(known.host, known.port)
-        if config.verify():
+        if config.settings().verify:
             verify_model(known.model_path, argv)
         settings = mepic_settings(argv)
         if quiet_start(argv):  # before SGLang's imports, which warn

@@ -294,28 +294,27 @@ def _tp() -> tuple[int, int]:
         return 0, 1
 
 
-def settings_known(model_fingerprint: str) -> dict:
+def settings_known(model_fingerprint: str, settings: config.Settings) -> dict:
     """The SETTINGS the --mepic-* flags and the process give; the KV pool gives the rest (`Storage.bind`)."""
     tp_rank, tp_size = _tp()
-    mode = config.mode()
-    return {"model": model_fingerprint, "mode": mode.name,
-            "canonical_from": modes.canonical_from(mode, config.recompute_blocks()),
-            "compile_sink": config.compile_sink(), "placement": config.placement().value,
+    return {"model": model_fingerprint, "mode": settings.mode.name,
+            "canonical_from": modes.canonical_from(settings.mode, settings.recompute_blocks),
+            "compile_sink": settings.compile_sink, "placement": settings.placement.value,
             "tp_rank": tp_rank, "tp_size": tp_size}
 
 
-def from_settings(fingerprint: str) -> Storage | None:
+def from_settings(fingerprint: str, settings: config.Settings) -> Storage | None:
     """The shared tier that the --mepic-storage-* settings ask for; None when they ask for none.
 
     `fingerprint` is the model's; the entries are keyed by every setting (Tiers binds the page
     size and KV dtype)."""
-    backend = config.storage_backend()
+    backend = settings.storage_backend
     if backend is None:
         return None
-    extra = config.storage_config()
+    extra = settings.storage_config
     if backend == "file":
-        extra = {"file_storage_path": config.storage_dir(), **extra}
-    settings = settings_known(fingerprint)
-    partial = settings_fingerprint(**{"page_size": None, "kv_dtype": None, **settings})
-    return Storage(backend, extra, partial, config.storage_timeout(), secret=config.storage_secret(),
-                   settings=settings)
+        extra = {"file_storage_path": settings.storage_dir, **extra}
+    known = settings_known(fingerprint, settings)
+    partial = settings_fingerprint(**{"page_size": None, "kv_dtype": None, **known})
+    return Storage(backend, extra, partial, settings.storage_timeout, secret=settings.storage_secret,
+                   settings=known)

@@ -10,12 +10,13 @@ from sglang_mepic.lang import chunk
 
 
 def test_unmarked_removes_markers_from_every_prompt_shape(monkeypatch):
-    monkeypatch.delenv(config.TEXT_MARKUP_ENV, raising=False)
+    monkeypatch.delenv(config.TEXT_MARKUP.env, raising=False)
     assert echo.unmarked("a " + chunk("doc") + " b") == "a doc b"
     assert echo.unmarked(["x", chunk("y")]) == ["x", "y"]
     assert echo.unmarked([1, BEG, 2, 3, END, 4]) == [1, 2, 3, 4]
     assert echo.unmarked([[BEG, 2, END], [5]]) == [[2], [5]]
-    monkeypatch.setenv(config.TEXT_MARKUP_ENV, "off")  # typed markers are then text the model saw
+    monkeypatch.setenv(config.TEXT_MARKUP.env, "off")  # typed markers are then text the model saw
+    config.reload()
     assert echo.unmarked("a " + chunk("doc")) == "a " + chunk("doc")
     assert echo.unmarked([BEG, 2, END]) == [2]  # id markers always mark
 

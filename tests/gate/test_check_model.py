@@ -85,7 +85,7 @@ def test_verify_has_nothing_to_check_in_full_mode(tiny_model, monkeypatch, capsy
     from sglang_mepic import config
     from sglang_mepic.gate import verify
 
-    monkeypatch.setenv(config.MODE_ENV, "full")
+    monkeypatch.setenv(config.MODE.env, "full")
     lines = []
     assert verify.verify(tiny_model, [], lines.append) is None
     assert "nothing to check" in lines[0]

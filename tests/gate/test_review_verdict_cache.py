@@ -76,38 +76,34 @@ def test_the_key_names_the_code_that_measured_it(key):
     assert key["code"] == verdict_cache.code_fingerprint() and len(key["code"]) == 16
 
 
-def test_stored_chunk_keys_follow_the_weights_not_only_the_path(tmp_path, monkeypatch):
+def test_stored_chunk_keys_follow_the_weights_not_only_the_path(tmp_path):
     """Chunk KV in storage outlives the process: weights saved over the same folder must key apart."""
     from types import SimpleNamespace
 
-    from sglang_mepic import config
     from sglang_mepic.cache import cache_backend
 
     model = tmp_path / "model"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"\0" * 1000)
     model_config = SimpleNamespace(model_path=str(model), revision=None, dtype="float32", hf_config=None)
-    monkeypatch.setenv(config.STORAGE_BACKEND_ENV, "mooncake")
-    before = cache_backend.model_fingerprint(model_config)
+    before = cache_backend.model_fingerprint(model_config, stored=True)  # a storage backend is set
     (model / "model.safetensors").write_bytes(b"\1" + b"\0" * 999)
-    assert cache_backend.model_fingerprint(model_config) != before
+    assert cache_backend.model_fingerprint(model_config, stored=True) != before
 
 
-def test_stored_chunk_keys_follow_the_kv_scales_file(tmp_path, monkeypatch):
+def test_stored_chunk_keys_follow_the_kv_scales_file(tmp_path):
     """Issue 73: an fp8 cache is stored divided by the layers' scales; SGLang's --quantization-param-path file
     gives them. Two servers of one model with other scales files must not read each other's entries."""
     from types import SimpleNamespace
 
-    from sglang_mepic import config
     from sglang_mepic.cache import cache_backend
 
     (tmp_path / "model").mkdir()
     model_config = SimpleNamespace(model_path=str(tmp_path / "model"), revision=None, dtype="bfloat16", hf_config=None)
-    monkeypatch.setenv(config.STORAGE_BACKEND_ENV, "mooncake")
     scales = tmp_path / "kv_scales.json"
     scales.write_text('{"kv_cache": {"scaling_factor": {"0": {"0": 0.5}}}}')
-    first = cache_backend.model_fingerprint(model_config, str(scales))
+    first = cache_backend.model_fingerprint(model_config, str(scales), stored=True)
     scales.write_text('{"kv_cache": {"scaling_factor": {"0": {"0": 0.25}}}}')
-    assert cache_backend.model_fingerprint(model_config, str(scales)) != first
-    assert cache_backend.model_fingerprint(model_config) not in (first, cache_backend.model_fingerprint(
-        model_config, str(scales)))
+    assert cache_backend.model_fingerprint(model_config, str(scales), stored=True) != first
+    assert cache_backend.model_fingerprint(model_config, stored=True) not in (first, cache_backend.model_fingerprint(
+        model_config, str(scales), stored=True))

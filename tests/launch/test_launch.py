@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from sglang_mepic import config
 from sglang_mepic.launch import checks, defaults, mepic_flags, models, sglang_flags
 from sglang_mepic.launch.defaults import with_defaults
 from support.launcher import assert_refused
@@ -296,6 +297,7 @@ def settings_line(monkeypatch, *flags):
     argv, env = mepic_flags.split_mepic_flags(["--model-path", "m", *flags])
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+    config.reload()  # as the launcher does once the flags are variables
     return mepic_flags.mepic_settings(with_defaults(argv, cuda=False, native_bf16=True)[0])
 
 
@@ -487,6 +489,7 @@ def test_the_launcher_knows_the_backends_architectures():
 
 
 def check(*flags, cuda=False):
+    config.reload()  # the environment as the test left it, as the launcher reads it once the flags are variables
     checks.check_combinations(with_defaults(["--model-path", "m", *flags], cuda=cuda)[0], cuda=cuda)
 
 
@@ -519,12 +522,12 @@ def test_registered_texts_with_several_tokenizer_workers_are_refused(monkeypatch
     found in a prompt another tokenizes. The check never saw the flag (issue 68)."""
     from sglang_mepic import config
 
-    monkeypatch.setenv(config.AUTO_CHUNK_ENV, "messages+known")
+    monkeypatch.setenv(config.AUTO_CHUNK.env, "messages+known")
     for flags in (["--tokenizer-worker-num", "2"], ["--tokenizer-worker-num=4"]):
         with pytest.raises(SystemExit, match="--tokenizer-worker-num [24]: --mepic-auto-chunk messages\\+known keeps"):
             check(*flags)
     check("--tokenizer-worker-num", "1")
-    monkeypatch.setenv(config.AUTO_CHUNK_ENV, "messages")  # no registered texts: any number of workers
+    monkeypatch.setenv(config.AUTO_CHUNK.env, "messages")  # no registered texts: any number of workers
     check("--tokenizer-worker-num", "2")
 
 
@@ -535,7 +538,7 @@ def test_a_host_tier_the_free_ram_cannot_hold_is_refused_before_anything_loads(m
     test does not depend on this machine's RAM."""
     from sglang_mepic import config
 
-    monkeypatch.setenv(config.HOST_TIER_ENV, "1")
+    monkeypatch.setenv(config.HOST_TIER_GB.env, "1")
     monkeypatch.setattr(checks, "free_host_memory", lambda: 8_000_000_000)
     with pytest.raises(SystemExit, match=r"--mepic-host-tier-gb 1: the host tier needs 11\.7 GB of free RAM \(1 GB "
                                          r"for the tier and the 10 GiB SGLang's host pool leaves free\); 8\.0 GB is "
@@ -544,7 +547,7 @@ def test_a_host_tier_the_free_ram_cannot_hold_is_refused_before_anything_loads(m
     check("--radix-cache-backend", "sglang")  # SGLang's own cache: no host tier is made
     monkeypatch.setattr(checks, "free_host_memory", lambda: 12_000_000_000)
     check()
-    monkeypatch.setenv(config.HOST_TIER_ENV, "0")
+    monkeypatch.setenv(config.HOST_TIER_GB.env, "0")
     monkeypatch.setattr(checks, "free_host_memory", lambda: 0)
     check()  # no tier, no reserve
 

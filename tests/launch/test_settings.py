@@ -14,7 +14,7 @@ SAMPLES = {
     config.RECOMPUTE_BLOCKS: ("all", "0"),
     config.COMPILE_SINK: ("bos", "eos"),
     config.PLACEMENT: ("leading", "middle"),
-    config.TEXT_MARKUP_SETTING: ("off", "no"),
+    config.TEXT_MARKUP: ("off", "no"),
     config.HOST_TIER_GB: ("0.5", "-1"),
     config.MAX_CHUNKS: ("8", "0"),
     config.AUTO_CHUNK: ("tools+known", "all"),
@@ -76,31 +76,39 @@ def test_the_docs_flag_table_is_the_one_the_settings_give():
         flags_doc.rewritten("no markers here")
 
 
-def test_a_value_is_parsed_once_per_distinct_text(monkeypatch):
-    calls = []
-    counted = dataclasses.replace(config.MAX_CHUNKS, env="SGLANG_MEPIC_TEST_COUNTED",
-                                  parse=lambda text: calls.append(text) or int(text))
-    assert config.read(counted) == 64 and config.read(counted) == 64
-    monkeypatch.setenv(counted.env, "9")
-    assert config.read(counted) == 9 and config.read(counted) == 9
-    monkeypatch.setenv(counted.env, "")  # empty means unset: the default
-    assert config.read(counted) == 64
-    assert calls == ["64", "9"]
+def test_a_process_reads_its_settings_once(monkeypatch):
+    """Built from the environment when the process starts; a variable set later changes nothing until the
+    process reads them again (the launcher does once the flags are variables), and no part can change them."""
+    monkeypatch.setenv(config.MAX_CHUNKS.env, "9")
+    first = config.reload()
+    monkeypatch.setenv(config.MAX_CHUNKS.env, "10")
+    assert config.settings() is first and first.max_chunks == 9
+    assert config.reload().max_chunks == 10
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.max_chunks = 11
+    monkeypatch.setenv(config.MAX_CHUNKS.env, "")  # empty means unset: the default
+    assert config.reload().max_chunks == 64
 
 
-def test_a_bad_variable_set_by_hand_names_the_variable(monkeypatch):
-    monkeypatch.setenv(config.MAX_CHUNKS.env, "many")
+def test_a_bad_variable_set_by_hand_names_the_variable():
     with pytest.raises(ValueError, match=r"--mepic-max-chunks 'many'.*\$SGLANG_MEPIC_MAX_CHUNKS"):
-        config.max_chunks()
-    monkeypatch.setenv(config.PLACEMENT.env, "middle")
+        config.Settings.from_env({config.MAX_CHUNKS.env: "many"})
     with pytest.raises(ValueError, match="--mepic-placement 'middle': choose from"):
-        config.placement()
+        config.Settings.from_env({config.PLACEMENT.env: "middle"})
+    with pytest.raises(ValueError, match="--mepic-storage-backend file needs --mepic-storage-dir"):
+        config.Settings.from_env({config.STORAGE_BACKEND.env: "file"})
 
 
-def test_typed_readers_give_the_table_defaults():
-    assert config.mode() == modes.Mode(modes.Kind.MEPIC)
-    assert config.recompute_blocks() == 1 and config.placement() is config.Placement.TRAILING
-    assert config.compile_sink() == "none" and config.text_markup() is True
-    assert config.host_tier_gb() == 0 and config.max_chunks() == 64 and config.auto_chunk() == "off"
-    assert config.separator() is None and config.storage_backend() is None and config.storage_config() == {}
-    assert config.storage_timeout() == 0.5 and config.storage_secret() is None and config.verify() is False
+def test_typed_settings_give_the_table_defaults():
+    s = config.Settings.from_env({})
+    assert s.mode == modes.Mode(modes.Kind.MEPIC)
+    assert s.recompute_blocks == 1 and s.placement is config.Placement.TRAILING
+    assert s.compile_sink == "none" and s.text_markup is True
+    assert s.host_tier_gb == 0 and s.max_chunks == 64 and s.chat_chunking == "off" and not s.known_texts
+    assert s.separator is None and s.storage_backend is None and s.storage_config == {}
+    assert s.storage_timeout == 0.5 and s.storage_secret is None and s.verify is False
+    assert s.known_texts_bytes == 64_000_000 and s.verify_questions is None and s.reuse_refused is None
+    given = config.Settings.from_env({config.AUTO_CHUNK.env: "tools+known", config.STORAGE_DIR.env: "/tmp/x",
+                                      config.TEXT_MARKUP.env: "off", config.RECOMPUTE_BLOCKS.env: "all"})
+    assert given.chat_chunking == "tools" and given.known_texts and given.storage_backend == "file"
+    assert given.text_markup is False and given.recompute_blocks is None
