@@ -1,23 +1,21 @@
-"""MEPIC settings shared by every SGLang process: one table, read once per process.
+"""MEPIC settings shared by every SGLang process: one table, each row a flag and a variable.
 
 Each `Setting` row is a `--mepic-*` flag, the environment variable the launcher
 turns it into (so the scheduler and tokenizer processes SGLang spawns read the
 same value), its default, its check and its help. The launcher builds its
 parser, the flag-to-environment split, the start-up line and the docs' flag
-table from `SETTINGS`. Each process reads the table once into a frozen
-`Settings` (`settings()`, built when the process starts: plugin.register, the
-launcher) and the parts take its typed fields. It imports only the mode's value
+table from `SETTINGS`; each process reads it once into a frozen `Settings`
+(env.py) and the parts take its typed fields. It imports only the mode's value
 type (modes.py) of the package: the rules that belong to another part (the
 separator's markup check, the calibration set's size) are added by the launcher.
 """
 
 import enum
 import json
-import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sglang_mepic.modes import MODE_HELP, Mode, parse_mode
+from sglang_mepic.modes import MODE_HELP, parse_mode
 
 
 class Placement(enum.Enum):
@@ -228,77 +226,3 @@ SETTINGS: tuple[Setting, ...] = (
 # Not a flag: a mode the accuracy gate refused, named by the launcher for every process to report while
 # the server runs as `full`.
 REUSE_REFUSED_ENV = "SGLANG_MEPIC_REUSE_REFUSED"
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Every setting's typed value in one process, read from its environment once (`Settings.from_env`)."""
-    mode: Mode
-    recompute_blocks: int | None   # None: every block (nothing shared)
-    compile_sink: str              # what a standalone compile puts before the chunk: "bos" or "none"
-    placement: Placement
-    text_markup: bool              # <|chunk|> ... <|/chunk|> in text marks chunks; off, it is text
-    host_tier_gb: float            # host memory for chunk KV evicted from the device pool (0: none)
-    max_chunks: int                # most chunks one request may mark for reuse
-    auto_chunk: str                # --mepic-auto-chunk as given ("messages+known", ...)
-    known_texts_bytes: int         # the registered texts and their index, all namespaces together
-    separator: str | None          # unchecked: auto_chunk.active_separator() checks it
-    storage_backend: str | None    # the shared tier's HiCache backend; "file" where only a directory is given
-    storage_dir: str | None
-    storage_config: dict
-    storage_timeout: float         # longest wait for a shared-tier read before it counts as a miss
-    storage_secret: bytes | None   # authenticates shared-tier entries (HMAC-SHA256); None: checksums only
-    verify: bool
-    verify_questions: int | None   # None: the whole calibration set
-    reuse_refused: str | None      # the mode --mepic-verify refused on this model (it then runs as full)
-
-    @property
-    def chat_chunking(self) -> str:
-        """Which chat contents become chunks without markup (auto_chunk.py): off, messages or tools."""
-        return self.auto_chunk.replace("+known", "").replace("known", "off")
-
-    @property
-    def known_texts(self) -> bool:
-        """Whether registered documents are found in prompts without markup (known_texts.py)."""
-        return "known" in self.auto_chunk
-
-    @classmethod
-    def from_env(cls, environ=None) -> "Settings":
-        environ = os.environ if environ is None else environ
-        value = {setting.dest.removeprefix("mepic_"): _parsed(setting, environ) for setting in SETTINGS}
-        value["known_texts_bytes"] = value.pop("known_texts_mb")
-        value["storage_config"] = value["storage_config"] or {}
-        value["verify"] = bool(value["verify"])
-        if value["storage_backend"] is None and value["storage_dir"]:
-            value["storage_backend"] = "file"
-        if value["storage_backend"] == "file" and not value["storage_dir"]:
-            raise ValueError("--mepic-storage-backend file needs --mepic-storage-dir")
-        return cls(**value, reuse_refused=environ.get(REUSE_REFUSED_ENV) or None)
-
-
-def _parsed(setting: Setting, environ) -> Any:
-    """A setting's typed value: its variable if set and not empty, else its default; None where neither is."""
-    text = environ.get(setting.env) or setting.default
-    if text is None:
-        return None
-    try:
-        return setting.parse(text)
-    except ValueError as e:
-        # The flag names itself; a variable set by hand is named as well, since that is where to look.
-        raise ValueError(f"{e} (from ${setting.env})" if setting.env in environ else str(e)) from None
-
-
-_current: Settings | None = None
-
-
-def settings() -> Settings:
-    """This process's settings: read from its environment once, when it starts (plugin.register, the launcher)."""
-    return _current or reload()
-
-
-def reload() -> Settings:
-    """Read them again, where the environment was set after the process started: the launcher once the flags
-    are variables, the fork server's child once it has its server's environment, a model the gate refused."""
-    global _current
-    _current = Settings.from_env()
-    return _current

@@ -191,12 +191,12 @@ def tok(tiny_model):
 @pytest.fixture(autouse=True)
 def settings_read_per_test():
     """Each test's process settings are read from its own environment, at its first read (as a server process
-    reads them at its start); a test that sets a variable after that reads them again (`config.reload()`)."""
-    from sglang_mepic import config
+    reads them at its start); a test that sets a variable after that reads them again (`env.reload()`)."""
+    from sglang_mepic import env as process_env
 
-    config._current = None
+    process_env._current = None
     yield
-    config._current = None
+    process_env._current = None
 
 
 @pytest.fixture
@@ -204,6 +204,7 @@ def env(monkeypatch):
     """Markup settings cleared for the test; `env(separator=..., auto_chunk=...)` sets them (the rows
     `config.<NAME>`) and reads the settings again; they are restored after it."""
     from sglang_mepic import config
+    from sglang_mepic import env as process_env
 
     for var in (config.SEPARATOR.env, config.AUTO_CHUNK.env, config.TEXT_MARKUP.env, config.MAX_CHUNKS.env):
         monkeypatch.delenv(var, raising=False)
@@ -211,7 +212,7 @@ def env(monkeypatch):
     def set_(**values):
         for name, value in values.items():
             monkeypatch.setenv(getattr(config, name.upper()).env, value)
-        config.reload()
+        process_env.reload()
     return set_
 
 

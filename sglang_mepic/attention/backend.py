@@ -20,7 +20,7 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from sglang_mepic import config, modes
+from sglang_mepic import env, modes
 from sglang_mepic.attention import sync_probe
 from sglang_mepic.attention.positions import PositionMap
 from sglang_mepic.attention.reference import RotatedKeys, attend_causal, attend_paged, attend_plain
@@ -89,7 +89,7 @@ def _rotary_modules(model) -> list:
 
 
 class MepicAttnBackend(AttentionBackend):
-    def __init__(self, model_runner, settings: config.Settings):
+    def __init__(self, model_runner, settings: env.Settings):
         super().__init__()
         from sglang.srt.runtime_context import get_parallel
 
@@ -123,7 +123,7 @@ class MepicAttnBackend(AttentionBackend):
         backend._graph_heads = (q_heads or k_pool.shape[1], k_pool.shape[1])
         backend._attach(k_pool.device, type("ReqToTokenPool", (), {"req_to_token": req_to_token})(), Pool(), rope,
                         q_dtype or (torch.bfloat16 if k_pool.dtype in FP8_KV_DTYPES else k_pool.dtype),
-                        mode or config.settings().mode)
+                        mode or env.settings().mode)
         return backend
 
     def _attach(self, device, req_to_token_pool, token_to_kv_pool, rope: Rope, q_dtype: torch.dtype,
@@ -507,4 +507,4 @@ class MepicAttnBackend(AttentionBackend):
 
 def create(model_runner) -> MepicAttnBackend:
     """SGLang's factory (plugin.py registers it): the backend, handed this process's settings."""
-    return MepicAttnBackend(model_runner, config.settings())
+    return MepicAttnBackend(model_runner, env.settings())

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from sglang_mepic import config, modes
+from sglang_mepic import env, modes
 from sglang_mepic.cache import metrics
 from sglang_mepic.cache.radix_cache import MepicRadixCache
 from sglang_mepic.tiers import weights
@@ -50,7 +50,7 @@ def build(ctx) -> MepicRadixCache:
                          "(no sliding-window or state-space layers)")
     if ctx.enable_hierarchical_cache:
         raise ValueError("--radix-cache-backend mepic does not support --enable-hierarchical-cache")
-    settings = config.settings()  # read at the process's start: a bad setting fails here
+    settings = env.settings()  # read at the process's start: a bad setting fails here
     directory = settings.storage_dir if settings.storage_backend == "file" else None
     if directory is not None:
         try:

@@ -41,7 +41,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 
-from sglang_mepic import config, modes
+from sglang_mepic import env, modes
 from sglang_mepic.cache import compile_rows, planner
 from sglang_mepic.cache.admission import Admission
 from sglang_mepic.cache.figures import Figures
@@ -67,10 +67,10 @@ class MepicRadixCache(RadixCache):
 
     def __init__(self, params, model_fingerprint: str = "", mode: modes.Mode | None = None,
                  canonical_from: int | None = -1, tiers: Tiers | None = None,
-                 settings: config.Settings | None = None):
+                 settings: env.Settings | None = None):
         check_allocator(params.token_to_kv_pool_allocator)
         super().__init__(params)
-        self.settings = settings = settings or config.settings()
+        self.settings = settings = settings or env.settings()
         self.mode = mode or settings.mode
         self.canonical_from = (modes.canonical_from(self.mode, settings.recompute_blocks) if canonical_from == -1
                                else canonical_from)

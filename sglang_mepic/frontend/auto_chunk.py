@@ -44,7 +44,7 @@ requests that mark none.
 from dataclasses import dataclass
 from typing import Callable
 
-from sglang_mepic import config
+from sglang_mepic import env
 from sglang_mepic.frontend import known_texts
 from sglang_mepic.frontend.markup import CHUNK_CLOSE, CHUNK_OPEN, MarkupError, has_text_markup, split_text
 from sglang_mepic.wire.layout import Kind
@@ -99,7 +99,7 @@ def parse_separator(text: str) -> str:
 
 def active_separator() -> str | None:
     """`--mepic-separator`, checked; None: no separator."""
-    value = config.settings().separator
+    value = env.settings().separator
     return None if value is None else parse_separator(value)
 
 
@@ -109,7 +109,7 @@ def text_pieces(text: str) -> Parts | None:
     separator = active_separator()
     if _separated(text, separator):
         return split_separated(text, separator)
-    if config.settings().text_markup and has_text_markup(text):
+    if env.settings().text_markup and has_text_markup(text):
         return split_text(text)
     return None
 
@@ -118,7 +118,7 @@ def may_split(text) -> bool:
     """Whether a text prompt may be split into pieces (and so must be tokenized a piece at a time)."""
     separator = active_separator()
     return isinstance(text, str) and ((separator is not None and separator in text) or has_text_markup(text)
-                                      or config.settings().known_texts)
+                                      or env.settings().known_texts)
 
 
 def any_may_split(texts) -> bool:
@@ -211,7 +211,7 @@ def chat_messages(messages, count_tokens: Callable[[str], int], page_size: int, 
         return _with_texts(messages, replaced)
     if typed:
         return None
-    settings = config.settings()
+    settings = env.settings()
     replaced, left = {}, settings.max_chunks
     mode = settings.chat_chunking
     if mode != "off":

@@ -16,7 +16,7 @@ tool definitions and tool-call arguments too), auto-chunking leaves the request 
 sent and the separator is refused (400).
 """
 
-from sglang_mepic import config
+from sglang_mepic import env
 from sglang_mepic.frontend import auto_chunk, known_texts, limits, request_markup
 from sglang_mepic.frontend.intake import IntakeError
 from sglang_mepic.frontend.markup import (CHUNK_BEGIN_ID, CHUNK_CLOSE, CHUNK_END_ID, CHUNK_OPEN, MarkupError, has_text_markup,
@@ -128,7 +128,7 @@ def mark_rendered(result, request, tok, server_markup: bool = False):
     tokenizer. `server_markup`: the server put the markup in the messages, so it marks even with
     `--mepic-text-markup off` (auto_chunk.chat_messages left alone any request holding markup text)."""
     check_content(request)
-    if not (config.settings().text_markup or server_markup) or not _marked(request):
+    if not (env.settings().text_markup or server_markup) or not _marked(request):
         return result
     rendered = result.prompt_ids
     if isinstance(rendered, list):

@@ -9,7 +9,7 @@ stay; id markers always mark (they are not token ids), so they always go. The
 separator (`--mepic-separator`, auto_chunk.py) never reaches the model either.
 """
 
-from sglang_mepic import config
+from sglang_mepic import env
 from sglang_mepic.frontend import auto_chunk
 from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID, CHUNK_CLOSE, CHUNK_END_ID, CHUNK_OPEN, has_text_markup
 
@@ -21,7 +21,7 @@ def _text(text: str) -> str:
     if separator is not None and separator in text:
         # Text that also held markup was refused (400), so every separator split the prompt.
         return text.replace(separator, "")
-    if not (config.settings().text_markup and has_text_markup(text)):
+    if not (env.settings().text_markup and has_text_markup(text)):
         return text
     # Malformed markup was refused (400) before generation, so plain removal is exactly split_text's.
     return text.replace(CHUNK_OPEN, "").replace(CHUNK_CLOSE, "")

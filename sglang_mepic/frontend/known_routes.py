@@ -22,7 +22,7 @@ texts registered but not warmed: their `"chunk"` is `"aborted"` and the answer a
 
 from starlette.requests import Request
 
-from sglang_mepic import config
+from sglang_mepic import env
 from sglang_mepic.frontend import auto_chunk, limits, request_markup
 from sglang_mepic.frontend.markup import has_text_markup
 from sglang_mepic.frontend.known_texts import (ANCHOR, IndexFull, KnownTextError, namespace_bytes, namespace_of,
@@ -57,7 +57,7 @@ def parse(body) -> tuple[list[str], tuple, bool]:
     if len(texts) > MAX_TEXTS:
         raise RouteError(f'"texts" holds {len(texts)} texts, more than the {MAX_TEXTS} one request may register; '
                          "send them in several requests")
-    limit = config.settings().known_texts_bytes
+    limit = env.settings().known_texts_bytes
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise RouteError(f"texts[{i}] is a {type(text).__name__}, not a string", i)
@@ -106,7 +106,7 @@ async def register(request: Request):
     from fastapi.responses import JSONResponse
     from sglang.srt.managers.io_struct import GenerateReqInput
 
-    if not config.settings().known_texts:
+    if not env.settings().known_texts:
         return JSONResponse(status_code=400, content={"error": {
             "message": "registered texts are off on this server: start it with --mepic-auto-chunk known "
                        "(or messages+known, tools+known)", "type": "invalid_request_error"}})

@@ -51,7 +51,7 @@ from math import isqrt
 
 import numpy as np
 
-from sglang_mepic import config
+from sglang_mepic import env
 from sglang_mepic.wire.layout import Kind
 from sglang_mepic.wire.namespace import tenant_key
 
@@ -430,7 +430,7 @@ def registry() -> KnownTexts:
     """This tokenizer process's registered texts (--mepic-known-texts-mb in all)."""
     global _REGISTRY
     if _REGISTRY is None:
-        _REGISTRY = KnownTexts(config.settings().known_texts_bytes)
+        _REGISTRY = KnownTexts(env.settings().known_texts_bytes)
     return _REGISTRY
 
 
@@ -445,9 +445,9 @@ def known_pieces(text: str, namespace, max_chars: int | None = None) -> list[tup
     """The text's pieces with each registered text found in it a chunk (at most --mepic-max-chunks,
     the first ones); None where none is found, known texts are off, or the text has more than
     `max_chars` characters (more than fit the context: not searched)."""
-    if not config.settings().known_texts or (max_chars is not None and len(text) > max_chars):
+    if not env.settings().known_texts or (max_chars is not None and len(text) > max_chars):
         return None
-    spans = registry().find(namespace, text, config.settings().max_chunks)
+    spans = registry().find(namespace, text, env.settings().max_chunks)
     if not spans:
         return None
     parts, at = [], 0

@@ -22,7 +22,7 @@ from http import HTTPStatus
 
 from fastapi.responses import ORJSONResponse, StreamingResponse
 
-from sglang_mepic import config
+from sglang_mepic import env
 from sglang_mepic.frontend import auto_chunk, chat_markup
 
 
@@ -78,7 +78,7 @@ def _render(serving, request, *args, **kwargs) -> _Rendered:
 
 def _plain(request) -> bool:
     """Nothing for the markup path to do: no markup or separator in any content, no auto-chunking."""
-    return config.settings().chat_chunking == "off" and not any(auto_chunk.may_split(t.text)
+    return env.settings().chat_chunking == "off" and not any(auto_chunk.may_split(t.text)
                                                     for t in auto_chunk.chat_texts(request.messages))
 
 

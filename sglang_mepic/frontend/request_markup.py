@@ -19,7 +19,7 @@ prompt text, the last ones first (the plain prompt, if none fits).
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
 
-from sglang_mepic import config
+from sglang_mepic import env
 from sglang_mepic.frontend import auto_chunk, known_texts, limits, state
 from sglang_mepic.frontend.markup import Marked, MarkupError, has_id_markup, split_ids, tokenize_pieces
 from sglang_mepic.wire import hint
@@ -47,7 +47,7 @@ def _lays_out_slots(manager) -> bool:
     the mepic radix cache (keys them apart from real tokens); otherwise chunks are
     computed in full on the real tokens, as they are in `full` mode."""
     args = manager.server_args
-    return args.attention_backend == "mepic" and args.radix_cache_backend == "mepic" and config.settings().mode.reuses
+    return args.attention_backend == "mepic" and args.radix_cache_backend == "mepic" and env.settings().mode.reuses
 
 
 def with_hint(envelope: KvHintsEnvelope | None, rid, action: dict) -> KvHintsEnvelope:
@@ -63,7 +63,7 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
     """Replace markup by input_ids and the hint; returns the layout when the request is laid out in slots."""
     if obj.input_embeds is not None:
         return None
-    settings = config.settings()
+    settings = env.settings()
     vocab = manager.model_config.vocab_size
     found = False
     if obj.input_ids is not None and (has_id_markup(obj.input_ids) or max(obj.input_ids, default=0) >= vocab):
@@ -127,7 +127,7 @@ def _text_parts(manager, obj) -> tuple[list | None, bool]:
     cost the prompt its place. A session turn is served as the plain prompt it was: SGLang passes no
     layout on through sessions, and the client marked nothing."""
     parts = auto_chunk.text_pieces(obj.text)
-    if parts is not None or _in_session(obj) or not config.settings().known_texts:
+    if parts is not None or _in_session(obj) or not env.settings().known_texts:
         return parts, False
     if not limits.fits_by_characters(manager, obj.text):
         return None, False  # over the context, to be cut to it (--allow-auto-truncate): plain, as SGLang cuts it
@@ -149,7 +149,7 @@ def _fitted(manager, obj, parts, pieces: list[Piece], lays_out: bool) -> tuple[l
     """A layout of the found texts that fits the limits the plain prompt met: the last chunks become
     prompt text (their pads go) until it fits, and the prompt is tokenized again as their markup would
     be (with those texts unmarked); None where even that does not fit (the plain prompt may)."""
-    size, placement = page_size(manager), config.settings().placement
+    size, placement = page_size(manager), env.settings().placement
     kept = [i for i, (kind, _) in enumerate(parts) if kind is Kind.CHUNK]
     trial = list(pieces)
     while kept:  # the same tokens, fewer chunks: which of them may stay
@@ -171,7 +171,7 @@ def slots_needed(manager, parts) -> int:
 
 def slots_of(manager, pieces: list[Piece]) -> int:
     """The slots (tokens, where not laid out) a request of these tokenized pieces takes."""
-    lay = layout(pieces, page_size(manager), config.settings().placement)
+    lay = layout(pieces, page_size(manager), env.settings().placement)
     return lay.size if _lays_out_slots(manager) else len(lay.real_tokens())
 
 

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Callable
 
-from sglang_mepic import config
+from sglang_mepic import config, env
 from sglang_mepic.gate import calibration, check_model
 from sglang_mepic.gate import verdict as gate
 from sglang_mepic.gate import verdict_cache
@@ -39,14 +39,14 @@ def gate_server_args(argv: list[str]) -> list[str]:
 
 def questions() -> int:
     """--mepic-verify-questions, checked against the calibration set's size; default, all of it."""
-    n = config.settings().verify_questions
+    n = env.settings().verify_questions
     return calibration.size() if n is None else config.parse_questions(str(n), calibration.size())
 
 
 def verify(model_path: str, argv: list[str], log: Callable[[str], None]) -> gate.Verdict | None:
     """The verdict for this model and the configured mode (cached or measured now); None
     where there is nothing to check (a mode or cache that reuses no chunk)."""
-    mode = config.settings().mode
+    mode = env.settings().mode
     if not mode.reuses:
         log(f"--mepic-verify: mode {mode.name} reuses nothing, so there is nothing to check")
         return None
@@ -75,6 +75,6 @@ def refuse_reuse(verdict: gate.Verdict, log: Callable[[str], None]) -> None:
     """Serve as `full`, and have every process report the refused mode."""
     os.environ[config.REUSE_REFUSED_ENV] = verdict.mode
     os.environ[config.MODE.env] = "full"
-    config.reload()
+    env.reload()
     log(f"--mepic-verify: reuse refused for this model: mode {verdict.mode} failed the accuracy gate, "
         "serving as --mepic-mode full (every token computed in context)")

@@ -8,7 +8,7 @@ import socket
 from contextlib import contextmanager
 from pathlib import Path
 
-from sglang_mepic import config
+from sglang_mepic import env
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE, LaunchError, known_flags
 
 # backend.SUPPORTED_ARCHITECTURES, named here without importing SGLang before its environment is set
@@ -97,7 +97,7 @@ def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
         raise LaunchError(f"--speculative-algorithm {known.speculative_algorithm}: --attention-backend mepic has "
                           "no draft or verify path (no tree masks); serve without speculative decoding or with "
                           "another --attention-backend")
-    settings = config.settings()
+    settings = env.settings()
     if known.disable_radix_cache and known.radix_cache_backend == "mepic" and settings.mode.reuses:
         raise LaunchError(f"--disable-radix-cache: --mepic-mode {settings.mode.name} reuses chunks through the "
                           "radix cache; drop --disable-radix-cache, or use --mepic-mode full or "

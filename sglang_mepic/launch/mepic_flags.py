@@ -4,7 +4,7 @@ process reads, checked where a row's check belongs to another part, and shown ba
 import argparse
 import os
 
-from sglang_mepic import config, modes
+from sglang_mepic import config, env, modes
 from sglang_mepic.frontend import auto_chunk
 from sglang_mepic.gate import calibration, verdict_cache, verify
 from sglang_mepic.launch.sglang_flags import LaunchError, Parser, known_flags
@@ -39,7 +39,7 @@ def mepic_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _shown(setting: config.Setting, backend: str | None, settings: config.Settings) -> bool:
+def _shown(setting: config.Setting, backend: str | None, settings: env.Settings) -> bool:
     """Whether the start-up line names a setting: the shared tier's only where one is set."""
     return {"always": True, "never": False, "file": backend == "file", "storage": backend is not None,
             "storage-set": backend is not None and bool(os.environ.get(setting.env)),
@@ -72,7 +72,7 @@ def mepic_settings(argv: list[str]) -> str:
     Read back from the environment the --mepic-* flags became (what every SGLang
     process reads), and from argv after `with_defaults`; a note says when chunks are
     not reused at all, since the flags then change nothing."""
-    settings = config.settings()
+    settings = env.settings()
     backend = settings.storage_backend
     shown = []
     for setting in config.SETTINGS:

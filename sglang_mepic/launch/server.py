@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_mepic import config
+from sglang_mepic import env
 from sglang_mepic.gate import verify
 from sglang_mepic.launch import checks, models, quiet
 from sglang_mepic.launch.defaults import with_defaults
@@ -101,22 +101,22 @@ def _main(argv: list[str] | None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     argv, mepic_env = split_mepic_flags(argv)
     os.environ.update(mepic_env)
-    config.reload()  # this process's settings, from the flags it was given
+    env.reload()  # this process's settings, from the flags it was given
     summary = None  # a line for after SGLang's argument checks, so that a refused flag is the only line
     if wants_help(argv):
         mepic_parser().print_help()
         print()
     else:
         cuda = _has_cuda()
-        argv, env = with_defaults(argv, cuda=cuda)
+        argv, sglang_env = with_defaults(argv, cuda=cuda)
         checks.check_combinations(argv, cuda=cuda)
-        for key, value in env.items():
+        for key, value in sglang_env.items():
             os.environ.setdefault(key, value)
         known = known_flags(argv)
         _ensure_default_model(known.model_path)
         checks.check_model_path(known.model_path, argv)
         checks.check_port_free(known.host, known.port)
-        if config.settings().verify:
+        if env.settings().verify:
             verify_model(known.model_path, argv)
         settings = mepic_settings(argv)
         if quiet_start(argv):  # before SGLang's imports, which warn

@@ -64,7 +64,7 @@ from concurrent.futures import TimeoutError as ReadTimeout
 
 import torch
 
-from sglang_mepic import config, modes
+from sglang_mepic import env, modes
 from sglang_mepic.tiers.backends import Unavailable, connect
 from sglang_mepic.tiers.envelope import (CorruptEntry, ForeignEntry, envelope, envelope_bytes, open_envelope, secret_id,
                                          settings_fingerprint)
@@ -294,7 +294,7 @@ def _tp() -> tuple[int, int]:
         return 0, 1
 
 
-def settings_known(model_fingerprint: str, settings: config.Settings) -> dict:
+def settings_known(model_fingerprint: str, settings: env.Settings) -> dict:
     """The SETTINGS the --mepic-* flags and the process give; the KV pool gives the rest (`Storage.bind`)."""
     tp_rank, tp_size = _tp()
     return {"model": model_fingerprint, "mode": settings.mode.name,
@@ -303,7 +303,7 @@ def settings_known(model_fingerprint: str, settings: config.Settings) -> dict:
             "tp_rank": tp_rank, "tp_size": tp_size}
 
 
-def from_settings(fingerprint: str, settings: config.Settings) -> Storage | None:
+def from_settings(fingerprint: str, settings: env.Settings) -> Storage | None:
     """The shared tier that the --mepic-storage-* settings ask for; None when they ask for none.
 
     `fingerprint` is the model's; the entries are keyed by every setting (Tiers binds the page

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sglang_mepic import config, modes
+from sglang_mepic import config, env, modes
 from sglang_mepic.modes import Planning
 
 
@@ -15,15 +15,15 @@ def test_each_mode_plans_and_keeps_as_documented(monkeypatch, name, how, keeps_f
     mode = modes.parse_mode(name)
     monkeypatch.delenv(config.RECOMPUTE_BLOCKS.env, raising=False)
     assert modes.planning(mode) is how
-    assert modes.canonical_from(mode, config.settings().recompute_blocks) == keeps_from
+    assert modes.canonical_from(mode, env.settings().recompute_blocks) == keeps_from
     assert modes.copies_private_prefix(mode) is private
 
 
 def test_mepic_keeps_what_it_does_not_recompute(monkeypatch):
     monkeypatch.setenv(config.RECOMPUTE_BLOCKS.env, "2")
-    assert modes.canonical_from(modes.parse_mode("mepic"), config.reload().recompute_blocks) == 2
+    assert modes.canonical_from(modes.parse_mode("mepic"), env.reload().recompute_blocks) == 2
     monkeypatch.setenv(config.RECOMPUTE_BLOCKS.env, "all")
-    assert modes.canonical_from(modes.parse_mode("mepic"), config.reload().recompute_blocks) is None  # nothing kept
+    assert modes.canonical_from(modes.parse_mode("mepic"), env.reload().recompute_blocks) is None  # nothing kept
     assert modes.canonical_from(modes.parse_mode("epic-16"), 2) == 0  # the blocks are mepic's setting only
 
 

@@ -2,7 +2,7 @@
 e2e/test_responses_server.py."""
 
 
-from sglang_mepic import config
+from sglang_mepic import config, env
 from sglang_mepic.frontend import echo
 from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
 from sglang_mepic.frontend.markup import CHUNK_END_ID as END
@@ -16,7 +16,7 @@ def test_unmarked_removes_markers_from_every_prompt_shape(monkeypatch):
     assert echo.unmarked([1, BEG, 2, 3, END, 4]) == [1, 2, 3, 4]
     assert echo.unmarked([[BEG, 2, END], [5]]) == [[2], [5]]
     monkeypatch.setenv(config.TEXT_MARKUP.env, "off")  # typed markers are then text the model saw
-    config.reload()
+    env.reload()
     assert echo.unmarked("a " + chunk("doc")) == "a " + chunk("doc")
     assert echo.unmarked([BEG, 2, END]) == [2]  # id markers always mark
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from sglang_mepic import config
+from sglang_mepic import env
 from sglang_mepic.launch import checks, defaults, mepic_flags, models, sglang_flags
 from sglang_mepic.launch.defaults import with_defaults
 from support.launcher import assert_refused
@@ -294,10 +294,10 @@ def settings_line(monkeypatch, *flags):
     """The start-up line's MEPIC part for a command line, as main() computes it."""
     for var in MEPIC_ENVS:
         monkeypatch.delenv(var, raising=False)
-    argv, env = mepic_flags.split_mepic_flags(["--model-path", "m", *flags])
-    for key, value in env.items():
+    argv, variables = mepic_flags.split_mepic_flags(["--model-path", "m", *flags])
+    for key, value in variables.items():
         monkeypatch.setenv(key, value)
-    config.reload()  # as the launcher does once the flags are variables
+    env.reload()  # as the launcher does once the flags are variables
     return mepic_flags.mepic_settings(with_defaults(argv, cuda=False, native_bf16=True)[0])
 
 
@@ -489,7 +489,7 @@ def test_the_launcher_knows_the_backends_architectures():
 
 
 def check(*flags, cuda=False):
-    config.reload()  # the environment as the test left it, as the launcher reads it once the flags are variables
+    env.reload()  # the environment as the test left it, as the launcher reads it once the flags are variables
     checks.check_combinations(with_defaults(["--model-path", "m", *flags], cuda=cuda)[0], cuda=cuda)
 
 

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from sglang_mepic import config, modes
+from sglang_mepic import config, env, modes
 from sglang_mepic.launch import flags_doc, mepic_flags
 
 # A value each setting accepts and one it refuses (None: a switch, or text is never wrong). A setting added to
@@ -80,27 +80,27 @@ def test_a_process_reads_its_settings_once(monkeypatch):
     """Built from the environment when the process starts; a variable set later changes nothing until the
     process reads them again (the launcher does once the flags are variables), and no part can change them."""
     monkeypatch.setenv(config.MAX_CHUNKS.env, "9")
-    first = config.reload()
+    first = env.reload()
     monkeypatch.setenv(config.MAX_CHUNKS.env, "10")
-    assert config.settings() is first and first.max_chunks == 9
-    assert config.reload().max_chunks == 10
+    assert env.settings() is first and first.max_chunks == 9
+    assert env.reload().max_chunks == 10
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.max_chunks = 11
     monkeypatch.setenv(config.MAX_CHUNKS.env, "")  # empty means unset: the default
-    assert config.reload().max_chunks == 64
+    assert env.reload().max_chunks == 64
 
 
 def test_a_bad_variable_set_by_hand_names_the_variable():
     with pytest.raises(ValueError, match=r"--mepic-max-chunks 'many'.*\$SGLANG_MEPIC_MAX_CHUNKS"):
-        config.Settings.from_env({config.MAX_CHUNKS.env: "many"})
+        env.Settings.from_env({config.MAX_CHUNKS.env: "many"})
     with pytest.raises(ValueError, match="--mepic-placement 'middle': choose from"):
-        config.Settings.from_env({config.PLACEMENT.env: "middle"})
+        env.Settings.from_env({config.PLACEMENT.env: "middle"})
     with pytest.raises(ValueError, match="--mepic-storage-backend file needs --mepic-storage-dir"):
-        config.Settings.from_env({config.STORAGE_BACKEND.env: "file"})
+        env.Settings.from_env({config.STORAGE_BACKEND.env: "file"})
 
 
 def test_typed_settings_give_the_table_defaults():
-    s = config.Settings.from_env({})
+    s = env.Settings.from_env({})
     assert s.mode == modes.Mode(modes.Kind.MEPIC)
     assert s.recompute_blocks == 1 and s.placement is config.Placement.TRAILING
     assert s.compile_sink == "none" and s.text_markup is True
@@ -108,7 +108,7 @@ def test_typed_settings_give_the_table_defaults():
     assert s.separator is None and s.storage_backend is None and s.storage_config == {}
     assert s.storage_timeout == 0.5 and s.storage_secret is None and s.verify is False
     assert s.known_texts_bytes == 64_000_000 and s.verify_questions is None and s.reuse_refused is None
-    given = config.Settings.from_env({config.AUTO_CHUNK.env: "tools+known", config.STORAGE_DIR.env: "/tmp/x",
+    given = env.Settings.from_env({config.AUTO_CHUNK.env: "tools+known", config.STORAGE_DIR.env: "/tmp/x",
                                       config.TEXT_MARKUP.env: "off", config.RECOMPUTE_BLOCKS.env: "all"})
     assert given.chat_chunking == "tools" and given.known_texts and given.storage_backend == "file"
     assert given.text_markup is False and given.recompute_blocks is None

@@ -276,12 +276,12 @@ def test_a_backend_that_raises_is_an_outage_not_an_error(caplog):
 
 
 def test_settings_choose_the_backend(monkeypatch, tmp_path):
-    from sglang_mepic import config
+    from sglang_mepic import config, env
 
-    assert storage.from_settings("fp", config.Settings.from_env({})) is None
+    assert storage.from_settings("fp", env.Settings.from_env({})) is None
     given = {config.STORAGE_DIR.env: str(tmp_path), config.STORAGE_TIMEOUT.env: "0.25"}
-    s = storage.from_settings("fp", config.Settings.from_env(given))
+    s = storage.from_settings("fp", env.Settings.from_env(given))
     assert s.backend == "file" and s.timeout == 0.25 and s.connected()
     assert s.put("k", kv(7)) and s.drain() and len(list(tmp_path.glob(s.storage_key("k") + "*.bin"))) == 1
-    mooncake = config.Settings.from_env({**given, config.STORAGE_BACKEND.env: "mooncake"})
+    mooncake = env.Settings.from_env({**given, config.STORAGE_BACKEND.env: "mooncake"})
     assert mooncake.storage_backend == "mooncake"  # (not connected here: there is no master)

@@ -7,19 +7,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LIB = ("config", "side_table", "modes", "__init__")  # importable from everywhere (the package's own names)
+LIB = ("config", "env", "side_table", "modes", "__init__")  # importable from everywhere (the package's own names)
 MAY_IMPORT = {
-    "config": {"modes"}, "side_table": set(), "__init__": set(), "modes": set(), "kernels": set(),
+    "config": {"modes"}, "env": {"config", "modes"}, "side_table": set(), "__init__": set(), "modes": set(),
+    "kernels": set(),
     "wire": {"config"},
-    "frontend": {"config", "side_table", "wire"},
+    "frontend": {"config", "env", "side_table", "wire"},
     "pages": {"config", "side_table", "wire"},
-    "tiers": {"config", "side_table", "modes", "wire", "pages"},
-    "cache": {"config", "side_table", "modes", "wire", "pages", "tiers"},
-    "attention": {"config", "side_table", "modes", "wire", "pages", "kernels"},
+    "tiers": {"config", "env", "side_table", "modes", "wire", "pages"},
+    "cache": {"config", "env", "side_table", "modes", "wire", "pages", "tiers"},
+    "attention": {"config", "env", "side_table", "modes", "wire", "pages", "kernels"},
     "process": {"config"},
     "hardening": set(),  # guards against SGLang's own mishandling: nothing of MEPIC in them
     "lang": {"config", "wire", "frontend"},
-    "gate": {"config", "side_table", "modes", "wire", "frontend", "lang", "process", "tiers"},
+    "gate": {"config", "env", "side_table", "modes", "wire", "frontend", "lang", "process", "tiers"},
 }
 MAY_IMPORT["launch"] = MAY_IMPORT["gate"] | {"gate", "plugin"}  # the launcher checks the plugin registered
 SCHEDULER_SIDE = {"pages", "tiers", "cache", "attention"}

@@ -118,15 +118,15 @@ def _strip(text, radix="mepic"):
 
 
 def test_more_chunks_than_max_chunks_is_refused_with_the_count_and_the_flag(monkeypatch):
-    from sglang_mepic import config
+    from sglang_mepic import config, env
     from sglang_mepic.lang import chunk
 
     monkeypatch.setenv(config.MAX_CHUNKS.env, "3")
-    config.reload()
+    env.reload()
     docs = lambda n: "intro " + "".join(chunk(" ".join(f"w{i}x{j}" for j in range(20))) for i in range(n)) + " q?"
     assert len(_strip(docs(3)).chunks) == 3  # at the bound: laid out
     with pytest.raises(ValueError, match=r"marks 4 chunks for reuse, more than the 3 .*--mepic-max-chunks"):
         _strip(docs(4))
     assert _strip(docs(4), radix=None) is None  # no reuse, no compiles: no bound
     monkeypatch.delenv(config.MAX_CHUNKS.env)
-    assert config.reload().max_chunks == int(config.MAX_CHUNKS.default) == 64
+    assert env.reload().max_chunks == int(config.MAX_CHUNKS.default) == 64
