@@ -226,3 +226,17 @@ SETTINGS: tuple[Setting, ...] = (
 # Not a flag: a mode the accuracy gate refused, named by the launcher for every process to report while
 # the server runs as `full`.
 REUSE_REFUSED_ENV = "SGLANG_MEPIC_REUSE_REFUSED"
+
+# Not flags: the GPU runs' switches (eval/gpu), read into env.Settings with the rest (docs/flags.md).
+ROPE_TABLE_ENV = "MEPIC_ROPE_TABLE"  # "1": the kernels read RoPE's cos/sin table, not computed on chip
+PREFILL_GRAPHS_OFF_ENV = "MEPIC_PREFILL_GRAPHS_OFF_FILE"  # while this file exists, prefill graphs are declined
+SYNC_DEBUG_ENV = "MEPIC_SYNC_DEBUG"  # warn or error: the backend's per-batch calls watched for host syncs
+
+
+def parse_sync_debug(text: str | None) -> str | None:
+    value = (text or "").strip().lower()
+    if value in ("", "0", "off"):
+        return None
+    if value not in ("warn", "error"):
+        raise ValueError(f"{SYNC_DEBUG_ENV}={value!r}: use one of warn, error (or leave it unset)")
+    return value

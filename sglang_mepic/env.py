@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_mepic.config import REUSE_REFUSED_ENV, SETTINGS, Placement, Setting
+from sglang_mepic.config import (PREFILL_GRAPHS_OFF_ENV, REUSE_REFUSED_ENV, ROPE_TABLE_ENV, SETTINGS, SYNC_DEBUG_ENV,
+                                  Placement, Setting, parse_sync_debug)
 from sglang_mepic.modes import Mode
 
 
@@ -37,6 +38,10 @@ class Settings:
     verify: bool
     verify_questions: int | None   # None: the whole calibration set
     reuse_refused: str | None      # the mode --mepic-verify refused on this model (it then runs as full)
+    # The GPU runs' switches (config.py): no flags
+    rope_table: bool = False                    # the kernels read RoPE's table, not computed on chip
+    prefill_graphs_off_file: str | None = None  # while this file exists, prefill graphs are declined
+    sync_debug: str | None = None               # warn or error: per-batch calls watched for host syncs
 
     @property
     def chat_chunking(self) -> str:
@@ -59,7 +64,10 @@ class Settings:
             value["storage_backend"] = "file"
         if value["storage_backend"] == "file" and not value["storage_dir"]:
             raise ValueError("--mepic-storage-backend file needs --mepic-storage-dir")
-        return cls(**value, reuse_refused=environ.get(REUSE_REFUSED_ENV) or None)
+        return cls(**value, reuse_refused=environ.get(REUSE_REFUSED_ENV) or None,
+                   rope_table=environ.get(ROPE_TABLE_ENV) == "1",
+                   prefill_graphs_off_file=environ.get(PREFILL_GRAPHS_OFF_ENV) or None,
+                   sync_debug=parse_sync_debug(environ.get(SYNC_DEBUG_ENV)))
 
 
 def _parsed(setting: Setting, environ) -> Any:

@@ -22,15 +22,13 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from sglang_mepic import env, modes
 from sglang_mepic.attention import sync_probe
-from sglang_mepic.attention.positions import PositionMap
 from sglang_mepic.attention.reference import RotatedKeys, attend_causal, attend_paged, attend_plain
 from sglang_mepic.attention.rope import Rope, UnsupportedRope
-from sglang_mepic.pages import context
+from sglang_mepic.pages import positions
 
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "mepic"
-EAGER_SWITCH_ENV = "MEPIC_PREFILL_GRAPHS_OFF_FILE"
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
@@ -97,19 +95,18 @@ class MepicAttnBackend(AttentionBackend):
         model = model_runner.model_config
         self._graph_heads = (model.num_attention_heads // tp, model.get_num_kv_heads(tp))
         self._attach(model_runner.device, model_runner.req_to_token_pool, model_runner.token_to_kv_pool,
-                     self._take_over_rotary(model_runner), model_runner.dtype, settings.mode)
+                     self._take_over_rotary(model_runner), model_runner.dtype, settings)
         # Every attention layer's scales, read now: a forward (a CUDA graph's capture among them) reads no tensor.
         for module in model_runner.model.modules():
             if isinstance(getattr(module, "layer_id", None), int) and hasattr(module, "k_scale"):
                 self._layer_scales[module.layer_id] = kv_scales(module, self.fp8_kv)
-        self.sync_probe = sync_probe.install(self)  # MEPIC_SYNC_DEBUG (GPU runs): per-batch calls watched
-        context.current().positions = self.positions
+        self.sync_probe = sync_probe.install(self, settings.sync_debug)  # GPU runs: per-batch calls watched
 
     @classmethod
     def over_pools(cls, req_to_token, k_pool, v_pool, rope: Rope, q_heads: int | None = None,
-                   q_dtype: torch.dtype | None = None, mode: modes.Mode | None = None) -> "MepicAttnBackend":
+                   q_dtype: torch.dtype | None = None, settings: env.Settings | None = None) -> "MepicAttnBackend":
         """A backend around bare tensors, without a model runner (tests, benchmarks). `q_dtype`: the model's
-        (default: the pool's, bf16 over an fp8 pool); `mode`: default, this process's."""
+        (default: the pool's, bf16 over an fp8 pool); `settings`: default, this process's."""
 
         class Pool:
             def get_key_buffer(self, layer_id):
@@ -123,20 +120,22 @@ class MepicAttnBackend(AttentionBackend):
         backend._graph_heads = (q_heads or k_pool.shape[1], k_pool.shape[1])
         backend._attach(k_pool.device, type("ReqToTokenPool", (), {"req_to_token": req_to_token})(), Pool(), rope,
                         q_dtype or (torch.bfloat16 if k_pool.dtype in FP8_KV_DTYPES else k_pool.dtype),
-                        mode or env.settings().mode)
+                        settings or env.settings())
         return backend
 
     def _attach(self, device, req_to_token_pool, token_to_kv_pool, rope: Rope, q_dtype: torch.dtype,
-                mode: modes.Mode) -> None:
+                settings: env.Settings) -> None:
         self.device = device
         self.q_dtype = q_dtype  # the model's: queries and outputs (the pool may hold fp8)
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool = token_to_kv_pool
-        self.positions = PositionMap(req_to_token_pool.req_to_token)
+        self.positions = positions.attach(req_to_token_pool)  # the scheduler side finds it through the pool
         self.rope = rope
         self.rotated_keys = RotatedKeys(rope)
         self.copies = None
         self.blend = None
+        self.settings = settings
+        mode = settings.mode
         if modes.planning(mode) is modes.Planning.BLEND:
             layers = getattr(token_to_kv_pool, "layer_num", mode.check_layer + 1)
             self.blend = dataclasses.replace(mode, check_layer=modes.blend_check_layer(mode, layers))
@@ -152,7 +151,7 @@ class MepicAttnBackend(AttentionBackend):
         self._prefill_graph_hooks = False
         # MEPIC_PREFILL_GRAPHS_OFF_FILE: while this file exists, prefill graphs are declined (eval/gpu/e2e compares
         # one server's greedy tokens with and without them, on the same weights and cache state).
-        self._eager_switch = os.environ.get(EAGER_SWITCH_ENV) or None
+        self._eager_switch = settings.prefill_graphs_off_file
         # Split decode's partial results, reused by every layer of an eager forward: one per CUDA stream,
         # since two streams' decodes (e.g. overlapped micro-batches) would otherwise share it.
         self._workspaces: dict[int, object] = {}
@@ -179,7 +178,7 @@ class MepicAttnBackend(AttentionBackend):
         # 6-18% longer on every extend, 1-10% at decode B>=8) and slower only at decode B=1.
         # MEPIC_ROPE_TABLE=1 forces the table; MEPIC_ROPE_ON_CHIP, which used to opt in to on chip, is no
         # longer read.
-        table = os.environ.get("MEPIC_ROPE_TABLE") == "1" or kernels.DEFAULT_TABLE_ROPE
+        table = self.settings.rope_table or kernels.DEFAULT_TABLE_ROPE
         freqs = None if table else self.rope.frequencies()
         self.rope_args = {} if freqs is None else dict(inv_freq=freqs[0].float().contiguous(), mscale=freqs[1])
         self.sm_count = kernels.sm_count(self.device)

@@ -27,19 +27,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-ENV = "MEPIC_SYNC_DEBUG"
 LOG_PREFIX = "mepic sync debug:"
 SUMMARY_EVERY = 2000
-MODES = ("warn", "error")
-
-
-def mode_from_env() -> str | None:
-    value = os.environ.get(ENV, "").strip().lower()
-    if value in ("", "0", "off"):
-        return None
-    if value not in MODES:
-        raise ValueError(f"{ENV}={value!r}: use one of {', '.join(MODES)} (or leave it unset)")
-    return value
 
 
 def _place(stack) -> str:
@@ -106,10 +95,9 @@ class SyncProbe:
                            message.strip().splitlines()[0], place)
 
 
-def install(backend) -> SyncProbe | None:
-    """Watch the backend's per-batch calls if MEPIC_SYNC_DEBUG asks (the GPU path only: the torch path reads
-    per-request values on the host by design)."""
-    mode = mode_from_env()
+def install(backend, mode: str | None) -> SyncProbe | None:
+    """Watch the backend's per-batch calls if MEPIC_SYNC_DEBUG asks (`mode`, from the settings: the GPU path
+    only, since the torch path reads per-request values on the host by design)."""
     if mode is None or not backend.use_triton or not torch.cuda.is_available():
         return None
     probe = SyncProbe(mode)

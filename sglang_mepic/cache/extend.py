@@ -13,7 +13,7 @@ each laid-out slot scores the next real token, not the next slot (logprobs.py).
 from sglang_mepic.cache.link import link_of
 from sglang_mepic.cache.logprobs import score_real_tokens
 from sglang_mepic.cache.radix_cache import mepic_cache
-from sglang_mepic.pages import context
+from sglang_mepic.pages import positions
 
 
 def point_readers(tree, batch) -> None:
@@ -38,7 +38,7 @@ def prepare_extend(original, batch, *args, **kwargs):
         point_readers(tree, batch)
     if tree is not None and batch.return_logprob and batch.extend_input_logprob_token_ids is not None:
         score_real_tokens(batch)
-    position_map = context.current().positions  # None under another attention backend
+    position_map = positions.of(batch.req_to_token_pool)  # None under another attention backend
     for req in batch.reqs:
         row = req.kv.req_pool_idx
         if row is None:

@@ -45,8 +45,8 @@ RUNTIME_PREFIXES = ("SGLANG_MEPIC_", "MEPIC_", "PYTEST_", "TRITON_CACHE_DIR", "T
                     "TILELANG_CACHE_DIR")
 # Never read at import: the shell's bookkeeping (a server started from a script), the terminal's size (read
 # when a line is printed), and what SGLang 0.5.23 reads in a function the launch or the first forward calls
-# (`envs.X.get()` reads os.environ each time; the fused-op backend is resolved on first use, and no preloaded
-# module uses one): the GPU run's servers (eval/gpu/e2e) set those three.
+# (`envs.X.get()` reads os.environ each time; the fused-op backend is resolved on first use, which
+# `runtime_names` checks after the imports): the GPU run's servers (eval/gpu/e2e) set those three.
 RUNTIME_NAMES = frozenset({"SHLVL", "_", "PWD", "OLDPWD", "COLUMNS", "LINES", "SGLANG_FORCE_FUSED_OP_BACKEND",
                            "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"})
 # OpenMP reads its thread count when libgomp loads, so a forked child would keep this process's; the child
@@ -74,12 +74,25 @@ PRELOAD = (
 POLL_S = 0.1  # how soon an exit or a gone client is seen
 
 
-def env_difference(env: dict[str, str], before: dict[str, str], after: dict[str, str]) -> str | None:
+FUSED_OP_BACKEND = "SGLANG_FORCE_FUSED_OP_BACKEND"
+
+
+def runtime_names() -> frozenset[str]:
+    """RUNTIME_NAMES, less the fused-op backend's variable where an import has resolved that backend already:
+    every child would keep this process's."""
+    fused_op = sys.modules.get("sglang.kernels.fused_op")
+    if fused_op is not None and getattr(fused_op, "_forced_backend", None) is not getattr(fused_op, "_UNRESOLVED", None):
+        return RUNTIME_NAMES - {FUSED_OP_BACKEND}
+    return RUNTIME_NAMES
+
+
+def env_difference(env: dict[str, str], before: dict[str, str], after: dict[str, str],
+                   late: frozenset[str] = RUNTIME_NAMES) -> str | None:
     """The first variable that a module may read at import and that `env` sets otherwise than this process
     had it before its imports (`before`) or has it after them (`after`: SGLang's imports set some with
-    setdefault, the cache folders); None if there is none."""
+    setdefault, the cache folders); None if there is none. `late`: the names read only after the imports."""
     for key in sorted(set(env) | set(before) | set(after)):
-        if key.startswith(RUNTIME_PREFIXES) or key in RUNTIME_NAMES:
+        if key.startswith(RUNTIME_PREFIXES) or key in late:
             continue
         if key == THREADS and _threads(env.get(key)) is not None or key == UNBUFFERED:
             continue
@@ -183,6 +196,7 @@ class ForkServer:
     def __init__(self, path: str, before: dict[str, str], declined: str | None = None):
         self.path, self.declined = path, declined  # declined: why every server starts cold
         self.before, self.after = before, dict(os.environ)  # the environment before and after the imports
+        self.late = runtime_names()  # what the imports left to be read after them
         self.children: dict[int, tuple[int, str]] = {}  # pid → (the client's pid, where its exit status goes)
 
     def serve(self) -> None:
@@ -217,7 +231,7 @@ class ForkServer:
             return {"error": f"bad request: {e}"}
         if self.declined:
             return {"cold": self.declined}
-        if (key := env_difference(env, self.before, self.after)) is not None:
+        if (key := env_difference(env, self.before, self.after, self.late)) is not None:
             return {"cold": f"{key} differs from the fork server's, and a module may read it at import"}
         pid = os.fork()
         if pid == 0:

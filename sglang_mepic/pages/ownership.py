@@ -1,18 +1,21 @@
 """The allocator's side of page ownership: SGLang's frees drop one holder per page.
 
 The mepic radix cache owns one `PoolOwnership` per KV allocator and registers it
-in the process's context; the patched `free_page_ids` and `free` of SGLang's
-paged allocator call `free_page_ids` and `free` below, which find it by the
-allocator's identity. An allocator nobody owns frees as SGLang does. Who holds a
-page and when it goes back: docs/design.md, Ownership.
+beside the allocator (a side table: the allocator is the one object both the cache
+and SGLang's frees hold); the patched `free_page_ids` and `free` of SGLang's paged
+allocator call `free_page_ids` and `free` below, which find it there. An allocator
+nobody owns frees as SGLang does. A registration lasts as long as its ownership,
+which the cache holds: it goes with the cache. Who holds a page and when it goes
+back: docs/design.md, Ownership.
 """
 
+import weakref
 from contextlib import contextmanager
 
 import torch
 
-from sglang_mepic.pages import context
 from sglang_mepic.pages.refs import PageRefs
+from sglang_mepic.side_table import SideTable
 
 
 class PoolOwnership:
@@ -41,16 +44,25 @@ class PoolOwnership:
             original(self.allocator, torch.tensor(last, dtype=page_ids.dtype, device=page_ids.device))
 
 
+_OWNERS: SideTable[weakref.ref] = SideTable("ownership of an allocator's pages")
+
+
 def register(allocator, refs: PageRefs) -> PoolOwnership:
-    """The ownership of `allocator`'s pages by `refs`, in force in the current context."""
+    """The ownership of `allocator`'s pages by `refs` (replacing an earlier owner's), for as long as the
+    returned ownership lives."""
     owner = PoolOwnership(allocator, refs)
-    context.current().own(owner)
+    _OWNERS.set(allocator, weakref.ref(owner))
     return owner
+
+
+def owner_of(allocator) -> PoolOwnership | None:
+    ref = _OWNERS.get(allocator)
+    return None if ref is None else ref()
 
 
 def return_pages(allocator, page_ids: torch.Tensor) -> None:
     """Give pages whose last holder has let go back to `allocator`, without counting them again."""
-    owner = context.current().owner_of(allocator)
+    owner = owner_of(allocator)
     if owner is None:
         allocator.free_page_ids(page_ids)
         return
@@ -60,7 +72,7 @@ def return_pages(allocator, page_ids: torch.Tensor) -> None:
 
 def free_page_ids(original, allocator, page_ids: torch.Tensor) -> None:
     """SGLang's `free_page_ids`, dropping one holder per page of an owned allocator."""
-    owner = context.current().owner_of(allocator)
+    owner = owner_of(allocator)
     if owner is None or page_ids.numel() == 0:
         return original(allocator, page_ids)
     owner.free_page_ids(original, page_ids)
@@ -69,6 +81,6 @@ def free_page_ids(original, allocator, page_ids: torch.Tensor) -> None:
 def free(original, allocator, free_index: torch.Tensor) -> None:
     """SGLang's `free` of token slots: an owned allocator's go as their pages, through `free_page_ids`
     (counted at once, inside a free group too, where `free` would hold the slots to the group's end)."""
-    if free_index.numel() == 0 or context.current().owner_of(allocator) is None:
+    if free_index.numel() == 0 or owner_of(allocator) is None:
         return original(allocator, free_index)
     allocator.free_page_ids(torch.unique(free_index // allocator.page_size))

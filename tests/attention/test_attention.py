@@ -127,7 +127,7 @@ def test_fast_paths_equal_the_reference(n):
 
 
 def test_position_map_rows():
-    from sglang_mepic.attention.positions import PositionMap
+    from sglang_mepic.pages.positions import PositionMap
 
     pm = PositionMap(torch.zeros(4, 16, dtype=torch.int32))
     # Unplanned rows are the identity from the start and keep SGLang's positions.

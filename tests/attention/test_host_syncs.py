@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from sglang_mepic.attention.backend import MepicAttnBackend
-from sglang_mepic.attention.positions import PositionMap
+from sglang_mepic.pages.positions import PositionMap
 from sglang_mepic.attention.rope import Rope, cos_sin_cache
 from sglang_mepic.kernels import attention as kernels
 
@@ -172,10 +172,9 @@ def test_the_served_sync_probe_counts_its_own_threads_syncs_and_passes_others_on
     found = [r.getMessage() for r in caplog.records if "synchronised" in r.getMessage()]
     assert len(found) == 2 and found[0].startswith(sync_probe.LOG_PREFIX + " init_forward_metadata synchronised")
     assert "test_host_syncs.py" in found[0]  # where: the innermost frames
+    from sglang_mepic import env
+
     with pytest.raises(ValueError, match="MEPIC_SYNC_DEBUG"):
-        import os
-        os.environ[sync_probe.ENV] = "loud"
-        try:
-            sync_probe.mode_from_env()
-        finally:
-            del os.environ[sync_probe.ENV]
+        env.Settings.from_env({"MEPIC_SYNC_DEBUG": "loud"})
+    assert env.Settings.from_env({"MEPIC_SYNC_DEBUG": "Warn"}).sync_debug == "warn"
+    assert env.Settings.from_env({"MEPIC_SYNC_DEBUG": "off"}).sync_debug is None

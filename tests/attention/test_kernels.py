@@ -332,7 +332,9 @@ def test_backend_computes_cos_sin_on_chip_unless_told_or_unable(monkeypatch):
         backend._use_kernels(kernels)
         assert ("inv_freq" not in backend.rope_args) == table
     monkeypatch.setenv("MEPIC_ROPE_TABLE", "1")
-    backend = MepicAttnBackend.over_pools(r2t, k_pool, v_pool, plain)
+    from sglang_mepic import env
+
+    backend = MepicAttnBackend.over_pools(r2t, k_pool, v_pool, plain, settings=env.reload())
     backend._use_kernels(kernels)
     assert backend.rope_args == {}
 

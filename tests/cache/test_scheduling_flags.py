@@ -83,7 +83,7 @@ def test_decode_positions_take_no_host_branch():
     import torch
     import torch.fx
 
-    from sglang_mepic.attention.positions import PositionMap
+    from sglang_mepic.pages.positions import PositionMap
 
     pm = PositionMap(torch.zeros(4, 16, dtype=torch.int32))
     captured = torch.fx.symbolic_trace(lambda rows, seq_lens, positions: pm.on_decode(rows, seq_lens, positions))

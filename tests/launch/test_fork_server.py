@@ -2,6 +2,7 @@
 differences still allow a fork, and what the forked launcher's environment becomes."""
 
 import os
+import sys
 
 from sglang_mepic.launch.fork_server import child_env, env_difference, set_buffering, set_threads
 
@@ -33,18 +34,22 @@ def test_settings_read_at_run_time_may_differ():
     assert env_difference(gpu_run, BEFORE, AFTER) is None
 
 
-def test_the_fused_op_backend_is_not_resolved_at_import():
-    """SGLANG_FORCE_FUSED_OP_BACKEND may differ from the fork server's because SGLang resolves it on the first
-    fused op, in the child: a module that resolved it at import would leave every child the parent's."""
-    import subprocess
-    import sys
+def test_a_fused_op_backend_resolved_at_import_is_no_longer_a_run_time_name(monkeypatch):
+    """SGLANG_FORCE_FUSED_OP_BACKEND may differ from the fork server's only while SGLang has not resolved it:
+    it does so on the first fused op, in the child; had an import resolved it, every child would keep the
+    parent's, so such a server starts cold."""
+    import types
 
-    code = ("import importlib; from sglang_mepic.launch import fork_server as f\n"
-            "for m in f.PRELOAD: importlib.import_module(m)\n"
-            "import sglang.kernels.fused_op as o; print(o._forced_backend is o._UNRESOLVED)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "SGLANG_USE_CPU_ENGINE": "1"})
-    assert done.stdout.strip().splitlines()[-1:] == ["True"], done.stdout[-2000:] + done.stderr[-2000:]
+    from sglang_mepic.launch import fork_server
+
+    unresolved = object()
+    fused_op = types.SimpleNamespace(_UNRESOLVED=unresolved, _forced_backend=unresolved)
+    monkeypatch.setitem(sys.modules, "sglang.kernels.fused_op", fused_op)
+    assert fork_server.runtime_names() == fork_server.RUNTIME_NAMES
+    client = {**BEFORE, fork_server.FUSED_OP_BACKEND: "torch"}
+    assert env_difference(client, BEFORE, AFTER, fork_server.runtime_names()) is None
+    fused_op._forced_backend = None  # resolved: no backend forced
+    assert env_difference(client, BEFORE, AFTER, fork_server.runtime_names()) == fork_server.FUSED_OP_BACKEND
 
 
 def test_a_forked_child_runs_the_thread_count_its_environment_asks_for():
@@ -93,8 +98,6 @@ def test_a_malformed_request_is_refused_and_nothing_is_forked():
 
 def test_a_forked_child_asked_for_unbuffered_output_writes_at_once(tmp_path):
     """PYTHONUNBUFFERED is read when Python starts: a child asked for it writes each line as it is printed."""
-    import sys
-
     log = tmp_path / "log"
     pid = os.fork()
     if pid == 0:

@@ -2,6 +2,7 @@
 running requests sharing refcounted pages, under random admit / reuse / release / evict / flush;
 and the same counts kept through SGLang's own allocator and its patched frees."""
 
+import gc
 import os
 from collections import Counter
 
@@ -10,7 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sglang_mepic.pages import context, ownership
+from sglang_mepic.pages import ownership
 from sglang_mepic.pages.chunk_store import ChunkStore
 from sglang_mepic.pages.refs import FreeList, PageError, PageRefs
 
@@ -186,8 +187,6 @@ class AllocatorOwnership(RuleBasedStateMachine):
         from sglang_mepic.pages.pool_pages import PoolPages
 
         self.torch = torch
-        self.scope = context.scoped()
-        self.scope.__enter__()
         self.allocator = sglang_allocator()
         self.refs = PageRefs(PoolPages(self.allocator))
         self.owner = ownership.register(self.allocator, self.refs)
@@ -277,15 +276,12 @@ class AllocatorOwnership(RuleBasedStateMachine):
         assert len(free) + len(self.held()) + len(self.pending) == POOL_PAGES
 
     def teardown(self):
-        try:
-            if self.allocator.free_group is not None:
-                self.group_ends()
-            while self.holdings:
-                pages = self.holdings.pop()
-                self.refs.release(pages)
-            assert self.allocator.available_size() == POOL_PAGES * PAGE
-        finally:
-            self.scope.__exit__(None, None, None)
+        if self.allocator.free_group is not None:
+            self.group_ends()
+        while self.holdings:
+            pages = self.holdings.pop()
+            self.refs.release(pages)
+        assert self.allocator.available_size() == POOL_PAGES * PAGE
 
 
 TestAllocatorOwnership = AllocatorOwnership.TestCase
@@ -298,10 +294,11 @@ def test_an_allocator_nobody_owns_frees_as_sglang_does():
 
     allocator = sglang_allocator(4)
     pages = PageRefs(FreeList(1))  # counts of another pool: never consulted for this allocator
-    with context.scoped():
-        owner = ownership.register(allocator, pages)
-        assert context.current().owner_of(allocator) is owner
-    assert context.current().owner_of(allocator) is None  # the scope took its registration with it
+    owner = ownership.register(allocator, pages)
+    assert ownership.owner_of(allocator) is owner
+    del owner
+    gc.collect()
+    assert ownership.owner_of(allocator) is None  # the registration went with its ownership (its cache)
     slots = allocator.alloc(2 * PAGE)
     allocator.free(slots)
     assert allocator.available_size() == 4 * PAGE and pages.freed == 0

@@ -25,12 +25,14 @@ values were copied from into the request's own slot when it was allocated
 (-1: computed; the stored slot itself is let go then and never read again).
 `copies_for_extend` turns that into the copied tokens of a forward.
 
-The map of this process's attention backend is `context.current().positions`,
-for the scheduler-side writer.
+The map belongs to the `req_to_token` pool whose rows it mirrors: the mepic attention backend makes it
+(`attach`) and the scheduler side finds it through the same pool (`of`), the one SGLang object both
+are handed; under another attention backend a pool has none.
 """
 
 import torch
 
+from sglang_mepic.side_table import SideTable
 from sglang_mepic.wire.layout import NO_POSITION
 
 
@@ -158,3 +160,18 @@ class PositionMap:
         rows = rows.long()
         planned_pos = self.req_to_pos[rows, seq_lens.long() - 1].to(positions.dtype)
         return torch.where(self.planned[rows], planned_pos, positions)
+
+
+_MAPS: SideTable[PositionMap] = SideTable("position map of a req_to_token pool")
+
+
+def attach(req_to_token_pool) -> PositionMap:
+    """The pool's map, made now (by the mepic attention backend, as its model runner starts)."""
+    position_map = PositionMap(req_to_token_pool.req_to_token)
+    _MAPS.set(req_to_token_pool, position_map)
+    return position_map
+
+
+def of(req_to_token_pool) -> PositionMap | None:
+    """The pool's map; None where no mepic attention backend reads this pool."""
+    return _MAPS.get(req_to_token_pool)
