@@ -15,9 +15,6 @@ import requests
 from sglang_mepic.lang import chunk
 from sglang_mepic.process.server_process import ServerProcess
 
-# After the other server tests, one at a time (make test's `alone` part): a client that disconnects, an exhausted pool: each waits on the scheduler's timing.
-pytestmark = pytest.mark.alone
-
 POOL_TOKENS = 4096
 WORDS = open(json.__file__).read().split() + open(threading.__file__).read().split()
 

@@ -11,11 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-import pytest
-
-# After the other server tests, one at a time (make test's `alone` part): the gauges must read zero soon after a flush.
-pytestmark = pytest.mark.alone
-
 
 DOC = " ".join(f"line{i} says {i * 5 % 11}." for i in range(60))
 

@@ -18,9 +18,6 @@ from sglang_mepic.process.mooncake_master import MasterError, check_client
 from sglang_mepic.tiers.backends import MooncakeIO
 from sglang_mepic.tiers.envelope import _HEADER, envelope
 
-# After the other server tests, one at a time (make test's `alone` part): it kills an instance under load and times the others' recovery.
-pytestmark = pytest.mark.alone
-
 HEADER_BYTES = _HEADER.size
 
 WORDS = open(json.__file__).read().split() + open(re.__file__).read().split()

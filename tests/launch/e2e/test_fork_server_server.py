@@ -51,9 +51,6 @@ def test_a_forked_launcher_that_refuses_reports_its_exit_status(tiny_model):
 CLIENT = """
 import sys, time
 from sglang_mepic.process.server_process import ServerProcess
-
-# After the other server tests, one at a time (make test's `alone` part): a cold start beside a forked one, and a server that must die with its parent in time.
-pytestmark = pytest.mark.alone
 server = ServerProcess(sys.argv[1], "--dtype", "float32").start()
 print(server.proc.pid, server.forked, flush=True)
 time.sleep(600)

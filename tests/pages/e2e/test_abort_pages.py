@@ -20,9 +20,6 @@ import requests
 from sglang_mepic.lang import chunk
 from sglang_mepic.process.server_process import ServerProcess
 
-# After the other server tests, one at a time (make test's `alone` part): aborts land at chosen moments of a request.
-pytestmark = pytest.mark.alone
-
 WORDS = open(json.__file__).read().split() + open(threading.__file__).read().split()
 
 

@@ -12,9 +12,6 @@ from sglang_mepic.tiers.envelope import envelope
 from sglang_mepic.tiers.storage import Storage
 from support.storage import PAGE, kv, master, mooncake_storage  # noqa: F401 (master: fixtures)
 
-# After the other server tests, one at a time (make test's `alone` part): a read from a stopped store must be a miss within its timeout (+0.2 s).
-pytestmark = pytest.mark.alone
-
 
 def test_mooncake_entries_are_shared_between_clients_and_checked(master, caplog):
     a, b = mooncake_storage(master), mooncake_storage(master)

@@ -29,9 +29,6 @@ import pytest
 import requests
 from support.commands import ROOT, command, table_rows
 
-# After the other server tests, one at a time (make test's `alone` part): launch_cluster must stop within 90 s of a Ctrl-C; eval commands start servers of their own with host tiers.
-pytestmark = pytest.mark.alone
-
 
 # ---------------------------------------------------------------------------------------------
 # One server for the rest: launch_cluster's one instance

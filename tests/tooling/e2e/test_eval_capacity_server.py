@@ -6,11 +6,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
-# After the other server tests, one at a time (make test's `alone` part): its servers' host tiers need 10 GB of RAM free beside them; it times itself.
-pytestmark = pytest.mark.alone
-
 
 ROOT = Path(__file__).resolve().parents[3]
 
