@@ -119,6 +119,10 @@ class Setting:
     def dest(self) -> str:
         return self.flag.removeprefix("--").replace("-", "_")
 
+    def text(self, environ) -> str | None:
+        """The setting's text in `environ`: its variable if set and not empty, else its default."""
+        return environ.get(self.env) or self.default
+
 
 MODE = Setting(
     "--mepic-mode", "SGLANG_MEPIC_MODE", "mepic", parse_mode, metavar="MODE",

@@ -72,7 +72,7 @@ class Settings:
 
 def _parsed(setting: Setting, environ) -> Any:
     """A setting's typed value: its variable if set and not empty, else its default; None where neither is."""
-    text = environ.get(setting.env) or setting.default
+    text = setting.text(environ)
     if text is None:
         return None
     try:
@@ -92,7 +92,7 @@ def settings() -> Settings:
 
 def reload() -> Settings:
     """Read them again, where the environment was set after the process started: the launcher once the flags
-    are variables, the fork server's child once it has its server's environment, a model the gate refused."""
+    are variables (a fork server's child runs the launcher), a model the gate refused, tests."""
     global _current
     _current = Settings.from_env()
     return _current

@@ -53,7 +53,7 @@ def _display(setting: config.Setting) -> str:
     if setting is config.SEPARATOR:
         separator = auto_chunk.active_separator()
         return "none" if separator is None else repr(separator)
-    text = os.environ.get(setting.env) or setting.default  # as the flag gave it (the launcher set the variable)
+    text = setting.text(os.environ)  # as the flag gave it (the launcher set the variable)
     if setting in (config.KNOWN_TEXTS_MB, config.RECOMPUTE_BLOCKS, config.TEXT_MARKUP):  # a count, 'all', on/off
         return text
     if setting is config.STORAGE_CONFIG:  # JSON, as given
