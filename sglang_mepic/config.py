@@ -13,7 +13,7 @@ separator's markup check, the calibration set's size) are added by the launcher.
 import enum
 import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from sglang_mepic.modes import MODE_HELP, parse_mode
 
@@ -119,7 +119,7 @@ class Setting:
     def dest(self) -> str:
         return self.flag.removeprefix("--").replace("-", "_")
 
-    def text(self, environ) -> str | None:
+    def text(self, environ: Mapping[str, str]) -> str | None:
         """The setting's text in `environ`: its variable if set and not empty, else its default."""
         return environ.get(self.env) or self.default
 
@@ -133,7 +133,8 @@ RECOMPUTE_BLOCKS = Setting(
          "block and shares nothing. Default: 1.")
 
 
-def _choice(flag: str, env: str, default: str, choices: tuple[str, ...], help: str, convert=str, **more) -> Setting:
+def _choice(flag: str, env: str, default: str, choices: tuple[str, ...], help: str, convert: Callable[[str], Any] = str,
+            **more: Any) -> Setting:
     """A setting with a fixed set of values."""
     return Setting(flag, env, default, _one_of(flag, choices, convert), choices=choices, help=help, **more)
 

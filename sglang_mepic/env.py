@@ -10,7 +10,7 @@ and inherit the launcher's.
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from sglang_mepic.config import (PREFILL_GRAPHS_OFF_ENV, REUSE_REFUSED_ENV, ROPE_TABLE_ENV, SETTINGS, SYNC_DEBUG_ENV,
                                   Placement, Setting, parse_sync_debug)
@@ -54,7 +54,7 @@ class Settings:
         return "known" in self.auto_chunk
 
     @classmethod
-    def from_env(cls, environ=None) -> "Settings":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
         environ = os.environ if environ is None else environ
         value = {setting.dest.removeprefix("mepic_"): _parsed(setting, environ) for setting in SETTINGS}
         value["known_texts_bytes"] = value.pop("known_texts_mb")
@@ -70,7 +70,7 @@ class Settings:
                    sync_debug=parse_sync_debug(environ.get(SYNC_DEBUG_ENV)))
 
 
-def _parsed(setting: Setting, environ) -> Any:
+def _parsed(setting: Setting, environ: Mapping[str, str]) -> Any:
     """A setting's typed value: its variable if set and not empty, else its default; None where neither is."""
     text = setting.text(environ)
     if text is None:

@@ -20,15 +20,15 @@ class SideTable(Generic[V]):
         self.name = name  # for a reader of a heap dump or a debugger
         self._values: dict[int, V] = {}
 
-    def set(self, obj, value: V) -> None:
+    def set(self, obj: object, value: V) -> None:
         key = id(obj)
         if key not in self._values:
             # Runs before the object's memory (and so its id) can be reused.
             weakref.finalize(obj, self._values.pop, key, None)
         self._values[key] = value
 
-    def get(self, obj, default: V | None = None) -> V | None:
+    def get(self, obj: object, default: V | None = None) -> V | None:
         return self._values.get(id(obj), default)
 
-    def __contains__(self, obj) -> bool:
+    def __contains__(self, obj: object) -> bool:
         return id(obj) in self._values

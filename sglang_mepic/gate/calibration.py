@@ -8,14 +8,20 @@ documents do. A prompt is rendered as the evaluation renders it (`eval.workloads
 the model's chat template where it has one, else plain text ending in "Answer:".
 """
 
+from __future__ import annotations
+
 import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID, CHUNK_END_ID, tokenize_text
 from sglang_mepic.lang import chunk
 from sglang_mepic.wire.layout import Kind
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 DATA = Path(__file__).with_name("data") / "calibration.json"
 
@@ -35,7 +41,7 @@ def size() -> int:
     return len(load()["questions"])
 
 
-def render(tokenizer, question: dict) -> str:
+def render(tokenizer: PreTrainedTokenizerBase, question: dict) -> str:
     data = load()
     docs = "".join(chunk(f"Document: {data['paragraphs'][i]}\n\n") for i in question["chunks"])
     user = f"{data['instruction']}\n\n{docs}Question: {question['question']}"
@@ -45,7 +51,7 @@ def render(tokenizer, question: dict) -> str:
     return user + "\nAnswer:"
 
 
-def prompts(tokenizer, n: int) -> list[Prompt]:
+def prompts(tokenizer: PreTrainedTokenizerBase, n: int) -> list[Prompt]:
     """The first n questions as input ids, tokenized as the server tokenizes marked-up text
     (each piece on its own), so the marked and plain forms hold the same real tokens."""
     out = []

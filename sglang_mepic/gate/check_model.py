@@ -24,31 +24,36 @@ it does not, 2 for bad arguments. Flags after `--` go to the server
 (`sglang_mepic.launch_server`), e.g. `-- --dtype bfloat16 --mepic-recompute-blocks 2`.
 """
 
+from __future__ import annotations
+
 import argparse
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import requests
 
-from sglang_mepic import config, modes
+from sglang_mepic import config, env, modes
 from sglang_mepic.gate import calibration
 from sglang_mepic.gate import verdict as gate
 from sglang_mepic.gate.agreement import lumped_kl, mean, prefix_agreement, top1_agreement
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 IN_FLIGHT = 4
 REQUEST_TIMEOUT = 600
 
 
-def _generate(url: str, ids, new_tokens: int, **logprobs) -> dict:
+def _generate(url: str, ids: Sequence[int], new_tokens: int, **logprobs: Any) -> dict:
     r = requests.post(url + "/generate", timeout=REQUEST_TIMEOUT, json={
         "input_ids": list(ids), "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0}, **logprobs})
     r.raise_for_status()
     return r.json()
 
 
-def _teacher_forced(url: str, ids, prompt_len: int, answer: list[int], **asked) -> dict:
+def _teacher_forced(url: str, ids: Sequence[int], prompt_len: int, answer: list[int], **asked: Any) -> dict:
     """Input logprobs over the answer appended to the prompt: per answer position, the entries
     of the distribution that predicts it, given the prompt and the answer before it. SGLang's
     first requested entry is None, so the request starts one token before the answer."""
@@ -79,7 +84,7 @@ def compare_one(url: str, prompt: calibration.Prompt) -> tuple[float, float, lis
     return top1_agreement(reuse_argmax, full), prefix_agreement(reuse_argmax, full, gate.POSITIONS), kls
 
 
-def measure(url: str, tokenizer, questions: int, progress: bool = True) -> gate.Figures:
+def measure(url: str, tokenizer: PreTrainedTokenizerBase, questions: int, progress: bool = True) -> gate.Figures:
     """The gate's figures from a running server in the mode under test."""
     from tqdm import tqdm
 
@@ -142,7 +147,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sglang_mepic.check_model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True, help="local HF model folder")
-    ap.add_argument("--mode", type=_mode, default=modes.parse_mode(config.MODE.default), metavar="MODE",
+    ap.add_argument("--mode", type=_mode, default=env.Settings.from_env({}).mode, metavar="MODE",
                     help=f"the reuse mode to check: {modes.MODE_HELP}. Default: {config.MODE.default}.")
     ap.add_argument("--questions", type=int, default=calibration.size(), metavar="N",
                     help=f"calibration questions to run, 1-{calibration.size()}. Default: all {calibration.size()}.")

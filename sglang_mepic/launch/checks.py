@@ -7,6 +7,7 @@ import json
 import socket
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 from sglang_mepic import env
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE, LaunchError, known_flags
@@ -129,8 +130,10 @@ def free_host_memory() -> int:
     bounded by the cgroup's headroom). Its module is loaded from its file alone: importing the sglang package
     takes half a minute and reads the environment the launcher has not finished setting."""
     found = importlib.util.find_spec("sglang")  # finds the package without importing it
+    assert found is not None and found.origin is not None, "sglang is not installed"
     path = Path(found.origin).parent / "srt" / "mem_cache" / "host_memory.py"
     spec = importlib.util.spec_from_file_location("_sglang_host_memory", path)
+    assert spec is not None and spec.loader is not None, f"cannot load {path}"
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.available_host_memory_bytes(allow_cgroup_fallback=True)
@@ -200,7 +203,7 @@ def check_port_free(host: str, port: int) -> None:
 def one_line_argument_errors():
     """SGLang's own parser refuses a flag with its whole usage block (some 300 lines) and exit status 2:
     here, one line and status 2."""
-    def error(self, message):
+    def error(self: argparse.ArgumentParser, message: str) -> NoReturn:
         raise LaunchError(message)
 
     original = argparse.ArgumentParser.error

@@ -77,9 +77,11 @@ class Cluster:
 
     def storage_args(self) -> list[str]:
         if self.storage == "mooncake":
+            assert self.master is not None, "start() starts the master before the servers"
             return ["--mepic-storage-backend", "mooncake",
                     "--mepic-storage-config", json.dumps(self.master.storage_config())]
         if self.storage == "file":
+            assert self.storage_dir, "__init__ refuses file storage without a folder"
             return ["--mepic-storage-dir", self.storage_dir]
         return []
 

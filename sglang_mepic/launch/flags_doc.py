@@ -24,7 +24,7 @@ def table() -> str:
     fields = mepic_flags.help_fields()
     rows = ["| flag | environment | meaning |", "|---|---|---|"]
     for s in config.SETTINGS:
-        value = "" if s.switch else " " + ("{" + ",".join(s.choices) + "}" if s.choices else s.metavar)
+        value = "" if s.switch else " " + ("{" + ",".join(s.choices) + "}" if s.choices else s.metavar or "")
         meaning = s.help.format(**fields) + (f" See [{s.see.split('#')[0]}]({s.see})." if s.see else "")
         rows.append(f"| `{_cell(s.flag + value)}` | `{s.env}` | {_cell(meaning)} |")
     return "\n".join(rows) + "\n"
@@ -38,7 +38,7 @@ def rewritten(doc: str) -> str:
     return head + BEGIN + "\n" + table() + END + rest.partition(END)[2]
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args(argv)

@@ -3,6 +3,7 @@ process reads, checked where a row's check belongs to another part, and shown ba
 
 import argparse
 import os
+from typing import Any, Callable
 
 from sglang_mepic import config, env, modes
 from sglang_mepic.frontend import auto_chunk
@@ -10,7 +11,7 @@ from sglang_mepic.gate import calibration, verdict_cache, verify
 from sglang_mepic.launch.sglang_flags import LaunchError, Parser, known_flags
 
 
-def _rules() -> dict[config.Setting, object]:
+def _rules() -> dict[config.Setting, Callable[[str], Any]]:
     """The checks that belong to another part than config (which imports nothing of the package)."""
     return {config.SEPARATOR: auto_chunk.parse_separator,
             config.VERIFY_QUESTIONS: lambda text: config.parse_questions(text, calibration.size())}
@@ -54,6 +55,7 @@ def _display(setting: config.Setting) -> str:
         separator = auto_chunk.active_separator()
         return "none" if separator is None else repr(separator)
     text = setting.text(os.environ)  # as the flag gave it (the launcher set the variable)
+    assert text is not None  # a setting without a default is shown only where it is set (_shown)
     if setting in (config.KNOWN_TEXTS_MB, config.RECOMPUTE_BLOCKS, config.TEXT_MARKUP):  # a count, 'all', on/off
         return text
     if setting is config.STORAGE_CONFIG:  # JSON, as given
@@ -94,7 +96,7 @@ def mepic_settings(argv: list[str]) -> str:
     return line
 
 
-def _checked(parse):
+def _checked(parse: Callable[[str], Any]) -> Callable[[str], str]:
     """An argparse type that keeps the text but rejects what `parse` rejects, with its message."""
     def check(text: str) -> str:
         try:

@@ -116,7 +116,8 @@ def _main(argv: list[str] | None) -> int:
     if not docs:
         raise WarmError(f"no documents in {' '.join(args.paths)} (files ending in {', '.join(SUFFIXES)} or .jsonl)")
     fields = {k: v for k, v in (("extra_key", args.extra_key), ("cache_salt", args.cache_salt)) if v is not None}
-    registered, chunks = Counter(), Counter()
+    registered: Counter[str] = Counter()
+    chunks: Counter[str] = Counter()
     # leave=False: the bar goes when it closes, so a refusal is the one line left on a terminal (and there is
     # no bar where stderr is not a terminal: disable=None)
     with tqdm(total=len(docs), unit="doc", desc="warm", leave=False, disable=None) as bar:

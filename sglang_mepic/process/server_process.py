@@ -62,7 +62,8 @@ class ForkedProcess:
     Its parent is the fork server, which writes its exit status to `exit_path` when it ends."""
 
     def __init__(self, pid: int, exit_path: Path):
-        self.pid, self.exit_path, self.returncode = pid, exit_path, None
+        self.pid, self.exit_path = pid, exit_path
+        self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None and self.exit_path.exists():
@@ -76,8 +77,9 @@ class ForkedProcess:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"forked server {self.pid}", timeout)
+                raise subprocess.TimeoutExpired(f"forked server {self.pid}", timeout or 0.0)
             time.sleep(0.05)
+        assert self.returncode is not None  # poll() returned it
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -195,6 +197,7 @@ class ServerProcess:
 
     def _wait_ready(self) -> bool:
         """True once /health answers 200; False if the HTTP server could not bind its port."""
+        assert self.proc is not None, "launch() starts it first"
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

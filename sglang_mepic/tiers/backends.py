@@ -8,22 +8,41 @@ registered backend, or `dynamic`, through its get/set/exists). An adapter's
 CorruptEntry for bytes that cannot be an entry.
 """
 
+from __future__ import annotations
+
 import os
 import threading
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
 from sglang_mepic.tiers.envelope import CorruptEntry
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorage
+    from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
 
 
 class Unavailable(RuntimeError):
     """The backend did not answer."""
 
 
+class EntryIO(Protocol):
+    """What the chunk tier asks of an adapter (storage.py)."""
+
+    def exists(self, key: str) -> bool: ...
+
+    def read(self, key: str, nbytes: int) -> torch.Tensor | None: ...
+
+    def write(self, key: str, data: torch.Tensor) -> None: ...
+
+    def remove(self, key: str) -> None: ...
+
+
 class FileIO:
     """Entries as files through HiCacheFile."""
 
-    def __init__(self, backend):
+    def __init__(self, backend: HiCacheFile):
         self.files = backend
 
     def path(self, key: str) -> str:
@@ -66,7 +85,7 @@ class MooncakeIO:
     TOO_SMALL = -600    # INVALID_PARAMS: the stored object is larger than the buffer given
     ALREADY_THERE = -706
 
-    def __init__(self, backend):
+    def __init__(self, backend: MooncakeStore):
         self.client = backend.store
         # (role, thread) -> registered staging buffer: the storage's reader and writer and the
         # prefetch workers (prefetch.py) each use their own, as they read and write at once
@@ -120,10 +139,10 @@ class MooncakeIO:
 class HiCacheIO:
     """Entries through a backend's own HiCache methods, for every backend without a class here."""
 
-    def __init__(self, backend):
+    def __init__(self, backend: HiCacheStorage):
         self.backend = backend
 
-    def _call(self, method: str, *args):
+    def _call(self, method: str, *args: Any) -> Any:
         try:
             return getattr(self.backend, method)(*args)
         except Exception as e:  # whatever a backend raises is an outage, never the scheduler's problem
@@ -153,7 +172,7 @@ class HiCacheIO:
                 pass
 
 
-IO = {"file": FileIO, "mooncake": MooncakeIO}
+IO: dict[str, Callable[[Any], EntryIO]] = {"file": FileIO, "mooncake": MooncakeIO}
 NO_BYTES = ("sim", "shm")  # SGLang's simulator and shared-memory stand-in: they store no KV
 
 
@@ -172,7 +191,7 @@ def importable(backend: str) -> None:
         StorageBackendFactory._registry[backend]["loader"]()
 
 
-def connect(backend: str, extra_config: dict):
+def connect(backend: str, extra_config: dict) -> EntryIO:
     """One of SGLang's HiCache storage backends, made by its factory, wrapped for chunk entries."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory

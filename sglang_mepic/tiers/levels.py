@@ -29,18 +29,24 @@ copy that follows it, and the host pool is the scheduler's own (the store demote
 into it), so a worker could not read it safely.
 """
 
+from __future__ import annotations
+
 from collections import Counter, OrderedDict
+from typing import TYPE_CHECKING
 
 import torch
 
 from sglang_mepic.tiers.prefetch import ABSENT, PENDING, Prefetch  # noqa: F401 (PENDING, for want's callers)
 from sglang_mepic.tiers.storage import Storage
 
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
 
 class DevicePool:
     """The device KV buffers seen as [2, layers, tokens, heads, dim] at given token slots."""
 
-    def __init__(self, kv_pool):
+    def __init__(self, kv_pool: MHATokenToKVPool):
         self.k = kv_pool.k_buffer
         self.v = kv_pool.v_buffer
 
@@ -60,7 +66,7 @@ class DevicePool:
 class HostTier:
     """A bounded LRU of chunk KV in SGLang's HiCache host pool."""
 
-    def __init__(self, kv_pool, page_size: int, gigabytes: float):
+    def __init__(self, kv_pool: MHATokenToKVPool, page_size: int, gigabytes: float):
         from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
         info = kv_pool.get_device_pool_infos()[0].buffer_info
@@ -119,7 +125,7 @@ class HostTier:
 class Tiers:
     """The tiers below the device pool, as one lookup: host first, then shared storage."""
 
-    def __init__(self, kv_pool, page_size: int, host_gb: float = 0.0, storage: Storage | None = None):
+    def __init__(self, kv_pool: MHATokenToKVPool, page_size: int, host_gb: float = 0.0, storage: Storage | None = None):
         self.device = DevicePool(kv_pool)
         self.page_size = page_size
         self.host = HostTier(kv_pool, page_size, host_gb) if host_gb > 0 else None
@@ -142,7 +148,7 @@ class Tiers:
 
     def persist(self, key: str, slots: torch.Tensor) -> None:
         """A chunk was just compiled: write it through to shared storage (in the background, once)."""
-        if self.storage is not None:
+        if self.storage is not None and self.prefetch is not None:  # the one is made with the other
             self.storage.put(key, self.device.gather(slots))
             self.prefetch.forget(key)
 
@@ -199,7 +205,7 @@ class Tiers:
             self.prefetch.clear()
 
     def stats(self) -> dict:
-        out = {f"tier_lookups_{k}": self.lookups[k] for k in ("device", "host", "storage", "absent")}
+        out: dict[str, float] = {f"tier_lookups_{k}": self.lookups[k] for k in ("device", "host", "storage", "absent")}
         total = sum(self.lookups.values())
         for k in ("device", "host", "storage"):
             out[f"tier_hit_rate_{k}"] = round(self.lookups[k] / total, 4) if total else 0.0
@@ -208,7 +214,7 @@ class Tiers:
         if self.host is not None:
             out.update(host_chunks=len(self.host), host_pages_used=self.host.pages_used(),
                        host_pages_total=self.host.pages_total(), host_evictions=self.host.evictions)
-        if self.storage is not None:
+        if self.storage is not None and self.prefetch is not None:
             out.update(self.storage.stats())
             out.update(self.prefetch.stats())
         return out

@@ -34,6 +34,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as ReadTimeout
+from typing import Callable
 
 import torch
 
@@ -53,10 +54,10 @@ class _Read:
     """One entry being read by a worker."""
 
     __slots__ = ("storage_key", "future", "queued", "started")
+    future: Future  # submitted right after the read is made, before anyone sees it
 
     def __init__(self, storage_key: str, queued: float):
         self.storage_key = storage_key
-        self.future: Future | None = None
         self.queued = queued
         self.started: float | None = None  # set by the worker (one float: no lock needed)
 
@@ -65,7 +66,7 @@ class Prefetch:
     """Background reads of a storage's chunk entries, with their results remembered."""
 
     def __init__(self, storage: Storage, *, workers: int = WORKERS, keep_bytes: int = KEEP_BYTES,
-                 absent_s: float = ABSENT_S, max_in_flight: int = MAX_IN_FLIGHT, clock=time.monotonic):
+                 absent_s: float = ABSENT_S, max_in_flight: int = MAX_IN_FLIGHT, clock: Callable[[], float] = time.monotonic):
         self.storage = storage
         self.keep_bytes = keep_bytes
         self.absent_s = absent_s

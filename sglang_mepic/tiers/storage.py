@@ -59,13 +59,14 @@ import json
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
 from concurrent.futures import TimeoutError as ReadTimeout
 
 import torch
 
 from sglang_mepic import env, modes
-from sglang_mepic.tiers.backends import Unavailable, connect
+from sglang_mepic.tiers.backends import EntryIO, Unavailable, connect
 from sglang_mepic.tiers.envelope import (CorruptEntry, ForeignEntry, envelope, envelope_bytes, open_envelope, secret_id,
                                          settings_fingerprint)
 
@@ -80,7 +81,7 @@ class Storage:
     """A HiCache storage backend as the chunk tier, where failing or slow means a miss."""
 
     def __init__(self, backend: str, extra_config: dict, fingerprint: str, timeout: float = 0.5,
-                 io=None, secret: bytes | None = None, settings: dict | None = None):
+                 io: EntryIO | None = None, secret: bytes | None = None, settings: dict | None = None):
         """`fingerprint` names what the entries' bytes depend on; with `settings` (the SETTINGS
         known so far) it is their settings_fingerprint once `bind` has given the rest."""
         self.backend = backend
@@ -95,13 +96,14 @@ class Storage:
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="mepic-storage-read")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="mepic-storage-write")
         self._lock = threading.Lock()
-        self._reading = None         # the last read's future: one read at a time, even one that timed out
+        self._reading: Future | None = None  # the last read's future: one read at a time, even one that timed out
         self._queued = 0
         self._down_until = 0.0
         self._down: str | None = None  # why it stopped answering; None while it answers
         self.rejected = self.outages = self.unavailable = self.written = self.dropped = 0
         self._io = io
-        self._connecting = None if io is not None else self._writer.submit(self._connect)
+        # Set whenever _io starts as None (the only way _io is None).
+        self._connecting: Future[None] | None = None if io is not None else self._writer.submit(self._connect)
 
     # ---- the backend's state -------------------------------------------------
 
@@ -117,10 +119,16 @@ class Storage:
 
     def _ready(self) -> bool:
         if self._io is None:
-            if self._connecting.done() and time.monotonic() >= self._down_until:
+            if self._connecting is not None and self._connecting.done() and time.monotonic() >= self._down_until:
                 self._connecting = self._writer.submit(self._connect)
             return False
         return time.monotonic() >= self._down_until
+
+    def _connected(self) -> EntryIO:
+        """The backend; readers and writers run only once it is (readable(), _ready())."""
+        if self._io is None:
+            raise Unavailable("not connected")
+        return self._io
 
     def _failed(self, reason: str) -> None:
         with self._lock:
@@ -197,19 +205,19 @@ class Storage:
         self.unavailable += 1
         return False
 
-    def read_outcome(self, storage_key: str, like: torch.Tensor):
+    def read_outcome(self, storage_key: str, like: torch.Tensor) -> torch.Tensor | Exception | None:
         """Read and check the entry at `storage_key` (blocking; on a worker thread, never the
         scheduler's): its KV shaped as `like` (a meta tensor will do), None when absent, or the
         CorruptEntry or Unavailable met. Changes nothing: `settle` accounts for the outcome."""
         try:
-            data = self._io.read(storage_key, envelope_bytes(like))
+            data = self._connected().read(storage_key, envelope_bytes(like))
             return None if data is None else open_envelope(data, self.fingerprint, like, self.secret)
         except (CorruptEntry, Unavailable) as e:
             return e
         except Exception as e:  # whatever a backend raises is an outage, never the scheduler's problem
             return Unavailable(f"read: {type(e).__name__}: {e}")
 
-    def settle(self, storage_key: str, outcome) -> torch.Tensor | None:
+    def settle(self, storage_key: str, outcome: torch.Tensor | Exception | None) -> torch.Tensor | None:
         """Account for a read's outcome on the thread that owns the counters (the scheduler's):
         the backend's state, the figures and the log. The KV, or None for a miss."""
         if isinstance(outcome, (ReadTimeout, Unavailable)):
@@ -245,14 +253,15 @@ class Storage:
         with self._lock:
             replace = key in self._replace
             self._replace.discard(key)
+        io = self._connected()
         if replace:
-            self._io.remove(key)
-        elif self._io.exists(key):
+            io.remove(key)
+        elif io.exists(key):
             return
-        self._io.write(key, envelope(kv, self.fingerprint, self.secret))
+        io.write(key, envelope(kv, self.fingerprint, self.secret))
         self.written += 1
 
-    def _background(self, work, *args) -> None:
+    def _background(self, work: Callable[..., None], *args: Any) -> None:
         with self._lock:
             self._queued += 1
 
