@@ -10,10 +10,14 @@ torch (`attention.attend`); the Triton kernels in `sglang_mepic.kernels` are
 the GPU path of the same semantics.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import logging
 import os
 from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -26,6 +30,14 @@ from sglang_mepic.attention.reference import RotatedKeys, attend_causal, attend_
 from sglang_mepic.attention.rope import Rope, UnsupportedRope
 from sglang_mepic.pages import positions
 
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.mem_cache.memory_pool import KVCache, MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    from sglang_mepic.kernels.attention import DecodeWorkspace
+
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "mepic"
@@ -37,7 +49,7 @@ class GraphBuffers:
     """What captured decode launches read beside the runner's own buffers; fixed addresses."""
 
     splits: torch.Tensor  # [max_bs] int32: kv splits per request
-    workspace: object = None  # kernels.DecodeWorkspace for max_bs rows, made at the first captured decode
+    workspace: DecodeWorkspace | None = None  # for max_bs rows, made at the first captured decode
     active: bool = False  # the current decode forward is a graph capture or replay
 
 
@@ -54,7 +66,7 @@ class PrefillGraphMetadata:
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def check_kv_dtype(token_to_kv_pool) -> torch.dtype:
+def check_kv_dtype(token_to_kv_pool: KVCache) -> torch.dtype:
     """The pool's KV dtype (its logical one: SGLang stores fp8 as uint8), or refuse a pool this backend cannot
     read: one SGLang quantizes with block scales of its own (`is_quantized_kv_cache`: fp4, mxfp8), an fp8 format
     but e4m3fn/e5m2, or no float at all."""
@@ -69,7 +81,7 @@ def check_kv_dtype(token_to_kv_pool) -> torch.dtype:
     return dtype
 
 
-def kv_scales(layer, fp8_pool: bool) -> tuple[float, float]:
+def kv_scales(layer: torch.nn.Module, fp8_pool: bool) -> tuple[float, float]:
     """What the pool's keys and values are multiplied by when read: the layer's scales when both are set and the
     pool is fp8 (SGLang's pool divides by them only when it casts to fp8: a checkpoint's scales over a bf16 cache
     leave it unscaled), else 1. As host floats: SGLang keeps a checkpoint's as `k_scale_float`, and a
@@ -82,20 +94,23 @@ def kv_scales(layer, fp8_pool: bool) -> tuple[float, float]:
     return float(k if k_float is None else k_float), float(v if v_float is None else v_float)
 
 
-def _rotary_modules(model) -> list:
+def _rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for name, m in model.named_modules() if name.endswith("rotary_emb")]
 
 
 class MepicAttnBackend(AttentionBackend):
-    def __init__(self, model_runner, settings: env.Settings):
+    def __init__(self, model_runner: ModelRunner, settings: env.Settings) -> None:
         super().__init__()
         from sglang.srt.runtime_context import get_parallel
 
         tp = get_parallel().attn_tp_size
         model = model_runner.model_config
         self._graph_heads = (model.num_attention_heads // tp, model.get_num_kv_heads(tp))
-        self._attach(model_runner.device, model_runner.req_to_token_pool, model_runner.token_to_kv_pool,
-                     self._take_over_rotary(model_runner), model_runner.dtype, settings)
+        # The runner made its pools before its attention backend; a model this backend serves (full attention,
+        # SUPPORTED_ARCHITECTURES) has an MHA pool.
+        self._attach(model_runner.device, cast("ReqToTokenPool", model_runner.req_to_token_pool),
+                     cast("MHATokenToKVPool", model_runner.token_to_kv_pool), self._take_over_rotary(model_runner),
+                     model_runner.dtype, settings)
         # Every attention layer's scales, read now: a forward (a CUDA graph's capture among them) reads no tensor.
         for module in model_runner.model.modules():
             if isinstance(getattr(module, "layer_id", None), int) and hasattr(module, "k_scale"):
@@ -103,27 +118,31 @@ class MepicAttnBackend(AttentionBackend):
         self.sync_probe = sync_probe.install(self, settings.sync_debug)  # GPU runs: per-batch calls watched
 
     @classmethod
-    def over_pools(cls, req_to_token, k_pool, v_pool, rope: Rope, q_heads: int | None = None,
-                   q_dtype: torch.dtype | None = None, settings: env.Settings | None = None) -> "MepicAttnBackend":
+    def over_pools(cls, req_to_token: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, rope: Rope,
+                   q_heads: int | None = None, q_dtype: torch.dtype | None = None,
+                   settings: env.Settings | None = None) -> MepicAttnBackend:
         """A backend around bare tensors, without a model runner (tests, benchmarks). `q_dtype`: the model's
         (default: the pool's, bf16 over an fp8 pool); `settings`: default, this process's."""
 
         class Pool:
-            def get_key_buffer(self, layer_id):
+            def get_key_buffer(self, layer_id: int) -> torch.Tensor:
                 return k_pool
 
-            def get_value_buffer(self, layer_id):
+            def get_value_buffer(self, layer_id: int) -> torch.Tensor:
                 return v_pool
 
         backend = cls.__new__(cls)
         AttentionBackend.__init__(backend)
         backend._graph_heads = (q_heads or k_pool.shape[1], k_pool.shape[1])
-        backend._attach(k_pool.device, type("ReqToTokenPool", (), {"req_to_token": req_to_token})(), Pool(), rope,
+        # Stand-ins for the runner's pools: the reads the backend makes of them.
+        backend._attach(k_pool.device, type("ReqToTokenPool", (), {"req_to_token": req_to_token})(),
+                        cast("MHATokenToKVPool", Pool()), rope,
                         q_dtype or (torch.bfloat16 if k_pool.dtype in FP8_KV_DTYPES else k_pool.dtype),
                         settings or env.settings())
         return backend
 
-    def _attach(self, device, req_to_token_pool, token_to_kv_pool, rope: Rope, q_dtype: torch.dtype,
+    def _attach(self, device: torch.device | str, req_to_token_pool: ReqToTokenPool,
+                token_to_kv_pool: MHATokenToKVPool, rope: Rope, q_dtype: torch.dtype,
                 settings: env.Settings) -> None:
         self.device = device
         self.q_dtype = q_dtype  # the model's: queries and outputs (the pool may hold fp8)
@@ -132,8 +151,8 @@ class MepicAttnBackend(AttentionBackend):
         self.positions = positions.attach(req_to_token_pool)  # the scheduler side finds it through the pool
         self.rope = rope
         self.rotated_keys = RotatedKeys(rope)
-        self.copies = None
-        self.blend = None
+        self.copies: tuple[torch.Tensor, torch.Tensor] | None = None  # (extend token index, batch index)
+        self.blend: modes.Mode | None = None
         self.settings = settings
         mode = settings.mode
         if modes.planning(mode) is modes.Planning.BLEND:
@@ -154,7 +173,7 @@ class MepicAttnBackend(AttentionBackend):
         self._eager_switch = settings.prefill_graphs_off_file
         # Split decode's partial results, reused by every layer of an eager forward: one per CUDA stream,
         # since two streams' decodes (e.g. overlapped micro-batches) would otherwise share it.
-        self._workspaces: dict[int, object] = {}
+        self._workspaces: dict[int, DecodeWorkspace] = {}
         self._splits = None  # this decode forward's split counts (device), computed once for every layer
         self._kv_end = None  # this extend forward's key-loop bounds (device), computed once for every layer
         if self.use_triton:
@@ -162,7 +181,7 @@ class MepicAttnBackend(AttentionBackend):
 
             self._use_kernels(kernels)
 
-    def _use_kernels(self, kernels) -> None:
+    def _use_kernels(self, kernels: ModuleType) -> None:
         kernels.check_shapes(self.rope.head_size, self.rope.rotary_dim, 1, 1)
         arch = kernels.device_arch(self.device)
         if self.fp8_kv and arch < kernels.FP8_MIN_ARCH:
@@ -202,7 +221,7 @@ class MepicAttnBackend(AttentionBackend):
             index, self.cos_sin, self.rope.rotary_dim, self.rope.is_neox_style, 1.0, **self.rope_args)
 
     @staticmethod
-    def _take_over_rotary(model_runner) -> Rope:
+    def _take_over_rotary(model_runner: ModelRunner) -> Rope:
         archs = getattr(model_runner.model_config.hf_config, "architectures", None) or []
         if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
             raise UnsupportedRope(f"--attention-backend mepic supports {', '.join(SUPPORTED_ARCHITECTURES)}; "
@@ -227,7 +246,7 @@ class MepicAttnBackend(AttentionBackend):
                     "neox" if first.is_neox_style else "gptj", first.rotary_dim, first.head_size)
         return first
 
-    def init_forward_metadata(self, forward_batch):
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         """Per-forward state, read by every layer. On the Triton path the preparation is device ops only,
         with host figures from the batch's *_cpu fields (no host sync: SGLang's overlap scheduler runs
         ahead of the GPU; `tests/attention/test_host_syncs.py`); the torch path reads per-request values on the host."""
@@ -260,7 +279,7 @@ class MepicAttnBackend(AttentionBackend):
         self.copies = None
         self._splits = self._kv_end = None
 
-    def _prepare_extend(self, forward_batch, planned: bool) -> None:
+    def _prepare_extend(self, forward_batch: ForwardBatch, planned: bool) -> None:
         """An extend's positions, copied tokens and (Triton) key-loop bounds. `planned=False`: a capture's
         dummy batch, taken as identity rows whatever the map holds for them: nothing of the map is read
         for it and its positions tensor (the runner's static buffer) is kept."""
@@ -283,7 +302,8 @@ class MepicAttnBackend(AttentionBackend):
                 self._kv_end = torch.full((forward_batch.req_pool_indices.shape[0],), -1, dtype=torch.int32,
                                           device=forward_batch.req_pool_indices.device)
 
-    def _save(self, layer, forward_batch, k, v, save_kv_cache):
+    def _save(self, layer: RadixAttention, forward_batch: ForwardBatch, k: torch.Tensor | None,
+              v: torch.Tensor | None, save_kv_cache: bool) -> None:
         if not (save_kv_cache and k is not None and v is not None):
             return
         loc = forward_batch.out_cache_loc
@@ -297,13 +317,13 @@ class MepicAttnBackend(AttentionBackend):
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k.clone(), v.clone(), layer.k_scale,
                                                 layer.v_scale)
 
-    def _scales(self, layer) -> tuple[float, float]:
+    def _scales(self, layer: RadixAttention) -> tuple[float, float]:
         scales = self._layer_scales.get(layer.layer_id)
         if scales is None:  # a layer the model runner did not show at start-up (tests' layers)
             scales = self._layer_scales[layer.layer_id] = kv_scales(layer, self.fp8_kv)
         return scales
 
-    def _select(self, layer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _select(self, layer: RadixAttention, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """CacheBlend: which extend tokens write their fresh KV after the check layer.
 
         The tokens that read stored KV found it in their own slots, copied there when they
@@ -315,8 +335,9 @@ class MepicAttnBackend(AttentionBackend):
         layers without forking model code. So this baseline is faithful in what attention sees
         and in memory, and its compute time is an upper bound on CacheBlend's.
         """
-        if layer.layer_id == self.blend.check_layer:
-            idx, batch = self.copies
+        blend = cast(modes.Mode, self.blend)  # `_save` calls this only with a blend and copies
+        if layer.layer_id == blend.check_layer:
+            idx, batch = cast(tuple[torch.Tensor, torch.Tensor], self.copies)
             keys = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
             values = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
             dst = loc[idx].long()
@@ -324,12 +345,13 @@ class MepicAttnBackend(AttentionBackend):
             stored_k, stored_v = keys[dst].float() * k_scale, values[dst].float() * v_scale
             deviation = ((k[idx].reshape(-1, *keys.shape[1:]).float() - stored_k) ** 2).sum((1, 2)) + \
                         ((v[idx].reshape(-1, *values.shape[1:]).float() - stored_v) ** 2).sum((1, 2))
-            stored = modes.blend_keep_stored(self.blend, deviation, batch)
+            stored = modes.blend_keep_stored(blend, deviation, batch)
             self._fresh = torch.ones(k.shape[0], dtype=torch.bool, device=k.device)
             self._fresh[idx[stored]] = False
         return self._fresh
 
-    def _run(self, q, layer, forward_batch, q_lens, decode=False):
+    def _run(self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch, q_lens: list[int],
+             decode: bool = False) -> torch.Tensor:
         if layer.is_cross_attention or (layer.sliding_window_size is not None and layer.sliding_window_size > -1):
             raise NotImplementedError("mepic attention: cross or sliding-window attention is not supported")
         q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
@@ -346,13 +368,14 @@ class MepicAttnBackend(AttentionBackend):
             end = start + n
             slots = req_to_token[row, :seq_len]
             kv_pos = None if plain else req_to_pos[row, :seq_len]
-            if decode and (plain or int(kv_pos.max()) <= int(positions[start])):
+            # kv_pos is a tensor wherever `plain` is false (the casts below say so)
+            if decode and (plain or int(cast(torch.Tensor, kv_pos).max()) <= int(positions[start])):
                 # The new token has the largest position: every real slot is visible.
-                pads = None if plain else kv_pos < 0
+                pads = None if plain else cast(torch.Tensor, kv_pos) < 0
                 if pads is not None and not bool(pads.any()):
                     pads = None
                 k = self.rotated_keys.get(layer.layer_id, row, k_pool, slots, q.dtype,
-                                          None if plain else kv_pos.clamp(min=0))
+                                          None if plain else cast(torch.Tensor, kv_pos).clamp(min=0))
                 out[start:end] = attend_causal(q[start:end], k, v_pool[slots].to(q.dtype), scaling, pads)
             elif plain:
                 out[start:end] = attend_plain(q[start:end], k_pool, v_pool, slots, self.rope, scaling)
@@ -364,7 +387,8 @@ class MepicAttnBackend(AttentionBackend):
             out.mul_(v_scale)
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
-    def _run_triton(self, q, layer, forward_batch, decode: bool):
+    def _run_triton(self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch,
+                    decode: bool) -> torch.Tensor:
         q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         args = (self.token_to_kv_pool.get_key_buffer(layer.layer_id),
                 self.token_to_kv_pool.get_value_buffer(layer.layer_id),
@@ -383,12 +407,14 @@ class MepicAttnBackend(AttentionBackend):
                 self._kv_end = self.kernels.extend_kv_end(self.positions.req_to_pos, args[4], args[5], lens,
                                                           forward_batch.positions)
             out = self.kernels.extend(q, *args, torch.cumsum(lens, 0) - lens, lens, forward_batch.positions, *rope,
-                                      max_ext_len=max(forward_batch.extend_seq_lens_cpu), kv_end=self._kv_end,
+                                      max_ext_len=max(cast(list[int], forward_batch.extend_seq_lens_cpu)),
+                                      kv_end=self._kv_end,
                                       max_seq_len=self._max_seq_len, k_scale=k_scale, v_scale=v_scale,
                                       **self.rope_args)
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
-    def _decode_buffers(self, q, kv_heads: int, dv: int, seq_lens):
+    def _decode_buffers(self, q: torch.Tensor, kv_heads: int, dv: int,
+                        seq_lens: torch.Tensor) -> tuple[torch.Tensor, DecodeWorkspace]:
         """Split counts and workspace of a decode: the graph's fixed ones, or this forward's (eager)."""
         batch, heads = q.shape[0], q.shape[1]
         graph = self.graph
@@ -409,18 +435,18 @@ class MepicAttnBackend(AttentionBackend):
 
     # CUDA graphs. Decode: SGLang's decode graph runner calls these.
 
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         self.graph = GraphBuffers(splits=torch.ones(max_bs, dtype=torch.int32, device=self.device))
 
-    def get_cuda_graph_seq_len_fill_value(self):
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1
 
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+    def init_forward_metadata_out_graph(self, forward_batch: ForwardBatch, in_capture: bool = False) -> None:
         if not forward_batch.forward_mode.is_decode():
             raise NotImplementedError("the mepic backend captures prefill CUDA graphs only with SGLang's breakable "
                                       "backend (--cuda-graph-backend-prefill breakable, the default on CUDA, or "
                                       "disabled), not full ones")
-        self.graph.active = True
+        cast(GraphBuffers, self.graph).active = True  # init_cuda_graph_state made it
         # Planned rows decode at their plan's next position; padding rows (capture: all) are left alone.
         real = forward_batch.batch_size - (getattr(forward_batch, "num_padding", 0) or 0)
         if real and not in_capture:
@@ -428,12 +454,13 @@ class MepicAttnBackend(AttentionBackend):
             positions.copy_(self.positions.on_decode(forward_batch.req_pool_indices[:real],
                                                      forward_batch.seq_lens[:real], positions))
 
-    def init_forward_metadata_in_graph(self, forward_batch):
+    def init_forward_metadata_in_graph(self, forward_batch: ForwardBatch) -> None:
         """Captured: the split counts of this batch, into the fixed buffer (device ops only)."""
         batch = forward_batch.seq_lens.shape[0]
         self.kernels.num_kv_splits(forward_batch.seq_lens,
                                    self.kernels.decode_programs_per_split(batch, *self._graph_heads),
-                                   self.sm_count, out=self.graph.splits, ctas_per_sm=self.decode_ctas_per_sm)
+                                   self.sm_count, out=cast(GraphBuffers, self.graph).splits,
+                                   ctas_per_sm=self.decode_ctas_per_sm)
 
     # Prefill: SGLang's breakable prefill graphs (`--cuda-graph-backend-prefill breakable`, the default on
     # CUDA). The graph's segments run the model between attention layers, so they rotate queries with the
@@ -444,7 +471,8 @@ class MepicAttnBackend(AttentionBackend):
 
     use_captured_forward_metadata_for_breakable_cuda_graph = True
 
-    def init_forward_metadata_for_breakable_cuda_graph_capture(self, forward_batch):
+    def init_forward_metadata_for_breakable_cuda_graph_capture(
+            self, forward_batch: ForwardBatch) -> PrefillGraphMetadata:
         """Capture (and warm-up) of one token bucket, a dummy batch over the runner's static buffers: its
         metadata as identity rows. It reads and writes nothing of the position map (its rows may be live
         requests' rows) and leaves forward_batch.positions the static buffer whose address the graph records."""
@@ -453,8 +481,9 @@ class MepicAttnBackend(AttentionBackend):
         self._prepare_extend(forward_batch, planned=False)
         return PrefillGraphMetadata(num_tokens=forward_batch.positions.shape[0])
 
-    def prepare_forward_metadata_for_breakable_cuda_graph_replay(self, capture_metadata, forward_batch, *,
-                                                                 static_forward_batch=None) -> None:
+    def prepare_forward_metadata_for_breakable_cuda_graph_replay(
+            self, capture_metadata: PrefillGraphMetadata, forward_batch: ForwardBatch, *,
+            static_forward_batch: ForwardBatch | None = None) -> None:
         """Before a replay: the live batch's metadata, as an eager forward's, and its planned positions
         into the static buffer the captured segments and the breaks read (device copy, no sync). A batch
         without planned rows keeps SGLang's positions, which the runner has already put there."""
@@ -468,7 +497,7 @@ class MepicAttnBackend(AttentionBackend):
         n = sglang_positions.shape[0]
         static_forward_batch.positions[:n].copy_(forward_batch.positions)
 
-    def can_run_prefill_cuda_graph(self, forward_batch) -> bool:
+    def can_run_prefill_cuda_graph(self, forward_batch: ForwardBatch) -> bool:
         """Whether SGLang's prefill graph runner may replay this batch; False sends it eager. A plain extend
         (or a mixed batch) on the Triton path, with its host figures, qualifies under the breakable
         runner's captured-metadata hooks, which put planned positions where the graph reads them. Under a
@@ -488,22 +517,28 @@ class MepicAttnBackend(AttentionBackend):
         rows_cpu = getattr(forward_batch, "req_pool_indices_cpu", None)
         return rows_cpu is not None and not self.positions.any_planned(rows_cpu)
 
-    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+    # SGLang's forward_extend / forward_decode take **kwargs; these take none, so one passed raises rather than
+    # being dropped (an ignore for SGLang's signature, unused where mypy reads SGLang as untyped).
+    def forward_extend(  # type: ignore[override, unused-ignore]
+            self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: RadixAttention,
+            forward_batch: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
         self._save(layer, forward_batch, k, v, save_kv_cache)
         if self.use_triton:
             return self._run_triton(q, layer, forward_batch, decode=False)
-        return self._run(q, layer, forward_batch, forward_batch.extend_seq_lens.tolist())
+        return self._run(q, layer, forward_batch, cast(torch.Tensor, forward_batch.extend_seq_lens).tolist())
 
-    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+    def forward_decode(  # type: ignore[override, unused-ignore]  # no **kwargs: see forward_extend
+            self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: RadixAttention,
+            forward_batch: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
         self._save(layer, forward_batch, k, v, save_kv_cache)
         if self.use_triton:
             return self._run_triton(q, layer, forward_batch, decode=True)
         return self._run(q, layer, forward_batch, [1] * forward_batch.batch_size, decode=True)
 
-    def support_triton(self):
+    def support_triton(self) -> bool:
         return False
 
 
-def create(model_runner) -> MepicAttnBackend:
+def create(model_runner: ModelRunner) -> MepicAttnBackend:
     """SGLang's factory (plugin.py registers it): the backend, handed this process's settings."""
     return MepicAttnBackend(model_runner, env.settings())

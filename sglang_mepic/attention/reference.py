@@ -9,6 +9,8 @@ Scores depend only on positions, never on slot order, so a reused page can sit
 anywhere in the page table.
 """
 
+from collections.abc import Iterable
+
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
@@ -118,11 +120,11 @@ class RotatedKeys:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def drop(self, rows) -> None:
+    def drop(self, rows: Iterable[int]) -> None:
         rows = set(rows)
         self._entries = {key: e for key, e in self._entries.items() if key[1] not in rows}
 
-    def keep_only(self, rows) -> None:
+    def keep_only(self, rows: Iterable[int]) -> None:
         rows = set(rows)
         self._entries = {key: e for key, e in self._entries.items() if key[1] in rows}
 

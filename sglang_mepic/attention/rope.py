@@ -8,7 +8,9 @@ and partial rotary (`rotary_dim < head_size`, the tail passes through).
 Anything else is refused when the server starts, never approximated.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -29,7 +31,7 @@ class Rope:
     is_neox_style: bool
 
     @classmethod
-    def from_module(cls, module) -> "Rope":
+    def from_module(cls, module: torch.nn.Module) -> "Rope":
         name = type(module).__name__
         if name not in SUPPORTED:
             raise UnsupportedRope(
@@ -101,7 +103,7 @@ class Rope:
         for _ in range(2):
             candidates = [candidates[0].nextafter(torch.zeros_like(angle))] + candidates + \
                          [candidates[-1].nextafter(torch.full_like(angle, 10.0))]
-        def error(inv_freq, rows):
+        def error(inv_freq: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
             freqs = rows.float()[:, None] * inv_freq[None, :]
             return torch.maximum((freqs.cos() * mscale - cos[rows]).abs(),
                                  (freqs.sin() * mscale - sin[rows]).abs()).amax(0)
@@ -124,7 +126,9 @@ def cos_sin_cache(rotary_dim: int, max_positions: int, base: float = 10000.0) ->
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
 
 
-def forward_keeping_keys_nope(original, module, positions, query, key, *args, **kwargs):
+def forward_keeping_keys_nope(original: Callable[..., Any], module: torch.nn.Module, positions: torch.Tensor,
+                              query: torch.Tensor, key: torch.Tensor, *args: Any,
+                              **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """`RotaryEmbedding.forward`: for a module the backend validated (`mepic_nope_key`), queries
     are rotated as usual and keys pass through unrotated, to be rotated in attention."""
     if not getattr(module, "mepic_nope_key", False):

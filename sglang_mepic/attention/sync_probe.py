@@ -14,6 +14,8 @@ ordinary warnings (the mode is process-wide; the thread tells them apart). The G
 on the meta device, where any read of a device value raises.
 """
 
+from __future__ import annotations
+
 import collections
 import functools
 import logging
@@ -21,9 +23,16 @@ import os
 import threading
 import traceback
 import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import torch
+
+if TYPE_CHECKING:
+    from sglang_mepic.attention.backend import MepicAttnBackend
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +40,7 @@ LOG_PREFIX = "mepic sync debug:"
 SUMMARY_EVERY = 2000
 
 
-def _place(stack) -> str:
+def _place(stack: list[traceback.FrameSummary]) -> str:
     """The innermost frames of this package (or, if none, the caller's), innermost first."""
     stack = [f for f in stack if os.path.basename(f.filename) not in ("sync_probe.py", "contextlib.py")]
     ours = [f for f in stack if "sglang_mepic" in f.filename or "/kernels/" in f.filename]
@@ -40,7 +49,8 @@ def _place(stack) -> str:
 
 
 class SyncProbe:
-    def __init__(self, mode: str, get_mode=None, set_mode=None):
+    def __init__(self, mode: str, get_mode: Callable[[], int] | None = None,
+                 set_mode: Callable[[int | str], None] | None = None) -> None:
         self.mode = mode
         # torch.cuda's own (a CPU build has none; the tests hand in stand-ins)
         self._get_mode = get_mode or torch.cuda.get_sync_debug_mode
@@ -50,15 +60,15 @@ class SyncProbe:
         self._places: set = set()
         self._local = threading.local()
 
-    def wrap(self, name: str, fn):
+    def wrap(self, name: str, fn: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(fn)
-        def watched(*args, **kwargs):
+        def watched(*args: Any, **kwargs: Any) -> T:
             with self.watch(name):
                 return fn(*args, **kwargs)
         return watched
 
     @contextmanager
-    def watch(self, name: str):
+    def watch(self, name: str) -> Iterator[None]:
         if getattr(self._local, "name", None) is not None:  # a watched call inside another (the replay hook's init)
             yield
             return
@@ -69,7 +79,8 @@ class SyncProbe:
             warnings.simplefilter("always")
             shown = warnings.showwarning
 
-            def show(message, category, filename, lineno, file=None, line=None):
+            def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                     file: TextIO | None = None, line: str | None = None) -> None:
                 if threading.get_ident() != me or "synchroniz" not in str(message):
                     return shown(message, category, filename, lineno, file, line)
                 self._found(name, str(message), traceback.extract_stack()[:-1])
@@ -86,7 +97,7 @@ class SyncProbe:
             logger.warning("%s %d calls watched, %d synchronised (%s)", LOG_PREFIX, self.calls,
                            sum(self.syncs.values()), dict(self.syncs) or "none")
 
-    def _found(self, name: str, message: str, stack) -> None:
+    def _found(self, name: str, message: str, stack: list[traceback.FrameSummary]) -> None:
         self.syncs[name] += 1
         place = _place(stack)
         if (name, place) not in self._places:
@@ -95,7 +106,7 @@ class SyncProbe:
                            message.strip().splitlines()[0], place)
 
 
-def install(backend, mode: str | None) -> SyncProbe | None:
+def install(backend: MepicAttnBackend, mode: str | None) -> SyncProbe | None:
     """Watch the backend's per-batch calls if MEPIC_SYNC_DEBUG asks (`mode`, from the settings: the GPU path
     only, since the torch path reads per-request values on the host by design)."""
     if mode is None or not backend.use_triton or not torch.cuda.is_available():

@@ -41,17 +41,27 @@ or uses the separator is left to them: auto-chunking only adds chunks to
 requests that mark none.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Hashable, Sequence, TypeVar, Union, cast
 
 from sglang_mepic import env
 from sglang_mepic.frontend import known_texts
 from sglang_mepic.frontend.markup import CHUNK_CLOSE, CHUNK_OPEN, MarkupError, has_text_markup, split_text
 from sglang_mepic.wire.layout import Kind
 
+if TYPE_CHECKING:
+    from sglang.srt.entrypoints.ollama.protocol import OllamaMessage
+    from sglang.srt.entrypoints.openai.protocol import (ChatCompletionMessageContentPart,
+                                                        ChatCompletionMessageContentTextPart,
+                                                        ChatCompletionMessageParam)
+
 MIN_PAGES = 2
 
 Parts = list[tuple[Kind, str]]
+# A chat message: an OpenAI request's (`/v1/chat/completions`) or an Ollama one's (`/api/chat`, ollama_routes.py).
+Message = TypeVar("Message", bound=Union["ChatCompletionMessageParam", "OllamaMessage"])
 
 
 def split_separated(text: str, separator: str) -> Parts:
@@ -108,20 +118,20 @@ def text_pieces(text: str) -> Parts | None:
     None: by neither (request_markup.py then looks for registered texts)."""
     separator = active_separator()
     if _separated(text, separator):
-        return split_separated(text, separator)
+        return split_separated(text, cast(str, separator))  # _separated: not None
     if env.settings().text_markup and has_text_markup(text):
         return split_text(text)
     return None
 
 
-def may_split(text) -> bool:
+def may_split(text: object) -> bool:
     """Whether a text prompt may be split into pieces (and so must be tokenized a piece at a time)."""
     separator = active_separator()
     return isinstance(text, str) and ((separator is not None and separator in text) or has_text_markup(text)
                                       or env.settings().known_texts)
 
 
-def any_may_split(texts) -> bool:
+def any_may_split(texts: object) -> bool:
     """Whether any prompt of a batch (a list of texts) may be split into pieces."""
     return isinstance(texts, list) and any(may_split(t) for t in texts)
 
@@ -139,23 +149,24 @@ class ChatText:
         return f"messages[{self.message}].content" + ("" if self.part is None else f"[{self.part}]")
 
 
-def chat_texts(messages) -> list[ChatText]:
+def chat_texts(messages: Sequence[Message]) -> list[ChatText]:
     out = []
     for i, message in enumerate(messages):
         content = message.content
         if isinstance(content, str):
             out.append(ChatText(i, None, content))
         elif isinstance(content, list):
-            out += [ChatText(i, j, part.text) for j, part in enumerate(content)
+            out += [ChatText(i, j, cast("ChatCompletionMessageContentTextPart", part).text)
+                    for j, part in enumerate(content)
                     if getattr(part, "type", None) == "text" and isinstance(getattr(part, "text", None), str)]
     return out
 
 
-def _last_user_turn(messages) -> int | None:
+def _last_user_turn(messages: Sequence[Message]) -> int | None:
     return max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
 
 
-def candidates(messages, mode: str) -> list[ChatText]:
+def candidates(messages: Sequence[Message], mode: str) -> list[ChatText]:
     """The texts that become chunks under `mode` when they are long enough (the module's rules)."""
     texts = chat_texts(messages)
     if mode == "messages":
@@ -168,28 +179,28 @@ def candidates(messages, mode: str) -> list[ChatText]:
     return []
 
 
-def _with_texts(messages, replaced: dict[tuple[int, int | None], str]) -> list:
+def _with_texts(messages: Sequence[Message], replaced: dict[tuple[int, int | None], str]) -> list[Message]:
     """Copies of the messages with some texts replaced; the client's objects are left as sent."""
     out = list(messages)
     for (i, j), text in replaced.items():
         message = out[i]
         if j is None:
-            out[i] = message.model_copy(update={"content": text})
+            out[i] = cast(Message, message.model_copy(update={"content": text}))  # a copy: its own class
         else:
-            parts = list(message.content)
+            parts = list(cast("list[ChatCompletionMessageContentPart]", message.content))  # a part: a list
             parts[j] = parts[j].model_copy(update={"text": text})
-            out[i] = message.model_copy(update={"content": parts})
+            out[i] = cast(Message, message.model_copy(update={"content": parts}))
     return out
 
 
-def separated(messages) -> bool:
+def separated(messages: Sequence[Message]) -> bool:
     """Whether any chat text holds the separator."""
     separator = active_separator()
     return separator is not None and any(separator in t.text for t in chat_texts(messages))
 
 
-def chat_messages(messages, count_tokens: Callable[[str], int], page_size: int, namespace=None,
-                  max_chars: int | None = None) -> list | None:
+def chat_messages(messages: Sequence[Message], count_tokens: Callable[[str], int], page_size: int,
+                  namespace: Hashable = None, max_chars: int | None = None) -> list[Message] | None:
     """The chat messages with the server's markup in them (separator, auto-chunking or registered
     texts), or None to render them as sent. `count_tokens`: a text's token count as a chunk;
     `max_chars`: the most characters a prompt that fits the context has (longer texts are not searched)."""
@@ -204,7 +215,7 @@ def chat_messages(messages, count_tokens: Callable[[str], int], page_size: int, 
         replaced = {}
         for t in separated:
             try:
-                replaced[t.message, t.part] = as_markup(split_separated(t.text, separator))
+                replaced[t.message, t.part] = as_markup(split_separated(t.text, cast(str, separator)))  # found in it
             except MarkupError as e:
                 raise MarkupError(f"{t.where}: {e} (character positions count from the start of that "
                                   "content)") from None

@@ -16,6 +16,10 @@ tool definitions and tool-call arguments too), auto-chunking leaves the request 
 sent and the separator is refused (400).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
+
 from sglang_mepic import env
 from sglang_mepic.frontend import auto_chunk, known_texts, limits, request_markup
 from sglang_mepic.frontend.intake import IntakeError
@@ -24,8 +28,27 @@ from sglang_mepic.frontend.markup import (CHUNK_BEGIN_ID, CHUNK_CLOSE, CHUNK_END
 from sglang_mepic.frontend.request_markup import page_size
 from sglang_mepic.wire.layout import Kind
 
+if TYPE_CHECKING:
+    from sglang.srt.entrypoints.ollama.protocol import OllamaChatRequest
+    from sglang.srt.entrypoints.ollama.serving import OllamaServing
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from transformers import PreTrainedTokenizerBase
 
-def _marked(request) -> bool:
+
+class Rendered(Protocol):
+    """What `process` reads of SGLang's processed messages (`MessageProcessingResult`, or ollama_routes' own)."""
+
+    prompt_ids: str | list[int]
+
+
+# A chat request: OpenAI's (`/v1/chat/completions`) or Ollama's (`/api/chat`, ollama_routes.py); one of either.
+ChatRequest = TypeVar("ChatRequest", "ChatCompletionRequest", "OllamaChatRequest")
+Result = TypeVar("Result", bound=Rendered)
+
+
+def _marked(request: ChatCompletionRequest | OllamaChatRequest) -> bool:
     """Whether any message holds markup; malformed markup raises, located in its message."""
     marked = False
     for i, message in enumerate(request.messages):
@@ -45,7 +68,7 @@ def _marked(request) -> bool:
     return marked
 
 
-def _has_content(request) -> bool:
+def _has_content(request: ChatCompletionRequest | OllamaChatRequest) -> bool:
     """Whether any message says something: text that is not whitespace, or a non-text part."""
     for message in request.messages:
         content = message.content
@@ -58,13 +81,14 @@ def _has_content(request) -> bool:
     return False
 
 
-def check_content(request) -> None:
+def check_content(request: ChatCompletionRequest | OllamaChatRequest) -> None:
     """A chat whose messages say nothing is refused: there is no prompt to answer."""
     if not _has_content(request):
         raise IntakeError("every message's content is empty or whitespace: there is no prompt to answer")
 
 
-def process(original, serving, request, *args, **kwargs):
+def process(original: Callable[..., Result], serving: OpenAIServingChat | OllamaServing, request: ChatRequest,
+            *args: Any, **kwargs: Any) -> Result:
     """SGLang's `_process_messages`, rendering the messages with the markup the server puts in
     them (the separator's or auto-chunking's, auto_chunk.py) and re-split at the markup."""
     manager = serving.tokenizer_manager
@@ -101,7 +125,8 @@ def process(original, serving, request, *args, **kwargs):
         request.messages = sent
 
 
-def _fits(manager, request, prompt_ids) -> bool:
+def _fits(manager: TokenizerManager, request: ChatCompletionRequest | OllamaChatRequest,
+          prompt_ids: str | list[int]) -> bool:
     if not isinstance(prompt_ids, list):
         return True
     new = limits.new_tokens(manager, {"max_new_tokens": getattr(request, "max_completion_tokens", None)
@@ -114,16 +139,17 @@ def _fits(manager, request, prompt_ids) -> bool:
     return limits.fits_laid_out(manager, slots, new)
 
 
-def _markers(text) -> int:
+def _markers(text: object) -> int:
     return text.count(CHUNK_OPEN) + text.count(CHUNK_CLOSE) if isinstance(text, str) else 0
 
 
-def _rendered(result, tok):
+def _rendered(result: Rendered, tok: PreTrainedTokenizerBase) -> str:
     rendered = result.prompt_ids
     return tok.decode(rendered, skip_special_tokens=False) if isinstance(rendered, list) else rendered
 
 
-def mark_rendered(result, request, tok, server_markup: bool = False):
+def mark_rendered(result: Result, request: ChatCompletionRequest | OllamaChatRequest, tok: PreTrainedTokenizerBase,
+                  server_markup: bool = False) -> Result:
     """SGLang's processed messages (`result`), their prompt ids re-split at the markup; `tok`: the
     tokenizer. `server_markup`: the server put the markup in the messages, so it marks even with
     `--mepic-text-markup off` (auto_chunk.chat_messages left alone any request holding markup text)."""

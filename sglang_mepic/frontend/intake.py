@@ -21,14 +21,21 @@ batch, n > 1 and OpenAI paths all go through):
   authorises only the identical request, which the server itself made.
 """
 
+from __future__ import annotations
+
 import hashlib
 import hmac
 import json
 import secrets
 from array import array
+from typing import TYPE_CHECKING, Any, Iterable, Sequence, cast
 
 from sglang_mepic.frontend import state
 from sglang_mepic.wire.hint import HINT_TYPE, MARK_KEY
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
+    from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
 
 # Random per tokenizer process; it never leaves the process (the scheduler ignores the mark).
 _KEY = secrets.token_bytes(32)
@@ -38,7 +45,7 @@ class IntakeError(ValueError):
     """A request the server refuses (SGLang's HTTP layer answers a ValueError with 400)."""
 
 
-def _ids_bytes(input_ids) -> bytes:
+def _ids_bytes(input_ids: Iterable[int] | None) -> bytes:
     if input_ids is None:
         return b"none"
     try:
@@ -47,7 +54,7 @@ def _ids_bytes(input_ids) -> bytes:
         return repr(list(input_ids)).encode()
 
 
-def seal(version, payload: dict, input_ids) -> str:
+def seal(version: str, payload: dict[str, Any], input_ids: Iterable[int] | None) -> str:
     """The mark of a `mepic.chunks` payload (its own mark left out) on a request of these ids."""
     body = json.dumps({"version": version, "payload": {k: v for k, v in payload.items() if k != MARK_KEY}},
                       sort_keys=True, separators=(",", ":"), default=repr)
@@ -57,13 +64,13 @@ def seal(version, payload: dict, input_ids) -> str:
     return mac.hexdigest()
 
 
-def _is_ours(action, input_ids) -> bool:
+def _is_ours(action: KvHintAction, input_ids: Iterable[int] | None) -> bool:
     payload = action.payload if isinstance(action.payload, dict) else {}
     mark = payload.get(MARK_KEY)
     return isinstance(mark, str) and hmac.compare_digest(mark, seal(action.action_version, payload, input_ids))
 
 
-def check_hints(kv_hints, input_ids) -> None:
+def check_hints(kv_hints: KvHintsEnvelope | None, input_ids: Iterable[int] | None) -> None:
     """Refuse a `mepic.chunks` action that is not sealed for its own payload and these final ids."""
     for action in kv_hints.actions if kv_hints is not None else []:
         if action.action_type == HINT_TYPE and not _is_ours(action, input_ids):
@@ -71,7 +78,8 @@ def check_hints(kv_hints, input_ids) -> None:
                               f"mark chunks with <|chunk|>...<|/chunk|> in text, or ids -100 ... -101 in input_ids")
 
 
-def check_prompt(text, input_ids, session_params=None, multimodal: bool = False) -> None:
+def check_prompt(text: object, input_ids: Sequence[int] | None, session_params: object = None,
+                 multimodal: bool = False) -> None:
     if isinstance(session_params, dict) and session_params.get("id"):
         return  # the session's history supplies the prompt
     if not multimodal and isinstance(text, str) and not text.strip():
@@ -83,7 +91,7 @@ def check_prompt(text, input_ids, session_params=None, multimodal: bool = False)
         raise IntakeError("the prompt has no tokens (empty text, or chunk markers with nothing in them)")
 
 
-def seal_marked(obj, marked: state.MarkedRequest, input_ids) -> None:
+def seal_marked(obj: GenerateReqInput, marked: state.MarkedRequest, input_ids: Sequence[int] | None) -> None:
     """Seal the hint the server made from this request's markup (request_markup.py), now that its ids
     are final; refuse the request if they are not the ids its layout was made for (a multimodal
     processor expanding media placeholders would put every span in the wrong place)."""
@@ -91,12 +99,13 @@ def seal_marked(obj, marked: state.MarkedRequest, input_ids) -> None:
         raise IntakeError("the prompt's token ids changed after its chunks were laid out (the model's "
                           "processor expands media placeholders): chunk markup cannot be used with this "
                           "request's image, audio or video data")
-    for action in obj.kv_hints.actions if obj.kv_hints is not None else []:
+    kv_hints = cast("KvHintsEnvelope | None", obj.kv_hints)  # one request's: SGLang decoded its envelope
+    for action in kv_hints.actions if kv_hints is not None else []:
         if action.action_type == HINT_TYPE:
             action.payload[MARK_KEY] = seal(action.action_version, action.payload, input_ids)
 
 
-def check(obj, input_ids) -> None:
+def check(obj: GenerateReqInput | EmbeddingReqInput, input_ids: Sequence[int] | None) -> None:
     """Refuse what must not reach the scheduler; the message names the batch item, if any."""
     try:
         # A client's ids are the prompt: SGLang's request log (level >= 2) writes their decoding into
@@ -104,12 +113,12 @@ def check(obj, input_ids) -> None:
         text = getattr(obj, "text", None) if getattr(obj, "input_ids", None) is None else None
         check_prompt(text, input_ids, getattr(obj, "session_params", None), multimodal=_multimodal(obj))
         if (marked := state.marked(obj)) is not None:
-            seal_marked(obj, marked, input_ids)
+            seal_marked(cast("GenerateReqInput", obj), marked, input_ids)  # request_markup marks only these
         else:
             check_hints(getattr(obj, "kv_hints", None), input_ids)
     except IntakeError as e:
         raise IntakeError(state.labelled(obj, str(e))) from None
 
 
-def _multimodal(obj) -> bool:
+def _multimodal(obj: object) -> bool:
     return any(getattr(obj, f, None) for f in ("image_data", "video_data", "audio_data"))  # [] is no data

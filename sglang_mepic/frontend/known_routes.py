@@ -20,6 +20,8 @@ texts registered but not warmed: their `"chunk"` is `"aborted"` and the answer a
 503 that says so; registering them again warms them.
 """
 
+from typing import TYPE_CHECKING, cast
+
 from starlette.requests import Request
 
 from sglang_mepic import env
@@ -28,6 +30,10 @@ from sglang_mepic.frontend.markup import has_text_markup
 from sglang_mepic.frontend.known_texts import (ANCHOR, IndexFull, KnownTextError, namespace_bytes, namespace_of,
                                                registry, text_bytes)
 from sglang_mepic.wire.layout import Kind
+
+if TYPE_CHECKING:  # quoted where used: FastAPI reads `register`'s annotations, which take module-level names only
+    from fastapi.responses import JSONResponse
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
 ROUTE = "/mepic/chunks"
 MAX_TEXTS = 256
@@ -39,12 +45,12 @@ LEAD, TRAIL = "\n", "\n"
 
 
 class RouteError(ValueError):
-    def __init__(self, message: str, index: int | None = None):
+    def __init__(self, message: str, index: int | None = None) -> None:
         super().__init__(message)
         self.index = index  # the text it is about, if one: the answer's `error.index`
 
 
-def parse(body) -> tuple[list[str], tuple, bool]:
+def parse(body: object) -> tuple[list[str], tuple[str | None, str | None], bool]:
     """The texts, the namespace and whether to warm them; RouteError says what is wrong."""
     if not isinstance(body, dict):
         raise RouteError('the body must be a JSON object: {"texts": ["...", ...]}')
@@ -81,7 +87,7 @@ def parse(body) -> tuple[list[str], tuple, bool]:
     return texts, namespace, warm
 
 
-def check_fits(manager, texts: list[str]) -> None:
+def check_fits(manager: "TokenizerManager", texts: list[str]) -> None:
     """Refuse, before anything is registered, a text whose warm request the server could not take: it
     could not be found in any prompt that fits the context either."""
     limit = limits.max_prompt_chars(manager)
@@ -96,10 +102,11 @@ def check_fits(manager, texts: list[str]) -> None:
                              "smaller of the context length and the KV pool's input limit)", i)
 
 
-def _tokenizer_manager():
+def _tokenizer_manager() -> "TokenizerManager":
     from sglang.srt.entrypoints.http_server import get_global_state
 
-    return get_global_state().tokenizer_manager
+    # A route is served by a tokenizer manager (a TokenizerWorker under --tokenizer-worker-num), never the router.
+    return cast("TokenizerManager", get_global_state().tokenizer_manager)
 
 
 async def register(request: Request):
@@ -152,12 +159,12 @@ def _where(meta_info: dict) -> str:
     return where[0] if where else "not laid out"
 
 
-def _refused(e: ValueError):
+def _refused(e: ValueError) -> "JSONResponse":
     from fastapi.responses import JSONResponse
 
-    error = {"message": str(e), "type": "invalid_request_error"}
+    error: dict[str, object] = {"message": str(e), "type": "invalid_request_error"}
     if getattr(e, "index", None) is not None:
-        error["index"] = e.index
+        error["index"] = cast(RouteError, e).index  # a RouteError's, the one error with an index
     return JSONResponse(status_code=400, content={"error": error})
 
 

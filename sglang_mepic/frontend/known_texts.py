@@ -48,6 +48,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import count
 from math import isqrt
+from typing import Hashable, Sequence
 
 import numpy as np
 
@@ -81,7 +82,7 @@ class KnownTextError(ValueError):
 class _Powers:
     """B^i and B^-i mod 2^64 for i < n, grown as longer prompts come."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.up = np.ones(1, dtype=np.uint64)
         self.down = np.ones(1, dtype=np.uint64)
 
@@ -110,7 +111,7 @@ def _codes(text: str) -> np.ndarray:
 class _Hashes:
     """Prefix sums of a text's c_j*B^j: the hash of any span in O(1), as `anchor_of` hashes a start."""
 
-    def __init__(self, text: str):
+    def __init__(self, text: str) -> None:
         n = len(text)
         up, self.down = _POWERS.get(max(n, 1))
         with np.errstate(over="ignore"):
@@ -155,7 +156,7 @@ def text_bytes(text: str) -> int:
     return sys.getsizeof(text) + ENTRY_BYTES
 
 
-def namespace_bytes(namespace) -> int:
+def namespace_bytes(namespace: object) -> int:
     """What the index charges for a namespace, its name included (a client chooses its length)."""
     parts = namespace if isinstance(namespace, tuple) else (namespace,)
     return NAMESPACE_BYTES + sum(sys.getsizeof(part) for part in parts if isinstance(part, str))
@@ -165,13 +166,14 @@ class _Rows:
     """Index entries as arrays sorted by key: one namespace's texts that share a start lie together,
     apart from every other namespace's. A removed text's row stays, dead, until the next merge."""
 
-    def __init__(self, key, owner, length, full, text):
+    def __init__(self, key: np.ndarray, owner: np.ndarray, length: np.ndarray, full: np.ndarray,
+                 text: np.ndarray) -> None:
         order = np.argsort(key, kind="stable")
         self.key, self.owner, self.length, self.full, self.text = (a[order] for a in (key, owner, length, full, text))
         self.alive = np.ones(len(order), dtype=bool)
 
     @classmethod
-    def of(cls, entries) -> "_Rows":
+    def of(cls, entries: Sequence[tuple[int, int, int, int, str]]) -> "_Rows":
         """Rows of (key, owner, length, full hash, text) tuples."""
         key, owner, length, full, text = zip(*entries) if entries else ((),) * 5
         texts = np.empty(len(text), dtype=object)
@@ -205,11 +207,12 @@ class _Index:
     """Every namespace's texts by key (anchor ^ the namespace's salt): sorted rows (`main`), the texts
     added since they were sorted (`recent`, sorted in by `_merge`) and the two bit tables."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.main = _Rows.of([])
-        self.recent: dict = {}      # (owner, text) -> (key, length, full hash), added since the last merge
-        self._recent_rows = None    # `recent` sorted, built when asked for after a change
-        self._recent_keys: dict = {}  # (owner, key) -> how many of `recent` hold it
+        # (owner, text) -> (key, length, full hash), added since the last merge
+        self.recent: dict[tuple[int, str], tuple[int, int, int]] = {}
+        self._recent_rows: _Rows | None = None  # `recent` sorted, built when asked for after a change
+        self._recent_keys: dict[tuple[int, int], int] = {}  # (owner, key) -> how many of `recent` hold it
         self.dead = 0               # main's rows of removed texts
         self._size_filter()
 
@@ -283,10 +286,12 @@ class _Index:
         return starts[found], best[found], texts[found]
 
 
-def _leftmost(prompt: str, starts, lengths, texts, limit: int) -> list[tuple[int, int, str]]:
+def _leftmost(prompt: str, starts: np.ndarray, lengths: np.ndarray, texts: np.ndarray,
+              limit: int) -> list[tuple[int, int, str]]:
     """The leftmost matches, each checked character for character, at most `limit`; the scan gives up
     once it has compared twice the prompt's characters (a failed check needs a crafted hash collision)."""
-    out, resume, compared = [], 0, 0
+    out: list[tuple[int, int, str]] = []
+    resume, compared = 0, 0
     while len(out) < limit:
         i = int(np.searchsorted(starts, resume))
         if i == len(starts):
@@ -314,7 +319,7 @@ class Namespace:
     owner: int      # its rows' owner in the index
     salt: int       # mixed into its keys: its rows lie apart from every other namespace's
     charged: int    # bytes charged for it, its texts included
-    texts: OrderedDict = field(default_factory=OrderedDict)  # text -> None, least recent first
+    texts: OrderedDict[str, None] = field(default_factory=OrderedDict)  # text -> None, least recent first
 
     def key(self, text: str) -> int:
         return anchor_of(text) ^ self.salt
@@ -323,20 +328,20 @@ class Namespace:
 class KnownTexts:
     """The registered texts of every namespace, within `budget` bytes in all (what the index holds)."""
 
-    def __init__(self, budget: int):
+    def __init__(self, budget: int) -> None:
         self.budget = budget
         self.used = 0
-        self.spaces: dict = {}
+        self.spaces: dict[Hashable, Namespace] = {}
         self.index = _Index()
         self._owners = count(1)
 
     @staticmethod
-    def check(text) -> None:
+    def check(text: object) -> None:
         if not isinstance(text, str) or len(text) < ANCHOR:
             raise KnownTextError(f"a registered text needs at least {ANCHOR} characters; mark shorter ones with "
                                  "<|chunk|>...<|/chunk|>")
 
-    def add_all(self, namespace, texts: list[str]) -> list[bool]:
+    def add_all(self, namespace: Hashable, texts: list[str]) -> list[bool]:
         """Register `texts` in `namespace` (a known one is refreshed), all or none; whether each was new.
 
         Room is made by forgetting the namespace's own least recent texts, never another's: texts that
@@ -375,8 +380,8 @@ class KnownTexts:
             self.used += text_bytes(text)
         return new
 
-    def _check_starts(self, space: Namespace | None, fresh: dict) -> None:
-        starts: dict = {}
+    def _check_starts(self, space: Namespace | None, fresh: dict[str, tuple[int, int]]) -> None:
+        starts: dict[int, int] = {}
         for text, (anchor, _) in fresh.items():
             if anchor not in starts:
                 starts[anchor] = self.index.count(anchor ^ space.salt, space.owner) if space is not None else 0
@@ -391,10 +396,10 @@ class KnownTexts:
         space.charged -= text_bytes(text)
         self.used -= text_bytes(text)
 
-    def add(self, namespace, text: str) -> bool:
+    def add(self, namespace: Hashable, text: str) -> bool:
         return self.add_all(namespace, [text])[0]
 
-    def remove_all(self, namespace, texts: list[str]) -> None:
+    def remove_all(self, namespace: Hashable, texts: list[str]) -> None:
         """Forget these texts of the namespace (a registration undone); a namespace left empty goes."""
         space = self.spaces.get(namespace)
         if space is None:
@@ -406,7 +411,7 @@ class KnownTexts:
             del self.spaces[namespace]
             self.used -= space.charged
 
-    def find(self, namespace, prompt: str, limit: int | None = None) -> list[tuple[int, int]]:
+    def find(self, namespace: Hashable, prompt: str, limit: int | None = None) -> list[tuple[int, int]]:
         """[start, end) character spans of the namespace's texts in `prompt`, by the rule above, at most
         `limit` (the first ones)."""
         space = self.spaces.get(namespace)
@@ -418,7 +423,7 @@ class KnownTexts:
             space.texts.move_to_end(text)
         return [(start, end) for start, end, _ in found]
 
-    def size(self, namespace) -> int:
+    def size(self, namespace: Hashable) -> int:
         space = self.spaces.get(namespace)
         return len(space.texts) if space is not None else 0
 
@@ -434,14 +439,14 @@ def registry() -> KnownTexts:
     return _REGISTRY
 
 
-def namespace_of(extra_key, cache_salt) -> tuple:
+def namespace_of(extra_key: str | None, cache_salt: str | None) -> tuple[str | None, str | None]:
     """A request's namespace for registered texts: the one its chunks' KV is keyed in (wire/namespace.py). The
     LoRA adapter is left out: it keeps the chunks' KV apart in the cache already, and a text registered once
     serves every adapter."""
     return tenant_key(extra_key, cache_salt)
 
 
-def known_pieces(text: str, namespace, max_chars: int | None = None) -> list[tuple[Kind, str]] | None:
+def known_pieces(text: str, namespace: Hashable, max_chars: int | None = None) -> list[tuple[Kind, str]] | None:
     """The text's pieces with each registered text found in it a chunk (at most --mepic-max-chunks,
     the first ones); None where none is found, known texts are off, or the text has more than
     `max_chars` characters (more than fit the context: not searched)."""
@@ -450,7 +455,8 @@ def known_pieces(text: str, namespace, max_chars: int | None = None) -> list[tup
     spans = registry().find(namespace, text, env.settings().max_chunks)
     if not spans:
         return None
-    parts, at = [], 0
+    parts: list[tuple[Kind, str]] = []
+    at = 0
     for start, end in spans:
         if start > at:
             parts.append((Kind.PROMPT, text[at:start]))

@@ -20,12 +20,22 @@ refused after its chunk compiles have run:
   hid an empty prompt from the empty-prompt rule (intake.py). It is refused.
 """
 
+from __future__ import annotations
+
 import json
 import math
 import re
+from typing import TYPE_CHECKING, Any, Sequence, TypeGuard, cast
 
 from sglang_mepic.frontend import state
 from sglang_mepic.side_table import SideTable
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from tokenizers.normalizers import Normalizer
+    from tokenizers.pre_tokenizers import PreTokenizer
+    from transformers import PreTrainedTokenizerBase
 
 # Fields only a model with a multimodal processor reads (`positional_embed_overrides: [1]` on the tiny
 # model took the scheduler down; request fuzzer).
@@ -36,7 +46,7 @@ class LimitError(ValueError):
     """A request outside a bound the scheduler relies on (SGLang's HTTP layer answers a ValueError with 400)."""
 
 
-def max_input_slots(manager) -> int:
+def max_input_slots(manager: TokenizerManager) -> int:
     """The most input slots SGLang serves in one request: it refuses `len + reserved >= context_len` in
     the tokenizer and `len >= max_req_input_len` in the scheduler (which is set from the pool)."""
     limit = manager.context_len - int(getattr(manager, "num_reserved_tokens", 0) or 0)
@@ -46,7 +56,7 @@ def max_input_slots(manager) -> int:
     return max(0, limit - 1)
 
 
-def _check_laid_out(manager, obj, slots: int, real_tokens: int) -> None:
+def _check_laid_out(manager: TokenizerManager, obj: object, slots: int, real_tokens: int) -> None:
     """A laid-out request's slots, and its slots and new tokens, must fit. SGLang checks the same, but
     its refusal named a slot count as the client's tokens (or, after an n > 1 request's compiles had
     run, the scheduler aborted it)."""
@@ -55,20 +65,20 @@ def _check_laid_out(manager, obj, slots: int, real_tokens: int) -> None:
         raise LimitError(refusal)
 
 
-def fits_laid_out(manager, slots: int, new: int | None) -> bool:
+def fits_laid_out(manager: TokenizerManager, slots: int, new: int | None) -> bool:
     """Whether a request of `slots` slots (its tokens, where not laid out) and `new` new tokens
     (`new_tokens`) fits this server's limits."""
     return _laid_out_refusal(manager, slots, slots, new) is None
 
 
-def new_tokens(manager, params) -> int | None:
+def new_tokens(manager: TokenizerManager, params: object) -> int | None:
     """The new tokens a request's prompt must leave room for, by its sampling parameters; None: SGLang
     checks none (none asked for, or it truncates)."""
     new = params.get("max_new_tokens") if isinstance(params, dict) else None
     return new if _whole(new) and not allows_truncation(manager) else None
 
 
-def _laid_out_refusal(manager, slots: int, real_tokens: int, new: int | None) -> str | None:
+def _laid_out_refusal(manager: TokenizerManager, slots: int, real_tokens: int, new: int | None) -> str | None:
     limit = max_input_slots(manager)
     if slots > limit:
         return (f"request needs {slots} KV slots after chunk padding ({real_tokens} real tokens), more than the "
@@ -82,7 +92,7 @@ def _laid_out_refusal(manager, slots: int, real_tokens: int, new: int | None) ->
     return None
 
 
-def fits_by_characters(manager, text: str) -> bool:
+def fits_by_characters(manager: TokenizerManager, text: str) -> bool:
     """Whether a text prompt may fit the context, judged by its characters before it is tokenized: one
     that cannot is refused here, unless SGLang truncates prompts (--allow-auto-truncate): then False."""
     limit = max_prompt_chars(manager)
@@ -95,14 +105,14 @@ def fits_by_characters(manager, text: str) -> bool:
                      "each); send a shorter prompt")
 
 
-def max_prompt_chars(manager) -> int | None:
+def max_prompt_chars(manager: TokenizerManager) -> int | None:
     """The most characters a text that fits the context can have; None where no bound is proven."""
     per_token = chars_per_token(getattr(manager, "tokenizer", None))
     return None if per_token is None else manager.context_len * per_token
 
 
 # A tokenizer's characters per token, worked out once (its whole vocabulary is read).
-_PER_TOKEN: SideTable = SideTable("most characters a token stands for")
+_PER_TOKEN: SideTable[int | None] = SideTable("most characters a token stands for")
 # A character's canonical decomposition has at most 4 code points (U+1F82): a Unicode normal form shortens
 # a text at most 4 times. Replace, Prepend and Lowercase never shorten it where Replace's content is no
 # shorter than its literal pattern; anything else (Strip, StripAccents, Precompiled, a regex) may.
@@ -111,7 +121,7 @@ _UNICODE_FORMS = {"NFC", "NFD", "NFKC", "NFKD"}
 _KEEPING = {"ByteLevel", "Metaspace", "Digits", "Punctuation", "Split", "Sequence"}
 
 
-def chars_per_token(tokenizer) -> int | None:
+def chars_per_token(tokenizer: PreTrainedTokenizerBase | None) -> int | None:
     """The most characters of a prompt one token stands for, where the tokenizer provably puts every
     character in some token (a fast tokenizer's byte-level or byte-fallback BPE); None otherwise."""
     if tokenizer is None:
@@ -121,7 +131,7 @@ def chars_per_token(tokenizer) -> int | None:
     return _PER_TOKEN.get(tokenizer)
 
 
-def _per_token(tokenizer) -> int | None:
+def _per_token(tokenizer: PreTrainedTokenizerBase) -> int | None:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or type(backend.model).__name__ != "BPE":  # no fast BPE tokenizer: no bound proven
         return None
@@ -137,18 +147,18 @@ def _per_token(tokenizer) -> int | None:
     return shrink * max(map(len, vocab), default=1)
 
 
-def _state(component) -> dict | None:
+def _state(component: Normalizer | PreTokenizer | None) -> dict[str, Any] | None:
     return None if component is None else json.loads(component.__getstate__())
 
 
-def _shrink(normalizer) -> int | None:
+def _shrink(normalizer: dict[str, Any] | None) -> int | None:
     """How many times a normalizer may shorten a text; None: without bound."""
     if normalizer is None:
         return 1
     kind = normalizer.get("type")
     if kind == "Sequence":
         factors = [_shrink(n) for n in normalizer.get("normalizers") or []]
-        return None if None in factors else math.prod(factors)
+        return None if None in factors else math.prod(cast(list[int], factors))  # no None in them
     if kind in _UNICODE_FORMS:
         return 4
     if kind in ("Prepend", "Lowercase"):
@@ -157,7 +167,7 @@ def _shrink(normalizer) -> int | None:
     return 1 if isinstance(pattern, str) and len(normalizer.get("content") or "") >= len(pattern) else None
 
 
-def _pre_tokenizers(pre) -> set[str] | None:
+def _pre_tokenizers(pre: dict[str, Any] | None) -> set[str] | None:
     """The kinds of pre-tokenizer in use; None where one may drop characters."""
     if pre is None:
         return set()
@@ -165,7 +175,7 @@ def _pre_tokenizers(pre) -> set[str] | None:
     if kind not in _KEEPING or pre.get("behavior") == "Removed":
         return None
     inner = [_pre_tokenizers(p) for p in pre.get("pretokenizers") or []]
-    return None if None in inner else {kind}.union(*inner)
+    return None if None in inner else {kind}.union(*cast(list[set[str]], inner))  # no None in them
 
 
 def _utf8_bytes() -> set[str]:
@@ -178,26 +188,27 @@ def _utf8_bytes() -> set[str]:
     return {table[b] for b in range(256) if b not in (0xC0, 0xC1) and b < 0xF5}
 
 
-def _whole(value) -> bool:
+def _whole(value: object) -> TypeGuard[int]:
     """An integer from JSON: bool is an int subclass in Python, but `true` is no count or token id."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def allows_truncation(manager) -> bool:
+def allows_truncation(manager: TokenizerManager) -> bool:
     return bool(getattr(manager.server_args, "allow_auto_truncate", False))
 
 
-def has_media(obj) -> bool:
+def has_media(obj: object) -> bool:
     return any(_given(f, getattr(obj, f, None)) for f in MEDIA_FIELDS)
 
 
-def _given(field: str, value) -> bool:
+def _given(field: str, value: object) -> bool:
     if field == "positional_embed_overrides":  # SGLang passes even "" on to the scheduler (which died on it)
         return value is not None
     return value is not None and value != "" and value != []
 
 
-def check(manager, obj, input_ids) -> None:
+def check(manager: TokenizerManager, obj: GenerateReqInput | EmbeddingReqInput,
+          input_ids: Sequence[int] | None) -> None:
     """Refuse a generate request (one item of a batch) outside the scheduler's bounds."""
     _check_media(manager, obj)
     _check_keys(obj)
@@ -224,7 +235,7 @@ def check(manager, obj, input_ids) -> None:
 KEY_FIELDS = ("lora_id", "extra_key", "cache_salt")
 
 
-def _check_beam(manager, params) -> None:
+def _check_beam(manager: TokenizerManager, params: object) -> None:
     """Beam search runs its beams on request-pool rows it takes itself, with no request behind them,
     so they never get a position-map row: under the mepic attention backend a beam would rotate
     keys at the positions of whichever request used its row last."""
@@ -234,7 +245,7 @@ def _check_beam(manager, params) -> None:
                          "send beam_width 1, or serve with another --attention-backend")
 
 
-def _check_keys(obj) -> None:
+def _check_keys(obj: object) -> None:
     for name in KEY_FIELDS:
         value = getattr(obj, name, None)
         if value is not None and not isinstance(value, str):
@@ -242,7 +253,7 @@ def _check_keys(obj) -> None:
                              f"prompt), got {type(value).__name__}")
 
 
-def _check_media(manager, obj) -> None:
+def _check_media(manager: TokenizerManager, obj: object) -> None:
     if getattr(manager, "mm_processor", None) is not None:
         return
     given = [f for f in MEDIA_FIELDS if _given(f, getattr(obj, f, None))]
@@ -250,7 +261,7 @@ def _check_media(manager, obj) -> None:
         raise LimitError(f"this model takes text only: {', '.join(given)} cannot be used with it")
 
 
-def _check_top_logprobs(obj, vocab_size: int) -> None:
+def _check_top_logprobs(obj: object, vocab_size: int) -> None:
     num = getattr(obj, "top_logprobs_num", None)
     if num is None:
         return
@@ -269,7 +280,7 @@ WHOLE_NUMBER_PARAMS = ("max_new_tokens", "min_new_tokens", "top_k", "n", "beam_w
                        "sampling_seed")
 
 
-def _check_sampling_numbers(params) -> None:
+def _check_sampling_numbers(params: object) -> None:
     """Sampling parameters become int64 and float32 tensors when the scheduler batches the request: an
     integer beyond 64 bits raised there (`top_k: 2**63`), outside any request's error handling."""
     if not isinstance(params, dict):
@@ -290,7 +301,7 @@ def _check_sampling_numbers(params) -> None:
                 raise LimitError(f"sampling parameter {key!r} must fit in 64 bits, got {number}")
 
 
-def _check_stop_token_ids(params, vocab_size: int) -> None:
+def _check_stop_token_ids(params: object, vocab_size: int) -> None:
     """Stop ids index the logits (the min-new-tokens penalizer masks them): `stop_token_ids: [-1]` with
     `min_new_tokens` raised in the scheduler and the server exited."""
     ids = params.get("stop_token_ids") if isinstance(params, dict) else None
@@ -307,7 +318,7 @@ def _check_stop_token_ids(params, vocab_size: int) -> None:
 STOP_REGEX_BYTES = 256  # sampling_params.MAX_STOP_REGEX_LEN
 
 
-def _check_stop_regex(params) -> None:
+def _check_stop_regex(params: object) -> None:
     """SGLang parses each `stop_regex` with sre_parse, whose re.error is no ValueError: a streamed request
     with `"stop_regex": "["` was cut off mid-answer, a plain one a 500."""
     patterns = params.get("stop_regex") if isinstance(params, dict) else None
@@ -330,7 +341,7 @@ def _check_stop_regex(params) -> None:
 TOKENIZER_IDS = 2**32  # HF tokenizers decode u32 ids; a larger one raised OverflowError (a 500)
 
 
-def check_token_ids(tokens) -> None:
+def check_token_ids(tokens: object) -> None:
     """Token ids a client asks to decode (`/v1/detokenize`): the tokenizer raises on a negative one."""
     rows = tokens if isinstance(tokens, list) and tokens and isinstance(tokens[0], list) else [tokens]
     for row in rows:
@@ -340,7 +351,7 @@ def check_token_ids(tokens) -> None:
                                  f"{TOKENIZER_IDS - 1})")
 
 
-def _check_logprob_start(obj) -> None:
+def _check_logprob_start(obj: object) -> None:
     """The scheduler compares `logprob_start_len` with the prompt's length: a list there (a single request
     with a batch's field) raised in the scheduler and the server exited."""
     start = getattr(obj, "logprob_start_len", None)

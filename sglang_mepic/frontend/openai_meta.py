@@ -15,10 +15,14 @@ tokens, hits and misses and an empty residency, and as recomputed tokens those
 it computed in context, as a chunked request does.
 """
 
+from typing import Any, TypeVar
+
 from sglang_mepic.wire.report import CHUNKS, COUNTS, key
 
+R = TypeVar("R")
 
-def complete(meta_info: dict) -> None:
+
+def complete(meta_info: dict[str, Any]) -> None:
     """Give `meta_info` every `mepic_*` figure: the scheduler reports only those of chunk work,
     and a client should not have to tell "no chunk work" from "not reported"."""
     if key("recomputed_tokens") not in meta_info:
@@ -33,12 +37,12 @@ def complete(meta_info: dict) -> None:
     meta_info.setdefault(CHUNKS, [])
 
 
-def _count(value) -> int:
+def _count(value: object) -> int:
     return int(value) if isinstance(value, (int, float)) else 0
 
 
-def figures(responses: list[dict], n_choices: int = 1) -> dict:
-    out = {name: 0 for name in COUNTS}
+def figures(responses: list[dict[str, Any]], n_choices: int = 1) -> dict[str, Any]:
+    out: dict[str, Any] = {name: 0 for name in COUNTS}
     out["residency"], out["chunks"] = [], []
     for response in responses[::max(n_choices, 1)]:
         meta = response.get("meta_info") or {}
@@ -49,7 +53,7 @@ def figures(responses: list[dict], n_choices: int = 1) -> dict:
     return out
 
 
-def attach(response, responses: list[dict], n_choices: int = 1):
+def attach(response: R, responses: list[dict[str, Any]], n_choices: int = 1) -> R:
     """Add the figures to a built response model; anything else (an error response) passes as it is."""
     if hasattr(response, "metadata") and hasattr(response, "usage"):
         response.metadata = {**(response.metadata or {}), "mepic": figures(responses, n_choices)}

@@ -16,6 +16,10 @@ and found texts whose pads would take the request past its limits are left
 prompt text, the last ones first (the plain prompt, if none fits).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence, cast
+
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
 
@@ -26,8 +30,14 @@ from sglang_mepic.wire import hint
 from sglang_mepic.wire.slots import PAD_FILL_ID, start_slot
 from sglang_mepic.wire.layout import PAD_ID, Kind, Layout, Piece, layout
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.io_struct import EmbeddingReqInput
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-def prepare(manager, obj) -> None:
+Parts = Sequence[tuple[Kind, str]]  # (kind, text) pieces, as markup.split_text returns them
+
+
+def prepare(manager: TokenizerManager, obj: GenerateReqInput | EmbeddingReqInput) -> None:
     """Before SGLang tokenizes a generate request: strip its markup. Nothing else is sent: the
     scheduler computes chunks no tier holds in the forward that needs them (compile_rows.py)."""
     if not isinstance(obj, GenerateReqInput):
@@ -38,19 +48,19 @@ def prepare(manager, obj) -> None:
         raise state.relabel(obj, e) from None
 
 
-def page_size(manager) -> int:
+def page_size(manager: TokenizerManager) -> int:
     return int(getattr(manager.server_args, "page_size", None) or 1)
 
 
-def _lays_out_slots(manager) -> bool:
+def _lays_out_slots(manager: TokenizerManager) -> bool:
     """Pad slots need the mepic attention backend (masks them, positions by the map) and
     the mepic radix cache (keys them apart from real tokens); otherwise chunks are
     computed in full on the real tokens, as they are in `full` mode."""
-    args = manager.server_args
+    args: Any = manager.server_args  # ServerArgs assembles its fields at run time (arg_groups): mypy sees none
     return args.attention_backend == "mepic" and args.radix_cache_backend == "mepic" and env.settings().mode.reuses
 
 
-def with_hint(envelope: KvHintsEnvelope | None, rid, action: dict) -> KvHintsEnvelope:
+def with_hint(envelope: KvHintsEnvelope | None, rid: object, action: dict[str, Any]) -> KvHintsEnvelope:
     """The request's envelope carrying the encoded hint `action` (hint.encode) in place of any earlier
     one (a client's is dropped); intake.py seals it once the request's ids are final."""
     others = [a for a in (envelope.actions if envelope else []) if a.action_type != hint.HINT_TYPE]
@@ -59,16 +69,17 @@ def with_hint(envelope: KvHintsEnvelope | None, rid, action: dict) -> KvHintsEnv
                            actions=[*others, KvHintAction(**action)])
 
 
-def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
+def strip_markup(manager: TokenizerManager, obj: GenerateReqInput) -> Layout | None:
     """Replace markup by input_ids and the hint; returns the layout when the request is laid out in slots."""
     if obj.input_embeds is not None:
         return None
     settings = env.settings()
     vocab = manager.model_config.vocab_size
     found = False
-    if obj.input_ids is not None and (has_id_markup(obj.input_ids) or max(obj.input_ids, default=0) >= vocab):
+    input_ids = cast("list[int] | None", obj.input_ids)  # one request's (SGLang tokenizes each item alone)
+    if input_ids is not None and (has_id_markup(input_ids) or max(input_ids, default=0) >= vocab):
         # Also catches plain out-of-vocabulary ids, which would otherwise crash the scheduler.
-        pieces = split_ids(obj.input_ids, vocab)
+        pieces = split_ids(input_ids, vocab)
     elif obj.input_ids is None and isinstance(obj.text, str):
         # (ids given are the prompt: a `text` beside them is SGLang's request log's decoding of them)
         parts, found = _text_parts(manager, obj)
@@ -83,7 +94,8 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
     lay = layout(pieces, page_size(manager), settings.placement)
     lays_out = _lays_out_slots(manager)
     if found and not _fits(manager, obj, lay, lays_out):
-        if (fitted := _fitted(manager, obj, parts, pieces, lays_out)) is None:
+        # found: the text's parts were searched (the branch above), so they are not None
+        if (fitted := _fitted(manager, obj, cast(Parts, parts), pieces, lays_out)) is None:
             return None  # the plain prompt, as SGLang takes it
         pieces, lay = fitted
     if len(lay.chunks) > settings.max_chunks and lays_out:  # each may be a compile row
@@ -108,7 +120,7 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
         obj.input_ids = marked.input_ids
         action = marked.hint_action()
     obj.text = None
-    obj.kv_hints = with_hint(obj.kv_hints, obj.rid, action)
+    obj.kv_hints = with_hint(cast("KvHintsEnvelope | None", obj.kv_hints), obj.rid, action)  # one request's, decoded
     # What validation checks (limits: the slots against the limits; intake: the ids are still
     # these) and the responses report (the chunk spans).
     state.mark(obj, state.MarkedRequest.made(marked.chunks, real_tokens=len(marked.input_ids),
@@ -117,35 +129,39 @@ def strip_markup(manager, obj: GenerateReqInput) -> Layout | None:
     return lay if laid_out else None
 
 
-def _in_session(obj) -> bool:
+def _in_session(obj: GenerateReqInput) -> bool:
     return isinstance(obj.session_params, dict) and bool(obj.session_params.get("id"))
 
 
-def _text_parts(manager, obj) -> tuple[list | None, bool]:
+def _text_parts(manager: TokenizerManager, obj: GenerateReqInput) -> tuple[Parts | None, bool]:
     """How a text prompt splits into pieces: by the client's markup or the separator, else by the texts
     registered in its namespace; and whether the chunks are the server's finds (True), which must not
     cost the prompt its place. A session turn is served as the plain prompt it was: SGLang passes no
     layout on through sessions, and the client marked nothing."""
-    parts = auto_chunk.text_pieces(obj.text)
+    text = cast(str, obj.text)  # strip_markup asks for a text prompt's parts only
+    parts = auto_chunk.text_pieces(text)
     if parts is not None or _in_session(obj) or not env.settings().known_texts:
         return parts, False
-    if not limits.fits_by_characters(manager, obj.text):
+    if not limits.fits_by_characters(manager, text):
         return None, False  # over the context, to be cut to it (--allow-auto-truncate): plain, as SGLang cuts it
-    parts = known_texts.known_pieces(obj.text, known_texts.namespace_of(obj.extra_key, obj.cache_salt))
+    # One request's keys: SGLang refused any that is not a string when it normalized the request.
+    namespace = known_texts.namespace_of(cast("str | None", obj.extra_key), cast("str | None", obj.cache_salt))
+    parts = known_texts.known_pieces(text, namespace)
     return parts, parts is not None
 
 
-def _tokenized(manager, parts) -> list[Piece]:
+def _tokenized(manager: TokenizerManager, parts: Parts) -> list[Piece]:
     tok = manager.tokenizer
     return tokenize_pieces(parts, lambda s, special: tok.encode(s, add_special_tokens=special))
 
 
-def _fits(manager, obj, lay: Layout, lays_out: bool) -> bool:
+def _fits(manager: TokenizerManager, obj: GenerateReqInput, lay: Layout, lays_out: bool) -> bool:
     return limits.fits_laid_out(manager, lay.size if lays_out else len(lay.real_tokens()),
                                         limits.new_tokens(manager, obj.sampling_params))
 
 
-def _fitted(manager, obj, parts, pieces: list[Piece], lays_out: bool) -> tuple[list[Piece], Layout] | None:
+def _fitted(manager: TokenizerManager, obj: GenerateReqInput, parts: Parts, pieces: list[Piece],
+            lays_out: bool) -> tuple[list[Piece], Layout] | None:
     """A layout of the found texts that fits the limits the plain prompt met: the last chunks become
     prompt text (their pads go) until it fits, and the prompt is tokenized again as their markup would
     be (with those texts unmarked); None where even that does not fit (the plain prompt may)."""
@@ -164,20 +180,20 @@ def _fitted(manager, obj, parts, pieces: list[Piece], lays_out: bool) -> tuple[l
     return (pieces, lay) if _fits(manager, obj, lay, lays_out) else None
 
 
-def slots_needed(manager, parts) -> int:
+def slots_needed(manager: TokenizerManager, parts: Parts) -> int:
     """The slots (tokens, where not laid out) a request of these (kind, text) pieces takes."""
     return slots_of(manager, _tokenized(manager, parts))
 
 
-def slots_of(manager, pieces: list[Piece]) -> int:
+def slots_of(manager: TokenizerManager, pieces: list[Piece]) -> int:
     """The slots (tokens, where not laid out) a request of these tokenized pieces takes."""
     lay = layout(pieces, page_size(manager), env.settings().placement)
     return lay.size if _lays_out_slots(manager) else len(lay.real_tokens())
 
 
-def _unmarked(parts, kept: set[int]) -> list:
+def _unmarked(parts: Parts, kept: set[int]) -> list[tuple[Kind, str]]:
     """The parts with every chunk but those `kept` joined to the prompt text around it."""
-    out = []
+    out: list[tuple[Kind, str]] = []
     for i, (kind, text) in enumerate(parts):
         if kind is Kind.CHUNK and i in kept:
             out.append((kind, text))

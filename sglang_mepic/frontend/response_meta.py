@@ -18,13 +18,21 @@ server without the mepic cache) gets every figure too (openai_meta.complete),
 so `/generate` and the OpenAI responses' `metadata.mepic` say the same.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+
 from sglang.srt.managers.io_struct import GenerateReqInput
 
 from sglang_mepic.frontend import openai_meta, state
 from sglang_mepic.wire import report
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.io_struct import EmbeddingReqInput
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-def unpack(meta_info: dict) -> None:
+
+def unpack(meta_info: dict[str, Any]) -> None:
     """The report's figures in place of the report (its newest, when a stream has repeated it)."""
     sent = meta_info.pop(report.KEY, None)
     got = report.Report.from_wire(sent[-1] if isinstance(sent, list) and sent else sent)
@@ -32,7 +40,8 @@ def unpack(meta_info: dict) -> None:
         meta_info.update(got.meta_info())
 
 
-async def stream(original, manager, obj, *args, **kwargs):
+async def stream(original: Callable[..., AsyncIterator[Any]], manager: TokenizerManager,
+                 obj: GenerateReqInput | EmbeddingReqInput, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
     """SGLang's `_stream_one_response`, with the figures in each response's meta_info."""
     client = isinstance(obj, GenerateReqInput)
     async for out in original(manager, obj, *args, **kwargs):

@@ -13,6 +13,7 @@ response reports the chunks. No client can set it (a request body sets declared 
 """
 
 from dataclasses import dataclass
+from typing import Iterable, Sequence, cast
 
 from sglang_mepic.side_table import SideTable
 
@@ -28,11 +29,13 @@ class MarkedRequest:
     ids_hash: int      # placeholders changes them afterwards, and every span with them
 
     @classmethod
-    def made(cls, chunks, real_tokens: int, slots: int | None, input_ids) -> "MarkedRequest":
+    def made(cls, chunks: Iterable[Sequence[int]], real_tokens: int, slots: int | None,
+             input_ids: Iterable[int]) -> "MarkedRequest":
         ids = tuple(input_ids)
-        return cls(tuple(tuple(c) for c in chunks), real_tokens, slots, len(ids), hash(ids))
+        spans = cast(tuple[tuple[int, int], ...], tuple(tuple(c) for c in chunks))  # [start, end) pairs
+        return cls(spans, real_tokens, slots, len(ids), hash(ids))
 
-    def same_ids(self, input_ids) -> bool:
+    def same_ids(self, input_ids: Sequence[object] | None) -> bool:
         if input_ids is None or len(input_ids) != self.ids_len:
             return False
         try:
@@ -41,16 +44,16 @@ class MarkedRequest:
             return False
 
 
-def marked(obj) -> MarkedRequest | None:
+def marked(obj: object) -> MarkedRequest | None:
     state = getattr(obj, ATTR, None)
     return state if isinstance(state, MarkedRequest) else None
 
 
-def mark(obj, state: MarkedRequest) -> None:
+def mark(obj: object, state: MarkedRequest) -> None:
     setattr(obj, ATTR, state)
 
 
-def chunk_spans(obj) -> list[list[int]]:
+def chunk_spans(obj: object) -> list[list[int]]:
     """The chunks a client request marked (by markup, separator or auto-chunking), as [start, end) pairs."""
     state = marked(obj)
     return [list(span) for span in state.chunks] if state else []
@@ -58,15 +61,15 @@ def chunk_spans(obj) -> list[list[int]]:
 
 # SGLang splits a batch into per-item objects (`GenerateReqInput.__getitem__`); the item's
 # index is kept beside it so that an error can say which item it is about.
-ITEMS: SideTable = SideTable("batch item index")
+ITEMS: SideTable[int] = SideTable("batch item index")
 
 
-def labelled(obj, message: str) -> str:
+def labelled(obj: object, message: str) -> str:
     item = ITEMS.get(obj)
     return message if item is None or message.startswith("batch item") else f"batch item {item}: {message}"
 
 
-def relabel(obj, error: ValueError) -> ValueError:
+def relabel(obj: object, error: ValueError) -> ValueError:
     try:
         return type(error)(labelled(obj, str(error)))
     except TypeError:  # an error type that takes other arguments keeps its message

@@ -8,7 +8,13 @@ routes in OBJECT_BODIES are checked. A body that is not JSON at all is left to S
 JSONDecodeError is a ValueError, which is a 400 (hardening/request_shape.py).
 """
 
+from __future__ import annotations
+
 import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # route -> the fields its body takes, for the message
 OBJECT_BODIES = {"/remove_external_corpus": '{"corpus_id": "..."}'}
@@ -37,10 +43,10 @@ def body_error(path: str, body: bytes) -> str | None:
 class AdminBodyMiddleware:
     """Pure ASGI: a path lookup per request; the body is read only on the routes it checks."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") not in OBJECT_BODIES or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
         chunks, more = [], True
@@ -60,11 +66,11 @@ class AdminBodyMiddleware:
         await send({"type": "http.response.body", "body": payload})
 
 
-def _replayed(body: bytes, receive):
+def _replayed(body: bytes, receive: Receive) -> Receive:
     """The body already read, then the client's own messages (a disconnect among them)."""
     sent = False
 
-    async def replay():
+    async def replay() -> Message:
         nonlocal sent
         if not sent:
             sent = True

@@ -33,13 +33,21 @@ result is consumed elsewhere (the exception is re-raised, as before):
   overlap) and anything that raises in result processing.
 """
 
+from __future__ import annotations
+
 import logging
 import os
 import traceback
 from contextlib import contextmanager
 from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn
 
 import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.utils import EmbeddingBatchResult, GenerationBatchResult
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +68,7 @@ def _fault_prefixes(decode: bool) -> list[str]:
 
 
 @contextmanager
-def injected_fault(scheduler, batch):
+def injected_fault(scheduler: Scheduler, batch: ScheduleBatch) -> Iterator[None]:
     """Where FAULT_ENV names a request of this batch, its forward raises where a real one would: in the
     model worker, after run_batch's own bookkeeping. `decode:<prefix>` fails only decode batches,
     `<prefix>` every batch (so the request's prefill); several are separated by commas."""
@@ -70,7 +78,7 @@ def injected_fault(scheduler, batch):
         yield
         return
 
-    def forward(*args, **kwargs):
+    def forward(*args: Any, **kwargs: Any) -> NoReturn:
         raise InjectedFault(f"fault injected for a request whose rid starts with {prefix!r} ({FAULT_ENV})")
 
     worker = scheduler.model_worker
@@ -81,7 +89,7 @@ def injected_fault(scheduler, batch):
         del worker.forward_batch_generation
 
 
-def recoverable(scheduler, batch, error: BaseException) -> bool:
+def recoverable(scheduler: Scheduler, batch: ScheduleBatch, error: BaseException) -> bool:
     if not isinstance(error, Exception) or isinstance(error, torch.cuda.OutOfMemoryError):
         return False
     text = f"{type(error).__name__} {error}".lower()
@@ -100,7 +108,8 @@ def _pipeline_stages() -> int:
     return get_parallel().pp_size
 
 
-def run(original, scheduler, batch, *args, **kwargs):
+def run(original: Callable[..., Any], scheduler: Scheduler, batch: ScheduleBatch, *args: Any,
+        **kwargs: Any) -> GenerationBatchResult | EmbeddingBatchResult:
     """`Scheduler.run_batch`, with a raising batch turned into finished requests where that is safe."""
     try:
         with injected_fault(scheduler, batch):
@@ -111,7 +120,7 @@ def run(original, scheduler, batch, *args, **kwargs):
         return _fail_batch(scheduler, batch, error)
 
 
-def _fail_batch(scheduler, batch, error: Exception):
+def _fail_batch(scheduler: Scheduler, batch: ScheduleBatch, error: Exception) -> GenerationBatchResult:
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
     from sglang.srt.managers.utils import GenerationBatchResult
 

@@ -14,11 +14,21 @@ body was malformed), and normalization errors of those types become ValueErrors,
 which SGLang answers with a 400.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import importlib
 import json
 import numbers
 import os
+from typing import TYPE_CHECKING, Any, Callable, cast
+
+if TYPE_CHECKING:
+    from fastapi.responses import ORJSONResponse
+    from starlette.requests import Request
+    from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, Send
+
+    from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
 
 OPENAI = "sglang.srt.entrypoints.openai.protocol"
 ANTHROPIC = "sglang.srt.entrypoints.anthropic.protocol"
@@ -39,7 +49,8 @@ NORMALIZE_ERRORS = (*SHAPE_ERRORS, AssertionError)
 MAX_SAMPLES = 128
 
 
-def normalize(original, obj, *args, **kwargs):
+def normalize(original: Callable[..., Any], obj: GenerateReqInput | EmbeddingReqInput, *args: Any,
+              **kwargs: Any) -> None:
     """`GenerateReqInput.normalize_batch_and_arguments`, its shape errors made ValueErrors."""
     params = getattr(obj, "sampling_params", None)
     for one in [params] if isinstance(params, dict) else params if isinstance(params, list) else []:
@@ -59,14 +70,14 @@ def normalize(original, obj, *args, **kwargs):
     return result
 
 
-def _check_samples(n) -> None:
+def _check_samples(n: object) -> None:
     """SGLang splits a batch into n copies per prompt; n = 0 indexed an empty list (a 500), and
     n = 10**6 queued a million copies, which kept the server from answering anyone for minutes."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES:
         raise ValueError(f"n (samples per prompt) must be a whole number from 1 to {MAX_SAMPLES}, not {n!r}")
 
 
-def _check_items_split(obj) -> None:
+def _check_items_split(obj: GenerateReqInput | EmbeddingReqInput) -> None:
     """A batch is split into one request per item later, outside any request's error handling: a per-item
     field shorter than the batch (`"text": [""], "audio_data": []`) raised IndexError there (a 500). Split
     it now, as SGLang will, and forget the split items (SGLang caches them; the request may still change)."""
@@ -75,7 +86,8 @@ def _check_items_split(obj) -> None:
     samples = getattr(obj, "parallel_sample_num", 1)
     items = getattr(obj, "batch_size", 0) * (samples if isinstance(samples, int) and samples > 0 else 1)
     try:
-        for i in range(max(len(obj.rid), items)):  # a batch's rid shorter than the batch (`"rid": []`) too
+        # a batch's rid shorter than the batch (`"rid": []`) too; a list, as checked above
+        for i in range(max(len(cast("list[str]", obj.rid)), items)):
             obj[i]
     except SHAPE_ERRORS as e:
         raise ValueError(f"malformed batch: a per-item field does not have one entry per prompt "
@@ -84,7 +96,7 @@ def _check_items_split(obj) -> None:
         obj.__dict__.pop("_sub_obj_cache", None)
 
 
-def _check_texts(text, single: bool) -> None:
+def _check_texts(text: object, single: bool) -> None:
     """`text` is a string (a list of strings for a batch): a list inside a batch (a /vertex_generate
     instance's list `text`) was tokenized into a list of lists, which the scheduler's array refused (a 500)."""
     if text is None or single:
@@ -94,11 +106,11 @@ def _check_texts(text, single: bool) -> None:
             raise ValueError(f"text[{i}] must be a string, not {type(item).__name__}")
 
 
-def _is_token(value) -> bool:
+def _is_token(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _check_token_lists(input_ids, single: bool) -> None:
+def _check_token_lists(input_ids: object, single: bool) -> None:
     """`input_ids` is a list of whole numbers (a list of such lists for a batch): a string among them
     reached the markup scan and the scheduler's tensors as it was (a 500 through /vertex_generate)."""
     if input_ids is None:
@@ -126,10 +138,11 @@ def install() -> None:
     if not any(m.cls is RequestShapeMiddleware for m in app.user_middleware):
         app.add_middleware(RequestShapeMiddleware)
     if ValueError not in app.exception_handlers:
-        app.add_exception_handler(ValueError, _refused)
+        # Starlette calls a handler with the class it is registered for; its type says any Exception
+        app.add_exception_handler(ValueError, cast("ExceptionHandler", _refused))
 
 
-async def _refused(request, error: ValueError):
+async def _refused(request: Request, error: ValueError) -> ORJSONResponse:
     from fastapi.responses import ORJSONResponse
 
     return ORJSONResponse({"error": {"message": str(error) or type(error).__name__}}, status_code=400)
@@ -140,7 +153,7 @@ def vertex_route() -> str:
     return os.environ.get("AIP_PREDICT_ROUTE", "/vertex_generate")
 
 
-def _vertex_error(data) -> str | None:
+def _vertex_error(data: object) -> str | None:
     """SGLang builds a GenerateReqInput from the `parameters` given: a key it does not know was a
     TypeError in its handler (a 500)."""
     params = data.get("parameters") if isinstance(data, dict) else None
@@ -181,10 +194,10 @@ def shape_error(path: str, body: bytes) -> str | None:
 class RequestShapeMiddleware:
     """Pure ASGI, so a body it reads is handed on unchanged."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST" or not checked(scope.get("path")):
             return await self.app(scope, receive, send)
         chunks, more = [], True
@@ -200,22 +213,22 @@ class RequestShapeMiddleware:
             return await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}], receive),
                                   send)
         if MODELS.get(scope["path"], ("",))[0] == ANTHROPIC:  # the envelope Anthropic's SDKs parse, as SGLang answers there
-            payload = json.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": why}})
+            text = json.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": why}})
         else:
-            payload = json.dumps({"object": "error", "message": why, "type": "BadRequestError", "param": None,
-                                  "code": 400})
-        payload = payload.encode()
+            text = json.dumps({"object": "error", "message": why, "type": "BadRequestError", "param": None,
+                               "code": 400})
+        payload = text.encode()
         await send({"type": "http.response.start", "status": 400,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
 
 
-def _replay(messages, receive):
+def _replay(messages: list[Message], receive: Receive) -> Receive:
     """The messages already read, then the client's own: SGLang listens on `receive` for the
     client leaving (to abort its request), so later calls must reach the real connection."""
     pending = list(messages)
 
-    async def replayed():
+    async def replayed() -> Message:
         if pending:
             return pending.pop(0)
         return await receive()

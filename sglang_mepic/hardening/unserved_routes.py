@@ -10,7 +10,14 @@ once it exists, SGLang answers as usual (its handler takes chat messages through
 `_process_messages`, so chunk markup gets the `/v1/chat/completions` intake).
 """
 
+from __future__ import annotations
+
 import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from starlette.datastructures import State
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 # Route prefix -> the app-state attribute SGLang sets when it serves the route, and what it is.
 UNSERVED = {"/v1/responses": ("openai_serving_responses", "the OpenAI Responses API")}
@@ -42,7 +49,7 @@ def _flag_set(setting: str) -> bool:
         return True
 
 
-def unserved(path: str, state) -> str | None:
+def unserved(path: str, state: State) -> str | None:
     """Why `path` is not served on an app with this state; None if it is (or is not one of these routes)."""
     for prefix, (attribute, what) in UNSERVED.items():
         if (path == prefix or path.startswith(prefix + "/")) and not hasattr(state, attribute):
@@ -56,10 +63,10 @@ def unserved(path: str, state) -> str | None:
 class UnservedRouteMiddleware:
     """Pure ASGI: one prefix comparison per request."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         app = scope.get("app")
         why = unserved(scope.get("path", ""), app.state) if scope["type"] == "http" and app is not None else None
         if why is None:

@@ -8,12 +8,22 @@ server is installed, for any client to read. The handler is given the same error
 context (the route's path, which the client sent, stays); the server's log keeps nothing less.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Awaitable, Callable, cast
+
 from fastapi.exceptions import RequestValidationError
+
+if TYPE_CHECKING:
+    from fastapi.exceptions import EndpointContext
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.types import ExceptionHandler
 
 
 def without_source(exc: RequestValidationError) -> RequestValidationError:
     """The error with its endpoint's file, line and function left out."""
-    context = {"path": exc.endpoint_path} if exc.endpoint_path else None
+    context: EndpointContext | None = {"path": exc.endpoint_path} if exc.endpoint_path else None
     return RequestValidationError(exc.errors(), body=exc.body, endpoint_ctx=context)
 
 
@@ -21,12 +31,15 @@ def install() -> None:
     """Wrap SGLang's handler of validation errors (once), before the app starts."""
     from sglang.srt.entrypoints.http_server import app
 
-    original = app.exception_handlers.get(RequestValidationError)
+    # SGLang's handler, registered for this class: an async one over HTTP requests
+    original = cast("Callable[[Request, RequestValidationError], Awaitable[Response]] | None",
+                    app.exception_handlers.get(RequestValidationError))
     if original is None or getattr(original, "mepic_wrapped", False):
         return
 
-    async def handler(request, exc: RequestValidationError):
+    async def handler(request: Request, exc: RequestValidationError) -> Response:
         return await original(request, without_source(exc))
 
-    handler.mepic_wrapped = True
-    app.add_exception_handler(RequestValidationError, handler)
+    # why: a marker on the function itself, read back by getattr above; mypy models no function attributes
+    handler.mepic_wrapped = True  # type: ignore[attr-defined]
+    app.add_exception_handler(RequestValidationError, cast("ExceptionHandler", handler))  # called with its class only

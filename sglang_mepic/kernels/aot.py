@@ -28,7 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import triton
@@ -53,7 +55,7 @@ class Launch:
     def name(self) -> str:
         return self.fn.__name__
 
-    def constexpr(self, name: str):
+    def constexpr(self, name: str) -> Any:
         if name in self.kwargs:
             return self.kwargs[name]
         i = self.fn.arg_names.index(name)
@@ -65,12 +67,12 @@ class Launch:
 
 
 @contextlib.contextmanager
-def capture():
+def capture() -> Iterator[list[Launch]]:
     """Record every `kernel[grid](...)` launch in the block instead of running it."""
     launches: list[Launch] = []
     original = JITFunction.run
 
-    def run(self, *args, grid, warmup=False, **kwargs):
+    def run(self: JITFunction, *args: Any, grid: Any, warmup: bool = False, **kwargs: Any) -> None:
         launches.append(Launch(self, args, kwargs, tuple(grid) if not callable(grid) else grid))
 
     JITFunction.run = run
@@ -81,7 +83,7 @@ def capture():
 
 
 @contextlib.contextmanager
-def target_arch(arch: int):
+def target_arch(arch: int) -> Iterator[None]:
     """Our wrappers pick their launch configuration for this architecture (on a CPU: 90)."""
     original = k.device_arch
     k.device_arch = lambda device: arch
@@ -91,7 +93,7 @@ def target_arch(arch: int):
         k.device_arch = original
 
 
-def compile_launch(launch: Launch, arch: int):
+def compile_launch(launch: Launch, arch: int) -> Any:
     """The kernel Triton's launcher would build for these arguments on an sm_`arch` GPU."""
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
@@ -121,7 +123,8 @@ def ptxas_report(ptx: str, arch: int) -> tuple[int, int]:
         out = subprocess.run([ptxas, "-v", f"--gpu-name={gpu}", src, "-o", os.path.join(tmp, "k.cubin")],
                              capture_output=True, text=True, check=True)
     text = out.stdout + out.stderr
-    regs = int(re.search(r"Used (\d+) registers", text).group(1))
+    # ptxas -v always prints the count (were it missing, main would report the AttributeError as a failure)
+    regs = int(cast(re.Match[str], re.search(r"Used (\d+) registers", text)).group(1))
     spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", text))
     return regs, spills
 
@@ -162,7 +165,9 @@ def _opcode(instr: str) -> str:
 
 def loops(listing: str) -> list[Loop]:
     """Every backward branch's body: the instructions between its target label and the branch."""
-    found, labels, body = [], {}, []
+    found: list[Loop] = []
+    labels: dict[str, int] = {}
+    body: list[str] = []
     for line in listing.splitlines():
         m = _LABEL.match(line.strip())
         if m:
@@ -213,8 +218,9 @@ FP8_MODELS = (("Llama-3-8B, KV fp8_e4m3", "bf16", 128, 32, 8, 128, True, torch.f
 FP8_MIN_ARCH = k.FP8_MIN_ARCH
 
 
-def fake_inputs(dtype: torch.dtype, d: int, hq: int, hkv: int, rot: int, seq_lens, ext_lens=None,
-                context: int = 4096, slots: int = 4096, kv_dtype: torch.dtype | None = None):
+def fake_inputs(dtype: torch.dtype, d: int, hq: int, hkv: int, rot: int, seq_lens: Sequence[int],
+                ext_lens: Sequence[int] | None = None, context: int = 4096, slots: int = 4096,
+                kv_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
     """Small CPU tensors with the dtypes and strides the server passes (no values matter); the pool in
     `kv_dtype` (default: the model's)."""
     batch = len(seq_lens)
@@ -231,7 +237,8 @@ def fake_inputs(dtype: torch.dtype, d: int, hq: int, hkv: int, rot: int, seq_len
 
 
 def our_launches(kind: str, dtype: torch.dtype, d: int, hq: int, hkv: int, rot: int, neox: bool, table: bool,
-                 arch: int, seq_lens=(256, 300), ext_lens=(256, 17), context: int = 4096,
+                 arch: int, seq_lens: Sequence[int] = (256, 300), ext_lens: Sequence[int] = (256, 17),
+                 context: int = 4096,
                  kv_dtype: torch.dtype | None = None) -> list[Launch]:
     """The launches `decode` / `extend` make for a batch (values only shape split counts and grids)."""
     q, pool, r2t, r2p, idx, lens, cos_sin, inv_freq = fake_inputs(
@@ -249,7 +256,7 @@ def our_launches(kind: str, dtype: torch.dtype, d: int, hq: int, hkv: int, rot: 
     return launches
 
 
-def configs(arch: int):
+def configs(arch: int) -> Iterator[dict[str, Any]]:
     fp8 = FP8_MODELS if arch >= FP8_MIN_ARCH else ()
     for model, dtype, d, hq, hkv, rot, neox, kv_dtype in [(*m, None) for m in MODELS] + list(fp8):
         for table in ((False, True) if kv_dtype is None else (False,)):

@@ -51,6 +51,7 @@ are zeroed (`_load_values`): a cast to fp8 does not saturate, and 0 x inf is NaN
 
 import functools
 import os
+from typing import Any
 
 import torch
 import triton
@@ -423,7 +424,8 @@ def check_shapes(head_dim: int, rotary_dim: int, q_heads: int, kv_heads: int) ->
         raise ValueError(f"{q_heads} query heads are not a multiple of {kv_heads} kv heads")
 
 
-def _check(q, k_pool, cos_sin, rotary_dim, inv_freq):
+def _check(q: torch.Tensor, k_pool: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int,
+           inv_freq: torch.Tensor | None) -> None:
     check_shapes(q.shape[-1], rotary_dim, q.shape[1], k_pool.shape[1])
     if cos_sin.shape[-1] != rotary_dim:
         raise ValueError(f"cos_sin {tuple(cos_sin.shape)} does not match rotary_dim {rotary_dim}")
@@ -431,13 +433,14 @@ def _check(q, k_pool, cos_sin, rotary_dim, inv_freq):
         raise ValueError(f"inv_freq {tuple(inv_freq.shape)} does not match rotary_dim {rotary_dim}")
 
 
-def _rope_args(cos_sin, inv_freq, mscale):
+def _rope_args(cos_sin: torch.Tensor, inv_freq: torch.Tensor | None,
+               mscale: float) -> tuple[torch.Tensor, torch.Tensor, float, bool, bool]:
     """(table, inv_freq or the table, mscale, TABLE, SCALED) of a launch."""
     table = inv_freq is None
     return cos_sin, (cos_sin if table else inv_freq), float(mscale), table, (not table) and float(mscale) != 1.0
 
 
-def _wide_slots(k_pool, v_pool) -> bool:
+def _wide_slots(k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
     """Slot offsets by `mul.wide.s32` with a 16-element alignment hint (`_slot_offset`): on the GPU, for pools
     whose slot strides are int32 multiples of 16 (every contiguous pool of a head dim the kernels take)."""
     return not _interpreting() and all(p.stride(0) % 16 == 0 and p.stride(0) < 2 ** 31 for p in (k_pool, v_pool))
@@ -507,7 +510,8 @@ class DecodeWorkspace:
     because launches on one stream run in order. The backend keeps one per CUDA stream.
     """
 
-    def __init__(self, batch: int, heads: int, dv: int, device, max_splits: int = MAX_KV_SPLITS):
+    def __init__(self, batch: int, heads: int, dv: int, device: torch.device | str | int,
+                 max_splits: int = MAX_KV_SPLITS) -> None:
         self.partial = torch.empty((batch, heads, max_splits, dv), dtype=torch.float32, device=device)
         self.lse = torch.empty((batch, heads, max_splits), dtype=torch.float32, device=device)
         self.max_splits = max_splits
@@ -516,14 +520,14 @@ class DecodeWorkspace:
         return self.partial.shape[0] >= batch and self.partial.shape[1] == heads and self.partial.shape[3] == dv
 
 
-def sm_count(device) -> int:
+def sm_count(device: torch.device | str | int) -> int:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132  # an H100's, so the interpreter exercises the same split counts
 
 
-def launch_config(kind: str, head_dim: int, dtype: torch.dtype, arch: int = 90) -> dict:
+def launch_config(kind: str, head_dim: int, dtype: torch.dtype | None, arch: int = 90) -> dict[str, int]:
     """Tile sizes, warps, pipeline stages and CTAs per SM of a launch on Hopper (arch 90) or Ampere (80).
 
     Chosen with `python -m eval.kernel_model` (registers, shared memory and the
@@ -567,13 +571,13 @@ MIN_EXTEND_SPLIT_TILES = 4  # key tiles per extend split at least
 FP8_MIN_ARCH = 89  # Triton's fp8 types (e4m3 as fp8e4nv) start at sm_89
 
 
-def device_arch(device) -> int:
+def device_arch(device: torch.device | str | int) -> int:
     device = torch.device(device)
     return _cuda_arch(device.index) if device.type == "cuda" else 90
 
 
 @functools.lru_cache(maxsize=None)
-def _cuda_arch(index) -> int:  # asked at every launch; a device's capability never changes
+def _cuda_arch(index: int | None) -> int:  # asked at every launch; a device's capability never changes
     major, minor = torch.cuda.get_device_capability(index)
     return 10 * major + minor
 
@@ -590,9 +594,13 @@ def decode_programs_per_split(batch: int, q_heads: int, kv_heads: int) -> int:
     return batch * kv_heads * decode_tiles(q_heads // kv_heads)[1]
 
 
-def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin, rotary_dim, neox,
-           sm_scale, out=None, block_n=None, inv_freq=None, mscale=1.0, splits=None, workspace=None, block_h=None,
-           num_warps=None, num_stages=None, dot_fp32=None, k_scale=1.0, v_scale=1.0):
+def decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
+           req_to_pos: torch.Tensor, req_idx: torch.Tensor, seq_lens: torch.Tensor, q_pos: torch.Tensor,
+           cos_sin: torch.Tensor, rotary_dim: int, neox: bool, sm_scale: float, out: torch.Tensor | None = None,
+           block_n: int | None = None, inv_freq: torch.Tensor | None = None, mscale: float = 1.0,
+           splits: torch.Tensor | None = None, workspace: "DecodeWorkspace | None" = None,
+           block_h: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+           dot_fp32: bool | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """One new token per request: q [B, Hq, D] -> out [B, Hq, Dv].
 
     `splits` [B] int32 (default: `num_kv_splits` for the kernel's capacity,
@@ -610,8 +618,9 @@ def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos
     elif not workspace.fits(batch, hq, dv):
         raise ValueError(f"decode workspace {tuple(workspace.partial.shape)} does not fit batch {batch}, "
                          f"{hq} heads, head dim {dv}")
-    options = dict(inv_freq=inv_freq, mscale=mscale, block_n=block_n, block_h=block_h, num_warps=num_warps,
-                   num_stages=num_stages, dot_fp32=dot_fp32, k_scale=k_scale, v_scale=v_scale)
+    options: dict[str, Any] = dict(inv_freq=inv_freq, mscale=mscale, block_n=block_n, block_h=block_h,
+                                   num_warps=num_warps, num_stages=num_stages, dot_fp32=dot_fp32, k_scale=k_scale,
+                                   v_scale=v_scale)
     tensors = (q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin)
     if splits is None:
         ctas = decode_ctas_per_sm(*tensors, rotary_dim, neox, sm_scale, workspace=workspace, **options)
@@ -628,8 +637,11 @@ def decode(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos
     return out
 
 
-def decode_ctas_per_sm(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin, rotary_dim,
-                       neox, sm_scale, splits=None, workspace=None, **options) -> int:
+def decode_ctas_per_sm(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
+                       req_to_pos: torch.Tensor, req_idx: torch.Tensor, seq_lens: torch.Tensor, q_pos: torch.Tensor,
+                       cos_sin: torch.Tensor, rotary_dim: int, neox: bool, sm_scale: float,
+                       splits: torch.Tensor | None = None, workspace: "DecodeWorkspace | None" = None,
+                       **options: Any) -> int:
     """CTAs per SM of the decode kernel that `decode(...)` launches for these arguments.
 
     On a GPU: of the kernel Triton builds for them on this device (`JITFunction.warmup`: compiled, or taken
@@ -654,9 +666,13 @@ def decode_ctas_per_sm(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq
                                               occupancy.SmLimits.of_device(q.device))
 
 
-def _decode_launch(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_pos, cos_sin, rotary_dim, neox,
-                   sm_scale, splits, workspace, inv_freq=None, mscale=1.0, block_n=None, block_h=None, num_warps=None,
-                   num_stages=None, dot_fp32=None, k_scale=1.0, v_scale=1.0):
+def _decode_launch(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
+                   req_to_pos: torch.Tensor, req_idx: torch.Tensor, seq_lens: torch.Tensor, q_pos: torch.Tensor,
+                   cos_sin: torch.Tensor, rotary_dim: int, neox: bool, sm_scale: float, splits: torch.Tensor,
+                   workspace: "DecodeWorkspace", inv_freq: torch.Tensor | None = None, mscale: float = 1.0,
+                   block_n: int | None = None, block_h: int | None = None, num_warps: int | None = None,
+                   num_stages: int | None = None, dot_fp32: bool | None = None, k_scale: float = 1.0,
+                   v_scale: float = 1.0) -> tuple[tuple[int, int, int], tuple[Any, ...], dict[str, Any]]:
     """(grid, args, kwargs) of the split decode kernel's launch: what `decode` runs and
     `decode_ctas_per_sm` compiles."""
     batch, hq, d = q.shape
@@ -719,10 +735,14 @@ def extend_splits(programs: int, longest: int, block_n: int, capacity: int) -> i
     return max(1, min(MAX_KV_SPLITS, by_len, -(-2 * capacity // max(programs, 1))))
 
 
-def extend(q, k_pool, v_pool, req_to_token, req_to_pos, req_idx, seq_lens, q_start, ext_lens, positions, cos_sin,
-           rotary_dim, neox, sm_scale, max_ext_len, out=None, block_m=None, block_n=None, inv_freq=None, mscale=1.0,
-           num_warps=None, num_stages=None, kv_end=None, max_seq_len=None, splits=None, dot_fp32=None, k_scale=1.0,
-           v_scale=1.0):
+def extend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor,
+           req_to_pos: torch.Tensor, req_idx: torch.Tensor, seq_lens: torch.Tensor, q_start: torch.Tensor,
+           ext_lens: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int, neox: bool,
+           sm_scale: float, max_ext_len: int, out: torch.Tensor | None = None, block_m: int | None = None,
+           block_n: int | None = None, inv_freq: torch.Tensor | None = None, mscale: float = 1.0,
+           num_warps: int | None = None, num_stages: int | None = None, kv_end: torch.Tensor | None = None,
+           max_seq_len: int | None = None, splits: int | None = None, dot_fp32: bool | None = None,
+           k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """New tokens of several requests, packed: q [N, Hq, D] with positions [N] -> out [N, Hq, Dv].
 
     block_m is the query tile's rows: block_m / next_pow2(group) tokens of every

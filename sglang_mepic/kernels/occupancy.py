@@ -8,7 +8,14 @@ on sm_90; the H100 run's 3.6.0, 109, 4 CTAs/SM, eval/results/gpu/after.md), so o
 the kernel Triton actually built there (`compiled_ctas_per_sm`), not from a table.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from triton.compiler.compiler import CompiledKernel
 
 REG_ALLOC_UNIT = 256  # registers are allocated to a warp in blocks of 256
 RESERVED_SHARED_PER_CTA = 1024  # bytes the driver reserves in shared memory for each CTA (sm_80 on)
@@ -30,7 +37,7 @@ class SmLimits:
         return cls() if arch >= 90 else cls(shared=164 * 1024)
 
     @classmethod
-    def of_device(cls, device) -> "SmLimits":
+    def of_device(cls, device: torch.device | str | int) -> SmLimits:
         import torch
 
         props = torch.cuda.get_device_properties(device)
@@ -53,7 +60,7 @@ def ctas_per_sm(registers: int, num_warps: int, shared: int, limits: SmLimits = 
     return max(0, min(by_registers, by_threads, by_shared, limits.ctas))
 
 
-def compiled_ctas_per_sm(kernel, limits: SmLimits) -> int:
+def compiled_ctas_per_sm(kernel: CompiledKernel, limits: SmLimits) -> int:
     """CTAs per SM of a Triton `CompiledKernel` (from `JITFunction.warmup` or a launch) on a device with
     these limits (`SmLimits.of_device`).
 

@@ -32,7 +32,7 @@ into it), so a worker could not read it safely.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -47,8 +47,9 @@ class DevicePool:
     """The device KV buffers seen as [2, layers, tokens, heads, dim] at given token slots."""
 
     def __init__(self, kv_pool: MHATokenToKVPool):
-        self.k = kv_pool.k_buffer
-        self.v = kv_pool.v_buffer
+        # SGLang declares the buffers None before it makes them: per layer, one tensor each.
+        self.k = cast("list[torch.Tensor]", kv_pool.k_buffer)
+        self.v = cast("list[torch.Tensor]", kv_pool.v_buffer)
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         return torch.stack([torch.stack([b[slots] for b in self.k]), torch.stack([b[slots] for b in self.v])])

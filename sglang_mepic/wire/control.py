@@ -10,17 +10,21 @@ behind `FAILED`, and the tokenizer side raises it as a ValueError (sglang_mepic/
 which the route answers with a 400.
 """
 
+from typing import TypeVar
+
 import msgspec
 
 FAILED = "mepic-failed: "
 FLAGS = ("success", "updated")  # the fields that say a reply's request failed
 REASONS = ("message", "error_message", "error")  # the field that says why, where a reply has one
 
+R = TypeVar("R", bound=msgspec.Struct)
 
-def failed_reply(reply_type: type, request, reason: str):
+
+def failed_reply(reply_type: type[R], request: object, reason: str) -> R:
     """A reply of `reply_type` that says its request failed, and why."""
     fields = reply_type.__struct_fields__
-    values = {flag: False for flag in FLAGS if flag in fields}
+    values: dict[str, object] = {flag: False for flag in FLAGS if flag in fields}
     said = next((field for field in REASONS if field in fields), None)
     if said is not None:
         values[said] = reason
@@ -34,7 +38,7 @@ def failed_reply(reply_type: type, request, reason: str):
     return reply_type(**values)
 
 
-def failure(reply) -> str | None:
+def failure(reply: object) -> str | None:
     """Why a reply's request failed, where only its `rid` can say so; None otherwise."""
     rid = getattr(reply, "rid", None)
     return rid[len(FAILED):] if isinstance(rid, str) and rid.startswith(FAILED) else None

@@ -20,7 +20,13 @@ refused before it reaches the scheduler. This module owns the wire format, not
 the trust check.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.kv_hints import KvHintsEnvelope
 
 HINT_TYPE = "mepic.chunks"
 VERSION = "2"
@@ -42,7 +48,7 @@ class Hint:
     pads: tuple[Span, ...] | None = None  # (first slot, count) of each pad run; None: not laid out in slots
     version: str = VERSION
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check(self)
 
     @property
@@ -50,16 +56,16 @@ class Hint:
         return self.pads is not None
 
 
-def encode(hint: Hint) -> dict:
+def encode(hint: Hint) -> dict[str, Any]:
     """The kv_hints action (as the dict `KvHintAction(**action)` takes), not yet stamped."""
-    payload: dict = {"chunks": [list(s) for s in hint.chunks]}
+    payload: dict[str, Any] = {"chunks": [list(s) for s in hint.chunks]}
     if hint.pads is not None:
         payload["pads"] = [list(r) for r in hint.pads]
     return {"action_id": ACTION_ID, "action_type": HINT_TYPE, "action_version": hint.version,
             "payload": payload}
 
 
-def decode(kv_hints, num_slots: int | None = None) -> Hint | None:
+def decode(kv_hints: KvHintsEnvelope | None, num_slots: int | None = None) -> Hint | None:
     """The hint a request's kv_hints envelope carries (None: none); other action types are not ours.
 
     `num_slots`, when given, bounds every span. Raises HintError on anything malformed.
@@ -90,13 +96,13 @@ def decode(kv_hints, num_slots: int | None = None) -> Hint | None:
     return hint
 
 
-def decode_laid_out(kv_hints) -> Hint | None:
+def decode_laid_out(kv_hints: KvHintsEnvelope | None) -> Hint | None:
     """The hint of a request laid out in slots (None: no hint, or one not laid out)."""
     hint = decode(kv_hints)
     return hint if hint is not None and hint.laid_out else None
 
 
-def _spans(value, name: str) -> tuple[Span, ...]:
+def _spans(value: object, name: str) -> tuple[Span, ...]:
     if not isinstance(value, list):
         raise HintError(f"{HINT_TYPE}: {name} is {value!r}, not a list")
     spans = []
@@ -107,11 +113,11 @@ def _spans(value, name: str) -> tuple[Span, ...]:
     return tuple(spans)
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _ends(runs) -> list[Span]:
+def _ends(runs: Iterable[Span]) -> list[Span]:
     return [(start, start + count) for start, count in runs]
 
 
@@ -127,7 +133,7 @@ def _check(hint: Hint) -> None:
         _ordered(_ends(hint.pads), "pad run")
 
 
-def _ordered(spans, name: str) -> None:
+def _ordered(spans: Iterable[Sequence[int]], name: str) -> None:
     end = 0
     for s in spans:
         if not end <= s[0] < s[1]:

@@ -9,6 +9,7 @@ names clients read are `PREFIX` + a field name; they are spelled here only.
 """
 
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 PREFIX = "mepic_"
 KEY = PREFIX + "report"          # the customized-info key the report travels under
@@ -26,18 +27,18 @@ class Report:
     residency: list[str] = field(default_factory=list)  # where each chunk segment was when it was planned
     cached_tokens: int | None = None       # real tokens whose KV was reused: replaces SGLang's cached_tokens
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_wire(cls, value) -> "Report | None":
+    def from_wire(cls, value: object) -> "Report | None":
         """The report a scheduler sent, or None for anything that is not one."""
         if not isinstance(value, dict):
             return None
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in value.items() if k in names})
 
-    def meta_info(self) -> dict:
+    def meta_info(self) -> dict[str, Any]:
         """The figures a response's meta_info carries (cached_tokens is SGLang's own field there)."""
         out = {PREFIX + name: getattr(self, name) for name in COUNTS if getattr(self, name) is not None}
         out[PREFIX + "residency"] = list(self.residency)

@@ -8,7 +8,7 @@ position (for the position map) and the radix-tree key (pads as `PAD_ID`, so a
 pad can never match a real token).
 """
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 
@@ -17,21 +17,21 @@ from sglang_mepic.wire.layout import NO_POSITION, PAD_ID
 PAD_FILL_ID = 0
 
 
-def pad_mask(num_slots: int, runs) -> torch.Tensor:
+def pad_mask(num_slots: int, runs: Iterable[tuple[int, int]]) -> torch.Tensor:
     mask = torch.zeros(num_slots, dtype=torch.bool)
     for start, count in runs:
         mask[start:start + count] = True
     return mask
 
 
-def slot_positions(num_slots: int, runs) -> torch.Tensor:
+def slot_positions(num_slots: int, runs: Iterable[tuple[int, int]]) -> torch.Tensor:
     """Real slots count up from 0, pads take NO_POSITION."""
     pads = pad_mask(num_slots, runs)
     positions = torch.cumsum(~pads, 0) - 1
     return torch.where(pads, NO_POSITION, positions)
 
 
-def masked_key(token_ids, runs):
+def masked_key(token_ids: Iterable[int], runs: Iterable[tuple[int, int]]) -> list[int]:
     """Token ids with every pad slot set to PAD_ID (slots past the layout are generated tokens)."""
     out = list(token_ids)
     for start, count in runs:

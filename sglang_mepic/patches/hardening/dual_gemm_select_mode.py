@@ -8,9 +8,16 @@ The dual GEMM is an optional fast path (mode None: gate/up, SiLU-and-mul and dow
 its absence turns it off, with one warning, instead of stopping the server.
 """
 
+from __future__ import annotations
+
 import logging
+from typing import TYPE_CHECKING, Any, Callable
 
 from sglang.srt.plugins.hook_registry import HookType
+
+if TYPE_CHECKING:
+    from sglang.kernels.ops.gemm.cutedsl_dual_gemm import DualGemmQuantMode
+    from sglang.srt.layers.dual_gemm import DualGemm
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.layers.dual_gemm.DualGemm._select_mode"
@@ -20,7 +27,7 @@ logger = logging.getLogger(__name__)
 _warned = False
 
 
-def hook(original, dual_gemm, *args, **kwargs):
+def hook(original: Callable[..., Any], dual_gemm: DualGemm, *args: Any, **kwargs: Any) -> DualGemmQuantMode | None:
     global _warned
     try:
         return original(dual_gemm, *args, **kwargs)

@@ -8,9 +8,16 @@ its 400: those routes catch the error and answer it, and a ValueError that escap
 too (hardening/request_shape.py).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic.wire import control
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.communicator import FanOutCommunicator
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.communicator.FanOutCommunicator.__call__"
@@ -21,7 +28,8 @@ class ControlRequestFailed(ValueError):
     status_code = 400  # what SGLang's `_create_error_response` answers with
 
 
-async def hook(original, communicator, obj, *args, **kwargs):
+async def hook(original: Callable[..., Any], communicator: FanOutCommunicator[Any], obj: Any, *args: Any,
+               **kwargs: Any) -> list[Any] | None:
     replies = await original(communicator, obj, *args, **kwargs)
     reasons = [r for r in map(control.failure, replies or ()) if r is not None]
     if reasons:

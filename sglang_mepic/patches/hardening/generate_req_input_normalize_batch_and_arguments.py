@@ -1,14 +1,21 @@
 """A generate request of the wrong shape (`sampling_params: []`, `n: 0` on a batch) is a 400,
 not a 500 (sglang_mepic.hardening.request_shape)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic.hardening import request_shape
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.io_struct import GenerateReqInput
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments"
 HOOK_TYPE = HookType.AROUND
 
 
-def hook(original, obj, *args, **kwargs):
+def hook(original: Callable[..., Any], obj: GenerateReqInput, *args: Any, **kwargs: Any) -> None:
     return request_shape.normalize(original, obj, *args, **kwargs)

@@ -4,6 +4,10 @@ documents (sglang_mepic.frontend.known_routes), answer validation errors without
 (sglang_mepic.hardening.validation_errors) and refuse admin bodies that are not JSON objects
 (sglang_mepic.hardening.admin_bodies), before it starts."""
 
+from __future__ import annotations
+
+from typing import Any
+
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic.frontend import known_routes
@@ -14,7 +18,7 @@ TARGET = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
 HOOK_TYPE = HookType.BEFORE
 
 
-def hook(*args, **kwargs):
+def hook(*args: Any, **kwargs: Any) -> None:
     request_shape.install()
     unserved_routes.install()
     known_routes.install()

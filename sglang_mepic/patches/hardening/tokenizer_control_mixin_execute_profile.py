@@ -7,7 +7,15 @@ as a ValueError with the scheduler's message, it is a 400 (hardening/request_sha
 ValueError that escapes a route).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
 from sglang.srt.plugins.hook_registry import HookType
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.io_struct import ProfileReq, ProfileReqOutput
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin._execute_profile"
@@ -18,7 +26,8 @@ class ProfileRefused(ValueError):
     status_code = 400
 
 
-async def hook(original, manager, request, *args, **kwargs):
+async def hook(original: Callable[..., Any], manager: TokenizerManager, request: ProfileReq, *args: Any,
+               **kwargs: Any) -> ProfileReqOutput:
     try:
         return await original(manager, request, *args, **kwargs)
     except RuntimeError as e:  # SGLang's own: `raise RuntimeError(result.message)` for a refused request

@@ -17,13 +17,19 @@ the scheduler dispatches). Requests no one waits on (`NO_REPLY`) are logged only
 (`DATA_PLANE`: generation, embedding, abort) keeps SGLang's own handling.
 """
 
+from __future__ import annotations
+
 import logging
 import weakref
+from typing import TYPE_CHECKING, Any, Callable
 
 from sglang.srt.managers import io_struct
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic.wire import control
+
+if TYPE_CHECKING:
+    from sglang.utils import TypeBasedDispatcher
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.utils.TypeBasedDispatcher.__call__"
@@ -39,10 +45,11 @@ NO_REPLY = (io_struct.CloseSessionReqInput, io_struct.FreezeGCReq, io_struct.Shu
 # The scheduler's dispatcher is the one that routes both generate requests and cache flushes.
 SCHEDULER_MARKS = (io_struct.TokenizedGenerateReqInput, io_struct.FlushCacheReqInput)
 
-_SCHEDULER = weakref.WeakKeyDictionary()  # dispatcher -> whether it is the scheduler's, decided once
+# dispatcher -> whether it is the scheduler's, decided once
+_SCHEDULER: weakref.WeakKeyDictionary[TypeBasedDispatcher, bool] = weakref.WeakKeyDictionary()
 
 
-def is_scheduler_dispatcher(dispatcher) -> bool:
+def is_scheduler_dispatcher(dispatcher: TypeBasedDispatcher) -> bool:
     known = _SCHEDULER.get(dispatcher)
     if known is None:
         known = _SCHEDULER[dispatcher] = all(t in dispatcher._mapping for t in SCHEDULER_MARKS)
@@ -56,7 +63,8 @@ def reply_type(request_type: type) -> type | None:
     return getattr(io_struct, name, None)
 
 
-def hook(original, dispatcher, request, *args, **kwargs):
+def hook(original: Callable[..., Any], dispatcher: TypeBasedDispatcher, request: object, *args: Any,
+         **kwargs: Any) -> Any:
     if isinstance(request, DATA_PLANE) or not is_scheduler_dispatcher(dispatcher):
         return original(dispatcher, request, *args, **kwargs)
     try:
@@ -65,7 +73,7 @@ def hook(original, dispatcher, request, *args, **kwargs):
         return answer_failed(request, e)
 
 
-def answer_failed(request, error: Exception):
+def answer_failed(request: object, error: Exception) -> Any:
     """The reply that tells the request's sender it failed (None where no one waits), the failure logged.
     Called in the handler's `except` block, so that the log has its traceback."""
     name = type(request).__name__

@@ -8,17 +8,24 @@ runs one thread when SGLang starts its children (checked at the fork), so no loc
 held. A GPU server keeps spawn.
 """
 
+from __future__ import annotations
+
 import multiprocessing as mp
+from typing import TYPE_CHECKING, Any, Callable
 
 from sglang.srt.plugins.hook_registry import HookType
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.entrypoints.engine._set_envs_and_config"
 HOOK_TYPE = HookType.AROUND
 
 
-def hook(original, server_args, *args, **kwargs):
+def hook(original: Callable[..., Any], server_args: ServerArgs, *args: Any, **kwargs: Any) -> None:
     result = original(server_args, *args, **kwargs)  # ends with mp.set_start_method("spawn", force=True)
-    if server_args.device == "cpu":
+    # why: ServerArgs assembles its fields (device among them) from arg_groups at run time: mypy sees none of them
+    if server_args.device == "cpu":  # type: ignore[attr-defined, unused-ignore]
         mp.set_start_method("fork", force=True)
     return result

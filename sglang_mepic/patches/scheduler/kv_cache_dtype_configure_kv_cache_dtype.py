@@ -8,6 +8,10 @@ SGLang builds on a GPU for the flag: float8_e5m2 values stored as uint8. Nothing
 launcher still refuses e4m3 on the CPU, and another backend still meets SGLang's own refusal.
 """
 
+from __future__ import annotations
+
+from typing import Any, Callable
+
 import torch
 
 from sglang.srt.plugins.hook_registry import HookType
@@ -17,7 +21,7 @@ TARGET = "sglang.srt.mem_cache.kv_cache_dtype.configure_kv_cache_dtype"
 HOOK_TYPE = HookType.AROUND
 
 
-def hook(original, *args, **kwargs):
+def hook(original: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[str | None, torch.dtype]:
     if kwargs.get("server_args_kv_cache_dtype") == "fp8_e5m2" and not kwargs.get("is_draft_worker"):
         from sglang.srt.platforms import current_platform
         from sglang.srt.runtime_context import attention_backends

@@ -12,16 +12,23 @@ pins and loads nothing (`MepicRadixCache.match_prefix`); a request is planned wh
 round comes to admit it, as under FCFS.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic.cache.radix_cache import mepic_cache
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.schedule_policy.SchedulePolicy._compute_prefix_matches"
 HOOK_TYPE = HookType.AROUND
 
 
-def hook(original, policy, *args, **kwargs):
+def hook(original: Callable[..., Any], policy: SchedulePolicy, *args: Any, **kwargs: Any) -> set[int]:
     if (tree := mepic_cache(policy)) is None:
         return original(policy, *args, **kwargs)
     tree.prioritising = True

@@ -9,17 +9,24 @@ comparison. SGLang's own usage gauges had the same staleness; they are published
 at the idle pass where the pool's use changed (`metrics.refresh_sglang_usage_when_stale`).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic.cache import metrics
 from sglang_mepic.cache.radix_cache import mepic_cache
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler import Scheduler
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.scheduler.Scheduler.on_idle"
 HOOK_TYPE = HookType.AROUND
 
 
-def hook(original, scheduler, *args, **kwargs):
+def hook(original: Callable[..., Any], scheduler: Scheduler, *args: Any, **kwargs: Any) -> None:
     metrics.refresh_sglang_usage_when_stale(scheduler)  # SGLang's own gauges, published by the original
     result = original(scheduler, *args, **kwargs)
     if (tree := mepic_cache(scheduler)) is not None:

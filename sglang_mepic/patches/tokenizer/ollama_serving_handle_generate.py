@@ -1,13 +1,23 @@
 """`/api/generate` answers a request the intake refuses with a 400, not a 500 (ollama_routes.py)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic.frontend import ollama_routes
+
+if TYPE_CHECKING:
+    from fastapi.responses import ORJSONResponse, StreamingResponse
+    from sglang.srt.entrypoints.ollama.protocol import OllamaGenerateRequest, OllamaGenerateResponse
+    from sglang.srt.entrypoints.ollama.serving import OllamaServing
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_generate"
 HOOK_TYPE = HookType.AROUND
 
 
-async def hook(original, serving, request, *args, **kwargs):
+async def hook(original: Callable[..., Any], serving: OllamaServing, request: OllamaGenerateRequest, *args: Any,
+               **kwargs: Any) -> OllamaGenerateResponse | StreamingResponse | ORJSONResponse:
     return await ollama_routes.handle(original, serving, request, *args, **kwargs)

@@ -1,14 +1,28 @@
 """Strip chunk markup before SGLang tokenizes a generate request (sglang_mepic.frontend.request_markup.prepare)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic.frontend import request_markup
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.io_struct import (
+        EmbeddingReqInput,
+        GenerateReqInput,
+        TokenizedEmbeddingReqInput,
+        TokenizedGenerateReqInput,
+    )
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._tokenize_one_request"
 HOOK_TYPE = HookType.AROUND
 
 
-async def hook(original, manager, obj, *args, **kwargs):
+async def hook(original: Callable[..., Any], manager: TokenizerManager, obj: GenerateReqInput | EmbeddingReqInput,
+               *args: Any, **kwargs: Any) -> TokenizedGenerateReqInput | TokenizedEmbeddingReqInput:
     request_markup.prepare(manager, obj)
     return await original(manager, obj, *args, **kwargs)

@@ -5,16 +5,25 @@ Every tokenization path (single, batch, n > 1, OpenAI) ends here with the
 request's final input_ids, markup already removed.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_mepic.frontend import intake, limits, state
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
 WRITTEN_FOR = "0.5.23"
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 HOOK_TYPE = HookType.BEFORE
 
 
-def hook(manager, obj, input_ids, *args, **kwargs):
+def hook(manager: TokenizerManager, obj: GenerateReqInput | EmbeddingReqInput, input_ids: list[int], *args: Any,
+         **kwargs: Any) -> None:
     try:
         limits.check(manager, obj, input_ids)
     except ValueError as e:
