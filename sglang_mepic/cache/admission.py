@@ -9,17 +9,31 @@ their chunk tokens into the pages SGLang has just allocated for them
 (`copy_sources`), so each page is charged once, as in EPIC.
 """
 
+from __future__ import annotations
+
 import logging
 from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 
-from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
 
 from sglang_mepic import modes
 from sglang_mepic.cache import figures
 from sglang_mepic.cache.link import Link, link_of
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from sglang_mepic.cache.planner import Planned
+    from sglang_mepic.pages.chunk_store import ChunkStore
+    from sglang_mepic.pages.pool_pages import PoolPages
+    from sglang_mepic.pages.refs import PageRefs
+    from sglang_mepic.tiers.levels import Tiers
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +43,14 @@ class Admission:
     the tiers' lookup counts, the KV buffers (EPIC's and CacheBlend's copies), the cache's eviction (room
     for EPIC's copies) and the totals it adds each admitted request's figures to."""
 
-    def __init__(self, *, pages, refs, store, tiers, kv_pool, evict, counters, mode, canonical_from, page_size):
+    def __init__(self, *, pages: PoolPages, refs: PageRefs, store: ChunkStore, tiers: Tiers, kv_pool: MHATokenToKVPool,
+                 evict: Callable[[EvictParams], EvictResult], counters: figures.Counters, mode: modes.Mode,
+                 canonical_from: int | None, page_size: int) -> None:
         self.pages, self.refs, self.store, self.tiers, self.kv_pool = pages, refs, store, tiers, kv_pool
         self.evict, self.counters = evict, counters
         self.mode, self.canonical_from, self.page_size = mode, canonical_from, page_size
 
-    def admit(self, req, reserve: int = 0) -> None:
+    def admit(self, req: Req, reserve: int = 0) -> None:
         """The request is about to get its KV row: hold the pages it reads, fix its plan, count it.
 
         reserve: pages the batch's own extends will take right after (EPIC's copies leave them free).
@@ -60,7 +76,7 @@ class Admission:
                             len(link.compiled))
             for key in link.keys:  # counts hits and misses, refreshes LRU order
                 self.store.lookup(key)
-        plan = link.planned.plan
+        plan = cast("Planned", link.planned).plan  # planned: it was admitted
         hits = plan.hits if plan is not None else sum(1 for k in link.keys if self.store.peek(k) is not None)
         figures.count_admitted(link, req.prefix_len, self.counters, self.mode, self.canonical_from or 0,
                                self.page_size, hits)
@@ -73,7 +89,7 @@ class Admission:
         (evicting the tree and unheld chunks for them), the request reads the store's
         pages in place instead: same KV, shared for once (`private_copy_fallbacks`).
         """
-        src = link.injected
+        src = cast(torch.Tensor, link.injected)  # admit() checked it is not None
         n = len(src) // self.page_size
         short = n + reserve - self.pages.available()
         if short > 0:
@@ -85,12 +101,14 @@ class Admission:
                            "pages in place", n)
             return
         dst = self.pages.slots(pages)
-        move_kv_cache_native(self.kv_pool.k_buffer, self.kv_pool.v_buffer, dst, src.to(dst.device))
+        # SGLang declares the buffers None until the pool makes them, as it has by now.
+        k, v = cast("list[torch.Tensor]", self.kv_pool.k_buffer), cast("list[torch.Tensor]", self.kv_pool.v_buffer)
+        move_kv_cache_native(k, v, dst, src.to(dst.device))
         self.refs.release(link.held)
         link.held = list(pages)
         link.injected = dst
 
-    def copy_sources(self, req, row_slots) -> None:
+    def copy_sources(self, req: Req, row_slots: torch.Tensor) -> None:
         """CacheBlend: SGLang has allocated the request's extend; every token that reads stored
         KV gets it now in its own slot, in the layers from the check layer on (the forward
         compares it there and keeps it after it for the tokens not selected for recompute:
@@ -108,8 +126,9 @@ class Admission:
         if take.numel():
             dst = row_slots[start:end].to(torch.int64)[take.to(row_slots.device)]
             # Layers before the check layer are computed for every token and overwrite it.
-            first = modes.blend_check_layer(self.mode, len(self.kv_pool.k_buffer))
-            move_kv_cache_native(self.kv_pool.k_buffer[first:], self.kv_pool.v_buffer[first:], dst,
+            k, v = cast("list[torch.Tensor]", self.kv_pool.k_buffer), cast("list[torch.Tensor]", self.kv_pool.v_buffer)
+            first = modes.blend_check_layer(self.mode, len(k))
+            move_kv_cache_native(k[first:], v[first:], dst,
                                  src[take].to(dst.device))
         if end >= len(link.sources):  # chunked prefill: the last part has its slots
             self.refs.release(link.held)

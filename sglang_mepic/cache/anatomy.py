@@ -5,16 +5,26 @@ the tree's to evict. Gathered when asked, in the scheduler's loop (between batch
 here are the ones the next forward reads.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
 import torch
 
 from sglang_mepic.cache.link import link_of
 from sglang_mepic.pages import anatomy
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
-def running_requests(scheduler) -> list:
+
+def running_requests(scheduler: Scheduler) -> list[Req]:
     """The requests holding KV rows now: the running batch, the last prefill (merged into it at the next
     step), a chunked prefill's request. Each once; finished ones have given their rows back."""
-    seen: dict[int, object] = {}
+    seen: dict[int, Req] = {}
     for batch in (getattr(scheduler, "running_batch", None), getattr(scheduler, "last_batch", None)):
         for req in getattr(batch, "reqs", None) or ():
             seen.setdefault(id(req), req)
@@ -24,8 +34,9 @@ def running_requests(scheduler) -> list:
     return [r for r in seen.values() if r.kv.req_pool_idx is not None and not r.finished()]
 
 
-def of_scheduler(scheduler) -> dict:
-    allocator = scheduler.token_to_kv_pool_allocator
+def of_scheduler(scheduler: Scheduler) -> dict[str, int]:
+    # SGLang's pool builder hands the scheduler its pools typed `object`.
+    allocator = cast("BaseTokenToKVPoolAllocator", scheduler.token_to_kv_pool_allocator)
     b = allocator.page_size
     num_pages = allocator.size // b + 1  # ids 1..size/b; page 0 is SGLang's padding page
     used = torch.ones(num_pages, dtype=torch.bool)
@@ -36,7 +47,7 @@ def of_scheduler(scheduler) -> dict:
     rows = torch.empty(0, 0, dtype=torch.int64)
     if running:  # one copy to the host for every row, not one per request
         index = torch.tensor([req.kv.req_pool_idx for req in running], dtype=torch.int64)
-        table = scheduler.req_to_token_pool.req_to_token
+        table = cast("ReqToTokenPool", scheduler.req_to_token_pool).req_to_token
         rows = table[index.to(table.device), :max(held)].cpu().long() // b
     reads, compiling, pads = [], [], 0
     for req, n, pages in zip(running, held, rows):

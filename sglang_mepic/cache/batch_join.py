@@ -8,12 +8,24 @@ instead (it copies stored KV before its forward, so it waits until its compile
 rows have run).
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
+
 from sglang_mepic.cache.compile_rows import layout_of
 from sglang_mepic.cache.link import link_of
 from sglang_mepic.cache.radix_cache import mepic_cache
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 
-def add_request(original, adder, req, *args, **kwargs):
+    from sglang_mepic.cache.compile_rows import CompileLayout
+
+
+def add_request(original: Callable[..., Any], adder: PrefillAdder, req: Req, *args: Any,
+                **kwargs: Any) -> AddReqResult:
     """SGLang's `PrefillAdder.add_one_req`, with the compile rows the request reads added first."""
     from sglang.srt.managers.schedule_policy import AddReqResult
 
@@ -22,7 +34,8 @@ def add_request(original, adder, req, *args, **kwargs):
     if tree is None or link is None or not link.compiling:
         return original(adder, req, *args, **kwargs)
     rows = tree.compile_rows
-    batched, todo = {id(r) for r in adder.can_run_list}, []
+    batched = {id(r) for r in adder.can_run_list}
+    todo: list[Req] = []
     for row in link.compiling.values():
         if id(row) not in batched:
             batched.add(id(row))
@@ -36,7 +49,7 @@ def add_request(original, adder, req, *args, **kwargs):
         result = original(adder, row, *args, **kwargs)
         whole = bool(adder.can_run_list) and adder.can_run_list[-1] is row and adder.new_chunked_req is not row
         if bool(adder.can_run_list) and adder.can_run_list[-1] is row:
-            link.made_for.add(layout_of(row).key)
+            link.made_for.add(cast("CompileLayout", layout_of(row)).key)  # a compile row: it has one
         if not whole:
             return result if result is not AddReqResult.CONTINUE else AddReqResult.OTHER
         if result is not AddReqResult.CONTINUE:

@@ -3,15 +3,22 @@
 `plugin.py` registers `build` with SGLang under `BACKEND_NAME` (`--radix-cache-backend mepic`).
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sglang_mepic import env, modes
 from sglang_mepic.cache import metrics
 from sglang_mepic.cache.radix_cache import MepicRadixCache
 from sglang_mepic.tiers import weights
+
+if TYPE_CHECKING:
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.mem_cache.registry import TreeCacheBuildContext
 
 BACKEND_NAME = "mepic"
 
@@ -26,7 +33,7 @@ def quantization_param_path() -> str | None:
         return None
 
 
-def model_fingerprint(model_config, scales_path: str | None = None, stored: bool = False) -> str:
+def model_fingerprint(model_config: ModelConfig, scales_path: str | None = None, stored: bool = False) -> str:
     """What makes KV reusable: the weights (path, revision), their dtype and the architecture.
 
     `stored`: with a storage backend, chunk KV outlives this process: weights replaced in the same
@@ -44,7 +51,7 @@ def model_fingerprint(model_config, scales_path: str | None = None, stored: bool
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
-def build(ctx) -> MepicRadixCache:
+def build(ctx: TreeCacheBuildContext) -> MepicRadixCache:
     if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
         raise ValueError("--radix-cache-backend mepic supports full-attention models only "
                          "(no sliding-window or state-space layers)")

@@ -41,17 +41,24 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from array import array
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from sglang_mepic.side_table import SideTable
 from sglang_mepic.wire.slots import PAD_FILL_ID
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    from sglang_mepic.cache.link import Shape
+
 # The layout (a `CompileLayout`) of each compile row a scheduler made. Only this module adds to
 # it, for Req objects it makes: nothing a client sends can make a row a compile.
-LAYOUTS: SideTable = SideTable("mepic compile rows")
+LAYOUTS: SideTable[CompileLayout] = SideTable("mepic compile rows")
 
 # Placeholder page of a chunk whose compile row is in the reader's own batch, until the batch
 # is allocated. Page 0 is SGLang's padding page, never handed out; the reader's row is pointed
@@ -73,7 +80,8 @@ class CompileLayout:
     key: str = ""                          # the chunk's key (as the reader's plan names it)
 
 
-def layout(chunk_ids, chunk_pads, page_size: int, sink: int | None) -> CompileLayout:
+def layout(chunk_ids: Sequence[int], chunk_pads: Iterable[tuple[int, int]], page_size: int,
+           sink: int | None) -> CompileLayout:
     """The compile row of a chunk whose padded slots hold `chunk_ids` (pads as any id) with pad
     runs `chunk_pads` (relative to its first slot)."""
     head = [] if sink is None else [sink] + [PAD_FILL_ID] * (page_size - 1)
@@ -90,7 +98,7 @@ def layout(chunk_ids, chunk_pads, page_size: int, sink: int | None) -> CompileLa
     return CompileLayout(tuple(ids), (at, at + size), tuple((s, n) for s, n in merged))
 
 
-def chunk_layout(shape, index: int, page_size: int, sink: int | None) -> CompileLayout:
+def chunk_layout(shape: Shape, index: int, page_size: int, sink: int | None) -> CompileLayout:
     """The compile row of chunk segment `index` of a laid-out request (link.Shape)."""
     start, end = shape.chunk_slots[index]
     pads = [(max(s, start) - start, min(s + n, end) - max(s, start)) for s, n in shape.pads
@@ -98,12 +106,12 @@ def chunk_layout(shape, index: int, page_size: int, sink: int | None) -> Compile
     return layout(shape.natural[start:end], pads, page_size, sink)
 
 
-def layout_of(row) -> "CompileLayout | None":
+def layout_of(row: Req) -> CompileLayout | None:
     """The row's compile layout; None: not a compile row."""
     return LAYOUTS.get(row)
 
 
-def is_compile_row(req) -> bool:
+def is_compile_row(req: Req) -> bool:
     return req in LAYOUTS
 
 
@@ -114,17 +122,19 @@ class CompileRows:
     namespace (extra_key, cache_salt, LoRA), greedy, generating nothing.
     """
 
-    def __init__(self, page_size: int):
+    def __init__(self, page_size: int) -> None:
         self.page_size = page_size
-        self.make_req: Callable | None = None  # set by the scheduler's prefill round (prefill_round.py)
-        self.rows_left: Callable | None = None  # adder -> request rows it may still fill (prefill_round.py)
+        # set by the scheduler's prefill round (prefill_round.py)
+        self.make_req: Callable[[str, array[int], Req], Req] | None = None
+        # adder -> request rows it may still fill (prefill_round.py)
+        self.rows_left: Callable[[PrefillAdder], int] | None = None
         self.sink: int | None = None
-        self.pending: dict[str, object] = {}   # chunk key -> row made this round, not admitted
+        self.pending: dict[str, Req] = {}   # chunk key -> row made this round, not admitted
         # chunk key -> (row admitted, not released; its canonical pages once its whole chunk has them)
-        self.running: dict[str, tuple[object, tuple[int, ...] | None]] = {}
+        self.running: dict[str, tuple[Req, tuple[int, ...] | None]] = {}
         self.made = 0                          # rows SGLang admitted (cumulative): chunks computed
 
-    def for_chunk(self, parent, shape, index: int):
+    def for_chunk(self, parent: Req, shape: Shape, index: int) -> Req | None:
         """The compile row of chunk segment `index` of `parent`, made once per round and chunk;
         None when this process cannot make one (a cache driven without a scheduler)."""
         key = shape.keys[index]
@@ -136,7 +146,7 @@ class CompileRows:
             self.pending[key] = row
         return row
 
-    def admitted(self, row, key: str, pages: tuple[int, ...] | None) -> None:
+    def admitted(self, row: Req, key: str, pages: tuple[int, ...] | None) -> None:
         """SGLang has allocated the row's pages for this forward; `pages`: its canonical pages
         once its whole chunk has them (None while chunked prefill has parts of it to come)."""
         if self.pending.get(key) is row:
@@ -151,13 +161,13 @@ class CompileRows:
         entry = self.running.get(key)
         return entry[1] if entry is not None else None
 
-    def failed(self, row) -> None:
+    def failed(self, row: Req) -> None:
         """The row's forward raised: its pages hold nothing; no later request may read them."""
         for key, (running, _) in list(self.running.items()):
             if running is row:
                 self.running[key] = (row, None)
 
-    def released(self, row, key: str) -> None:
+    def released(self, row: Req, key: str) -> None:
         if key in self.running and self.running[key][0] is row:
             del self.running[key]
 
@@ -179,7 +189,7 @@ class CompileRows:
         self.running.clear()
 
 
-def canonical_slots(row, req_to_token, page_size: int, canonical_from: int) -> torch.Tensor:
+def canonical_slots(row: Req, req_to_token: torch.Tensor, page_size: int, canonical_from: int) -> torch.Tensor:
     """The KV slots of a compile row's canonical pages (its chunk's pages from `canonical_from` on)."""
-    start, end = LAYOUTS.get(row).chunk
+    start, end = cast(CompileLayout, LAYOUTS.get(row)).chunk  # asked only of a compile row
     return req_to_token[row.kv.req_pool_idx, start + canonical_from * page_size:end]

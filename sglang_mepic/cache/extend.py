@@ -10,19 +10,27 @@ marked unplanned (identity positions). In a batch that returns input logprobs,
 each laid-out slot scores the next real token, not the next slot (logprobs.py).
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from sglang_mepic.cache.link import link_of
 from sglang_mepic.cache.logprobs import score_real_tokens
-from sglang_mepic.cache.radix_cache import mepic_cache
+from sglang_mepic.cache.radix_cache import MepicRadixCache, mepic_cache
 from sglang_mepic.pages import positions
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
 
-def point_readers(tree, batch) -> None:
+
+def point_readers(tree: MepicRadixCache, batch: ScheduleBatch) -> None:
     """SGLang has allocated `batch`: its readers of a compile row in it are pointed at the row's
     pages before the forward (readers.py)."""
     tree.readers.point(batch.reqs, tree.req_to_token_pool.req_to_token)
 
 
-def prepare_extend(original, batch, *args, **kwargs):
+def prepare_extend(original: Callable[..., Any], batch: ScheduleBatch, *args: Any, **kwargs: Any) -> Any:
     tree = mepic_cache(batch)
     if tree is not None:
         # What the batch's extends will allocate (a page more each for alignment): EPIC's

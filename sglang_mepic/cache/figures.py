@@ -1,11 +1,24 @@
 """What the cache reports: each request's figures (its `wire.report.Report`, which becomes its
 response's `mepic_*` meta_info) and the cache's totals (/metrics, /server_info, the eval harness)."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 from sglang_mepic import modes
 from sglang_mepic.cache import metrics
 from sglang_mepic.wire.report import Report
+
+if TYPE_CHECKING:
+    from sglang_mepic.cache.compile_rows import CompileRows
+    from sglang_mepic.cache.link import Link
+    from sglang_mepic.cache.planner import Planned
+    from sglang_mepic.pages.chunk_store import ChunkStore
+    from sglang_mepic.pages.ledger import Ledger
+    from sglang_mepic.pages.pool_pages import PoolPages
+    from sglang_mepic.pages.refs import PageRefs
+    from sglang_mepic.tiers.levels import Tiers
 
 
 @dataclass
@@ -18,7 +31,7 @@ class Counters:
     private_copy_fallbacks: int = 0  # epic requests that read stored pages in place for lack of room
 
 
-def compiled_reuse(link, canonical_from: int, page_size: int) -> int:
+def compiled_reuse(link: Link, canonical_from: int, page_size: int) -> int:
     """Real tokens the request reuses from chunks that compile rows in its own batch computed.
 
     The plan reuses them like stored chunks, but they were computed for this request:
@@ -37,14 +50,15 @@ def compiled_reuse(link, canonical_from: int, page_size: int) -> int:
     return total
 
 
-def count_admitted(link, prefix_len: int, counters: Counters, mode: modes.Mode, canonical_from: int,
+def count_admitted(link: Link, prefix_len: int, counters: Counters, mode: modes.Mode, canonical_from: int,
                    page_size: int, plan_hits: int) -> None:
     """Fill the admitted request's report and add it to the totals."""
     prefix = min(prefix_len, link.size)
     if link.compile:
         computed = link.real_slots(prefix, link.size)
         counters.compiled_tokens += computed
-        link.report = Report(compiled_tokens=computed, residency=[link.found[0]])
+        found = cast(list[str], link.found)  # planned: found is set
+        link.report = Report(compiled_tokens=computed, residency=[found[0]])
         return
     substituted = 0
     if link.sources is not None:  # CacheBlend: its selected fraction is computed after all
@@ -57,7 +71,8 @@ def count_admitted(link, prefix_len: int, counters: Counters, mode: modes.Mode, 
                          chunk_misses=len(link.keys) - plan_hits, residency=list(link.found or ()),
                          cached_tokens=cached)
     counters.recomputed_tokens += recomputed
-    counters.reused_tokens += link.real_slots(0, prefix) if link.planned.plan is not None else substituted
+    planned = cast("Planned", link.planned)  # admitted: planned
+    counters.reused_tokens += link.real_slots(0, prefix) if planned.plan is not None else substituted
 
 
 class Figures:
@@ -66,14 +81,15 @@ class Figures:
     Built by MepicRadixCache with what it reads: the pool's pages, their holders and the ledger's
     freeable count, the chunk store, the compile rows' count and the tiers' figures."""
 
-    def __init__(self, *, pages, refs, ledger, store, compile_rows, tiers, mode, page_size,
-                 reuse_refused: str | None = None):
+    def __init__(self, *, pages: PoolPages, refs: PageRefs, ledger: Ledger, store: ChunkStore,
+                 compile_rows: CompileRows, tiers: Tiers, mode: modes.Mode, page_size: int,
+                 reuse_refused: str | None = None) -> None:
         self.pages, self.refs, self.ledger, self.store = pages, refs, ledger, store
         self.compile_rows, self.tiers, self.mode, self.page_size = compile_rows, tiers, mode, page_size
         self.reuse_refused = reuse_refused  # the mode --mepic-verify refused (then mode is full)
         self.counters = Counters()
         self.peak_pages_in_use = 0
-        self._sampled = None  # the counts `sample` compares, at the last sample
+        self._sampled: tuple[int, ...] | None = None  # the counts `sample` compares, at the last sample
 
     def total_pages(self) -> int:
         return self.pages.allocator.size // self.page_size
@@ -96,7 +112,7 @@ class Figures:
             self._sampled = counts
             metrics.publish(self.stats())
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         store, counters = self.store, self.counters
         in_use = self.pages_in_use()
         self.peak_pages_in_use = max(self.peak_pages_in_use, in_use)

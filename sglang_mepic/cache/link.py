@@ -17,11 +17,15 @@ Around it, the request moves through three phases, and every move is checked:
   retracted request is planned again from its natural order).
 """
 
+from __future__ import annotations
+
 import enum
 import itertools
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -35,17 +39,20 @@ from sglang_mepic.wire.slots import masked_key, pad_mask, slot_positions
 from sglang_mepic.wire.report import Report
 from sglang_mepic.wire.layout import NO_POSITION, span_hash
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+
 
 ATTR = "mepic"  # the one attribute this package sets on SGLang's (scheduler-side) Req
 
 
-def link_of(req) -> "Link | None":
+def link_of(req: Req) -> Link | None:
     """The request's Link, set when the mepic cache first laid it out; None: not laid out (a plain
     request, or one under another cache). Every module reaches request state through this."""
     return getattr(req, ATTR, None)
 
 
-def attach(req, link: "Link") -> "Link":
+def attach(req: Req, link: Link) -> Link:
     setattr(req, ATTR, link)
     return link
 
@@ -123,9 +130,9 @@ class Link:
     tree_took: int = 0
     # Per chunk key: the compile row in this request's batch that computes it (compile_rows.py);
     # set when planned, the chunk's planned pages are placeholders until the batch is allocated.
-    compiling: dict = field(default_factory=dict)
+    compiling: dict[str, Req] = field(default_factory=dict)
     wait: bool = False                  # planned, but must not be admitted this round (compile_rows.py)
-    made_for: set = field(default_factory=set)  # chunk keys a compile row was made for it for, in any plan
+    made_for: set[str] = field(default_factory=set)  # chunk keys a compile row was made for it for, in any plan
     compiled: tuple[int, ...] = ()      # chunk segments computed in its own batch (known at admission)
     own_reuse: int = 0                  # real tokens it reuses from those (figures.compiled_reuse), at admission
     report: Report | None = None        # its figures, for its response (figures.py), once admitted
@@ -216,7 +223,7 @@ class Link:
         self._positions = (self.planned, num_slots, out)
         return out
 
-    def masked(self, token_ids) -> array:
+    def masked(self, token_ids: Sequence[int]) -> array[int]:
         """The radix-tree key of `token_ids` (planned order): planner.Planned.key."""
         positions = self.positions(len(token_ids))
         if self.planned is None:
@@ -238,13 +245,15 @@ class Linker:
     its match): the hint decoded once, or the layout of a compile row this scheduler made; the chunk
     keys in the request's cache namespace. Later calls return the Link it has."""
 
-    def __init__(self, placement: Placement, page_size: int, model_fingerprint: str):
+    def __init__(self, placement: Placement, page_size: int, model_fingerprint: str) -> None:
         self.placement, self.page_size, self.model_fingerprint = placement, page_size, model_fingerprint
         self._owners = itertools.count(1)
 
-    def link(self, req) -> Link | None:
+    def link(self, req: Req) -> Link | None:
         link = link_of(req)
         if link is None:
+            chunks: tuple[tuple[int, int], ...]
+            pads: tuple[tuple[int, int], ...]
             made = layout_of(req)  # a compile row this scheduler made
             if made is not None:
                 chunks, pads, compile = (made.chunk,), made.pads, True
@@ -252,7 +261,8 @@ class Linker:
                 h = decode_laid_out(getattr(req, "kv_hints", None))
                 if h is None:
                     return None
-                chunks, pads, compile = h.chunks, h.pads, False
+                pads = cast(tuple[tuple[int, int], ...], h.pads)  # laid out: pads given
+                chunks, compile = h.chunks, False
             natural = array("q", req.origin_input_ids)
             if any(end > len(natural) for _, end in chunks) or any(s + n > len(natural) for s, n in pads):
                 # SGLang replaced the ids of a request it refused (an invalid grammar, say) by one token:

@@ -18,11 +18,18 @@ the user's view exact:
   token before it. As in SGLang, the first requested token has no entry (None).
 """
 
-from typing import Sequence
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import torch
 
 from sglang_mepic.cache.link import link_of
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.scheduler_components.logprob_result_processor import SchedulerLogprobResultProcessor
 
 
 def next_real_ids(natural: Sequence[int], is_pad: Sequence[bool]) -> list[int]:
@@ -52,16 +59,16 @@ def per_token(entries: list, start: int, is_pad: Sequence[bool]) -> list:
     return out
 
 
-def score_real_tokens(batch) -> None:
+def score_real_tokens(batch: ScheduleBatch) -> None:
     """Per request, SGLang lists the id each slot from its logprob start scores: the next slot's.
     For laid-out requests that becomes the next real token in natural order."""
-    targets, at = batch.extend_input_logprob_token_ids, 0
+    targets, at = cast(torch.Tensor, batch.extend_input_logprob_token_ids), 0  # extend.py checked: not None
     for req, skipped in zip(batch.reqs, batch.extend_logprob_start_lens):
         count = req.extend_len - skipped
         link = link_of(req)
         first = req.prefix_len + skipped
         end = min(first + count, link.size) if link is not None else first
-        if end > first:
+        if link is not None and end > first:  # (end > first only for a laid-out request)
             nxt = next_real_ids(link.natural, link.pad_slots())
             natural = link.order if link.order is not None else range(link.size)
             targets[at:at + end - first] = torch.tensor([nxt[natural[k]] for k in range(first, end)],
@@ -74,7 +81,8 @@ INPUT_FIELDS = ("input_token_logprobs_val", "input_top_logprobs_val", "input_top
           "input_token_ids_logprobs_val", "input_token_ids_logprobs_idx")
 
 
-def add_input_logprobs(original, processor, i, req, *args, last_prefill_chunk: bool, **kwargs):
+def add_input_logprobs(original: Callable[..., Any], processor: SchedulerLogprobResultProcessor, i: int, req: Req,
+                       *args: Any, last_prefill_chunk: bool, **kwargs: Any) -> Any:
     """SGLang lists input logprobs per slot from the request's `logprob_start_len` on, once the
     last prefill pass is done; for a laid-out request pads then drop out and each token takes
     the logits of the real token before it. Flat top-logprob arrays are built after that, from

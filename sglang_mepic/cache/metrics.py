@@ -5,7 +5,13 @@ The scheduler process sets these after every KV allocation (see
 from the HTTP process. Without `--enable-metrics` nothing is created.
 """
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler import Scheduler
 
 PREFIX = "sglang_mepic:"
 DESCRIPTIONS = {
@@ -40,10 +46,10 @@ REUSE_REFUSED = "reuse_refused"
 REUSE_REFUSED_DESCRIPTION = ("1: the accuracy gate (--mepic-verify) refused reuse in the labelled mode for this model "
                              "and the server runs as full; 0: the labelled mode runs")
 
-_gauges = None
+_gauges: dict[str, Any] | None = None  # name -> prometheus_client Gauge
 
 
-def _create():
+def _create() -> dict[str, Any]:
     global _gauges
     if _gauges is None:
         if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -56,7 +62,7 @@ def _create():
     return _gauges
 
 
-def publish(stats: dict) -> None:
+def publish(stats: dict[str, Any]) -> None:
     for name, gauge in _create().items():
         if name in stats:
             gauge.set(stats[name])
@@ -73,7 +79,7 @@ def publish_reuse_refused(running_mode: str, refused_mode: str | None) -> None:
     gauge.labels(mode=refused_mode or running_mode).set(1 if refused_mode else 0)
 
 
-def refresh_sglang_usage_when_stale(scheduler) -> None:
+def refresh_sglang_usage_when_stale(scheduler: Scheduler) -> None:
     """Make SGLang publish its own usage gauges (`sglang:num_used_tokens`, `sglang:token_usage`) at this
     idle pass when the pool's use changed since they were last published.
 

@@ -11,17 +11,29 @@ the request's report (wire/report.py) rides along as request-level customized
 info, which the tokenizer side turns into `meta_info` figures (response_meta.py).
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from sglang_mepic.cache.compile_rows import is_compile_row
 from sglang_mepic.cache.link import link_of
 from sglang_mepic.wire import report
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.scheduler_components.output_streamer import _GenerationStreamAccumulator
 
-def accept(original, accumulator, *args, req, **kwargs):
+
+def accept(original: Callable[..., Any], accumulator: _GenerationStreamAccumulator, *args: Any, req: Req,
+           **kwargs: Any) -> Any:
     """SGLang's `_GenerationStreamAccumulator.accept`, with the request's counts in real tokens.
     A compile row (compile_rows.py) has no client: nothing is sent for it."""
     if is_compile_row(req):
         if req.finished():
-            req.finished_output = True  # as SGLang marks a finished request it has streamed
+            # As SGLang marks a finished request it has streamed. Why the ignore: SGLang declares the field
+            # None and sets it True itself (unused while mypy reads no SGLang).
+            req.finished_output = True  # type: ignore[assignment, unused-ignore]
         return None
     link = link_of(req)
     if link is not None and link.report is not None:

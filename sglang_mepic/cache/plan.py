@@ -72,7 +72,7 @@ class Plan:
         return _slots(self.reused, self.page_size)
 
 
-def _slots(pages, page_size: int, below: int | None = None) -> torch.Tensor:
+def _slots(pages: Sequence[int], page_size: int, below: int | None = None) -> torch.Tensor:
     index = (torch.tensor(pages, dtype=torch.long)[:, None] * page_size + torch.arange(page_size)).flatten()
     return index if below is None else index[index < below]
 

@@ -11,15 +11,22 @@ each computed one. The radix cache applies the result (matches its key, injects
 its reused pages); nothing here touches the tree, the pool or the store.
 """
 
+from __future__ import annotations
+
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from sglang_mepic import modes
 from sglang_mepic.cache.plan import Plan, arrangement_tag, make_plan, page_tag, private, sources
 from sglang_mepic.wire.layout import NO_POSITION, PAD_ID
+
+if TYPE_CHECKING:
+    from sglang_mepic.cache.link import Shape
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,7 @@ class Planned:
     @cached_property
     def slot_index(self) -> torch.Tensor:
         """Natural slot of each planned prompt slot, gathered a page at a time."""
-        return self.plan.slot_order()
+        return cast(Plan, self.plan).slot_order()  # asked only of a plan that reuses
 
     @cached_property
     def order(self) -> tuple[int, ...] | None:
@@ -46,17 +53,17 @@ class Planned:
     @cached_property
     def reused_slots(self) -> torch.Tensor:
         """Physical KV slots of the planned prefix, in order."""
-        return self.plan.reused_slots()
+        return cast(Plan, self.plan).reused_slots()  # asked only of a plan that reuses
 
     @staticmethod
-    def natural_key(token_ids, positions) -> array:
+    def natural_key(token_ids: Iterable[int], positions: torch.Tensor) -> array[int]:
         """Token ids with pad slots (no position) as PAD_ID, so a pad never matches a real token."""
         out = array("q", token_ids)
         for i in (positions == NO_POSITION).nonzero().flatten().tolist():
             out[i] = PAD_ID
         return out
 
-    def key(self, token_ids, positions) -> array:
+    def key(self, token_ids: Iterable[int], positions: torch.Tensor) -> array[int]:
         """The radix-tree key of `token_ids` in planned order: pads as PAD_ID, each reused
         canonical page tagged with its chunk (plan.page_tag), each computed page after a reused
         one tagged with how many reused pages precede it (plan.arrangement_tag), and a
@@ -65,7 +72,7 @@ class Planned:
         if self.private_key is not None and out:
             out[0] = self.private_key
         if self.reuses:
-            plan = self.plan
+            plan = cast(Plan, self.plan)  # it reuses: a plan
             page_size = plan.page_size
             pages = -(-len(out) // page_size)
             for k, tag in enumerate(plan.tags[:pages]):
@@ -76,7 +83,7 @@ class Planned:
         return out
 
 
-def plan(shape, resident: dict[str, tuple[int, ...]], mode: modes.Mode, page_size: int,
+def plan(shape: Shape, resident: dict[str, tuple[int, ...]], mode: modes.Mode, page_size: int,
          canonical_from: int | None, logprob_start: int | None, holds_natural: bool = False) -> Planned:
     """Plan `shape` (link.Shape) against the chunks `resident` on the device (key -> canonical pages).
 

@@ -14,13 +14,24 @@ tokens, and reuse of chunks compiled for the request itself is not a hit, as in
 its response's `cached_tokens`.
 """
 
+from __future__ import annotations
+
 import functools
+from array import array
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from sglang_mepic.cache.link import link_of
-from sglang_mepic.cache.radix_cache import mepic_cache
+from sglang_mepic.cache.radix_cache import MepicRadixCache, mepic_cache
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.scheduler_components.metrics_reporter import PrefillStats
 
 
-def compile_req(scheduler, rid, ids, parent):
+def compile_req(scheduler: Scheduler, rid: str, ids: array[int], parent: Req) -> Req:
     """A compile row, as SGLang's scheduler builds a request it received: greedy, generating
     nothing (its one sampled token is dropped), in the parent's cache namespace, and ranked as
     the parent (priority preemption sorts the running batch by priority: a row without one
@@ -44,7 +55,7 @@ def compile_req(scheduler, rid, ids, parent):
     return req
 
 
-def _rows_left(scheduler, adder) -> int:
+def _rows_left(scheduler: Scheduler, adder: PrefillAdder) -> int:
     """Request rows the adder may still fill this round (SGLang's own count, as its loop asks it)."""
     running = adder.running_batch
     held = sum(r.kv.holds_kv for r in adder.can_run_list)
@@ -52,7 +63,7 @@ def _rows_left(scheduler, adder) -> int:
                                               num_held_rows=held) - len(adder.can_run_list)
 
 
-def hold_back(tree, reqs) -> list:
+def hold_back(tree: MepicRadixCache, reqs: Iterable[Req]) -> list[Req]:
     """The requests, of the waiting `reqs`, that must wait for a chunk (readiness.py), in queue
     order. Compile rows that ended unreleased (an abort) are forgotten first: nobody waits on them."""
     tree.compile_rows.forget_finished()
@@ -60,7 +71,7 @@ def hold_back(tree, reqs) -> list:
     return [req for req, link in linked if link is not None and tree.readiness.must_wait(link)]
 
 
-def prefill_round(original, scheduler, *args, **kwargs):
+def prefill_round(original: Callable[..., Any], scheduler: Scheduler, *args: Any, **kwargs: Any) -> Any:
     tree = mepic_cache(scheduler)
     if tree is not None:
         rows = tree.compile_rows
@@ -87,7 +98,7 @@ def prefill_round(original, scheduler, *args, **kwargs):
     return plan
 
 
-def _count_real_tokens(stats, new_reqs, tree) -> None:
+def _count_real_tokens(stats: PrefillStats, new_reqs: Iterable[Req], tree: MepicRadixCache) -> None:
     for req in new_reqs:
         link = link_of(req)
         if link is None:

@@ -31,14 +31,18 @@ Ownership. Tree nodes report to the `Ledger` as they are created, locked,
 unlocked and deleted, so `evictable_size` stays exact at O(1).
 """
 
+from __future__ import annotations
+
 import dataclasses
 import time
 from array import array
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
-from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 
 from sglang_mepic import env, modes
@@ -59,24 +63,36 @@ from sglang_mepic.tiers import storage
 from sglang_mepic.tiers.levels import Tiers
 from sglang_mepic.wire.slots import masked_key
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.base_prefix_cache import (DecLockRefParams, DecLockRefResult, IncLockRefResult,
+                                                        MatchPrefixParams, MatchResult)
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.events import KVCacheEventRecorder
+
+    from sglang_mepic.cache.plan import Plan
+    from sglang_mepic.cache.residency import Found
+
 
 class MepicRadixCache(RadixCache):
     # Set while SGLang sorts the waiting queue (patch schedule_policy_compute_prefix_matches):
     # matches then plan, pin and load nothing (`_match_unplanned`).
     prioritising = False
 
-    def __init__(self, params, model_fingerprint: str = "", mode: modes.Mode | None = None,
+    def __init__(self, params: CacheInitParams, model_fingerprint: str = "", mode: modes.Mode | None = None,
                  canonical_from: int | None = -1, tiers: Tiers | None = None,
-                 settings: env.Settings | None = None):
+                 settings: env.Settings | None = None) -> None:
         check_allocator(params.token_to_kv_pool_allocator)
+        allocator = cast("PagedTokenToKVPoolAllocator", params.token_to_kv_pool_allocator)  # checked: paged
         super().__init__(params)
         self.settings = settings = settings or env.settings()
         self.mode = mode or settings.mode
         self.canonical_from = (modes.canonical_from(self.mode, settings.recompute_blocks) if canonical_from == -1
                                else canonical_from)
-        self.pages = PoolPages(params.token_to_kv_pool_allocator)
+        self.pages = PoolPages(allocator)
         self.refs = PageRefs(self.pages)
-        self.ownership = ownership.register(params.token_to_kv_pool_allocator, self.refs)
+        self.ownership = ownership.register(allocator, self.refs)
         self.store = ChunkStore(self.refs, on_evict=self._demote)
         self.ledger = Ledger(self.refs, self.store)
         self.refs.on_change = self.ledger.touch
@@ -104,7 +120,7 @@ class MepicRadixCache(RadixCache):
 
     # ---- the request side -------------------------------------------------
 
-    def _plan(self, req, link: Link, params) -> None:
+    def _plan(self, req: Req, link: Link, params: MatchPrefixParams) -> None:
         """Pin and load the request's chunks, plan it, and put its ids in planned order."""
         found = self.residency.find(link.shape, self._pin_budget(req, link))
         self.residency.hold(link, found)
@@ -116,14 +132,15 @@ class MepicRadixCache(RadixCache):
         holds_natural = link.compile and bool(found.resident) and self._holds_compile(link, params)
         link.set_planned(planner.plan(link.shape, found.resident, self.mode, self.page_size, self.canonical_from,
                                       start, holds_natural))
-        if link.planned.reuses:
+        planned = cast(planner.Planned, link.planned)  # just set
+        if planned.reuses:
             # Same length, new order: fill_ids is rebuilt from it below (it would go stale).
-            req.origin_input_ids[:] = link.shape.ids_in(link.planned.slot_index)
+            req.origin_input_ids[:] = link.shape.ids_in(planned.slot_index)
         else:
             req.origin_input_ids[:] = link.natural
         req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
 
-    def _pin_budget(self, req, link: Link) -> int | None:
+    def _pin_budget(self, req: Req, link: Link) -> int | None:
         """Pages the request may pin for its chunks; None: no limit. Where it holds them beside
         slots for its whole prompt (modes.holds_chunks_beside_prompt), the pool must fit both, as
         SGLang counts them when it admits it: its prompt, what it may generate, a page for
@@ -133,10 +150,11 @@ class MepicRadixCache(RadixCache):
             return None
         params = req.sampling_params
         generated = len(req.output_ids)
-        to_come = min(max(params.max_new_tokens - generated, 0), CLIP_MAX_NEW_TOKENS)
+        max_new = cast(int, params.max_new_tokens)  # the scheduler has set it (init_req_max_new_tokens)
+        to_come = min(max(max_new - generated, 0), CLIP_MAX_NEW_TOKENS)
         return total // self.page_size - -(-(link.size + generated + to_come) // self.page_size) - 1
 
-    def _compile_absent(self, req, link: Link, found, logprob_start: int | None) -> None:
+    def _compile_absent(self, req: Req, link: Link, found: Found, logprob_start: int | None) -> None:
         """Chunks of the request that no tier holds are computed by compile rows (compile_rows.py).
 
         In the modes that read stored pages in place, the request is planned with the chunk's
@@ -158,16 +176,17 @@ class MepicRadixCache(RadixCache):
                 continue
             link.compiling[key] = row
             if self.mode.shares:
-                pages = (end - start) // self.page_size - self.canonical_from
+                pages = (end - start) // self.page_size - cast(int, self.canonical_from)  # it keeps(): an int
                 found.resident[key] = (compile_rows.PLACEHOLDER_PAGE,) * pages
             else:
                 link.wait = True
 
-    def match_prefix(self, params):
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         req = params.req
         link = self.linker.link(req) if req is not None else None
         if link is None:
             return super().match_prefix(params)
+        req = cast("Req", req)  # linked: a request
         key = params.key
         if link.admitted:  # the plan is fixed while the request holds its row
             params.key = RadixKey(link.masked(key.token_ids), key.extra_key, is_bigram=key.is_bigram,
@@ -181,17 +200,18 @@ class MepicRadixCache(RadixCache):
                               cache_salt=key.cache_salt)
         result = super().match_prefix(params)
         link.injected, link.tree_len, link.tree_took = None, result.device_prefix_len, 0
-        if not link.planned.reuses:
+        planned = cast(planner.Planned, link.planned)  # _plan set it
+        if not planned.reuses:
             return result
-        plan = link.planned.plan
+        plan = cast("Plan", planned.plan)  # it reuses: a plan
         limit = len(ids) if key.limit is None else min(key.limit, len(ids))
         end = min(plan.prefix_slots, limit // self.page_size * self.page_size)
         if end <= result.device_prefix_len:
             return result
-        link.injected = link.planned.reused_slots[result.device_prefix_len:end].to(self.pages.allocator.device)
+        link.injected = planned.reused_slots[result.device_prefix_len:end].to(self.pages.allocator.device)
         return result._replace(device_prefix_len=end)
 
-    def _match_unplanned(self, link: Link, params):
+    def _match_unplanned(self, link: Link, params: MatchPrefixParams) -> MatchResult:
         """The match that sorts the waiting queue (lpm and the other cache-aware policies): what
         the tree holds for the request in natural order, with no plan, no chunk held and nothing
         loaded from the tiers. Planning it would pin its chunks until the round ends, and the
@@ -199,7 +219,7 @@ class MepicRadixCache(RadixCache):
         # With the output so far of a request retracted to the queue.
         return self._match_natural(link, params, params.key.token_ids[link.size:])
 
-    def _match_natural(self, link: Link, params, output=()):
+    def _match_natural(self, link: Link, params: MatchPrefixParams, output: Iterable[int] = ()) -> MatchResult:
         """What the tree holds for the request in natural slot order (pads as PAD_ID), unplanned."""
         key = params.key
         ids = array("q", masked_key(link.natural, link.pads))
@@ -207,14 +227,14 @@ class MepicRadixCache(RadixCache):
         natural = RadixKey(ids, key.extra_key, is_bigram=key.is_bigram, limit=key.limit, cache_salt=key.cache_salt)
         return super().match_prefix(dataclasses.replace(params, key=natural))
 
-    def _holds_compile(self, link: Link, params) -> bool:
+    def _holds_compile(self, link: Link, params: MatchPrefixParams) -> bool:
         """Whether the tree still holds this compile request, in natural order, through its chunk."""
         return self._match_natural(link, params).device_prefix_len >= link.chunk_slots[0][1]
 
     def _demote(self, key: str, pages: tuple[int, ...]) -> None:
         self.tiers.demote(key, self.pages.slots(pages))
 
-    def prefix_device_indices(self, req) -> torch.Tensor:
+    def prefix_device_indices(self, req: Req) -> torch.Tensor:
         link = link_of(req)
         path = self.path_device_indices(req.last_node)
         if link is not None and link.injected is not None:
@@ -222,7 +242,7 @@ class MepicRadixCache(RadixCache):
         assert len(path) >= req.prefix_len, (req.rid, len(path), req.prefix_len)
         return path[:req.prefix_len]
 
-    def _insert_cache(self, req, token_ids, **kwargs):
+    def _insert_cache(self, req: Req, token_ids: Sequence[int], **kwargs: Any) -> tuple[RadixKey, torch.Tensor, int]:
         link = link_of(req)
         if link is None:
             return super()._insert_cache(req, token_ids, **kwargs)
@@ -236,7 +256,7 @@ class MepicRadixCache(RadixCache):
                 link.tree_took = end - link.tree_len
         return key, kv_indices, existing
 
-    def on_release(self, req, *, checkpointed: bool) -> None:
+    def on_release(self, req: Req, *, checkpointed: bool) -> None:
         link = link_of(req)
         if link is not None:
             if link.compile and checkpointed:
@@ -247,13 +267,14 @@ class MepicRadixCache(RadixCache):
             link.release()
         super().on_release(req, checkpointed=checkpointed)
 
-    def _publish(self, req, link: Link) -> None:
+    def _publish(self, req: Req, link: Link) -> None:
         """A compiled chunk's pages (now owned by the tree) join the store."""
         (start, end), key = link.chunk_slots[0], link.keys[0]
         if not self.residency.keeps(start, end) or req.kv.cache_protected_len < end or key in self.store:
             return
+        canonical_from = cast(int, self.canonical_from)  # it keeps(): an int
         canonical = tuple(self.pages.pages_of(compile_rows.canonical_slots(
-            req, self.req_to_token_pool.req_to_token, self.page_size, self.canonical_from)))
+            req, self.req_to_token_pool.req_to_token, self.page_size, canonical_from)))
         self.store.put(key, canonical)
         self.tiers.persist(key, self.pages.slots(canonical))
         self.figures.counters.compiled_chunks += 1
@@ -261,36 +282,38 @@ class MepicRadixCache(RadixCache):
     # ---- tree nodes, as the ledger sees them ----------------------------------
     # Unlocked nodes hold their pages loosely (evictable); locking one pins them.
 
-    def _node_pages(self, node) -> list[int]:
+    def _node_pages(self, node: TreeNode) -> list[int]:
         pages = getattr(node, "pages", None)
         if pages is None:  # kept on the node: lock, unlock and evict read it again
-            pages = node.pages = self.pages.pages_of(node.value)
+            # Why the ignore: an attribute of this cache's own on SGLang's TreeNode (unused while mypy reads no SGLang).
+            pages = node.pages = self.pages.pages_of(node.value)  # type: ignore[attr-defined, unused-ignore]
         return pages
 
-    def _insert_helper(self, node, key, value, priority=0, inserted_len=0):
+    def _insert_helper(self, node: TreeNode, key: RadixKey, value: torch.Tensor, priority: int = 0,
+                       inserted_len: int = 0) -> tuple[int, TreeNode]:
         matched, last = super()._insert_helper(node, key, value, priority, inserted_len)
         if matched < len(key):  # a new leaf, unlocked, over the rest of the key
             self.ledger.nodes_hold(self._node_pages(last))
         return matched, last
 
-    def _update_leaf_status(self, node):
+    def _update_leaf_status(self, node: TreeNode) -> None:
         was = node in self.evictable_leaves
         super()._update_leaf_status(node)
         if not was and node in self.evictable_leaves:
             self.leaves.became_evictable(node)
 
-    def _split_node(self, key, child, split_len):
+    def _split_node(self, key: RadixKey, child: TreeNode, split_len: int) -> TreeNode:
         pages = self._node_pages(child)
         parent = super()._split_node(key, child, split_len)
         cut = split_len // self.page_size
-        parent.pages, child.pages = pages[:cut], pages[cut:]
+        parent.pages, child.pages = pages[:cut], pages[cut:]  # type: ignore[attr-defined, unused-ignore]  # as _node_pages
         return parent
 
-    def _delete_leaf(self, node):  # only `evict` deletes leaves
+    def _delete_leaf(self, node: TreeNode) -> None:  # only `evict` deletes leaves
         self.ledger.nodes_let_go(self._node_pages(node))
         super()._delete_leaf(node)
 
-    def inc_lock_ref(self, node):
+    def inc_lock_ref(self, node: TreeNode) -> IncLockRefResult:
         n = node
         while n is not None and n is not self.root_node:
             if n.lock_ref == 0:
@@ -298,7 +321,7 @@ class MepicRadixCache(RadixCache):
             n = n.parent
         return super().inc_lock_ref(node)
 
-    def dec_lock_ref(self, node, params=None):
+    def dec_lock_ref(self, node: TreeNode, params: DecLockRefParams | None = None) -> DecLockRefResult:
         n = node
         while n is not None and n is not self.root_node:
             if n.lock_ref == 1:
@@ -308,7 +331,7 @@ class MepicRadixCache(RadixCache):
 
     # ---- memory -----------------------------------------------------------
 
-    def evictable_size(self):
+    def evictable_size(self) -> int:
         # SGLang's tree count would count a page shared by nodes and the store once per holder.
         return self.ledger.freeable() * self.page_size
 
@@ -330,7 +353,7 @@ class MepicRadixCache(RadixCache):
         while self.refs.freed - start < want and (node := next(leaves, None)) is not None:
             last += self.refs.releasable(self._node_pages(node))
             self._delete_leaf(node)  # tells the ledger; its parent, now a leaf, is pushed
-            self.kv_events.record_remove(node)
+            cast("KVCacheEventRecorder", self.kv_events).record_remove(node)  # RadixCache always makes one
         if last:
             self.pages.free(last)
         short = want - (self.refs.freed - start)
@@ -340,7 +363,7 @@ class MepicRadixCache(RadixCache):
         self.update_eviction_metrics(evicted, start_time)
         return EvictResult(num_tokens_evicted=evicted)
 
-    def reset(self):
+    def reset(self) -> None:
         # SGLang clears the allocator right after resetting the tree (flush_cache), so
         # the store and the counts are dropped, not released page by page.
         self.leaves = Leaves(self)  # before SGLang's reset, which makes the root
@@ -355,7 +378,7 @@ class MepicRadixCache(RadixCache):
             self.figures.reset()
 
 
-def mepic_cache(holder) -> "MepicRadixCache | None":
+def mepic_cache(holder: object) -> MepicRadixCache | None:
     """The MEPIC cache of a scheduler, batch, prefill adder or schedule policy (whatever holds SGLang's
     `tree_cache`); None where it runs another cache (SGLang's own: no chunk is reused)."""
     tree = getattr(holder, "tree_cache", None)

@@ -8,19 +8,30 @@ forward, so the reader reads them in that forward (compile_rows.py says why it m
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, cast
+
 from sglang_mepic.cache.compile_rows import CompileRows, canonical_slots
 from sglang_mepic.cache.link import link_of
 from sglang_mepic.pages.pool_pages import PoolPages
 from sglang_mepic.pages.refs import PageRefs
 
+if TYPE_CHECKING:
+    import torch
+    from sglang.srt.managers.schedule_batch import Req
+
+    from sglang_mepic.cache.link import Link
+    from sglang_mepic.cache.plan import Plan
+    from sglang_mepic.cache.planner import Planned
+
 
 class Readers:
     def __init__(self, *, rows: CompileRows, pages: PoolPages, refs: PageRefs, page_size: int,
-                 canonical_from: int):
+                 canonical_from: int | None) -> None:
         self.rows, self.pages, self.refs = rows, pages, refs
         self.page_size, self.canonical_from = page_size, canonical_from
 
-    def point(self, reqs, req_to_token) -> None:
+    def point(self, reqs: Iterable[Req], req_to_token: torch.Tensor) -> None:
         """`reqs` are an allocated batch's; `req_to_token` its KV rows (SGLang's table)."""
         for req in reqs:
             link = link_of(req)
@@ -30,16 +41,17 @@ class Readers:
                 self.rows.admitted(req, link.keys[0], pages if whole else None)
         for req in reqs:
             link = link_of(req)
-            if link is None or not link.compiling or req.kv.req_pool_idx is None or link.planned.plan is None:
+            if link is None or not link.compiling or req.kv.req_pool_idx is None \
+                    or cast("Planned", link.planned).plan is None:  # compiling: planned
                 continue
             self._point(req, link, req_to_token)
             # Pointed once, at its first forward: a chunked prefill's later parts read the row as it is
             # (SGLang frees the compile row's request row when it finishes).
             link.compiling = {}
 
-    def _point(self, req, link, req_to_token) -> None:
+    def _point(self, req: Req, link: Link, req_to_token: torch.Tensor) -> None:
         row, b = req_to_token[req.kv.req_pool_idx], self.page_size
-        for key, first, count in link.planned.plan.runs:
+        for key, first, count in cast("Plan", cast("Planned", link.planned).plan).runs:  # point() checked it has one
             compile_row = link.compiling.get(key)
             if compile_row is None:
                 continue
@@ -50,11 +62,12 @@ class Readers:
                 continue
             part = slots[lo - first * b:hi - first * b]
             row[lo:hi] = part
-            link.injected[lo - link.tree_len:hi - link.tree_len] = part.to(link.injected.device,
-                                                                           link.injected.dtype)
+            injected = cast("torch.Tensor", link.injected)  # its prefix reaches past the tree's match: injected
+            injected[lo - link.tree_len:hi - link.tree_len] = part.to(injected.device, injected.dtype)
             pages = self.pages.pages_of(part)
             self.refs.acquire(pages)
             link.held += pages
 
-    def _slots(self, compile_row, req_to_token):
-        return canonical_slots(compile_row, req_to_token, self.page_size, self.canonical_from)
+    def _slots(self, compile_row: Req, req_to_token: torch.Tensor) -> torch.Tensor:
+        # A compile row is made only for a chunk the store keeps pages of: canonical_from is an int.
+        return canonical_slots(compile_row, req_to_token, self.page_size, cast(int, self.canonical_from))

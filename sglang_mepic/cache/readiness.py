@@ -12,11 +12,16 @@ storage reads of its missing chunks, so that they overlap the rounds it waits;
 planning it later (residency.py) only copies what was fetched.
 """
 
-from typing import Callable
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
 
 from sglang_mepic.cache.compile_rows import CompileRows
 from sglang_mepic.pages.chunk_store import ChunkStore
 from sglang_mepic.tiers.levels import PENDING, Tiers
+
+if TYPE_CHECKING:
+    from sglang_mepic.cache.link import Link, Shape
 
 
 class Readiness:
@@ -24,11 +29,11 @@ class Readiness:
     canonical_slots(start, end): how many KV slots its stored pages hold (residency.py)."""
 
     def __init__(self, *, rows: CompileRows, store: ChunkStore, tiers: Tiers, shares: bool,
-                 keeps: Callable[[int, int], bool], canonical_slots: Callable[[int, int], int]):
+                 keeps: Callable[[int, int], bool], canonical_slots: Callable[[int, int], int]) -> None:
         self.rows, self.store, self.tiers, self.shares = rows, store, tiers, shares
         self.keeps, self.canonical_slots = keeps, canonical_slots
 
-    def must_wait(self, link) -> bool:
+    def must_wait(self, link: Link) -> bool:
         """Whether the linked request waits for one of its chunks (and, unless a compile row
         holds it back, the storage reads of its missing chunks are started)."""
         if not link.compile and self.rows.running and any(map(self._being_computed, link.keys)):
@@ -41,7 +46,7 @@ class Readiness:
         return key in self.rows.running and key not in self.store \
             and not (self.shares and self.rows.in_flight(key))
 
-    def _being_read(self, shape) -> bool:
+    def _being_read(self, shape: Shape) -> bool:
         pending = False
         for (start, end), key in zip(shape.chunk_slots, shape.keys):
             if self.keeps(start, end) and key not in self.store:

@@ -23,11 +23,15 @@ memory check, which follows the match, must not count them as evictable, and
 chunks wanted only by waiting requests must not fill the pool.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
-from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 
-from sglang_mepic.cache.link import Link
+from sglang_mepic.cache.link import Link, Shape
 from sglang_mepic.pages.chunk_store import ChunkStore
 from sglang_mepic.pages.pool_pages import PoolPages
 from sglang_mepic.pages.refs import PageRefs
@@ -39,12 +43,13 @@ class Found:
     resident: dict[str, tuple[int, ...]]  # chunk key -> canonical pages on the device, pinned
     where: list[str]                      # per chunk segment: device, host, storage or absent
     pins: list[int]                       # pages pinned for the request (one reference each)
-    left_out: set = field(default_factory=set)  # chunks neither pinned nor loaded for the budget: computed
+    left_out: set[str] = field(default_factory=set)  # chunks neither pinned nor loaded for the budget: computed
 
 
 class Residency:
-    def __init__(self, store: ChunkStore, refs: PageRefs, pages: PoolPages, tiers: Tiers, evict,
-                 page_size: int, canonical_from: int | None, in_flight=None):
+    def __init__(self, store: ChunkStore, refs: PageRefs, pages: PoolPages, tiers: Tiers,
+                 evict: Callable[[EvictParams], EvictResult], page_size: int, canonical_from: int | None,
+                 in_flight: Callable[[str], tuple[int, ...] | None] | None = None) -> None:
         self.store, self.refs, self.pages, self.tiers = store, refs, pages, tiers
         # key -> canonical pages a compile row in a batch already launched writes (compile_rows.py), or None
         self.in_flight = in_flight
@@ -60,13 +65,15 @@ class Residency:
 
     def canonical_slots(self, start: int, end: int) -> int:
         """KV slots of a chunk's canonical pages (its pages after the ones computed in context)."""
-        return end - start - self.canonical_from * self.page_size
+        return end - start - cast(int, self.canonical_from) * self.page_size  # asked only where it keeps()
 
-    def find(self, shape, budget: int | None = None) -> Found:
+    def find(self, shape: Shape, budget: int | None = None) -> Found:
         """Pin the request's resident chunks, then load the missing ones the tiers have; at most
         `budget` pages pinned in all (None: no limit), in chunk order, the rest left out."""
-        resident, pins, left_out = {}, [], set()
-        where = []
+        resident: dict[str, tuple[int, ...]] = {}
+        pins: list[int] = []
+        left_out: set[str] = set()
+        where: list[str] = []
 
         def fits(pages: int) -> bool:
             return budget is None or len(pins) + pages <= budget
@@ -124,9 +131,9 @@ class Residency:
             self.refs.release(pages)
             return None, "absent"
         self.tiers.place(fetched, self.pages.slots(pages), key)
-        pages = self.store.put(key, tuple(pages))
-        self.refs.release(pages)  # the store is now their only holder
-        return pages, fetched[1]
+        stored = self.store.put(key, tuple(pages))
+        self.refs.release(stored)  # the store is now their only holder
+        return stored, fetched[1]
 
     # ---- the pins a planned request holds ---------------------------------------
 

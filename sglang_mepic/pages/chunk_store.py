@@ -8,6 +8,7 @@ and when a page is freed: docs/design.md, Ownership.
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Callable
 
 from sglang_mepic.pages.refs import PageRefs
@@ -34,7 +35,7 @@ class ChunkStore:
     on_change: Callable[[str, tuple[int, ...], bool], None] | None = None
     stats: Stats = field(default_factory=Stats)
     _chunks: "OrderedDict[str, Chunk]" = field(default_factory=OrderedDict)  # oldest use first
-    _keys: dict = field(default_factory=dict)  # page -> keys of the stored chunks that hold it
+    _keys: dict[int, list[str]] = field(default_factory=dict)  # page -> keys of the stored chunks that hold it
     _pages: int = 0  # canonical pages over all chunks (a shared page once per chunk)
 
     def __len__(self) -> int:
@@ -100,7 +101,7 @@ class ChunkStore:
         """Whether only stored chunks hold the chunk's pages (the default test of `evict`)."""
         return all(self.refs.count(p) == self.holding(p) for p in chunk.pages)
 
-    def _evictable(self, loose: Callable[[Chunk], bool] | None = None):
+    def _evictable(self, loose: Callable[[Chunk], bool] | None = None) -> Iterator[Chunk]:
         """Chunks that may be evicted, least recently used first."""
         loose = loose or self.loose
         return (c for c in self._chunks.values() if loose(c))

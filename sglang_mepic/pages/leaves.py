@@ -9,18 +9,25 @@ went stale are skipped or pushed again when popped. Under the others (mru:
 -access time; tlru; any other) each call builds SGLang's own heap.
 """
 
+from __future__ import annotations
+
 import heapq
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from sglang.srt.mem_cache.evict_policy import (FIFOStrategy, FILOStrategy, LFUStrategy, LRUStrategy,
                                                PriorityStrategy, SLRUStrategy)
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
 
 KEPT_HEAP_STRATEGIES = (LRUStrategy, LFUStrategy, FIFOStrategy, FILOStrategy, PriorityStrategy, SLRUStrategy)
 
 
 class Leaves:
-    def __init__(self, tree):
+    def __init__(self, tree: RadixCache) -> None:
         self.tree = tree  # its `evictable_leaves` and `eviction_strategy`
-        self._heap: list = []
+        self._heap: list[tuple[Any, int, TreeNode]] = []  # (priority, push order, node)
         self._pushed = 0  # ties: push order
 
     @property
@@ -28,7 +35,7 @@ class Leaves:
         """Whether the heap is kept across calls, or built per call."""
         return type(self.tree.eviction_strategy) in KEPT_HEAP_STRATEGIES
 
-    def became_evictable(self, node) -> None:
+    def became_evictable(self, node: TreeNode) -> None:
         if self.kept:
             self._pushed += 1
             heapq.heappush(self._heap, (self.tree.eviction_strategy.get_priority(node), self._pushed, node))
@@ -36,12 +43,12 @@ class Leaves:
     def clear(self) -> None:
         self._heap, self._pushed = [], 0
 
-    def in_order(self):
+    def in_order(self) -> Iterator[TreeNode]:
         """Evictable leaves, first to evict first; the caller deletes each leaf it takes, and a
         parent that deletion leaves a leaf comes in at its priority."""
         return iter(self._next, None) if self.kept else self._by_call()
 
-    def _next(self):
+    def _next(self) -> TreeNode | None:
         """The evictable leaf SGLang's heap would pop first, or None.
 
         Entries go stale: the node was locked, got children or was deleted (skipped), or was
@@ -64,7 +71,7 @@ class Leaves:
             return node
         return None
 
-    def _by_call(self):
+    def _by_call(self) -> Iterator[TreeNode]:
         """SGLang's own heap for this call, of (priority, node) pairs (ties: TreeNode's order)."""
         tree, strategy = self.tree, self.tree.eviction_strategy
         heap = [(strategy.get_priority(n), n) for n in tree.evictable_leaves]

@@ -10,16 +10,18 @@ docs/design.md, Ownership.
 """
 
 from collections import Counter
+from collections.abc import Iterable
+from typing import cast
 
 from sglang_mepic.pages.chunk_store import Chunk, ChunkStore
 from sglang_mepic.pages.refs import PageRefs
 
 
 class Ledger:
-    def __init__(self, refs: PageRefs, store: ChunkStore):
+    def __init__(self, refs: PageRefs, store: ChunkStore) -> None:
         self.refs = refs
         self.store = store
-        self.loose: Counter = Counter()   # page -> unlocked tree nodes holding it
+        self.loose: Counter[int] = Counter()   # page -> unlocked tree nodes holding it
         self._pinned: set[int] = set()    # held pages that something other than nodes and chunks holds
         self._chunk_pins: dict[str, int] = {}  # chunk -> its pages in _pinned
         self._free: set[int] = set()      # freeable pages
@@ -27,7 +29,7 @@ class Ledger:
 
     # ---- what holders report ------------------------------------------------
 
-    def touch(self, pages) -> None:
+    def touch(self, pages: Iterable[int]) -> None:
         self._dirty.update(pages)
 
     def nodes_hold(self, pages: list[int]) -> None:
@@ -83,7 +85,7 @@ class Ledger:
         store, count, loose, pinned, chunk_pins = self.store, self.refs.count, self.loose, self._pinned, self._chunk_pins
         recheck = self._dirty
         self._dirty = set()
-        flipped = []
+        flipped: list[str] = []
         for p in recheck:
             kept = loose[p] + store.holding(p)
             now = kept > 0 and count(p) > kept
@@ -99,7 +101,7 @@ class Ledger:
                     if before == 0 or before + step == 0:  # the chunk's evictability flipped
                         flipped.append(key)
         for key in flipped:
-            recheck.update(store.peek(key))
+            recheck.update(cast(tuple[int, ...], store.peek(key)))  # a key of a page it holds: stored
         free = self._free
         for p in recheck:
             if (p not in pinned and loose[p] + store.holding(p) > 0

@@ -4,13 +4,22 @@ SGLang hands out token slots, page-aligned; MEPIC shares and counts whole pages
 (see docs/design.md, Ownership).
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 import torch
 
 from sglang_mepic.pages import ownership
 
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+
 
 class PoolPages:
-    def __init__(self, allocator):
+    def __init__(self, allocator: PagedTokenToKVPoolAllocator) -> None:
         if allocator.page_size < 2:
             raise ValueError("MEPIC chunk sharing needs a paged KV pool (--page-size 16 or another size > 1)")
         self.allocator = allocator
@@ -31,7 +40,7 @@ class PoolPages:
         """The pages of page-aligned token slots (whole pages, in order), one per page."""
         return (slots[:: self.page_size] // self.page_size).tolist()
 
-    def slots(self, pages) -> torch.Tensor:
+    def slots(self, pages: Iterable[int]) -> torch.Tensor:
         """The token slots of `pages`, in order."""
         p = torch.as_tensor(list(pages), dtype=torch.int64, device=self.allocator.device)
         return (p[:, None] * self.page_size + torch.arange(self.page_size, device=p.device)).reshape(-1)
@@ -43,7 +52,7 @@ class PoolPages:
 FREE_PATH = ("free", "free_page_ids", "free_segment", "free_segments", "_release_page_ids")
 
 
-def check_allocator(allocator) -> None:
+def check_allocator(allocator: BaseTokenToKVPoolAllocator) -> None:
     """Refuse a KV allocator the cache cannot free through (e.g. SGLang's PageInterleavePoolAllocator,
     which keeps free pages per owner class and overrides `free_segment` and `_release_page_ids`)."""
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator

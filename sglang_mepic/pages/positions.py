@@ -30,10 +30,18 @@ The map belongs to the `req_to_token` pool whose rows it mirrors: the mepic atte
 are handed; under another attention backend a pool has none.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
 import torch
 
 from sglang_mepic.side_table import SideTable
 from sglang_mepic.wire.layout import NO_POSITION
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
 
 class PositionMap:
@@ -47,7 +55,7 @@ class PositionMap:
     syncs with the device (`tests/attention/test_host_syncs.py` runs them on the meta device, where any
     read of a value raises); CacheBlend's batches are the one exception (`copies_for_extend`)."""
 
-    def __init__(self, req_to_token: torch.Tensor):
+    def __init__(self, req_to_token: torch.Tensor) -> None:
         rows, width = req_to_token.shape
         device = req_to_token.device
         self._identity = torch.arange(width, dtype=torch.int32, device=device)
@@ -59,7 +67,7 @@ class PositionMap:
         self._planned_rows: set[int] = set()
         self._copy_rows: set[int] = set()
 
-    def assign(self, row: int, positions: torch.Tensor, sources=None) -> None:
+    def assign(self, row: int, positions: torch.Tensor, sources: Sequence[int] | None = None) -> None:
         """The plan's positions for the row's first slots; the slots after them (output tokens not
         yet decoded) follow the plan's last real position, as decode will place them. Device ops
         only: a plan handed over on the device (as `cache/extend` does) costs no host sync, and one
@@ -96,7 +104,7 @@ class PositionMap:
             self._copy_rows.discard(row)
 
     def _extend_slots(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
-                      total: int):
+                      total: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(row, slot) of each of a forward's `total` extend tokens; device ops of known size only."""
         elen = extend_lens.long()
         r = torch.repeat_interleave(rows, elen, output_size=total)
@@ -105,7 +113,7 @@ class PositionMap:
              + torch.repeat_interleave(prefix_lens.long(), elen, output_size=total))
         return r, j
 
-    def any_planned(self, rows_cpu=None) -> bool:
+    def any_planned(self, rows_cpu: torch.Tensor | Iterable[int] | None = None) -> bool:
         """Whether any row is planned, or any of these (a host tensor or list, e.g. a batch's
         `req_pool_indices_cpu`): the host mirror's answer, no device read."""
         if not self._planned_rows or rows_cpu is None:
@@ -114,7 +122,8 @@ class PositionMap:
         return not self._planned_rows.isdisjoint(rows)
 
     def copies_for_extend(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
-                          total: int | None = None, rows_cpu=None):
+                          total: int | None = None, rows_cpu: torch.Tensor | Iterable[int] | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(index among the forward's extend tokens, batch index) of the tokens whose slots hold copied KV.
         None at once, from the host mirror, when no row holds copies (every mode but the private-copy
         baselines) or, given the batch's rows on the host (`rows_cpu`), none of its rows does. A batch with
@@ -139,7 +148,7 @@ class PositionMap:
         return torch.nonzero(keep).flatten(), batch[keep]
 
     def on_extend(self, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
-                  positions: torch.Tensor, rows_cpu=None) -> torch.Tensor:
+                  positions: torch.Tensor, rows_cpu: torch.Tensor | Iterable[int] | None = None) -> torch.Tensor:
         """Positions of an extend's new tokens: a planned row's from its map row (pads rotate at 0
         and stay masked), SGLang's for the others. A decode token in a mixed batch is an extend of
         one token at its row's next slot, which the plan already placed. SGLang's own tensor when no
@@ -165,13 +174,13 @@ class PositionMap:
 _MAPS: SideTable[PositionMap] = SideTable("position map of a req_to_token pool")
 
 
-def attach(req_to_token_pool) -> PositionMap:
+def attach(req_to_token_pool: ReqToTokenPool) -> PositionMap:
     """The pool's map, made now (by the mepic attention backend, as its model runner starts)."""
     position_map = PositionMap(req_to_token_pool.req_to_token)
     _MAPS.set(req_to_token_pool, position_map)
     return position_map
 
 
-def of(req_to_token_pool) -> PositionMap | None:
+def of(req_to_token_pool: ReqToTokenPool) -> PositionMap | None:
     """The pool's map; None where no mepic attention backend reads this pool."""
     return _MAPS.get(req_to_token_pool)

@@ -22,7 +22,7 @@ class PageError(RuntimeError):
 class FreeList:
     """A plain page allocator: pages 0..n-1. Used by the tests and as the model of SGLang's."""
 
-    def __init__(self, num_pages: int):
+    def __init__(self, num_pages: int) -> None:
         self.num_pages = num_pages
         self._free = list(range(num_pages - 1, -1, -1))
         self._is_free = [True] * num_pages
@@ -55,7 +55,7 @@ class PageRefs:
     the page to the allocator.
     """
 
-    def __init__(self, allocator: PageAllocator):
+    def __init__(self, allocator: PageAllocator) -> None:
         self.allocator = allocator
         self._extra: dict[int, int] = {}  # page -> holders beyond the first
         self.on_change: Callable[[list[int]], None] | None = None  # told of every page whose holders change
