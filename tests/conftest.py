@@ -20,7 +20,7 @@ from sglang_mepic.process.server_process import ServerProcess  # noqa: E402
 def _register_eval() -> None:
     """eval/ is not installed and the repository root stays off sys.path (its folders would shadow
     the PyPI package), so the package is registered from its folder once, for every test module;
-    its own imports then resolve (`from eval import run`)."""
+    its own imports then resolve (`from eval.experiments import run`)."""
     import importlib.util
     import sys
     from pathlib import Path

@@ -88,7 +88,7 @@ def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: fl
     elif REDUNDANT_QUERIES * n >= m:
         # An explicit mask sends CPU SDPA down its math path: 21 ms for 1,411 queries over 1,590
         # keys against 7 ms on the causal flash path (tiny-4l's heads), and the mepic backend's
-        # forward 1.65x torch_native's under eval.overload. As SGLang's torch_native does, pad
+        # forward 1.65x torch_native's under eval.experiments.overload. As SGLang's torch_native does, pad
         # the queries to m (zeros for the prefix) and keep the last n rows, each computed as a
         # fresh request's would be. Below m / 3 the math path over n x m costs less (1.8 against
         # 6.9 ms for 193 queries over 1,590 keys).

@@ -28,7 +28,7 @@ def complete(meta_info: dict[str, Any]) -> None:
     if key("recomputed_tokens") not in meta_info:
         # Not zero: the figure counts tokens computed in context (docs/design.md, Figures), and
         # without chunk work that is every prompt token the prefix cache did not hold. Zero would
-        # also tell eval.run and eval.fidelity that `full` and vanilla SGLang computed nothing.
+        # also tell eval.experiments.run and eval.experiments.fidelity that `full` and vanilla SGLang computed nothing.
         computed = _count(meta_info.get("prompt_tokens")) - _count(meta_info.get("cached_tokens"))
         meta_info[key("recomputed_tokens")] = max(0, computed)
     for name in COUNTS:

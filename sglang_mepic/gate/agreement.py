@@ -1,6 +1,6 @@
 """How closely one run's next-token predictions follow a reference run's.
 
-Shared by the accuracy gate (check_model) and the evaluation (eval/scoring.py).
+Shared by the accuracy gate (check_model) and the evaluation (eval/lib/scoring.py).
 """
 
 import math

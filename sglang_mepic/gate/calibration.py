@@ -1,10 +1,10 @@
 """The accuracy gate's calibration set: SQuAD questions over paragraphs marked as chunks.
 
 The set ships as package data (`data/calibration.json`, built by
-`python -m eval.build_calibration`): each question comes with paragraphs of its
+`python -m eval.reports.build_calibration`): each question comes with paragraphs of its
 article, the one holding the answer among its neighbours, in a seeded shuffled
 order, so paragraphs recur across questions at other positions, as retrieved
-documents do. A prompt is rendered as the evaluation renders it (`eval.workloads.render`):
+documents do. A prompt is rendered as the evaluation renders it (`eval.lib.workloads.render`):
 the model's chat template where it has one, else plain text ending in "Answer:".
 """
 

@@ -16,7 +16,7 @@ PTX and cubin, so GPU-only breakage is caught on a CPU machine, and `ptxas -v`
 or spill: a spill is local-memory traffic in the inner loop.
 
 The same machinery compiles SGLang's own kernels for the static performance
-model (`python -m eval.kernel_model`), which also reads the compiled SASS
+model (`python -m eval.bench.kernel_model`), which also reads the compiled SASS
 (`sass`, `inner_loop`). Run without TRITON_INTERPRET.
 """
 

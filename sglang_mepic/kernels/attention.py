@@ -530,13 +530,13 @@ def sm_count(device: torch.device | str | int) -> int:
 def launch_config(kind: str, head_dim: int, dtype: torch.dtype | None, arch: int = 90) -> dict[str, int]:
     """Tile sizes, warps, pipeline stages and CTAs per SM of a launch on Hopper (arch 90) or Ampere (80).
 
-    Chosen with `python -m eval.kernel_model` (registers, shared memory and the
+    Chosen with `python -m eval.bench.kernel_model` (registers, shared memory and the
     inner loop's SASS of each candidate, compiled as Triton compiles at launch)
     and checked by `python -m sglang_mepic.kernels.aot`, which fails on any
     spill. For decode, `ctas_per_sm` is only the fallback where no compiled
     kernel is at hand (CPU, the interpreter): on a GPU split counts are sized
     from the kernel Triton built there (`decode_ctas_per_sm`). Speed is
-    measured on a GPU (`eval/bench_attention.py --device cuda`), not here.
+    measured on a GPU (`eval/bench/attention.py --device cuda`), not here.
     """
     if kind == "decode":  # on sm_80, 4 warps spill (partial rotary, table)
         # 64-key tiles on sm_90 in 16 bits: 1.3-1.4x faster than 32 at equal splits at every point (H200 sweep,

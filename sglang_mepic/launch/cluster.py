@@ -44,7 +44,7 @@ def share_of_cores(instances: int) -> int | None:
     """Each instance's CPU threads: an equal share of the cores, or None where OMP_NUM_THREADS is set.
 
     Every server process otherwise runs a torch thread per core. Two of them on two cores,
-    without a shared tier, served 100 requests of eval.load in 43.6 s, against 5.4 s with
+    without a shared tier, served 100 requests of eval.experiments.load in 43.6 s, against 5.4 s with
     one thread each."""
     if os.environ.get("OMP_NUM_THREADS"):
         return None

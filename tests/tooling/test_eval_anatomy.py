@@ -1,7 +1,7 @@
-"""eval/anatomy.py: a probe's page anatomy kept small (the peak sample, the means, a short series), the
+"""eval/lib/anatomy.py: a probe's page anatomy kept small (the peak sample, the means, a short series), the
 table at each cell's capacity point and the stacked plot."""
 
-from eval import anatomy
+from eval.lib import anatomy
 
 
 def sample(t, used, **cats):

@@ -1,4 +1,4 @@
-"""eval.capacity: the rate search, the SLO judgement, matched concurrency, the tables; and --quick end to end. The unit half: the whole description, and the tests on a server, are in
+"""eval.experiments.capacity: the rate search, the SLO judgement, matched concurrency, the tables; and --quick end to end. The unit half: the whole description, and the tests on a server, are in
 e2e/test_eval_capacity_server.py."""
 
 import json
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from eval import capacity  # the eval package is registered by conftest.py
+from eval.experiments import capacity  # the eval package is registered by conftest.py
 
 ARGS = SimpleNamespace(ttft_slo=2.0, e2e_slo=8.0, attainment=0.95, queue_slack=0.5)
 
@@ -96,7 +96,7 @@ def test_a_cell_starts_its_search_from_its_neighbours():
 
 
 class NoSampler:
-    """eval.run's KV sampler, without a server."""
+    """eval.experiments.run's KV sampler, without a server."""
     period, pages = 0.0, []
 
     def __init__(self, *a):
@@ -110,8 +110,8 @@ class NoSampler:
 
 
 def offline(monkeypatch, stream):
-    """eval.run's run_point without a server: requests answered by `stream`, nothing flushed or sampled."""
-    from eval import run
+    """eval.experiments.run's run_point without a server: requests answered by `stream`, nothing flushed or sampled."""
+    from eval.experiments import run
 
     monkeypatch.setattr(run, "stream", stream)
     monkeypatch.setattr(run, "flush", lambda url: None)
@@ -169,7 +169,7 @@ def test_a_probe_that_ended_early_does_not_wait_out_its_arrivals(monkeypatch):
 
 
 def test_an_interrupted_run_stops_at_once_and_aborts_what_is_in_flight(monkeypatch):
-    """Ctrl-C, or SIGTERM (eval.capacity turns it into one), mid-probe: the run stops now, not when the
+    """Ctrl-C, or SIGTERM (eval.experiments.capacity turns it into one), mid-probe: the run stops now, not when the
     last arrival of its schedule comes, and the server is told to abort what is in flight."""
     import _thread
     import signal
@@ -219,7 +219,7 @@ def test_tables_and_ratios_read_the_cells(tmp_path):
 def test_matched_runs_report_their_anatomy_and_stand_in_for_a_missing_capacity_point():
     """At 512 pages on a busy CPU no rate held, so no capacity point has an anatomy: the matched runs' means
     (requests admitted among them) are what tells two systems' pages apart."""
-    from eval import anatomy
+    from eval.lib import anatomy
 
     def sampled(system, running, private):
         c = cell(system, 512, 0, kind="matched-8")

@@ -1,4 +1,4 @@
-"""A stopped eval.run keeps its finished points and resumes from them (no server needed)."""
+"""A stopped eval.experiments.run keeps its finished points and resumes from them (no server needed)."""
 
 import importlib
 import json
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from eval import checkpoint, run, workloads  # the eval package is registered by conftest.py
+from eval.experiments import run  # the eval package is registered by conftest.py
+from eval.lib import checkpoint, workloads
 
 NAME, PACKED, Checkpoint = checkpoint.NAME, checkpoint.PACKED, checkpoint.Checkpoint
 Point, summarize, Request = run.Point, run.summarize, workloads.Request
@@ -58,7 +59,7 @@ def test_a_fresh_run_sets_the_old_points_aside(tmp_path):
 def test_resume_without_a_checkpoint_starts_afresh(tmp_path):
     assert Checkpoint(tmp_path, SETTINGS, resume=True).invocations == 1
     (tmp_path / NAME).write_text("not json\n")
-    with pytest.raises(ValueError, match="not an eval.run checkpoint"):
+    with pytest.raises(ValueError, match="not an eval.experiments.run checkpoint"):
         Checkpoint(tmp_path, SETTINGS, resume=True)
 
 
@@ -147,7 +148,7 @@ def test_tables_only_writes_the_tables_from_the_kept_runs_and_starts_no_server(t
 
 
 def test_the_headline_names_the_runs_each_system_has_when_they_differ():
-    headline = importlib.import_module("eval.headline")
+    headline = importlib.import_module("eval.reports.headline")
     even = {"seeds": [0, 1], "runs": [{"system": s, "seed": k} for s in ("mepic", "full") for k in (0, 1)]}
     assert headline.runs_per_point(even) == "2 run(s) per point"
     stopped = {"seeds": [0, 1, 2], "runs": [*even["runs"], {"system": "mepic", "seed": 2}]}
@@ -155,7 +156,7 @@ def test_the_headline_names_the_runs_each_system_has_when_they_differ():
 
 
 def test_compare_pairs_the_requests_two_systems_ran_with_the_same_seed(tmp_path):
-    compare = importlib.import_module("eval.compare")
+    compare = importlib.import_module("eval.reports.compare")
 
     def timed(system, forwards, compiled):
         # (before 0.01 s, queue 0, forward f); sent at 100 s; TTFT = before + forward
@@ -261,7 +262,7 @@ def test_a_fresh_run_sets_packed_points_aside_as_one_file(tmp_path):
 
 
 def test_the_readers_read_a_packed_folder(tmp_path, capsys):
-    compare, ttft_split = importlib.import_module("eval.compare"), importlib.import_module("eval.ttft_split")
+    compare, ttft_split = importlib.import_module("eval.reports.compare"), importlib.import_module("eval.reports.ttft_split")
     meta = {"prompt_tokens": 10, "cached_tokens": 0, "queue_time": 0.0, "forward_entry_time": 100.01,
             "prefill_finished_time": 100.21, "mepic_compiled_tokens": 0}
     store = Checkpoint(tmp_path, SETTINGS, resume=False)
@@ -291,7 +292,7 @@ def test_the_pack_command_packs_folders_and_says_which_were_packed(tmp_path, cap
 
 @pytest.fixture
 def fake_servers(monkeypatch):
-    """eval.run's servers and points faked: every request answers "a" at once. Yields the systems that ran."""
+    """eval.experiments.run's servers and points faked: every request answers "a" at once. Yields the systems that ran."""
     ran = []
 
     class Server:

@@ -1,4 +1,4 @@
-"""Commands in committed results are portable: paths relative to the repository, and eval.headline
+"""Commands in committed results are portable: paths relative to the repository, and eval.reports.headline
 refuses to write an absolute path into the README. No server."""
 
 import json
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eval import headline, provenance  # the eval package is registered by conftest.py
+from eval.lib import provenance  # the eval package is registered by conftest.py
+from eval.reports import headline
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where a results.json or invocations.jsonl records how it ran: the strings under these keys.
@@ -56,18 +57,18 @@ def test_committed_results_name_no_checkout_or_home_folder():
 
 def test_the_scan_finds_a_planted_absolute_command(tmp_path):
     results = tmp_path / "results.json"
-    results.write_text(json.dumps({"command": "python -m eval.run --model /home/me/models/tiny", "rows": [],
+    results.write_text(json.dumps({"command": "python -m eval.experiments.run --model /home/me/models/tiny", "rows": [],
                                    "model": "tiny", "args": {"out": "/srv/out", "seed": 1}}))
     table = tmp_path / "table.md"
-    table.write_text("Command: `python -m eval.run --out /tmp/x`\nmepic / epic-16 at 1,024 pages, from http://h:1/x\n")
-    assert absolute_commands(results) == ["python -m eval.run --model /home/me/models/tiny", "/srv/out"]
-    assert absolute_commands(table) == ["Command: `python -m eval.run --out /tmp/x`"]
+    table.write_text("Command: `python -m eval.experiments.run --out /tmp/x`\nmepic / epic-16 at 1,024 pages, from http://h:1/x\n")
+    assert absolute_commands(results) == ["python -m eval.experiments.run --model /home/me/models/tiny", "/srv/out"]
+    assert absolute_commands(table) == ["Command: `python -m eval.experiments.run --out /tmp/x`"]
 
 
 def test_harnesses_record_paths_inside_the_repository_relative_to_it():
     argv = ["--model", str(ROOT / "models" / "tiny-4l"), f"--out={ROOT}/eval/results/x", "--raw-dir", "/tmp/scratch",
             "two words"]
-    assert provenance.command("eval.run", argv) == ("python -m eval.run --model models/tiny-4l "
+    assert provenance.command("eval.experiments.run", argv) == ("python -m eval.experiments.run --model models/tiny-4l "
                                                      "--out=eval/results/x --raw-dir /tmp/scratch 'two words'")
     assert provenance.portable(ROOT) == "." and provenance.portable("models/tiny") == "models/tiny"
 
@@ -86,7 +87,7 @@ def test_headline_refuses_to_write_an_absolute_path(monkeypatch, capsys):
     with pytest.raises(SystemExit) as stop:
         headline.main(["--write"])
     message = str(stop.value)
-    assert message.startswith("eval.headline: refusing to write absolute paths")
+    assert message.startswith("eval.reports.headline: refusing to write absolute paths")
     assert "README.md (headline): /home/me/models/smollm2-135m" in message
     assert written == []  # nothing written: not the README, not docs/results.md
 

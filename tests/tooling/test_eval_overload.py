@@ -1,11 +1,11 @@
-"""eval.overload reads SGLang's log lines and eval.run's outputs; the eval scripts serve as eval.run does. No server."""
+"""eval.experiments.overload reads SGLang's log lines and eval.experiments.run's outputs; the eval scripts serve as eval.experiments.run does. No server."""
 
 import inspect
 
 import pytest
 from tqdm import tqdm
 
-from eval import overload, run, scheduler_profile
+from eval.experiments import overload, run, scheduler_profile
 
 
 def test_report_reads_batches_steps_and_forward():
@@ -25,8 +25,8 @@ def test_report_reads_batches_steps_and_forward():
 
 @pytest.fixture
 def served(monkeypatch):
-    """eval.run.serve on a fake server; run_point checked against eval.run's signature. Yields what ran."""
-    # eval.overload, then eval.scheduler_profile, once called run_point with an older signature and broke unnoticed.
+    """eval.experiments.run.serve on a fake server; run_point checked against eval.experiments.run's signature. Yields what ran."""
+    # eval.experiments.overload, then eval.experiments.scheduler_profile, once called run_point with an older signature and broke unnoticed.
     started = []
 
     class Server:
@@ -47,7 +47,7 @@ def served(monkeypatch):
         started.append("ran")
         return [([1], "a", {}, 0.1, 0.2, 0.0)], None, None, 1.5, {}
 
-    monkeypatch.setattr(run, "ServerProcess", Server)  # eval.run.serve starts every eval server
+    monkeypatch.setattr(run, "ServerProcess", Server)  # eval.experiments.run.serve starts every eval server
     monkeypatch.setattr(run, "pool_pages", lambda server, page_size: 1024)
     for script in (overload, scheduler_profile):
         monkeypatch.setattr(script, "run_point", fake_run_point)
@@ -87,7 +87,7 @@ def test_variants_take_full_apart():
 
 
 def test_every_position_independent_system_gets_the_same_host_tier():
-    from eval.run import PIC, SYSTEMS, tiered
+    from eval.experiments.run import PIC, SYSTEMS, tiered
 
     for system in SYSTEMS:
         flags, tier = tiered(system, SYSTEMS[system], 1.0)

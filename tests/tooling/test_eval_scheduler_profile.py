@@ -1,6 +1,6 @@
-"""eval.scheduler_profile's reading of a py-spy raw profile: which samples are idle, forward, outside the forward."""
+"""eval.experiments.scheduler_profile's reading of a py-spy raw profile: which samples are idle, forward, outside the forward."""
 
-from eval import scheduler_profile as profile  # the eval package is registered by conftest.py
+from eval.experiments import scheduler_profile as profile  # the eval package is registered by conftest.py
 
 Split, classify, parse_raw, report, verdict = (profile.Split, profile.classify, profile.parse_raw, profile.report,
                                                profile.verdict)

@@ -1,8 +1,8 @@
-"""eval.scoring: SQuAD's answer normalisation, F1, exact match and containment."""
+"""eval.lib.scoring: SQuAD's answer normalisation, F1, exact match and containment."""
 
 import pytest
 
-from eval.scoring import contains, exact_match, f1, normalize  # the eval package is registered by conftest.py
+from eval.lib.scoring import contains, exact_match, f1, normalize  # the eval package is registered by conftest.py
 
 
 def test_normalize_drops_case_punctuation_and_articles():

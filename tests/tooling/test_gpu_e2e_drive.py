@@ -199,9 +199,9 @@ def test_ttft_parts_add_up_to_the_ttft(monkeypatch):
     assert drive.ttft_parts(([1], "x", {"queue_time": 0.1}, 0.1, 0.5, sent)) is None
     summary = drive.ttft_summary([output, output, ([1], "x", {}, 0.1, 0.5, sent)])
     assert summary["requests"] == 2 and summary["queue_ms_p50"] == 30.0
-    # eval.run keeps these fields of a streamed request's meta_info once drive's main has asked, and
-    # importing drive alone changes nothing of eval.run (test_eval_checkpoint saw the extra fields)
-    from eval import run
+    # eval.experiments.run keeps these fields of a streamed request's meta_info once drive's main has asked, and
+    # importing drive alone changes nothing of eval.experiments.run (test_eval_checkpoint saw the extra fields)
+    from eval.experiments import run
 
     assert "request_received_ts" not in run.kept_meta({k: 1 for k in drive.TIME_META})
     monkeypatch.setattr(run, "META", run.META)

@@ -1,4 +1,4 @@
-"""Workloads with a set reuse ratio (eval.workloads.with_reuse), from the offline datasets."""
+"""Workloads with a set reuse ratio (eval.lib.workloads.with_reuse), from the offline datasets."""
 
 import importlib.util
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 # eval/ is run from the repository root and is not installed; the root is kept off sys.path
 # in tests (its folders would become top-level import names), so the module is loaded by path.
 _spec = importlib.util.spec_from_file_location(
-    "eval_workloads", Path(__file__).resolve().parents[2] / "eval" / "workloads.py")
+    "eval_workloads", Path(__file__).resolve().parents[2] / "eval" / "lib" / "workloads.py")
 workloads = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(workloads)
 reuse_ratio, with_reuse = workloads.reuse_ratio, workloads.with_reuse

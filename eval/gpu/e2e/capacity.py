@@ -1,5 +1,5 @@
-"""eval.capacity on the device (issue 71): the highest arrival rate each system serves within its SLO when the KV
-pool, not the forward, is what fills. The same search, probes, SLO logic and report as eval.capacity, against
+"""eval.experiments.capacity on the device (issue 71): the highest arrival rate each system serves within its SLO when the KV
+pool, not the forward, is what fills. The same search, probes, SLO logic and report as eval.experiments.capacity, against
 drive.py's 8B-shaped model and servers (vanilla: SGLang's triton backend and radix cache), with the prompts
 rendered here into the carry (capacity.json.xz). One device call runs one part, a workload for one or two systems:
 
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from eval import capacity
+from eval.experiments import capacity
 from eval.gpu.e2e import drive
 from eval.gpu.e2e.workload import CAPACITY, read_capacity
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE

@@ -17,7 +17,7 @@ normal weights of std 0.02 with a fixed seed, so every call writes the same mode
 server is started once with CUDA graphs for decode, and runs, in order:
 1. checks, cold: the first output token's top-20 logprobs of the workload's check prompts;
 2. the SQuAD paper workload (7 chunks, 0.85 reuse; pre-rendered in the carry) at each rate, through
-   eval.run.run_point (flush, Poisson arrivals, streaming, KV pages sampled from /metrics);
+   eval.experiments.run.run_point (flush, Poisson arrivals, streaming, KV pages sampled from /metrics);
 3. checks, warm: the same prompts after the workload (a request's output must not depend on the cache);
 4. an abort (a stream dropped after its first token) and a flush: the server keeps serving, and the
    pages in use return to zero;
@@ -56,8 +56,8 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-import eval.run as eval_run
-from eval.run import USED_TOKENS, Sampler, flush, mepic_stats, pct, run_point
+import eval.experiments.run as eval_run
+from eval.experiments.run import USED_TOKENS, Sampler, flush, mepic_stats, pct, run_point
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 from sglang_mepic.process.server_process import ServerError, ServerProcess
 
@@ -78,7 +78,7 @@ TOP = 20  # logprobs compared per check prompt
 # MIN_OVERLAP in common, and on those the logprobs within MAX_DIFF nats.
 MIN_OVERLAP = {"bfloat16": 18, "float32": 20}
 MAX_DIFF = {"bfloat16": 0.15, "float32": 1e-3}
-# The systems, as eval.run names them; vanilla is SGLang's own triton backend and radix cache.
+# The systems, as eval.experiments.run names them; vanilla is SGLang's own triton backend and radix cache.
 GPU_VANILLA = ["--attention-backend", "triton", "--radix-cache-backend", "sglang"]
 CPU_VANILLA = ["--attention-backend", "torch_native", "--radix-cache-backend", "sglang"]
 SYSTEMS = {"vanilla": None, "full": ["--mepic-mode", "full"], "epic-16": ["--mepic-mode", "epic-16"],
@@ -88,7 +88,7 @@ SYSTEMS = {"vanilla": None, "full": ["--mepic-mode", "full"], "epic-16": ["--mep
            # issue 69); mepic-eager is mepic without them, on a server of its own (part 3).
            "mepic-eager": ["--mepic-mode", "mepic", "--cuda-graph-backend-prefill", "disabled"]}
 CHECK_ONLY = {"recompute-all"}  # served for the checks, not the workload
-HOST_TIER_GB = {"epic-16": 4, "mepic": 4, "recompute-all": 4, "mepic-eager": 4}  # pinned host memory, as eval.run gives PIC systems
+HOST_TIER_GB = {"epic-16": 4, "mepic": 4, "recompute-all": 4, "mepic-eager": 4}  # pinned host memory, as eval.experiments.run gives PIC systems
 GREEDY_SYSTEMS = {"mepic"}  # the graphs-vs-eager check: mepic under prefill graphs, switched eager on its server
 # Timing ratios only hold within one call (one machine): vanilla and mepic share the first. The checks
 # compare across calls, on the same weights (their checksum says so).
@@ -109,14 +109,14 @@ PAIRS = [("vanilla", "full", True), ("recompute-all", "full", True), ("mepic", "
 FUSED_OP_BACKEND = "torch"
 GRAPH_PASSES = re.compile(r'^sglang:cuda_graph_passes_total\{[^}]*mode="(\w+)"[^}]*\} ([0-9.e+]+)$', re.M)
 # The timestamps SGLang puts in a finished request's meta_info (with --enable-metrics, which the launcher sets)
-# that the TTFT parts need, kept beside what eval.run keeps.
+# that the TTFT parts need, kept beside what eval.experiments.run keeps.
 TIME_META = ("request_received_ts", "api_server_dispatch_finish_ts", "first_token_latency", "queue_time",
              "forward_entry_time", "prefill_finished_time")
 
 
 def keep_time_meta() -> None:
-    """eval.run keeps the TIME_META fields too, in the process that drives a run (main): done at import,
-    it changed eval.run for every other user of that process (the test suite's)."""
+    """eval.experiments.run keeps the TIME_META fields too, in the process that drives a run (main): done at import,
+    it changed eval.experiments.run for every other user of that process (the test suite's)."""
     eval_run.META = tuple(dict.fromkeys((*eval_run.META, *TIME_META)))
 
 

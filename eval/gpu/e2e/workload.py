@@ -3,7 +3,7 @@
     .venv/bin/python -m eval.gpu.e2e.workload --tokenizer models/smollm2-135m --out .gpu_e2e/workload.json \
         --capacity-out .gpu_e2e/capacity.json.xz
 
-The SQuAD paper workload of eval.run (7 chunks a request, reuse 0.85) as chat text with MEPIC's chunk
+The SQuAD paper workload of eval.experiments.run (7 chunks a request, reuse 0.85) as chat text with MEPIC's chunk
 markup, rendered with SmolLM2's tokenizer (the one the device's 8B-shaped model uses), plus a few
 fixed prompts for the correctness checks: the same documents at different positions, so `full`,
 vanilla and `--mepic-recompute-blocks all` are compared where position-independent reuse matters.
@@ -15,9 +15,9 @@ import lzma
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from eval import capacity
-from eval.run import PAPER
-from eval.workloads import render, reuse_ratio, with_reuse
+from eval.experiments import capacity
+from eval.experiments.run import PAPER
+from eval.lib.workloads import render, reuse_ratio, with_reuse
 
 REQUESTS = 300
 CHECKS = 8  # prompts whose first-token distributions are compared across systems
@@ -64,7 +64,7 @@ def build(tokenizer_dir: str, requests: int = REQUESTS, dataset: str = "squad") 
 
 
 def build_capacity(tokenizer_dir: str, seeds=CAPACITY_SEEDS, requests: int | None = None) -> dict:
-    """Each capacity workload's prompts per seed (as eval.capacity renders them) with their token counts."""
+    """Each capacity workload's prompts per seed (as eval.experiments.capacity renders them) with their token counts."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)

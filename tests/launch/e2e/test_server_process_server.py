@@ -9,7 +9,7 @@ from sglang_mepic.process.server_process import HOST, ServerError, ServerProcess
 
 
 def test_a_server_whose_port_was_taken_starts_again_on_another(tiny_model):
-    """eval.capacity --quick starts its four servers at once; one's HTTP port was taken by another's internal
+    """eval.experiments.capacity --quick starts its four servers at once; one's HTTP port was taken by another's internal
     socket before it bound it, uvicorn gave up while the process lingered, and the run waited out the whole
     start timeout (10 min) for a server that would never answer (make test, 2026-11-29)."""
     server = ServerProcess(tiny_model, startup_timeout=300)

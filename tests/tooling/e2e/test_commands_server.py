@@ -9,7 +9,7 @@ exit status; the test must name the command, or the entry fails too.
 The commands that need a server share one: `python -m sglang_mepic.launch_cluster --instances 1`
 (which is itself smoke-tested that way, and starts its instance with `python -m
 sglang_mepic.launch_server`), and each eval command is pointed at its instance with `--url`
-(eval/served.py). They run in this process (`runpy`, as `python -m` runs them: the `__main__` block,
+(eval/lib/served.py). They run in this process (`runpy`, as `python -m` runs them: the `__main__` block,
 argparse and all), which saves an interpreter and SGLang's imports per command. `make` targets are
 resolved with `make -n`: `make serve` serves until stopped and `make test` is the suite itself.
 """
@@ -34,9 +34,9 @@ from support.commands import ROOT, command, table_rows
 # One server for the rest: launch_cluster's one instance
 
 SHARED = ["--dtype", "float32", "--max-total-tokens", str(512 * 16), "--decode-log-interval", "4",
-          # eval.load's server (evicted chunks go to the host tier); eval.run's systems have one too
+          # eval.experiments.load's server (evicted chunks go to the host tier); eval.experiments.run's systems have one too
           "--mepic-host-tier-gb", "0.25",
-          # eval.agent's mepic system and eval.known_reuse's server chunk unmarked prompts
+          # eval.experiments.agent's mepic system and eval.experiments.known_reuse's server chunk unmarked prompts
           "--mepic-auto-chunk", "messages+known"]
 
 
@@ -101,7 +101,7 @@ def test_launch_server_started_the_instance(cluster):
 def test_eval_run(cluster, tiny_model, tmp_path, capsys):
     args = ["--url", cluster.url, "--model", tiny_model, "--systems", "mepic", "--requests", "6", "--qps", "4",
             "--chunks", "3", "--new-tokens", "4", "--reuse", "0.8", "--out", tmp_path]
-    out = command(capsys, "eval.run", *args)
+    out = command(capsys, "eval.experiments.run", *args)
     assert "reuse ratio" in out and "mean prompt" in out
     lines = (tmp_path / "table.md").read_text().splitlines()
     header = next(line for line in lines if line.startswith("| system"))
@@ -120,7 +120,7 @@ def test_eval_run(cluster, tiny_model, tmp_path, capsys):
     for name in ("peak_kv_vs_qps.png", "peak_kv_vs_chunks.png", "ttft_p50_vs_qps.png"):
         assert (tmp_path / name).stat().st_size > 1000
     # Every finished point was saved as it ended: --resume rebuilds the table without a server.
-    again = command(capsys, "eval.run", *[a for a in args if a not in ("--url", cluster.url)], "--resume",
+    again = command(capsys, "eval.experiments.run", *[a for a in args if a not in ("--url", cluster.url)], "--resume",
                     "--no-plots")
     assert "[resume] 1 of 1 (system, point, seed) runs kept" in again
     resumed = json.loads((tmp_path / "results.json").read_text())
@@ -129,8 +129,8 @@ def test_eval_run(cluster, tiny_model, tmp_path, capsys):
 
 def test_eval_load(cluster, tiny_model, tmp_path, capsys):
     # One run, on the shared server (its pool of 512 pages is smaller than the 40 chunks' KV, and it has a
-    # host tier): eval.load --compare's second server, without the host tier, is what --url leaves out.
-    out = command(capsys, "eval.load", "--url", cluster.url, "--model", tiny_model, "--requests", "60",
+    # host tier): eval.experiments.load --compare's second server, without the host tier, is what --url leaves out.
+    out = command(capsys, "eval.experiments.load", "--url", cluster.url, "--model", tiny_model, "--requests", "60",
                   "--clients", "8", "--chunk-pool", "40", "--out", tmp_path)
     (r,) = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert r["label"] == f"the server at {cluster.url}"
@@ -150,7 +150,7 @@ RUN_COLUMNS = ["system", "QPS", "chunks", "reuse", "runs", "peak KV pages", "p95
 
 
 def test_eval_overload(cluster, tiny_model, capsys):
-    out = command(capsys, "eval.overload", "--url", cluster.url, "--model", tiny_model, "--systems", "mepic",
+    out = command(capsys, "eval.experiments.overload", "--url", cluster.url, "--model", tiny_model, "--systems", "mepic",
                   "--requests", "4", "--qps", "8", "--chunks", "2")
     assert "[overload] hotpotqa, 4 requests x 2 chunks" in out
     (line,) = [x for x in out.splitlines() if x.startswith("mepic: ")]
@@ -159,7 +159,7 @@ def test_eval_overload(cluster, tiny_model, capsys):
 
 
 def test_eval_fidelity(cluster, tiny_model, tmp_path, capsys):
-    out = command(capsys, "eval.fidelity", "--url", cluster.url, "--model", tiny_model, "--modes", "mepic",
+    out = command(capsys, "eval.experiments.fidelity", "--url", cluster.url, "--model", tiny_model, "--modes", "mepic",
                   "--questions", "2", "--chunks", "2", "--new-tokens", "2", "--prompt", "raw",
                   "--json", tmp_path / "f.json")
     (full,), (mepic,) = table_rows(out, "full"), table_rows(out, "mepic")
@@ -169,18 +169,18 @@ def test_eval_fidelity(cluster, tiny_model, tmp_path, capsys):
 
 
 def test_eval_agent(cluster, tiny_model, tmp_path, capsys):
-    out = command(capsys, "eval.agent", "--url", cluster.url, "--model", tiny_model, "--conversations", "1",
+    out = command(capsys, "eval.experiments.agent", "--url", cluster.url, "--model", tiny_model, "--conversations", "1",
                   "--turns", "2", "--files", "2", "--results", "2", "--new-tokens", "2", "--out", tmp_path)
     rows = {r[0]: r for r in (line.split("|")[1:-1] for line in out.splitlines()) if r}
     assert {"vanilla", "mepic", "full"} <= {k.strip() for k in rows}
     results = json.loads((tmp_path / "results.json").read_text())
     assert [r["requests"] for r in results["rows"]] == [2, 2, 2]
-    assert results["command"].startswith("python -m eval.agent --url")
+    assert results["command"].startswith("python -m eval.experiments.agent --url")
     assert f"every system on the server at {cluster.url}" in (tmp_path / "table.md").read_text()
 
 
 def test_eval_bench_pool(cluster, capsys):
-    out = command(capsys, "eval.bench_pool", "--url", cluster.url, "--requests", "2", "--fill-pages", "40",
+    out = command(capsys, "eval.bench.pool", "--url", cluster.url, "--requests", "2", "--fill-pages", "40",
                   "--fill-tokens", "96")
     (empty,), (filled,) = table_rows(out, "empty"), table_rows(out, "filled")
     assert int(filled[1].replace(",", "")) >= 40 and float(empty[2]) > 0 and float(filled[2]) > 0
@@ -188,7 +188,7 @@ def test_eval_bench_pool(cluster, capsys):
 
 
 def test_eval_forward_cost(cluster, tiny_model, capsys):
-    out = command(capsys, "eval.forward_cost", "--url", cluster.url, "--model", tiny_model, "--systems", "mepic",
+    out = command(capsys, "eval.bench.forward_cost", "--url", cluster.url, "--model", tiny_model, "--systems", "mepic",
                   "--tokens", "16,48", "--repeats", "1")
     (row,) = table_rows(out, "mepic")
     assert len(row) == 5 and all(float(c) > 0 for c in row[1:3])  # a forward time per length, then the fit
@@ -196,7 +196,7 @@ def test_eval_forward_cost(cluster, tiny_model, capsys):
 
 def test_eval_known_reuse(cluster, tiny_model, tmp_path, capsys):
     # Last of the commands on the shared server: it registers texts there (found in later plain prompts).
-    out = command(capsys, "eval.known_reuse", "--url", cluster.url, "--model", tiny_model, "--requests", "4",
+    out = command(capsys, "eval.experiments.known_reuse", "--url", cluster.url, "--model", tiny_model, "--requests", "4",
                   "--chunks", "2", "--reuse", "0.5", "--max-new-tokens", "2", "--out", tmp_path)
     (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert row["requests"] == 4 and row["reused_tokens_marked"] > 0

@@ -1,4 +1,4 @@
-"""eval.capacity: the rate search, the SLO judgement, matched concurrency, the tables; and --quick end to end."""
+"""eval.experiments.capacity: the rate search, the SLO judgement, matched concurrency, the tables; and --quick end to end."""
 
 import json
 import subprocess
@@ -15,11 +15,11 @@ def test_quick_runs_end_to_end(tiny_model, tmp_path, servers):
     # free beyond it: the shared servers stop first, and the tiers are small.
     servers.stop_all()
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "eval.capacity", "--quick", "--model", tiny_model, "--out",
+    done = subprocess.run([sys.executable, "-m", "eval.experiments.capacity", "--quick", "--model", tiny_model, "--out",
                            str(tmp_path), "--host-tier-gb", "0.05"], cwd=ROOT, capture_output=True, text=True,
                           timeout=900)
     took = time.monotonic() - started
-    print(f"eval.capacity --quick took {took:.0f} s")
+    print(f"eval.experiments.capacity --quick took {took:.0f} s")
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     cells = results["cells"]

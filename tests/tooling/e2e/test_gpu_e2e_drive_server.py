@@ -43,7 +43,7 @@ def test_run_sh_cpu_smoke_goes_through_every_step(tmp_path):
 
 def test_the_device_capacity_path_runs_here_and_a_later_call_goes_on_from_its_cells(tmp_path):
     """Issue 71's device path, dry: the carry's capacity prompts, drive.py's model and servers (torch_native as
-    vanilla here, triton there), eval.capacity's search and report; then a call given the first's cells runs
+    vanilla here, triton there), eval.experiments.capacity's search and report; then a call given the first's cells runs
     nothing more and reports them."""
     tokenizer_folder(tmp_path)
     carry = tmp_path / "carry"

@@ -1,17 +1,17 @@
 """What the memory buys: the highest arrival rate each system serves within its SLO, per KV pool size.
 
-    .venv/bin/python -m eval.capacity --quick                      # 2 pools, vanilla and mepic, 1 seed, short runs
-    .venv/bin/python -m eval.capacity                              # the full run (hours: run it alone)
-    .venv/bin/python -m eval.capacity --pools 1024 --systems vanilla,epic-16,mepic --model models/smollm2-135m
-    .venv/bin/python -m eval.capacity --resume --out DIR           # a stopped run goes on from its last cell
-    .venv/bin/python -m eval.capacity --report --out DIR           # the tables and plot from the saved cells
+    .venv/bin/python -m eval.experiments.capacity --quick                      # 2 pools, vanilla and mepic, 1 seed, short runs
+    .venv/bin/python -m eval.experiments.capacity                              # the full run (hours: run it alone)
+    .venv/bin/python -m eval.experiments.capacity --pools 1024 --systems vanilla,epic-16,mepic --model models/smollm2-135m
+    .venv/bin/python -m eval.experiments.capacity --resume --out DIR           # a stopped run goes on from its last cell
+    .venv/bin/python -m eval.experiments.capacity --report --out DIR           # the tables and plot from the saved cells
 
 Goodput, as serving benchmarks measure it (`vllm bench serve --goodput`): for each system and KV pool
 size (pages of 16 tokens, `--max-total-tokens` of the server), the highest Poisson arrival rate at which
 at least `--attainment` (0.95) of the requests meet both SLOs, TTFT <= `--ttft-slo` and e2e <=
 `--e2e-slo`, and the queue does not grow over the run (the median queue wait of the last third of the
 arrivals is within `--queue-slack` seconds of the first third's: a rate above capacity shows as a
-queue that grows with time even where the SLOs still hold early on). The workload is eval.run's paper
+queue that grows with time even where the SLOs still hold early on). The workload is eval.experiments.run's paper
 workload (SQuAD, 7 chunks a request, reuse 0.85, 16 new tokens, greedy; `--dataset`, `--chunks` and
 `--reuse` change it), the same requests for every system; each probe is a run of `--requests` (300) on a
 flushed cache. Each server first serves `--warmup` (2) of the requests one at a time, then is flushed: a
@@ -54,12 +54,12 @@ bytes, those of that many pages of a bf16 cache, and each system gets the pages 
 fp8 twice as many, the float32 cache of the CPU servers half (the table shows the pages each held). The ratio
 mepic-fp8 / mepic-bf16 is then what halving the bytes of a page buys, seed by seed:
 
-    .venv/bin/python -m eval.capacity --systems mepic-bf16,mepic-fp8 --pools 256 --equal-bytes --matched ''
+    .venv/bin/python -m eval.experiments.capacity --systems mepic-bf16,mepic-fp8 --pools 256 --equal-bytes --matched ''
 
 Output (--out, default eval/results/capacity): results.json (every probe), table.md (capacity table,
 matched table, the command, the machine's load before and after, the wall time) and capacity.png
 (capacity against pool pages, a line per system, the range over seeds shaded) and anatomy.png (where
-the pages went over the capacity point's probe, one panel per system: eval/anatomy.py). Every finished
+the pages went over the capacity point's probe, one panel per system: eval/lib/anatomy.py). Every finished
 cell is appended to cells.jsonl as it ends (`--resume` keeps them).
 """
 
@@ -82,10 +82,10 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval import anatomy, provenance
-from eval.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, abort_all, context_args, flush, pct, pool_pages, run_point,
-                      server_process, stream, tiered)
-from eval.workloads import DATASETS, render, with_reuse
+from eval.experiments.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, abort_all, context_args, flush, pct, pool_pages,
+                                  run_point, server_process, stream, tiered)
+from eval.lib import anatomy, provenance
+from eval.lib.workloads import DATASETS, render, with_reuse
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 from sglang_mepic.process.server_process import ServerError
 
@@ -123,7 +123,7 @@ class Probe:
     seconds: float = 0.0
     ended_early: bool = False  # stopped once its misses exceeded what the attainment allows
     sent: int = 0  # requests sent (fewer than `requests` when it ended early)
-    anatomy: dict = field(default_factory=dict)  # where the pages went (eval/anatomy.py: peak, mean, series)
+    anatomy: dict = field(default_factory=dict)  # where the pages went (eval/lib/anatomy.py: peak, mean, series)
 
 
 @dataclass
@@ -146,7 +146,7 @@ def aborted(output) -> bool:
 
 def judge(outputs: list, rate: float, seconds: float, sampler, exact_peak, counters: dict, args,
           ended_early: bool = False) -> Probe:
-    """One probe's figures from eval.run.run_point's outputs: (ids, text, meta, ttft, e2e, sent) per request,
+    """One probe's figures from eval.experiments.run.run_point's outputs: (ids, text, meta, ttft, e2e, sent) per request,
     in the order of arrival; None for a request a probe that ended early did not send or aborted. Attainment is
     over all the requests of the probe (an unsent or aborted one has not met the SLO); the latencies are over the
     requests that finished."""
@@ -498,7 +498,7 @@ def anatomy_section(cells: list[Cell], systems: list[str], pools: list[int]) -> 
     parts = []
     if text := anatomy.table(rows):
         parts.append("Where the pages went at each cell's capacity point, at the sample with the most pages used "
-                     "(eval/anatomy.py; anatomy.png plots them over time):\n\n" + text)
+                     "(eval/lib/anatomy.py; anatomy.png plots them over time):\n\n" + text)
     matched = [(f"{s}, {kind.split('-')[1]} in flight (seed {seed})", pool, a)
                for s, pool, seed, kind, a in matched_anatomy(cells, systems)]
     if text := anatomy.table(matched, "mean"):
@@ -671,7 +671,7 @@ def pool_pages_for(system: str, pool: int, equal_bytes: bool, model_dtype: str =
 
 
 def cpu_servers(model: str, args, prompt_tokens: list[int]):
-    """make_server for run_cells on this machine: eval.run's servers (float32), each PIC system with the host
+    """make_server for run_cells on this machine: eval.experiments.run's servers (float32), each PIC system with the host
     tier, the model's context unless the prompts need more."""
     extra, env = context_args(model, {(args.chunks, args.reuse): prompt_tokens}, MEPIC_PAGE_SIZE, args.new_tokens)
 
@@ -734,7 +734,7 @@ class Plan:
 
 def plan(args, variants: dict = KV_VARIANTS) -> Plan:
     """The run's systems, pools, seeds and targets from its arguments (--quick filled in); a bad one exits.
-    variants: the KV-dtype systems the run may name beside eval.run's (KV_VARIANTS, or the device's)."""
+    variants: the KV-dtype systems the run may name beside eval.experiments.run's (KV_VARIANTS, or the device's)."""
     if args.quick:
         args.systems = args.systems or ",".join(QUICK["systems"])
         args.pools = args.pools or ",".join(map(str, QUICK["pools"]))
@@ -759,7 +759,7 @@ def plan(args, variants: dict = KV_VARIANTS) -> Plan:
 
 
 def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline: float | None = None,
-        note: str = "", module: str = "eval.capacity", machine: str | None = None,
+        note: str = "", module: str = "eval.experiments.capacity", machine: str | None = None,
         server_start_s: float = 0.0) -> list[Cell]:
     """Run what `todo_of` asks that --out does not hold yet (all of it without --resume), record the invocation,
     write the report; returns every cell. prepare(seeds) -> ({seed: prompts}, make_server), called only when a
@@ -842,7 +842,8 @@ def report(args, cells: list[Cell], systems: list[str], pools: list[int], settin
     systems = systems + [s for s in dict.fromkeys(c.system for c in cells) if s not in systems]
     pools = sorted({*pools, *(c.pool_pages for c in cells if c.kind == "capacity")})
     header = ["Commands (one line an invocation; a stopped run goes on with --resume):"]
-    header += [f"- `python -m {r.get('module', 'eval.capacity')} {shlex.join(r['argv'])}`: {r['started']} UTC, "
+    header += [f"- `python -m {provenance.module_now(r.get('module', 'eval.experiments.capacity'))} "
+               f"{shlex.join(r['argv'])}`: {r['started']} UTC, "
                f"{r['cells_run']} cells in {r['wall_s'] / 60:.1f} min, load average {r['load_before']} before, "
                f"{r['load_after']} after" + (f" (stopped part way{stop_reason(r)})" if r.get("stopped") else "")
                + "".join(f"; {r[k]}" for k in ("withdrawn", "note") if r.get(k)) for r in runs]

@@ -1,10 +1,10 @@
 """The README's headline table and the paper's Table 2, generated from committed results.
 
-    .venv/bin/python -m eval.headline           # print both
-    .venv/bin/python -m eval.headline --write   # and replace them in README.md and docs/results.md
+    .venv/bin/python -m eval.reports.headline           # print both
+    .venv/bin/python -m eval.reports.headline --write   # and replace them in README.md and docs/results.md
 
 Nothing is typed in by hand: every figure is read from a `results.json` that
-`eval.run` wrote (its command is in the table beside it), as the median and the
+`eval.experiments.run` wrote (its command is in the table beside it), as the median and the
 range over that run's repeats. A source that has not been run yet shows as "not
 run", and a target is judged only on figures that exist.
 """
@@ -15,9 +15,10 @@ import re
 import statistics
 from pathlib import Path
 
-from eval import capacity, provenance
+from eval.experiments import capacity
+from eval.lib import provenance
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "eval" / "results"
 # The runs the headline reads: (label, results.json).
 TINY_BASE = RESULTS / "squad-paper" / "base-repeats" / "results.json"
@@ -33,14 +34,14 @@ CAPACITY = RESULTS / "capacity" / "results.json"
 # The same search on another dataset and on the default model, at one pool each (issue 50).
 CAPACITY_MORE = {"capacity-hotpotqa": RESULTS / "capacity-hotpotqa" / "results.json",
                  "capacity-smollm2": RESULTS / "capacity-smollm2" / "results.json"}
-# fp8 KV (issue 73): mepic over an fp8 cache against a bf16 one, at equal pool bytes (eval.capacity --equal-bytes).
+# fp8 KV (issue 73): mepic over an fp8 cache against a bf16 one, at equal pool bytes (eval.experiments.capacity --equal-bytes).
 CAPACITY_FP8 = RESULTS / "capacity-fp8" / "results.json"
 TABLE2 = {"squad": RESULTS / "squad-paper" / "base-repeats" / "results.json",
           "hotpotqa": RESULTS / "hotpotqa-paper" / "base-repeats" / "results.json"}
 # The paper's Table 2 (Mistral-7B, vLLM + LMCache, Ascend 910B): SQuAD only of our datasets.
 PAPER_TABLE2 = {"squad": {"mepic": (116.0, 27.7, 0.74), "cacheblend-0.15": (119.4, 54.5, 0.73),
                           "epic-16": (114.7, 54.1, 0.72)}}
-BEGIN, END = "<!-- {name}:begin (eval.headline writes this) -->", "<!-- {name}:end -->"
+BEGIN, END = "<!-- {name}:begin (eval.reports.headline writes this) -->", "<!-- {name}:end -->"
 
 
 def load(path: Path) -> dict | None:
@@ -74,7 +75,7 @@ def per_run(results: dict | None, system: str, key: str) -> list[float]:
 
 def runs_per_point(results: dict) -> str:
     """How many runs each point has: one count, or one per system where a stopped run's tables
-    (eval.run --tables-only) kept fewer for some."""
+    (eval.experiments.run --tables-only) kept fewer for some."""
     kept = {}
     for r in results["runs"]:
         kept.setdefault(r["system"], set()).add(r["seed"])
@@ -215,12 +216,12 @@ def headline() -> str:
                          f"`{rel(SMOL[ds])}` |")
     sources = [(p, load(p)) for p in (TINY_BASE, TINY_QPS, *SMOL.values(), *SMOL_TTFT.values())]
     runs = (cap or {}).get("invocations", [])
-    notes = [f"- `{rel(CAPACITY)}`: " + ("; ".join(f"`python -m eval.capacity {' '.join(r['argv'])}` "
+    notes = [f"- `{rel(CAPACITY)}`: " + ("; ".join(f"`python -m eval.experiments.capacity {' '.join(r['argv'])}` "
                                                  f"({r['wall_s'] / 60:.0f} min"
                                                  + (", cells withdrawn: see its table" if r.get("withdrawn") else "")
                                                  + ")" for r in runs) or "not run yet")
              + ("; the fixed-QPS rows below it are the secondary figures" if runs else "")]
-    notes += [f"- `{rel(p)}`: " + (f"`{r['command']}`, model {r['model']}, {runs_per_point(r)}, "
+    notes += [f"- `{rel(p)}`: " + (f"`{provenance.current(r['command'])}`, model {r['model']}, {runs_per_point(r)}, "
                                    f"pool {' / '.join(f'{x:,}' for x in r.get('pool_pages', []))} pages, "
                                    f"{r['minutes']:.0f} min" if r else "not run yet")
              for p, r in sources]
@@ -243,16 +244,17 @@ def table2() -> str:
             paper = PAPER_TABLE2.get(ds, {}).get(system)
             theirs = " | ".join(f"{x:g}" for x in paper) if paper else "— | — | —"
             lines.append(f"| {ds} | {system} | {latency} | {peak} | {f1} | {theirs} |")
-    notes = [f"- `{rel(p)}`: " + (f"`{r['command']}`, model {r['model']}, {len(r.get('seeds', [0]))} run(s), "
+    notes = [f"- `{rel(p)}`: " + (f"`{provenance.current(r['command'])}`, model {r['model']}, "
+                                   f"{len(r.get('seeds', [0]))} run(s), "
                                    f"{r['minutes']:.0f} min" if r else "not run yet") for p, r in sources]
     return "\n".join(lines + ["", "Sources (F1 from the SmolLM2 runs of the headline):", *notes])
 
 
 def capacity_tables(results: Path = CAPACITY) -> str:
-    """eval.capacity's table.md as it wrote it, below its title."""
+    """eval.experiments.capacity's table.md as it wrote it, below its title."""
     table = results.with_name("table.md")
     if not table.is_file():
-        return f"Not run yet: `python -m eval.capacity --out {rel(results.parent)}`."
+        return f"Not run yet: `python -m eval.experiments.capacity --out {rel(results.parent)}`."
     return table.read_text().split("\n", 1)[1].strip() + f"\n\nFrom `{rel(table)}`; the plot is `{rel(results.with_name('capacity.png'))}`."
 
 
@@ -288,7 +290,7 @@ def refuse_absolute_paths(blocks) -> None:
              for path, name, body in blocks for line in body.splitlines()
              for p in provenance.absolute_paths(line)]
     if found:
-        raise SystemExit("eval.headline: refusing to write absolute paths (make the command in the results.json "
+        raise SystemExit("eval.reports.headline: refusing to write absolute paths (make the command in the results.json "
                          "it cites relative to the repository):\n" + "\n".join(found))
 
 

@@ -1,6 +1,6 @@
 """A static performance model of the attention kernels, ours beside SGLang's Triton kernels.
 
-    python -m eval.kernel_model [--arch 90] [--rope default|table|chip]
+    python -m eval.bench.kernel_model [--arch 90] [--rope default|table|chip]
 
 No GPU needed. Every kernel is compiled the way Triton's launcher compiles it
 on the GPU (`sglang_mepic.kernels.aot.compile_launch`: the launch's own

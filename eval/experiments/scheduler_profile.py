@@ -1,13 +1,13 @@
 """Where SGLang's scheduler spends its busy time: inside the model forward or outside it.
 
-    .venv/bin/python -m eval.scheduler_profile                       # vanilla and mepic, HotpotQA, QPS 8, 150 requests
-    .venv/bin/python -m eval.scheduler_profile --requests 300 --out eval/results/profile-after.txt
-    .venv/bin/python -m eval.scheduler_profile --from-raw /tmp/prof  # re-read the raw profiles a run kept (--raw-dir)
-    .venv/bin/python -m eval.scheduler_profile --systems vanilla,mepic,vanilla,mepic,vanilla,mepic  # 3 interleaved pairs
+    .venv/bin/python -m eval.experiments.scheduler_profile                       # vanilla and mepic, HotpotQA, QPS 8, 150 requests
+    .venv/bin/python -m eval.experiments.scheduler_profile --requests 300 --out eval/results/profile-after.txt
+    .venv/bin/python -m eval.experiments.scheduler_profile --from-raw /tmp/prof  # re-read the raw profiles a run kept (--raw-dir)
+    .venv/bin/python -m eval.experiments.scheduler_profile --systems vanilla,mepic,vanilla,mepic,vanilla,mepic  # 3 interleaved pairs
 
-For each system it starts a fresh server as eval.run does, sends the first
-`--requests` of eval.run's paper workload (reuse 0.85, 7 chunks, 16 new tokens,
-greedy) at `--qps` as eval.run does, and samples SGLang's scheduler process
+For each system it starts a fresh server as eval.experiments.run does, sends the first
+`--requests` of eval.experiments.run's paper workload (reuse 0.85, 7 chunks, 16 new tokens,
+greedy) at `--qps` as eval.experiments.run does, and samples SGLang's scheduler process
 (`sglang::scheduler`) with py-spy from just before the first request until the
 last reply: `py-spy record --format raw --idle --full-filenames --rate R`.
 py-spy attaches with ptrace (root, or CAP_SYS_PTRACE, or ptrace_scope 0).
@@ -67,14 +67,14 @@ import psutil
 from tqdm import tqdm
 
 import sglang_mepic
-from eval import provenance
-from eval.run import DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, context_args, run_point, serve, tiered
-from eval.workloads import render, with_reuse
+from eval.experiments.run import DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, context_args, run_point, serve, tiered
+from eval.lib import provenance
+from eval.lib.workloads import render, with_reuse
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 
 # Issue 47's target: mepic's share of busy scheduler time outside the forward at most this times vanilla's.
 TARGET_RATIO = 1.2
-NEW_TOKENS = 16  # eval.run's default
+NEW_TOKENS = 16  # eval.experiments.run's default
 MAIN_LOOP = ("Scheduler.event_loop_normal", "Scheduler.event_loop_overlap")
 FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 MEPIC_FILE = re.compile(r"^(?P<root>.*)/(?P<top>sglang_mepic)/(?:[^/]+/)*[^/]+\.py$")
@@ -333,7 +333,7 @@ def profile(system: str, model: str, extra: list[str], env: dict, texts: list[st
 
 
 def workload(model: str, dataset: str, requests: int) -> tuple[list[str], list[str], dict]:
-    """The first `requests` of eval.run's paper workload: texts, server flags and environment."""
+    """The first `requests` of eval.experiments.run's paper workload: texts, server flags and environment."""
     from transformers import AutoTokenizer
 
     base = PAPER["base"]
@@ -345,7 +345,7 @@ def workload(model: str, dataset: str, requests: int) -> tuple[list[str], list[s
     return texts, extra, env
 
 
-def provenance(argv: list[str]) -> list[str]:
+def how_it_ran(argv: list[str]) -> list[str]:
     """Command, date, machine and the commit of the code the servers import."""
     root = Path(sglang_mepic.__file__).resolve().parent.parent
     git = ["git", "-C", str(root)]
@@ -357,7 +357,7 @@ def provenance(argv: list[str]) -> list[str]:
     path = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " if os.environ.get("PYTHONPATH") else ""
     where = "" if Path.cwd().resolve() == provenance.ROOT else f" (in {Path.cwd()})"
     code = "this checkout" if root == provenance.ROOT else str(root)
-    return [f"command: {path}{provenance.command('eval.scheduler_profile', argv)}{where}",
+    return [f"command: {path}{provenance.command('eval.experiments.scheduler_profile', argv)}{where}",
             f"date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
             f"machine: {platform.node()}, {cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
             f"code: {code} at {commit or 'unknown commit'}"
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dataset", default="hotpotqa")
     ap.add_argument("--qps", type=float, default=8.0)
     ap.add_argument("--requests", type=int, default=150,
-                    help=f"the first N of eval.run's {PAPER['requests']}-request paper workload")
+                    help=f"the first N of eval.experiments.run's {PAPER['requests']}-request paper workload")
     ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     ap.add_argument("--top", type=int, default=15, help="functions listed per system")
     ap.add_argument("--model", default="models/tiny")
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"bad arguments: systems {unknown or 'ok'}, --requests {args.requests} "
                          f"(1-{PAPER['requests']}), --qps {args.qps} (> 0)")
 
-    lines = provenance(argv)
+    lines = how_it_ran(argv)
     runs = labels(systems)
     splits = {}
     if args.from_raw:
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         model = str(Path(args.model).resolve())
         texts, extra, env = workload(model, args.dataset, args.requests)
-        lines.append(f"workload: {args.dataset}, the first {len(texts)} of eval.run's paper workload "
+        lines.append(f"workload: {args.dataset}, the first {len(texts)} of eval.experiments.run's paper workload "
                      f"({PAPER['base']['chunks']} chunks, reuse {PAPER['base']['reuse']:g}, {NEW_TOKENS} new tokens, "
                      f"greedy), QPS {args.qps:g}, model {Path(model).name} float32; py-spy at {args.rate} Hz")
         raw_dir = args.raw_dir or Path(tempfile.mkdtemp(prefix="mepic-profile-"))

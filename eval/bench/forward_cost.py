@@ -1,13 +1,13 @@
 """What a prefill forward costs against the tokens it computes: its fixed part and its per-token part.
 
-    .venv/bin/python -m eval.forward_cost [--model models/smollm2-135m] [--systems vanilla,mepic]
+    .venv/bin/python -m eval.bench.forward_cost [--model models/smollm2-135m] [--systems vanilla,mepic]
                                           [--tokens 16,64,128,256,512,1024] [--repeats 5] [--poll-metrics]
-    .venv/bin/python -m eval.forward_cost --context 0,256,512,1024 [--question 64] [--head 16] [--poll-metrics] [...]
+    .venv/bin/python -m eval.bench.forward_cost --context 0,256,512,1024 [--question 64] [--head 16] [--poll-metrics] [...]
 
-One server per system (eval.run's flags, float32). Requests go one at a time, so
+One server per system (eval.experiments.run's flags, float32). Requests go one at a time, so
 each prefill is alone in its batch: prompts of random token ids (a fresh draw per
 request, so no prefix is cached), one new token. The forward is SGLang's
-`prefill_finished_time - forward_entry_time` (what eval.run reports as forward).
+`prefill_finished_time - forward_entry_time` (what eval.experiments.run reports as forward).
 Prints its p50 per prompt length and the least-squares line forward = a + b * tokens:
 `a` is the cost that does not shrink when reuse cuts the tokens computed, and
 bounds what any reuse can do to a prefill's latency on this machine.
@@ -24,7 +24,7 @@ varying instruction or chunk order does: the chunks are then no prefix, vanilla
 computes them, and mepic reuses them through its plan (pages reordered, each
 chunk's first block recomputed, RoPE at mapped positions, an explicit mask).
 
-`--poll-metrics` also polls `/metrics` ten times a second meanwhile, as eval.run's
+`--poll-metrics` also polls `/metrics` ten times a second meanwhile, as eval.experiments.run's
 KV sampler does during its points: on 2 cores what the server's HTTP process
 spends on it is taken from the forward's threads.
 """
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import requests
 
-from eval import served
-from eval.run import SYSTEMS, Sampler, computed_tokens
+from eval.experiments.run import SYSTEMS, Sampler, computed_tokens
+from eval.lib import served
 from sglang_mepic.lang import chunk
 from sglang_mepic.launch import models
 
@@ -72,7 +72,7 @@ def text_forward(server, text: str) -> tuple[float, int, int]:
 
 @contextlib.contextmanager
 def polled(server, poll: bool):
-    """With `poll`, /metrics is polled at 10 Hz while the block runs, as eval.run's KV sampler does."""
+    """With `poll`, /metrics is polled at 10 Hz while the block runs, as eval.experiments.run's KV sampler does."""
     sampler = Sampler(server.url, page_size=1)
     if poll:
         sampler.start()
@@ -125,7 +125,7 @@ def main(argv=None) -> None:
                          "measure the forward against the reused context instead of the tokens computed")
     ap.add_argument("--question", type=int, default=64, help="with --context: fresh tokens after the chunks")
     ap.add_argument("--head", type=int, default=0, help="with --context: fresh tokens before the chunks")
-    ap.add_argument("--poll-metrics", action="store_true", help="poll /metrics at 10 Hz meanwhile, as eval.run does")
+    ap.add_argument("--poll-metrics", action="store_true", help="poll /metrics at 10 Hz meanwhile, as eval.experiments.run does")
     served.add_url(ap)
     args = ap.parse_args(argv)
     systems, lengths = args.systems.split(","), [int(n) for n in args.tokens.split(",")]

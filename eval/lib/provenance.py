@@ -3,7 +3,7 @@
 A command recorded in a committed result is one a reader can run from their own checkout, so
 every argument that names a path inside the repository is written relative to its root
 (`models/tiny-4l`, not `/home/me/sglang-mepic/models/tiny-4l`). Paths outside it (a scratch
-`--out /tmp/x`) are kept as given: `eval.headline` refuses to write any absolute path into the
+`--out /tmp/x`) are kept as given: `eval.reports.headline` refuses to write any absolute path into the
 README, so such a run's command has to be fixed before it is cited.
 """
 
@@ -11,10 +11,18 @@ import re
 import shlex
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # An absolute path of two parts or more (/work/main, /tmp/x.json), not a URL (http://...), a ratio
 # written with spaces (mepic / epic-16) or a relative path (eval/results/x).
 ABSOLUTE = re.compile(r"(?<![\w:/.~-])/(?:[\w.@+-]+/)+[\w.@+-]*")
+# The commands as results recorded before eval/ was put in folders (issue 72) name them, and where each is now:
+# a cited command is one a reader can run, so a recorded one is cited under its module's current name.
+MOVED = {**{f"eval.{m}": f"eval.experiments.{m}" for m in (
+             "run", "capacity", "agent", "load", "fidelity", "known_reuse", "overload", "scheduler_profile")},
+         **{f"eval.{m}": f"eval.reports.{m}" for m in ("headline", "compare", "ttft_split", "build_calibration")},
+         **{f"eval.bench_{m}": f"eval.bench.{m}" for m in ("attention", "cache", "pool", "prefetch")},
+         **{f"eval.{m}": f"eval.bench.{m}" for m in ("kernel_model", "forward_cost", "known_lookup")},
+         "eval.checkpoint": "eval.lib.checkpoint"}
 
 
 def portable(value) -> str:
@@ -36,6 +44,19 @@ def portable(value) -> str:
 def command(module: str, argv) -> str:
     """`python -m <module> <argv>`, each argument quoted and made portable."""
     return " ".join(["python", "-m", module, *(shlex.quote(portable(a)) for a in argv)])
+
+
+def module_now(module: str) -> str:
+    """A recorded command's module under its current name (MOVED); a current name unchanged."""
+    return MOVED.get(module, module)
+
+
+def current(command: str) -> str:
+    """A recorded `python -m <module> ...` with its module under its current name; anything else unchanged."""
+    parts = command.split(" ", 3)
+    if parts[:2] == ["python", "-m"] and len(parts) > 2:
+        parts[2] = module_now(parts[2])
+    return " ".join(parts)
 
 
 def absolute_paths(text: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""The finished points of an eval.run, kept on disk so that a stopped run can resume.
+"""The finished points of an eval.experiments.run, kept on disk so that a stopped run can resume.
 
 A paper sweep runs 60-100 minutes on 2 cores and writes its table only at the
 end; without this, a run stopped at minute 90 (a crash, a reboot, a session that
@@ -16,7 +16,7 @@ a paper sweep's 6.6 MB are 0.46 MB) and removes the plain file: the packed one i
 what is committed. A resumed run of a packed folder leaves the packed file as it
 is and appends to a new `points.jsonl` that holds a header and the points it adds;
 readers (`read_points`) read the packed points and then the plain ones, and the
-next pack merges the two. `python -m eval.checkpoint pack FOLDER...` packs a
+next pack merges the two. `python -m eval.lib.checkpoint pack FOLDER...` packs a
 folder by hand (one written before runs packed, or one a --tables-only read).
 """
 
@@ -53,7 +53,7 @@ def _parse(path: Path) -> tuple[str, dict, list[tuple[str, dict]]]:
     except json.JSONDecodeError:
         head = {}
     if not isinstance(head, dict) or "settings" not in head:
-        raise ValueError(f"{path} is not an eval.run checkpoint; remove it or choose another --out")
+        raise ValueError(f"{path} is not an eval.experiments.run checkpoint; remove it or choose another --out")
     records = []
     for line in lines[1:]:
         if not line:
@@ -71,7 +71,7 @@ def _merged(folder: Path) -> tuple[str, dict, dict[tuple, tuple[str, dict, bool]
     record in the earlier place (as a resumed checkpoint does)."""
     plain, packed = folder / NAME, folder / PACKED
     if not plain.exists() and not packed.exists():
-        raise FileNotFoundError(f"{plain} does not exist (nor {PACKED}; an eval.run --out folder holds one)")
+        raise FileNotFoundError(f"{plain} does not exist (nor {PACKED}; an eval.experiments.run --out folder holds one)")
     parts = [(p, p == plain) for p in (packed, plain) if p.exists()]
     head_line, head, points = "", {}, {}
     for path, is_plain in parts:
@@ -91,14 +91,14 @@ def _text(folder: Path) -> str:
 
 
 def read(folder: Path) -> tuple[dict, list[dict]]:
-    """The header (settings, invocations) and the finished points of an eval.run --out folder,
+    """The header (settings, invocations) and the finished points of an eval.experiments.run --out folder,
     packed or not. FileNotFoundError when it holds neither file, ValueError when it is not a checkpoint."""
     _, head, points = _merged(folder)
     return head, [record for _, record, _ in points.values()]
 
 
 def read_points(folder: Path) -> list[dict]:
-    """The finished points of an eval.run --out folder (what follows the header line), packed or not."""
+    """The finished points of an eval.experiments.run --out folder (what follows the header line), packed or not."""
     return read(folder)[1]
 
 
@@ -110,7 +110,7 @@ def pack(folder: Path) -> Path | None:
     if not plain.exists():
         if packed.exists():
             return None
-        raise FileNotFoundError(f"{plain} does not exist (nor {PACKED}; an eval.run --out folder holds one)")
+        raise FileNotFoundError(f"{plain} does not exist (nor {PACKED}; an eval.experiments.run --out folder holds one)")
     text = _text(folder).encode()
     data = lzma.compress(text, preset=PRESET)
     if lzma.decompress(data) != text:
@@ -187,7 +187,7 @@ class Checkpoint:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m eval.checkpoint", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m eval.lib.checkpoint", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pack", help=f"pack each folder's {NAME} into {PACKED} (merged with one already there)")

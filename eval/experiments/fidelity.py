@@ -1,6 +1,6 @@
 """Fidelity of chunk reuse: SmolLM2-135M-Instruct on SQuAD, every mode against `full`.
 
-    .venv/bin/python -m eval.fidelity [--questions 48] [--chunks 4] [--new-tokens 16]
+    .venv/bin/python -m eval.experiments.fidelity [--questions 48] [--chunks 4] [--new-tokens 16]
                                       [--modes full,naive,epic-16,mepic,mepic:leading]
                                       [--prompt chat|raw] [--json results.json]
 
@@ -36,9 +36,9 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval import served
-from eval.scoring import contains, exact_match, f1, prefix_agreement
-from eval.workloads import Request, load_json, render
+from eval.lib import served
+from eval.lib.scoring import contains, exact_match, f1, prefix_agreement
+from eval.lib.workloads import Request, load_json, render
 from sglang_mepic.launch import models
 
 def load_prompts(n: int, chunks: int, seed: int = 0) -> list[Request]:

@@ -1,10 +1,10 @@
 """RAG evaluation: MEPIC against EPIC, CacheBlend, naive reuse and SGLang's prefix cache.
 
-    .venv/bin/python -m eval.run --quick            # every system, 2 QPS x 2 context lengths, < 15 min
-    .venv/bin/python -m eval.run                    # the full sweep (more QPS values and lengths)
-    .venv/bin/python -m eval.run --dataset hotpotqa --qps 0.5,1 --chunks 4,8 --requests 24
-    .venv/bin/python -m eval.run --reuse 0.85 --chunks 6 --requests 300   # a set share of chunks repeating
-    .venv/bin/python -m eval.run --paper [--dataset hotpotqa] [--sweeps qps,chunks,reuse]
+    .venv/bin/python -m eval.experiments.run --quick            # every system, 2 QPS x 2 context lengths, < 15 min
+    .venv/bin/python -m eval.experiments.run                    # the full sweep (more QPS values and lengths)
+    .venv/bin/python -m eval.experiments.run --dataset hotpotqa --qps 0.5,1 --chunks 4,8 --requests 24
+    .venv/bin/python -m eval.experiments.run --reuse 0.85 --chunks 6 --requests 300   # a set share of chunks repeating
+    .venv/bin/python -m eval.experiments.run --paper [--dataset hotpotqa] [--sweeps qps,chunks,reuse]
 
 `--paper` runs the MEPIC paper's sweeps at its scale: 300 requests per point, the
 SQuAD shape of its Table 1 (about 85% of chunk tokens reused, about 2.2k prompt
@@ -12,7 +12,7 @@ tokens: 7 chunks) as the base point, and one variable swept at a time: QPS (ligh
 load to past this machine's saturation), chunks per request (2-16) and reuse
 (0.3-0.95). It serves the tiny random Llama: pages, reuse and scheduling do not
 depend on model quality, and it is fast enough on 2 cores for 300-request points.
-Fidelity is measured apart, on SmolLM2 (eval.fidelity).
+Fidelity is measured apart, on SmolLM2 (eval.experiments.fidelity).
 
 Each system gets a fresh server (SmolLM2-135M-Instruct, float32, greedy); between
 sweep points its cache is flushed. Requests arrive open-loop (Poisson at the
@@ -50,10 +50,10 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval import anatomy, provenance, served
-from eval.checkpoint import Checkpoint
-from eval.scoring import contains, exact_match, f1, prefix_agreement, top1_agreement
-from eval.workloads import DATASETS, render, reuse_ratio, with_reuse
+from eval.lib import anatomy, provenance, served
+from eval.lib.checkpoint import Checkpoint
+from eval.lib.scoring import contains, exact_match, f1, prefix_agreement, top1_agreement
+from eval.lib.workloads import DATASETS, render, reuse_ratio, with_reuse
 from sglang_mepic.launch import models
 from sglang_mepic.launch.defaults import CPU_MAX_TOTAL_TOKENS
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
@@ -111,7 +111,7 @@ class Point:
     occupied_pages: list = field(default_factory=list)  # sampled pages not free: pinned + tree + chunk store
     counters: dict = field(default_factory=dict)  # COUNTERS over the point (PIC systems)
     host_tier_gb: float = 0.0
-    anatomy: dict = field(default_factory=dict)  # where the pages went (eval/anatomy.py: peak, mean, series)
+    anatomy: dict = field(default_factory=dict)  # where the pages went (eval/lib/anatomy.py: peak, mean, series)
 
     @classmethod
     def load(cls, record: dict) -> "Point":
@@ -293,7 +293,7 @@ def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, n
 
 
 def _interrupted(server, halt: threading.Event) -> None:
-    """Ctrl-C (or SIGTERM, which eval.capacity turns into it) mid-run: the threads still waiting to
+    """Ctrl-C (or SIGTERM, which eval.experiments.capacity turns into it) mid-run: the threads still waiting to
     send give up and the requests in flight are aborted, so the pool's threads end and the run stops."""
     halt.set()
     try:
@@ -611,7 +611,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--reuse", type=float, default=None,
-                    help="share of chunks that repeat an earlier one, 0-0.95 (eval.workloads.with_reuse); "
+                    help="share of chunks that repeat an earlier one, 0-0.95 (eval.lib.workloads.with_reuse); "
                          "default: the dataset's own draw")
     ap.add_argument("--seed", type=int, default=0, help="the first run's seed (workload draw and arrivals)")
     ap.add_argument("--repeats", type=int, default=1,
@@ -765,7 +765,7 @@ def report(args, argv, p: RunPlan, wl: Workload, checkpoint: Checkpoint, runs: l
     ratio_rows = ratios(per_run)
     md = table(rows)
     pools = sorted({pt.pool_pages for pt in results})
-    command = provenance.command("eval.run", argv if argv is not None else sys.argv[1:])
+    command = provenance.command("eval.experiments.run", argv if argv is not None else sys.argv[1:])
     shape = ", ".join(f"{statistics.median(wl.ratios[(c, r, s)] for s in seeds):.3f} reused over "
                       f"{statistics.median(wl.lengths[(c, r, s)] for s in seeds):.0f} prompt tokens at {c} chunks"
                       + (f" (reuse {r:g} asked)" if r is not None else "")
@@ -795,7 +795,7 @@ def report(args, argv, p: RunPlan, wl: Workload, checkpoint: Checkpoint, runs: l
         "host_tier_gb": args.host_tier_gb, "rows": rows, "runs": per_run, "ratios": ratio_rows}, indent=2))
     if args.tables_only:  # read only: a run may still be appending to it
         if checkpoint.path.exists():
-            print(f"[checkpoint] {checkpoint.path} left as it is; `python -m eval.checkpoint pack {out}` packs it "
+            print(f"[checkpoint] {checkpoint.path} left as it is; `python -m eval.lib.checkpoint pack {out}` packs it "
                   "for committing")
     elif packed := checkpoint.pack():
         print(f"[checkpoint] the points are packed into {packed} (committed; --resume reads it)")
@@ -819,13 +819,9 @@ def report(args, argv, p: RunPlan, wl: Workload, checkpoint: Checkpoint, runs: l
     print(f"[results] {out}/table.md, {out}/results.json")
 
 
-def main(argv=None) -> None:
-    """The steps of a run: its plan, its workload, the checkpoint it resumes, the runs, the report."""
-    args = parser().parse_args(argv)
-    args.resume = args.resume or args.tables_only
-    p = plan(args)
-    p.out.mkdir(parents=True, exist_ok=True)
-    wl = workload_of(args, p)
+def resume(args, p: RunPlan, wl: Workload) -> tuple[Checkpoint, list, dict]:
+    """The run's checkpoint (refused under other settings; --tables-only reads it and writes nothing), every
+    (system, point, seed) run of the plan, and the finished ones it keeps; --tables-only keeps only those runs."""
     settings = {"dataset": args.dataset, "requests": p.requests, "new_tokens": args.new_tokens,
                 "model": Path(wl.model).name, "pool_pages": p.pool_pages, "host_tier_gb": args.host_tier_gb}
     try:
@@ -844,8 +840,20 @@ def main(argv=None) -> None:
             sys.exit(f"bad arguments: --tables-only: {checkpoint.source} holds none of these runs")
     print(f"[checkpoint] each finished point goes to {checkpoint.path}; if this run stops, "
           "the same command with --resume goes on from there")
+    return checkpoint, runs, done
+
+
+def main(argv=None) -> None:
+    """The steps of a run: its plan, its workload, the checkpoint it resumes, the runs, the report."""
+    args = parser().parse_args(argv)
+    args.resume = args.resume or args.tables_only  # --tables-only reads the points a run kept
+    p = plan(args)
+    p.out.mkdir(parents=True, exist_ok=True)
+    wl = workload_of(args, p)
+    checkpoint, runs, done = resume(args, p, wl)
     run_all(args, p, wl, checkpoint, runs, done)
     report(args, argv, p, wl, checkpoint, runs, done)
+
 
 if __name__ == "__main__":
     main()

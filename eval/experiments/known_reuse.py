@@ -1,7 +1,7 @@
 """Reuse from unmarked prompts: the SQuAD paper workload sent plain, under `--mepic-auto-chunk known`.
 
-    .venv/bin/python -m eval.known_reuse                       # tiny-4l, 100 requests, 7 chunks, reuse 0.85
-    .venv/bin/python -m eval.known_reuse --requests 300 --seeds 0,1,2
+    .venv/bin/python -m eval.experiments.known_reuse                       # tiny-4l, 100 requests, 7 chunks, reuse 0.85
+    .venv/bin/python -m eval.experiments.known_reuse --requests 300 --seeds 0,1,2
 
 A RAG pipeline registers its documents at indexing time and pastes the retrieved ones into one plain
 prompt (`Document: <text>` blocks, as common RAG templates join them). The same requests are sent
@@ -26,11 +26,11 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval import provenance, served
-from eval.workloads import INSTRUCTION, with_reuse
+from eval.lib import provenance, served
+from eval.lib.workloads import INSTRUCTION, with_reuse
 from sglang_mepic.lang import chunk
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def prompt(request, marked: bool) -> str:
@@ -101,7 +101,7 @@ def main() -> None:
         print(f"median unmarked / marked: {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f});"
               f" target >= 0.9")
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    result = {"command": provenance.command("eval.known_reuse", sys.argv[1:]),
+    result = {"command": provenance.command("eval.experiments.known_reuse", sys.argv[1:]),
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "load_before": load_before, "load_after": load_after, "wall_s": round(time.time() - started, 1),
               "rows": rows}

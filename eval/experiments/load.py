@@ -1,9 +1,9 @@
 """Load test: many clients, chunked and plain prompts, a device pool small enough to force eviction.
 
-    .venv/bin/python -m eval.load                  # 500 requests from 16 clients, host tier on
-    .venv/bin/python -m eval.load --compare        # the same workload without, then with, the host tier
-    .venv/bin/python -m eval.load --model smollm2 --requests 200
-    .venv/bin/python -m eval.load --cluster 2      # through sglang-router: each policy, shared tier on
+    .venv/bin/python -m eval.experiments.load                  # 500 requests from 16 clients, host tier on
+    .venv/bin/python -m eval.experiments.load --compare        # the same workload without, then with, the host tier
+    .venv/bin/python -m eval.experiments.load --model smollm2 --requests 200
+    .venv/bin/python -m eval.experiments.load --cluster 2      # through sglang-router: each policy, shared tier on
 
 A fresh server (loopback, free port) serves each run (`--url URL`: one run, on the server at URL). Three requests in four carry
 2-4 chunks drawn Zipf-like from a pool of chunks whose KV is several times the
@@ -45,9 +45,9 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval import provenance, served
-from eval.run import flush
-from eval.workloads import zipf_weights
+from eval.experiments.run import flush
+from eval.lib import provenance, served
+from eval.lib.workloads import zipf_weights
 from sglang_mepic.lang import chunk
 from sglang_mepic.launch import models
 from sglang_mepic.launch.cluster import Cluster
@@ -322,7 +322,7 @@ def main_cluster(args, argv, model: str, jobs: list[Job], base: list[str]) -> No
         runs.append(run_cluster(label, model, base, jobs, args.clients, args.time_limit, n, "mooncake", policy))
     out = args.out or Path("eval/results/cluster")
     out.mkdir(parents=True, exist_ok=True)
-    report = {"command": provenance.command("eval.load", argv if argv is not None else sys.argv[1:]),
+    report = {"command": provenance.command("eval.experiments.load", argv if argv is not None else sys.argv[1:]),
               "model": provenance.portable(args.model), "instances": n, "clients": args.clients, "requests": len(jobs),
               "chunked_requests": sum(1 for j in jobs if j.chunks), "streamed": sum(1 for j in jobs if j.stream),
               "runs": runs}
@@ -375,7 +375,7 @@ def main(argv=None) -> None:
                         base + ["--mepic-host-tier-gb", str(args.host_tier_gb)], jobs, args.clients, args.time_limit))
 
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"command": provenance.command("eval.load", argv if argv is not None else sys.argv[1:]),
+    report = {"command": provenance.command("eval.experiments.load", argv if argv is not None else sys.argv[1:]),
               "model": provenance.portable(args.model), "clients": args.clients, "chunked_requests": sum(1 for j in jobs if j.chunks),
               "streamed": sum(1 for j in jobs if j.stream), "runs": runs}
     (args.out / "results.json").write_text(json.dumps(report, indent=1))

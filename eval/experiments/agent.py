@@ -1,8 +1,8 @@
 """Agent-shaped workload: conversations that re-read the same files and tool outputs at shifting positions.
 
-    .venv/bin/python -m eval.agent                                  # SmolLM2, 2 conversations x 6 turns
-    .venv/bin/python -m eval.agent --model models/tiny --conversations 4 --turns 10
-    .venv/bin/python -m eval.agent --conversations 4 --turns 8 --repeats 3   # 3 seeds: medians and ranges
+    .venv/bin/python -m eval.experiments.agent                                  # SmolLM2, 2 conversations x 6 turns
+    .venv/bin/python -m eval.experiments.agent --model models/tiny --conversations 4 --turns 10
+    .venv/bin/python -m eval.experiments.agent --conversations 4 --turns 8 --repeats 3   # 3 seeds: medians and ranges
 
 Nobody marks a chunk: the MEPIC server runs with `--mepic-auto-chunk messages`
 and plain OpenAI chat requests, so every long message but the last user turn is
@@ -44,13 +44,13 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval import provenance, served
-from eval.run import Sampler, pct
-from eval.scoring import prefix_agreement, top1_agreement
-from eval.workloads import load_json, zipf_weights
+from eval.experiments.run import Sampler, pct
+from eval.lib import provenance, served
+from eval.lib.scoring import prefix_agreement, top1_agreement
+from eval.lib.workloads import load_json, zipf_weights
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SYSTEMS = {
     "vanilla": ["--attention-backend", "torch_native", "--radix-cache-backend", "sglang"],
     "full": ["--mepic-mode", "full"],
@@ -238,7 +238,7 @@ def main(argv=None) -> None:
     wall = time.perf_counter() - t0
     rows = medians(per_seed)
     load_after = open("/proc/loadavg").read().split()[:3]
-    command = provenance.command("eval.agent", argv if argv is not None else os.sys.argv[1:])
+    command = provenance.command("eval.experiments.agent", argv if argv is not None else os.sys.argv[1:])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scale = (f"{args.conversations} conversations x {args.turns} turns, window {args.window} reads, pools of "

@@ -1,10 +1,10 @@
 """TTFT taken apart, for the requests that computed a chunk and for those whose chunks were all stored.
 
-    .venv/bin/python -m eval.ttft_split eval/results/compile-rows/smol-squad-after [more eval.run --out folders]
+    .venv/bin/python -m eval.reports.ttft_split eval/results/compile-rows/smol-squad-after [more eval.experiments.run --out folders]
 
-Reads the per-request outputs eval.run keeps (points.jsonl.xz, or points.jsonl while a run is going)
+Reads the per-request outputs eval.experiments.run keeps (points.jsonl.xz, or points.jsonl while a run is going)
 and prints, per folder, system and group, the medians of: TTFT, the time before the scheduler's queue
-(tokenizing, dispatch), the queue, the prefill forward (SGLang's meta_info times, as eval.run's
+(tokenizing, dispatch), the queue, the prefill forward (SGLang's meta_info times, as eval.experiments.run's
 tokenize/queue/forward columns), the chunk tokens compiled for the request (`mepic_compiled_tokens`)
 and the prompt tokens it recomputed. A request "computes a chunk" when its `mepic_compiled_tokens` is
 above 0.
@@ -14,7 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from eval.checkpoint import read_points
+from eval.lib.checkpoint import read_points
 
 
 def groups(folder: Path) -> dict:

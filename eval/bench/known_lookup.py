@@ -1,7 +1,7 @@
 """What finding registered documents in an unmarked prompt costs (frontend/known_texts.py).
 
-    .venv/bin/python -m eval.known_lookup                 # 10,000 documents; prompts of 1k, 8k, 32k tokens
-    .venv/bin/python -m eval.known_lookup --docs 100000
+    .venv/bin/python -m eval.bench.known_lookup                 # 10,000 documents; prompts of 1k, 8k, 32k tokens
+    .venv/bin/python -m eval.bench.known_lookup --docs 100000
 
 Registers `--docs` SQuAD-sized documents (paragraphs of the bundled SQuAD set, each made unique) in one
 namespace, then times `find` on prompts of about 1k, 8k and 32k tokens (tokens counted with the default
@@ -20,7 +20,7 @@ from sglang_mepic.frontend.known_texts import KnownTexts, text_bytes
 
 def paragraphs() -> list[str]:
     """Every paragraph of the bundled SQuAD set."""
-    from eval.workloads import load_json
+    from eval.lib.workloads import load_json
     return [p["context"] for article in load_json("squad.json")["data"] for p in article["paragraphs"]]
 
 

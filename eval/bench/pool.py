@@ -1,6 +1,6 @@
 """Does a big cached tree slow the scheduler down? Decode-step time, empty tree against full.
 
-    .venv/bin/python -m eval.bench_pool [--pool-tokens 1048576] [--fill-pages 50000] [--requests 200]
+    .venv/bin/python -m eval.bench.pool [--pool-tokens 1048576] [--fill-pages 50000] [--requests 200]
                                         [--fill-tokens 4000]
 
 Two runs, each on a fresh server with the tiny model and a pool of `--pool-tokens`:
@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 from tqdm import tqdm
 
-from eval import served
+from eval.lib import served
 from sglang_mepic.launch import models
 
 OUTPUT_TOKENS = 24

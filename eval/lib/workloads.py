@@ -10,7 +10,7 @@
 - SQuAD, long (`squad-long`): consecutive paragraphs of an article joined into
   documents of 310-450 words (about 400-600 tokens), the paper's long-prompt case:
   16 of them make a prompt of 8k-12k tokens. Reuse as `with_reuse` draws it.
-- Either, with a set reuse ratio (`with_reuse`, `eval.run --reuse`): each chunk
+- Either, with a set reuse ratio (`with_reuse`, `eval.experiments.run --reuse`): each chunk
   repeats an earlier one with that probability, popular ones more often, so the
   share of chunk tokens that repeat can be swept (the MEPIC paper's Table 1 has
   61-98%).

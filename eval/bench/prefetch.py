@@ -2,7 +2,7 @@
 read the cache made before 2026-11-24 (`sync_fetch`, `Storage.get` on the scheduler's
 thread) against the background one it makes now (`Tiers.want`/`take`, prefetch.py).
 
-    .venv/bin/python -m eval.bench_prefetch [--model models/tiny] [--chunks 8] [--chunk-pages 4,32] [--reps 20]
+    .venv/bin/python -m eval.bench.prefetch [--model models/tiny] [--chunks 8] [--chunk-pages 4,32] [--reps 20]
 
 A KV pool of the model's shape (layers, KV heads, head dim, dtype from its
 config.json) at page size 16 on the CPU; `--chunks` chunk entries written to a

@@ -1,6 +1,6 @@
-"""Two systems of one eval.run checkpoint, compared seed by seed and request by request.
+"""Two systems of one eval.experiments.run checkpoint, compared seed by seed and request by request.
 
-    python -m eval.compare eval/results/smollm2/squad mepic epic-16
+    python -m eval.reports.compare eval/results/smollm2/squad mepic epic-16
 
 The tables give each system's median over its requests. Where two systems ran the
 same seed they received the same prompts at the same moments, so their requests
@@ -11,7 +11,7 @@ Prints, per seed: TTFT p50 and mean of each system and their ratios, and over
 the requests neither system held for a compile, the paired difference of the
 prefill forward (deciles 10 / 50 / 90). Then, per system and seed, the forward
 of those requests split by whether another request was in flight meanwhile:
-a request alone is what eval.forward_cost measures, so the two can be set side
+a request alone is what eval.bench.forward_cost measures, so the two can be set side
 by side.
 """
 
@@ -20,8 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from eval.checkpoint import key, read_points
-from eval.run import computed_tokens, pct, ttft_parts
+from eval.experiments.run import computed_tokens, pct, ttft_parts
+from eval.lib.checkpoint import key, read_points
 
 
 def load(folder: Path) -> dict[tuple, dict]:
@@ -75,7 +75,7 @@ def alone(outputs) -> tuple[list, list]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("folder", type=Path, help="an eval.run --out folder (its points.jsonl.xz or points.jsonl)")
+    ap.add_argument("folder", type=Path, help="an eval.experiments.run --out folder (its points.jsonl.xz or points.jsonl)")
     ap.add_argument("a")
     ap.add_argument("b")
     args = ap.parse_args(argv)

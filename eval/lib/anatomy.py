@@ -1,4 +1,4 @@
-"""Where the pool's pages go during a probe: eval.run's sampler reads /server_info's `page_anatomy`
+"""Where the pool's pages go during a probe: eval.experiments.run's sampler reads /server_info's `page_anatomy`
 (sglang_mepic/pages/anatomy.py: each used page in exactly one category), and this module keeps, per
 probe, the sample at the peak, the time mean of each category and a short series for the plot; then
 the table at each cell's capacity point and the stacked plot over time, one panel per system.

@@ -1,7 +1,7 @@
 """Attention cost of the mepic backend: on CPU against SGLang's torch_native, on a GPU against SGLang's Triton.
 
-    .venv/bin/python eval/bench_attention.py [--repeat 5] [--contexts 1024,4096]   # CPU
-    python eval/bench_attention.py --device cuda [--quick] [--graph] [--rope chip|table]
+    .venv/bin/python eval/bench/attention.py [--repeat 5] [--contexts 1024,4096]   # CPU
+    python eval/bench/attention.py --device cuda [--quick] [--graph] [--rope chip|table]
 
 CPU. Part 1 times the backends' own code paths (SmolLM2-135M shapes: 9 query
 heads, 3 kv heads, head dim 64; fp32) for prefill and decode at 1k and 4k context

@@ -1,20 +1,20 @@
 """What a server's log says about one loaded point: batches, step times, forward, retractions.
 
-    .venv/bin/python -m eval.overload                      # vanilla and mepic, HotpotQA, reuse 0.85, 7 chunks, QPS 8
-    .venv/bin/python -m eval.overload --systems mepic --qps 16 --requests 300
-    .venv/bin/python -m eval.overload --systems vanilla,vanilla-page16,mepic-attention,full --qps 4 --requests 300
+    .venv/bin/python -m eval.experiments.overload                      # vanilla and mepic, HotpotQA, reuse 0.85, 7 chunks, QPS 8
+    .venv/bin/python -m eval.experiments.overload --systems mepic --qps 16 --requests 300
+    .venv/bin/python -m eval.experiments.overload --systems vanilla,vanilla-page16,mepic-attention,full --qps 4 --requests 300
 
-For each system it starts a fresh server as eval.run does (the 4-layer tiny
+For each system it starts a fresh server as eval.experiments.run does (the 4-layer tiny
 model, a pool of 16,384 pages, the same host tier for the position-independent
-systems), sends the first `--requests` of eval.run's paper workload (seed 0) at
+systems), sends the first `--requests` of eval.experiments.run's paper workload (seed 0) at
 `--qps`, and prints TTFT, e2e and the prefill forward (p50, from SGLang's
-meta_info as eval.run reads it) beside what SGLang logged: the prefill batches
+meta_info as eval.experiments.run reads it) beside what SGLang logged: the prefill batches
 (requests and new tokens per batch, median) and, every 4 decode steps, the
 running batch (median, max), the generation rate (SGLang's, which also counts
 prefill batches run between two logs), the decode step it implies (running /
 rate, median) and whether any request was retracted.
 
-Besides eval.run's systems, two that take `full` apart one difference at a time
+Besides eval.experiments.run's systems, two that take `full` apart one difference at a time
 (vanilla: torch_native attention, SGLang's radix cache, pages of 1 token; full:
 mepic attention, the mepic radix cache, pages of 16):
 - vanilla-page16: vanilla with pages of 16 tokens;
@@ -30,9 +30,10 @@ from pathlib import Path
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from eval import served
-from eval.run import DEFAULT_HOST_TIER_GB, PAPER_POOL_PAGES, SYSTEMS, context_args, run_point, serve, tiered, ttft_parts
-from eval.workloads import render, with_reuse
+from eval.experiments.run import (DEFAULT_HOST_TIER_GB, PAPER_POOL_PAGES, SYSTEMS, context_args, run_point, serve, tiered,
+                                  ttft_parts)
+from eval.lib import served
+from eval.lib.workloads import render, with_reuse
 from sglang_mepic.launch import models
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 
@@ -84,10 +85,10 @@ def main() -> None:
     ap.add_argument("--systems", default="vanilla,mepic", help="comma-separated, from " + ", ".join(CHOICES))
     ap.add_argument("--dataset", default="hotpotqa")
     ap.add_argument("--qps", type=float, default=8.0)
-    ap.add_argument("--requests", type=int, default=150, help="the first N of eval.run's 300-request workload")
+    ap.add_argument("--requests", type=int, default=150, help="the first N of eval.experiments.run's 300-request workload")
     ap.add_argument("--reuse", type=float, default=0.85)
     ap.add_argument("--chunks", type=int, default=7)
-    ap.add_argument("--model", default=None, help=f"HF model folder (default: {models.EVAL_MODEL}, as eval.run --paper)")
+    ap.add_argument("--model", default=None, help=f"HF model folder (default: {models.EVAL_MODEL}, as eval.experiments.run --paper)")
     ap.add_argument("--pool-pages", type=int, default=PAPER_POOL_PAGES)
     served.add_url(ap)
     args = ap.parse_args()

@@ -1,0 +1,1 @@
+"""End-to-end experiments: workloads sent to served instances, one command each (`python -m eval.experiments.run`)."""

@@ -1,0 +1,1 @@
+"""Reports generated from committed results or data: the headline tables, comparisons, the calibration set."""
