@@ -1,7 +1,7 @@
 """What each reuse mode recomputes and keeps: the one home of the mode rules.
 
 The planner (cache/planner.py), admission (cache/admission.py), the figures
-(cache/figures.py) and the attention backend (attention/backend.py) ask these
+(cache/report.py) and the attention backend (attention/backend.py) ask these
 functions instead of testing the mode themselves, so that a mode's rule is
 written once and the parts that apply it agree:
 - full: no chunk reuse (SGLang's prefix cache only);

@@ -108,7 +108,7 @@ def measure(size: int, mepic: bool, calls: int) -> dict[str, float | None]:
     out: dict[str, float | None] = {"cached pages": filler.cached_pages()}
     out["evictable_size"] = timed(tree.evictable_size, calls)
     out["recount"] = timed(lambda: recount_freeable(tree), max(1, calls // 4)) if mepic else None
-    out["stats"] = timed(tree.figures.stats, calls) if mepic else None
+    out["stats"] = timed(tree.report.stats, calls) if mepic else None
 
     # a request of 8 chunks that are all stored, matched (and planned) as the scheduler does
     big = chunked(-1, list(range(8)))

@@ -22,7 +22,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
 
 from sglang_mepic import modes
-from sglang_mepic.cache import figures
+from sglang_mepic.cache import report
 from sglang_mepic.cache.link import Link, link_of
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class Admission:
     for EPIC's copies) and the totals it adds each admitted request's figures to."""
 
     def __init__(self, *, pages: PoolPages, refs: PageRefs, store: ChunkStore, tiers: Tiers, kv_pool: MHATokenToKVPool,
-                 evict: Callable[[EvictParams], EvictResult], counters: figures.Counters, mode: modes.Mode,
+                 evict: Callable[[EvictParams], EvictResult], counters: report.Counters, mode: modes.Mode,
                  canonical_from: int | None, page_size: int) -> None:
         self.pages, self.refs, self.store, self.tiers, self.kv_pool = pages, refs, store, tiers, kv_pool
         self.evict, self.counters = evict, counters
@@ -78,7 +78,7 @@ class Admission:
                 self.store.lookup(key)
         plan = cast("Planned", link.planned).plan  # planned: it was admitted
         hits = plan.hits if plan is not None else sum(1 for k in link.keys if self.store.peek(k) is not None)
-        figures.count_admitted(link, req.prefix_len, self.counters, self.mode, self.canonical_from or 0,
+        report.count_admitted(link, req.prefix_len, self.counters, self.mode, self.canonical_from or 0,
                                self.page_size, hits)
 
     def _copy_private(self, link: Link, reserve: int) -> None:

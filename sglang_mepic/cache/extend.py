@@ -62,5 +62,5 @@ def prepare_extend(original: Callable[..., Any], batch: ScheduleBatch, *args: An
         elif position_map is not None:
             position_map.release(row)
     if tree is not None:
-        tree.figures.sample()  # after CacheBlend's copies have let their stored pages go
+        tree.report.sample()  # after CacheBlend's copies have let their stored pages go
     return result

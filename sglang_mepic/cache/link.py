@@ -135,7 +135,7 @@ class Link:
     made_for: set[str] = field(default_factory=set)  # chunk keys a compile row was made for it for, in any plan
     compiled: tuple[int, ...] = ()      # chunk segments computed in its own batch (known at admission)
     own_reuse: int = 0                  # real tokens it reuses from those (figures.compiled_reuse), at admission
-    report: Report | None = None        # its figures, for its response (figures.py), once admitted
+    report: Report | None = None        # its figures, for its response (report.py), once admitted
     _positions: tuple = (None, -1, None)  # (planned, num_slots, positions): match, insert and admit ask alike
     _real_before: tuple = (None, None)     # (planned, real prompt slots before each planned slot)
 

@@ -12,7 +12,7 @@ a laid-out request through them is:
     link                  the request's shape and chunk keys, once (link.Linker)
     match_prefix (here)   Residency.find -> planner.plan -> the tree's match of the
                           planned key, plus the reused pages the tree lacks (injected)
-    admit                 admission.py: plan fixed, EPIC's private copy, figures.py
+    admit                 admission.py: plan fixed, EPIC's private copy, report.py
     compile rows          compile_rows.py: a chunk no tier holds is computed in the
                           batch of its first reader (extend.py points the reader at it)
     insert / release      here: the tree caches the request under its planned key;
@@ -48,7 +48,7 @@ from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
 from sglang_mepic import env, modes
 from sglang_mepic.cache import compile_rows, planner
 from sglang_mepic.cache.admission import Admission
-from sglang_mepic.cache.figures import Figures
+from sglang_mepic.cache.report import CacheReport
 from sglang_mepic.cache.link import Link, Linker, link_of
 from sglang_mepic.cache.readers import Readers
 from sglang_mepic.cache.readiness import Readiness
@@ -111,11 +111,11 @@ class MepicRadixCache(RadixCache):
                                    canonical_slots=self.residency.canonical_slots)
         self.readers = Readers(rows=self.compile_rows, pages=self.pages, refs=self.refs,
                                page_size=self.page_size, canonical_from=self.canonical_from)
-        self.figures = Figures(pages=self.pages, refs=self.refs, ledger=self.ledger, store=self.store,
+        self.report = CacheReport(pages=self.pages, refs=self.refs, ledger=self.ledger, store=self.store,
                                compile_rows=self.compile_rows, tiers=self.tiers, mode=self.mode,
                                page_size=self.page_size, reuse_refused=settings.reuse_refused)
         self.admission = Admission(pages=self.pages, refs=self.refs, store=self.store, tiers=self.tiers,
-                                   kv_pool=self.kv_pool, evict=self.evict, counters=self.figures.counters,
+                                   kv_pool=self.kv_pool, evict=self.evict, counters=self.report.counters,
                                    mode=self.mode, canonical_from=self.canonical_from, page_size=self.page_size)
 
     # ---- the request side -------------------------------------------------
@@ -277,7 +277,7 @@ class MepicRadixCache(RadixCache):
             req, self.req_to_token_pool.req_to_token, self.page_size, canonical_from)))
         self.store.put(key, canonical)
         self.tiers.persist(key, self.pages.slots(canonical))
-        self.figures.counters.compiled_chunks += 1
+        self.report.counters.compiled_chunks += 1
 
     # ---- tree nodes, as the ledger sees them ----------------------------------
     # Unlocked nodes hold their pages loosely (evictable); locking one pins them.
@@ -375,7 +375,7 @@ class MepicRadixCache(RadixCache):
             self.tiers.clear_host()
             self.residency.reset()
             self.compile_rows.reset()
-            self.figures.reset()
+            self.report.reset()
 
 
 def mepic_cache(holder: object) -> MepicRadixCache | None:

@@ -115,7 +115,7 @@ def active_separator() -> str | None:
 
 def text_pieces(text: str) -> Parts | None:
     """How a text prompt splits into pieces by what its client wrote: its markup, or the separator;
-    None: by neither (request_markup.py then looks for registered texts)."""
+    None: by neither (ids_and_hint.py then looks for registered texts)."""
     separator = active_separator()
     if _separated(text, separator):
         return split_separated(text, cast(str, separator))  # _separated: not None

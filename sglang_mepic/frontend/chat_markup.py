@@ -3,7 +3,7 @@
 SGLang renders the chat template and tokenizes it in one step, which would turn
 the markers into text tokens. When the rendered prompt holds markup, re-split it:
 each piece is tokenized on its own and the markers become marker ids, which the
-tokenizer side then strips like any marked-up input_ids (request_markup.py).
+tokenizer side then strips like any marked-up input_ids (ids_and_hint.py).
 
 A chat whose messages are all empty is refused (intake.py). Each message's
 markup is checked on its own first, so an error names the message
@@ -21,11 +21,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 from sglang_mepic import env
-from sglang_mepic.frontend import auto_chunk, known_texts, limits, request_markup
+from sglang_mepic.frontend import auto_chunk, known_texts, limits, ids_and_hint
 from sglang_mepic.frontend.intake import IntakeError
 from sglang_mepic.frontend.markup import (CHUNK_BEGIN_ID, CHUNK_CLOSE, CHUNK_END_ID, CHUNK_OPEN, MarkupError, has_text_markup,
                                  split_ids, split_text, tokenize_text)
-from sglang_mepic.frontend.request_markup import page_size
+from sglang_mepic.frontend.ids_and_hint import page_size
 from sglang_mepic.wire.layout import Kind
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ def _fits(manager: TokenizerManager, request: ChatCompletionRequest | OllamaChat
     if limits.fits_laid_out(manager, len(prompt_ids) + 2 * prompt_ids.count(CHUNK_BEGIN_ID) * page_size(manager),
                                     new):
         return True
-    slots = request_markup.slots_of(manager, split_ids(prompt_ids, manager.model_config.vocab_size))
+    slots = ids_and_hint.slots_of(manager, split_ids(prompt_ids, manager.model_config.vocab_size))
     return limits.fits_laid_out(manager, slots, new)
 
 

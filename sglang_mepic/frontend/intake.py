@@ -13,7 +13,7 @@ batch, n > 1 and OpenAI paths all go through):
   send one could have the scheduler key its own tokens as a chunk's. (No
   action makes the scheduler store KV: it stores what its own compile rows
   compute, compile_rows.py.) The tokenizer side seals every action it made
-  (request_markup.py; state.MarkedRequest says which) here, once the ids are
+  (ids_and_hint.py; state.MarkedRequest says which) here, once the ids are
   final: its mark is an HMAC, under a key random to this process that never
   leaves it, of the action's payload and the request's final input ids. An action whose mark is
   not the seal of its own payload and ids is refused, whatever path the request
@@ -92,7 +92,7 @@ def check_prompt(text: object, input_ids: Sequence[int] | None, session_params: 
 
 
 def seal_marked(obj: GenerateReqInput, marked: state.MarkedRequest, input_ids: Sequence[int] | None) -> None:
-    """Seal the hint the server made from this request's markup (request_markup.py), now that its ids
+    """Seal the hint the server made from this request's markup (ids_and_hint.py), now that its ids
     are final; refuse the request if they are not the ids its layout was made for (a multimodal
     processor expanding media placeholders would put every span in the wrong place)."""
     if not marked.same_ids(input_ids):
@@ -113,7 +113,7 @@ def check(obj: GenerateReqInput | EmbeddingReqInput, input_ids: Sequence[int] | 
         text = getattr(obj, "text", None) if getattr(obj, "input_ids", None) is None else None
         check_prompt(text, input_ids, getattr(obj, "session_params", None), multimodal=_multimodal(obj))
         if (marked := state.marked(obj)) is not None:
-            seal_marked(cast("GenerateReqInput", obj), marked, input_ids)  # request_markup marks only these
+            seal_marked(cast("GenerateReqInput", obj), marked, input_ids)  # ids_and_hint marks only these
         else:
             check_hints(getattr(obj, "kv_hints", None), input_ids)
     except IntakeError as e:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, cast
 from starlette.requests import Request
 
 from sglang_mepic import env
-from sglang_mepic.frontend import auto_chunk, limits, request_markup
+from sglang_mepic.frontend import auto_chunk, limits, ids_and_hint
 from sglang_mepic.frontend.markup import has_text_markup
 from sglang_mepic.frontend.known_texts import (ANCHOR, IndexFull, KnownTextError, namespace_bytes, namespace_of,
                                                registry, text_bytes)
@@ -95,7 +95,7 @@ def check_fits(manager: "TokenizerManager", texts: list[str]) -> None:
         if limit is not None and len(text) > limit:
             raise RouteError(f"texts[{i}] has {len(text)} characters, more than the {limit} that can fit the "
                              f"model's context length ({manager.context_len} tokens)", i)
-        slots = request_markup.slots_needed(manager, [(Kind.PROMPT, LEAD), (Kind.CHUNK, text), (Kind.PROMPT, TRAIL)])
+        slots = ids_and_hint.slots_needed(manager, [(Kind.PROMPT, LEAD), (Kind.CHUNK, text), (Kind.PROMPT, TRAIL)])
         if not limits.fits_laid_out(manager, slots, None):
             raise RouteError(f"texts[{i}] needs {slots} KV slots as a chunk, more than the "
                              f"{limits.max_input_slots(manager)} this server accepts in one request (the "

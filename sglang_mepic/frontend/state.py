@@ -1,10 +1,10 @@
 """Tokenizer side: what this process keeps beside a client request, reached one way.
 
 - `MarkedRequest`: the server turned the request's markup (or separator, or unmarked
-  documents, auto_chunk.py) into its ids and `mepic.chunks` hint (request_markup.py).
+  documents, auto_chunk.py) into its ids and `mepic.chunks` hint (ids_and_hint.py).
   Validation reads it (limits.py: a laid-out request's limits; intake.py: the hint
   is the server's, sealed there once the ids are final), and so do the responses
-  (response_meta.py: the chunk spans).
+  (response_report.py: the chunk spans).
 - the index of a batch item SGLang split off, so that an error can name the item.
 
 `MarkedRequest` is an attribute, not a side table: with n > 1 SGLang sends and streams

@@ -7,7 +7,7 @@ the behaviour, the guard and its hook go.
 
 | module | SGLang's behaviour it covers (0.5.23) | answer |
 |---|---|---|
-| `request_shape` | OpenAI request models' `mode="before"` validators and `normalize_batch_and_arguments` call `.get` / index whatever was sent: AttributeError, TypeError, IndexError | 400, not 500 |
+| `body_types` | OpenAI request models' `mode="before"` validators and `normalize_batch_and_arguments` call `.get` / index whatever was sent: AttributeError, TypeError, IndexError | 400, not 500 |
 | `unserved_routes` | `/v1/responses` listed without its handler (no `openai_harmony`); scheduler routes that raise without their server flag, which took the server down | 404 / 400 that says why |
 | `validation_errors` | a RequestValidationError's message carries the endpoint's source file and line | the same errors without them |
 | `admin_bodies` | `/remove_external_corpus` calls `.get` on any JSON body (`null`, `[]`, `0`) | 400 |

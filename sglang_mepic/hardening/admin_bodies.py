@@ -5,7 +5,7 @@ SGLang's `/remove_external_corpus` reads `await request.json()` and calls `.get`
 fuzzer found it once it fuzzed the admin routes, issue 68). Its siblings parse their bodies into a
 request model (`/add_external_corpus`: `**body`, a TypeError it answers with a 400), so only the
 routes in OBJECT_BODIES are checked. A body that is not JSON at all is left to SGLang: its
-JSONDecodeError is a ValueError, which is a 400 (hardening/request_shape.py).
+JSONDecodeError is a ValueError, which is a 400 (hardening/body_types.py).
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ PRELOAD = (
     "sglang.srt.constrained.xgrammar_backend",
     "sglang_mepic.cache.cache_backend",
     "sglang_mepic.attention.backend",
-    "sglang_mepic.frontend.request_markup",
+    "sglang_mepic.frontend.ids_and_hint",
     # Not prometheus_client: it reads PROMETHEUS_MULTIPROC_DIR when imported, which SGLang sets before that.
 )
 POLL_S = 0.1  # how soon an exit or a gone client is seen

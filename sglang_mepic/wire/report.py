@@ -1,10 +1,10 @@
 """A request's MEPIC figures, as one typed report from the scheduler to the client.
 
-The scheduler fills it once, when the request is admitted (cache/figures.py), and
+The scheduler fills it once, when the request is admitted (cache/report.py), and
 sends it with the request's output as one piece of SGLang's request-level
-customized info (`KEY`; cache/output_counts.py). The tokenizer side turns it into
-the response's `meta_info["mepic_*"]` figures (frontend/response_meta.py), which
-the OpenAI routes sum into `metadata["mepic"]` (frontend/openai_meta.py). The
+customized info (`KEY`; cache/output_report.py). The tokenizer side turns it into
+the response's `meta_info["mepic_*"]` figures (frontend/response_report.py), which
+the OpenAI routes sum into `metadata["mepic"]` (frontend/openai_report.py). The
 names clients read are `PREFIX` + a field name; they are spelled here only.
 """
 
@@ -13,13 +13,13 @@ from typing import Any
 
 PREFIX = "mepic_"
 KEY = PREFIX + "report"          # the customized-info key the report travels under
-CHUNKS = PREFIX + "chunks"       # added by the tokenizer side: the request's chunk spans (response_meta.py)
+CHUNKS = PREFIX + "chunks"       # added by the tokenizer side: the request's chunk spans (response_report.py)
 COUNTS = ("recomputed_tokens", "compiled_tokens", "chunk_hits", "chunk_misses")
 
 
 @dataclass
 class Report:
-    """What one request's chunk work came to (docs/design.md, Figures)."""
+    """What one request's chunk work came to (docs/design.md, Reports)."""
     recomputed_tokens: int | None = None   # computed in context; None for a compile row, which has no client
     compiled_tokens: int = 0               # chunk tokens computed for it by compile rows in its batch
     chunk_hits: int = 0

@@ -339,7 +339,7 @@ def test_pages_return_to_the_pool_after_eviction(tree):
     # idle: everything allocated is evictable, as SGLang's idle leak check requires
     used = start - tree.pages.available()
     assert tree.evictable_size() == used * B
-    assert tree.figures.pages_in_use() == 0  # the tree and the store keep pages for reuse; nobody uses them
+    assert tree.report.pages_in_use() == 0  # the tree and the store keep pages for reuse; nobody uses them
     assert tree.evict(EvictParams(num_tokens=NUM_PAGES * B)).num_tokens_evicted == used * B
     assert tree.pages.available() == start
     assert tree.refs.shared() == 0 and len(tree.store) == 0

@@ -14,7 +14,7 @@ from sglang.srt.utils.request_logger import RequestLogger
 from sglang_mepic.frontend import intake, state
 from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID as BEG
 from sglang_mepic.frontend.markup import CHUNK_END_ID as END
-from sglang_mepic.frontend.request_markup import with_hint
+from sglang_mepic.frontend.ids_and_hint import with_hint
 from sglang_mepic.patches.tokenizer import request_logger_compute_metadata as log_patch
 from sglang_mepic.wire import hint
 from sglang_mepic.wire.hint import MARK_KEY

@@ -247,7 +247,7 @@ def test_every_byte_the_index_holds_is_within_its_budget():
 
 
 def _manager(tok, context_len: int, truncate: bool = False):
-    """What request_markup reads of SGLang's tokenizer manager, on the tiny model's tokenizer."""
+    """What ids_and_hint reads of SGLang's tokenizer manager, on the tiny model's tokenizer."""
     from types import SimpleNamespace
 
     return SimpleNamespace(tokenizer=tok, model_config=SimpleNamespace(vocab_size=len(tok)), context_len=context_len,
@@ -278,7 +278,7 @@ def test_a_prompt_too_long_for_the_context_is_refused_before_any_lookup(tok, reg
     """A 2 M-character prompt was searched (7.2 s) and only then refused by its tokens. A token of the tiny
     model stands for at most 64 characters, so a prompt of more than 64 x context_len cannot fit."""
     from sglang_mepic.frontend.limits import LimitError, chars_per_token
-    from sglang_mepic.frontend.request_markup import strip_markup
+    from sglang_mepic.frontend.ids_and_hint import strip_markup
 
     assert chars_per_token(tok) == 64
     registered.add_all((None, None), ["a" * (100 + i) for i in range(8)])
@@ -293,7 +293,7 @@ def test_a_session_turn_is_served_as_its_plain_prompt(tok, registered):
     """Another client's registration in the shared namespace turned a session turn holding the text into a 400
     ("chunk markup cannot be used in a session"), though the client sent no markup."""
     from sglang_mepic.frontend.markup import MarkupError
-    from sglang_mepic.frontend.request_markup import strip_markup
+    from sglang_mepic.frontend.ids_and_hint import strip_markup
 
     text = doc(7, 30)
     registered.add((None, None), text)
@@ -309,7 +309,7 @@ def test_found_texts_that_do_not_fit_are_dropped_from_the_end(tok, registered):
     padded to whole pages: a registration turned a served request into a 400. Now the last found texts stay
     prompt text until the layout fits, or the prompt is served plain."""
     from sglang_mepic.frontend import limits, state
-    from sglang_mepic.frontend.request_markup import strip_markup
+    from sglang_mepic.frontend.ids_and_hint import strip_markup
 
     docs = [doc(40 + i, 25) for i in range(8)]
     registered.add_all((None, None), docs)

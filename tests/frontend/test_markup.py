@@ -95,7 +95,7 @@ def test_tokenize_hook_lays_out_slots_only_with_the_mepic_cache(radix, laid_out)
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     from support.replay import pad_runs
-    from sglang_mepic.frontend.request_markup import strip_markup
+    from sglang_mepic.frontend.ids_and_hint import strip_markup
     from sglang_mepic.wire.slots import PAD_FILL_ID
 
     encode = {"intro ": [5, 6], "doc " * 10: list(range(10, 30)), " q?": [7]}
@@ -125,7 +125,7 @@ def test_markup_in_a_session_is_refused_where_it_would_be_laid_out():
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     from sglang_mepic.frontend.markup import MarkupError
-    from sglang_mepic.frontend.request_markup import strip_markup
+    from sglang_mepic.frontend.ids_and_hint import strip_markup
 
     encode = {"intro ": [5, 6], "doc " * 10: list(range(10, 30)), " q?": [7]}
     tokenizer = SimpleNamespace(encode=lambda s, add_special_tokens: ([1] if add_special_tokens else []) + encode[s])

@@ -190,7 +190,7 @@ def allocate(tree, req):
     req.kv.cache_protected_len = req.prefix_len
     req.kv.allocated = req.kv.kv_allocated_len = len(row)
     if hasattr(tree, "figures"):  # the mepic cache; SGLang's RadixCache has no figures to take
-        tree.figures.sample()
+        tree.report.sample()
 
 
 def release(tree, req, checkpoint_at=None, cache=True):

@@ -105,7 +105,7 @@ def _strip(text, radix="mepic"):
 
     from sglang.srt.managers.io_struct import GenerateReqInput
 
-    from sglang_mepic.frontend.request_markup import strip_markup
+    from sglang_mepic.frontend.ids_and_hint import strip_markup
 
     def encode(s, add_special_tokens):  # one id per word, ids 5..94
         return ([1] if add_special_tokens else []) + [5 + len(w) % 90 for w in s.split()]

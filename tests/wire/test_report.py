@@ -3,8 +3,8 @@ turned into the response's `mepic_*` figures on the tokenizer side."""
 
 from types import SimpleNamespace
 
-from sglang_mepic.cache import output_counts
-from sglang_mepic.frontend import openai_meta
+from sglang_mepic.cache import output_report
+from sglang_mepic.frontend import openai_report
 from sglang_mepic.wire import report
 from sglang_mepic.wire.report import Report
 
@@ -24,25 +24,25 @@ def test_a_report_travels_as_one_entry_and_becomes_the_figures_clients_read():
     req = SimpleNamespace(rid="r", mepic=SimpleNamespace(report=sent, pads=()), customized_info={"other": [1]},
                           origin_input_ids=[7] * 64)
     acc = Accumulator()
-    output_counts.accept(accept, acc, req=req)
+    output_report.accept(accept, acc, req=req)
     assert set(req.customized_info) == {"other", report.KEY}  # one entry, SGLang's own kept
     assert acc.cached_tokens == [58]  # cached_tokens replaces SGLang's count, it is not a figure
 
     # The tokenizer side: a stream repeats the entry; the newest is the one read.
     meta = {"prompt_tokens": 64, report.KEY: [Report().to_wire(), *req.customized_info[report.KEY]]}
-    from sglang_mepic.frontend.response_meta import unpack
+    from sglang_mepic.frontend.response_report import unpack
     unpack(meta)
     assert report.KEY not in meta
     assert meta == {"prompt_tokens": 64, "mepic_recomputed_tokens": 39, "mepic_compiled_tokens": 12,
                     "mepic_chunk_hits": 2, "mepic_chunk_misses": 1, "mepic_residency": ["device", "absent", "host"]}
-    openai_meta.complete(meta)
-    assert openai_meta.figures([{"meta_info": meta}]) == {
+    openai_report.complete(meta)
+    assert openai_report.summed([{"meta_info": meta}]) == {
         "recomputed_tokens": 39, "compiled_tokens": 12, "chunk_hits": 2, "chunk_misses": 1,
         "residency": ["device", "absent", "host"], "chunks": []}
 
 
 def test_anything_else_under_the_key_is_not_a_report():
-    from sglang_mepic.frontend.response_meta import unpack
+    from sglang_mepic.frontend.response_report import unpack
 
     for junk in (None, [], ["x"], [3], "text", {"recomputed_tokens": 1, "evil": 2}):
         meta = {report.KEY: junk}

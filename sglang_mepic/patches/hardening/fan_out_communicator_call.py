@@ -5,7 +5,7 @@ The scheduler answers a failed control request with the reply its route waits fo
 reason (`ResumeMemoryOccupationReqOutput`, `SlowDownReqOutput`, `GetInternalStateReqOutput`, ...),
 and their routes would answer 200; raised here, where the route awaits its replies, the failure is
 its 400: those routes catch the error and answer it, and a ValueError that escapes a route is a 400
-too (hardening/request_shape.py).
+too (hardening/body_types.py).
 """
 
 from __future__ import annotations

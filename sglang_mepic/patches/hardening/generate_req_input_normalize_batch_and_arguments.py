@@ -1,5 +1,5 @@
 """A generate request of the wrong shape (`sampling_params: []`, `n: 0` on a batch) is a 400,
-not a 500 (sglang_mepic.hardening.request_shape)."""
+not a 500 (sglang_mepic.hardening.body_types)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.hardening import request_shape
+from sglang_mepic.hardening import body_types
 
 if TYPE_CHECKING:
     from sglang.srt.managers.io_struct import GenerateReqInput
@@ -18,4 +18,4 @@ HOOK_TYPE = HookType.AROUND
 
 
 def hook(original: Callable[..., Any], obj: GenerateReqInput, *args: Any, **kwargs: Any) -> None:
-    return request_shape.normalize(original, obj, *args, **kwargs)
+    return body_types.normalize(original, obj, *args, **kwargs)

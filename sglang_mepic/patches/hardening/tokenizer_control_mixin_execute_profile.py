@@ -3,7 +3,7 @@
 SGLang's tokenizer side raises RuntimeError when the scheduler answers a profile request with
 `success: false` (`/stop_profile` with no profile running, `/start_profile` while one runs), and
 neither route catches it: Starlette answered a bare 500 for a request the client got wrong. Raised
-as a ValueError with the scheduler's message, it is a 400 (hardening/request_shape.py answers a
+as a ValueError with the scheduler's message, it is a 400 (hardening/body_types.py answers a
 ValueError that escapes a route).
 """
 

@@ -1,4 +1,4 @@
-"""Report a laid-out request's token counts in real tokens, and its MEPIC figures (sglang_mepic.cache.output_counts)."""
+"""Report a laid-out request's token counts in real tokens, and its MEPIC figures (sglang_mepic.cache.output_report)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.cache import output_counts
+from sglang_mepic.cache import output_report
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -19,4 +19,4 @@ HOOK_TYPE = HookType.AROUND
 
 def hook(original: Callable[..., Any], accumulator: _GenerationStreamAccumulator, *args: Any, req: Req,
          **kwargs: Any) -> None:
-    return output_counts.accept(original, accumulator, *args, req=req, **kwargs)
+    return output_report.accept(original, accumulator, *args, req=req, **kwargs)

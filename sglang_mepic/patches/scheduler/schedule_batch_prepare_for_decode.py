@@ -19,5 +19,5 @@ HOOK_TYPE = HookType.AFTER
 
 def hook(result: None, batch: ScheduleBatch, *args: Any, **kwargs: Any) -> None:
     if (tree := mepic_cache(batch)) is not None:
-        tree.figures.sample()
+        tree.report.sample()
     return result

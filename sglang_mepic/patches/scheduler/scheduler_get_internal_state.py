@@ -22,6 +22,6 @@ HOOK_TYPE = HookType.AROUND
 def hook(original: Callable[..., Any], scheduler: Scheduler, *args: Any, **kwargs: Any) -> GetInternalStateReqOutput:
     result = original(scheduler, *args, **kwargs)
     if (tree := mepic_cache(scheduler)) is not None:
-        result.internal_state["mepic"] = tree.figures.stats()
+        result.internal_state["mepic"] = tree.report.stats()
     result.internal_state["page_anatomy"] = anatomy.of_scheduler(scheduler)
     return result

@@ -19,5 +19,5 @@ HOOK_TYPE = HookType.AROUND
 
 def hook(original: Callable[..., Any], scheduler: Scheduler, *args: Any, **kwargs: Any) -> None:
     if (tree := mepic_cache(scheduler)) is not None:
-        tree.figures.counters.requests_received += 1
+        tree.report.counters.requests_received += 1
     return original(scheduler, *args, **kwargs)

@@ -30,5 +30,5 @@ def hook(original: Callable[..., Any], scheduler: Scheduler, *args: Any, **kwarg
     metrics.refresh_sglang_usage_when_stale(scheduler)  # SGLang's own gauges, published by the original
     result = original(scheduler, *args, **kwargs)
     if (tree := mepic_cache(scheduler)) is not None:
-        tree.figures.sample()
+        tree.report.sample()
     return result

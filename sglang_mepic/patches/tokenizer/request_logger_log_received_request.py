@@ -2,7 +2,7 @@
 tokenizer cannot decode (the chunk markers -100/-101 that chat markup and id markup put in them, or
 any negative id) raised there, before the request was even tokenized, and the request got a 500.
 Those ids are logged as ids, undecoded; the markup is then read and refused or laid out as on
-every other level (request_markup.py, intake.py)."""
+every other level (ids_and_hint.py, intake.py)."""
 
 from __future__ import annotations
 

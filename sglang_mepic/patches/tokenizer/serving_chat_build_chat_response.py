@@ -1,4 +1,4 @@
-"""Non-streamed chat completions carry the MEPIC figures in `metadata["mepic"]` (see sglang_mepic.frontend.openai_meta)."""
+"""Non-streamed chat completions carry the MEPIC figures in `metadata["mepic"]` (see sglang_mepic.frontend.openai_report)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.frontend import openai_meta
+from sglang_mepic.frontend import openai_report
 
 if TYPE_CHECKING:
     from fastapi.responses import ORJSONResponse
@@ -20,4 +20,4 @@ HOOK_TYPE = HookType.AROUND
 
 def hook(original: Callable[..., Any], serving: OpenAIServingChat, request: ChatCompletionRequest,
          ret: list[dict[str, Any]], *args: Any, **kwargs: Any) -> ChatCompletionResponse | ORJSONResponse:
-    return openai_meta.attach(original(serving, request, ret, *args, **kwargs), ret, getattr(request, "n", 1) or 1)
+    return openai_report.attach(original(serving, request, ret, *args, **kwargs), ret, getattr(request, "n", 1) or 1)

@@ -1,5 +1,5 @@
 """Keep batches with markup or the separator off SGLang's batch tokenizer, which would tokenize
-them as text; the per-request path splits them instead (sglang_mepic.frontend.request_markup)."""
+them as text; the per-request path splits them instead (sglang_mepic.frontend.ids_and_hint)."""
 
 from __future__ import annotations
 

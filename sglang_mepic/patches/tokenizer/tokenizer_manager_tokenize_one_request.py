@@ -1,4 +1,4 @@
-"""Strip chunk markup before SGLang tokenizes a generate request (sglang_mepic.frontend.request_markup.prepare)."""
+"""Strip chunk markup before SGLang tokenizes a generate request (sglang_mepic.frontend.ids_and_hint.prepare)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.frontend import request_markup
+from sglang_mepic.frontend import ids_and_hint
 
 if TYPE_CHECKING:
     from sglang.srt.managers.io_struct import (
@@ -24,5 +24,5 @@ HOOK_TYPE = HookType.AROUND
 
 async def hook(original: Callable[..., Any], manager: TokenizerManager, obj: GenerateReqInput | EmbeddingReqInput,
                *args: Any, **kwargs: Any) -> TokenizedGenerateReqInput | TokenizedEmbeddingReqInput:
-    request_markup.prepare(manager, obj)
+    ids_and_hint.prepare(manager, obj)
     return await original(manager, obj, *args, **kwargs)

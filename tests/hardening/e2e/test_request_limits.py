@@ -294,7 +294,7 @@ def test_a_full_small_pool_makes_requests_wait_and_answers_as_alone(small_pool_s
 def test_a_refused_laid_out_request_reports_no_negative_prompt_size():
     """SGLang replaces the ids of a request its scheduler refuses by one token; the pads of the
     layout it had are not among them, so its prompt size is that token, not 1 less the pads."""
-    from sglang_mepic.cache import output_counts
+    from sglang_mepic.cache import output_report
 
     class Accumulator:
         def __init__(self):
@@ -309,8 +309,8 @@ def test_a_refused_laid_out_request_reports_no_negative_prompt_size():
     laid_out = SimpleNamespace(rid="a", mepic=link, customized_info=None, origin_input_ids=[7] * 64)
     refused = SimpleNamespace(rid="b", mepic=link, customized_info=None, origin_input_ids=[0])
     acc = Accumulator()
-    output_counts.accept(accept, acc, req=laid_out)
-    output_counts.accept(accept, acc, req=refused)
+    output_report.accept(accept, acc, req=laid_out)
+    output_report.accept(accept, acc, req=refused)
     assert acc.prompt_tokens == [64 - 26, 1]
 
 

@@ -7,7 +7,7 @@ returns; OpenAI clients keep unknown fields aside), as `metadata["mepic"]`:
      "residency": [str, ...], "chunks": [[start, end], ...]}
 
 summed over the request's prompts (each prompt once, however many choices `n`
-asks for); `chunks` (each prompt's chunk spans, response_meta.py) and
+asks for); `chunks` (each prompt's chunk spans, response_report.py) and
 `residency` are joined in prompt order. They come from `meta_info`, which carries every figure for every
 request (`complete`): a request without chunk work (no chunk longer than a page,
 a server in `full` mode or without the mepic cache) reports zero compiled
@@ -26,7 +26,7 @@ def complete(meta_info: dict[str, Any]) -> None:
     """Give `meta_info` every `mepic_*` figure: the scheduler reports only those of chunk work,
     and a client should not have to tell "no chunk work" from "not reported"."""
     if key("recomputed_tokens") not in meta_info:
-        # Not zero: the figure counts tokens computed in context (docs/design.md, Figures), and
+        # Not zero: the figure counts tokens computed in context (docs/design.md, Reports), and
         # without chunk work that is every prompt token the prefix cache did not hold. Zero would
         # also tell eval.experiments.run and eval.experiments.fidelity that `full` and vanilla SGLang computed nothing.
         computed = _count(meta_info.get("prompt_tokens")) - _count(meta_info.get("cached_tokens"))
@@ -41,7 +41,7 @@ def _count(value: object) -> int:
     return int(value) if isinstance(value, (int, float)) else 0
 
 
-def figures(responses: list[dict[str, Any]], n_choices: int = 1) -> dict[str, Any]:
+def summed(responses: list[dict[str, Any]], n_choices: int = 1) -> dict[str, Any]:
     out: dict[str, Any] = {name: 0 for name in COUNTS}
     out["residency"], out["chunks"] = [], []
     for response in responses[::max(n_choices, 1)]:
@@ -56,5 +56,5 @@ def figures(responses: list[dict[str, Any]], n_choices: int = 1) -> dict[str, An
 def attach(response: R, responses: list[dict[str, Any]], n_choices: int = 1) -> R:
     """Add the figures to a built response model; anything else (an error response) passes as it is."""
     if hasattr(response, "metadata") and hasattr(response, "usage"):
-        response.metadata = {**(response.metadata or {}), "mepic": figures(responses, n_choices)}
+        response.metadata = {**(response.metadata or {}), "mepic": summed(responses, n_choices)}
     return response

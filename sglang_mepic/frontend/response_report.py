@@ -14,7 +14,7 @@ scheduler planned it: device, host, storage (the file tier) or absent (then a
 compile row computed it in the request's own batch, compile_rows.py).
 
 A request that did no chunk work (no chunk longer than a page, `full` mode, a
-server without the mepic cache) gets every figure too (openai_meta.complete),
+server without the mepic cache) gets every figure too (openai_report.complete),
 so `/generate` and the OpenAI responses' `metadata.mepic` say the same.
 """
 
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from sglang.srt.managers.io_struct import GenerateReqInput
 
-from sglang_mepic.frontend import openai_meta, state
+from sglang_mepic.frontend import openai_report, state
 from sglang_mepic.wire import report
 
 if TYPE_CHECKING:
@@ -50,5 +50,5 @@ async def stream(original: Callable[..., AsyncIterator[Any]], manager: Tokenizer
             unpack(meta)
             if client:
                 meta[report.CHUNKS] = state.chunk_spans(obj)
-                openai_meta.complete(meta)
+                openai_report.complete(meta)
         yield out

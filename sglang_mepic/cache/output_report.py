@@ -8,7 +8,7 @@ client sent. The accumulator's newest entry is corrected after it is appended:
 chunk tokens from the store, less those of chunks compiled in this request's own
 batch: `mepic_compiled_tokens`), `cached_tokens_details` agrees with it, and
 the request's report (wire/report.py) rides along as request-level customized
-info, which the tokenizer side turns into `meta_info` figures (response_meta.py).
+info, which the tokenizer side turns into `meta_info` figures (response_report.py).
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def count_admitted(link: Link, prefix_len: int, counters: Counters, mode: modes.
     counters.reused_tokens += link.real_slots(0, prefix) if planned.plan is not None else substituted
 
 
-class Figures:
+class CacheReport:
     """The cache's totals, sampled after allocations and when idle (peak pages in use, /metrics).
 
     Built by MepicRadixCache with what it reads: the pool's pages, their holders and the ledger's
