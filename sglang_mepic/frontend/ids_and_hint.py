@@ -114,12 +114,13 @@ def strip_markup(manager: TokenizerManager, obj: GenerateReqInput) -> Layout | N
         obj.input_ids = [PAD_FILL_ID if t == PAD_ID else t for t in slots]
         if obj.return_logprob and isinstance(obj.logprob_start_len, int) and obj.logprob_start_len >= 0:
             obj.logprob_start_len = start_slot(slots, obj.logprob_start_len)  # a token index -> its slot
-        action = hint.encode(hint.Hint(chunks=tuple((seg.start, seg.end) for seg in lay.chunks),
-                                       pads=tuple(lay.pad_runs())))
+        chunks, pads = tuple((seg.start, seg.end) for seg in lay.chunks), tuple(lay.pad_runs())
     else:
         obj.input_ids = marked.input_ids
-        action = marked.hint_action()
+        chunks, pads = tuple(marked.chunks), None  # spans of the real tokens; no pad slots
     obj.text = None
+    # The request's one hint, built here only: slot spans and pad runs where laid out, token spans where not.
+    action = hint.encode(hint.Hint(chunks=chunks, pads=pads))
     obj.kv_hints = with_hint(cast("KvHintsEnvelope | None", obj.kv_hints), obj.rid, action)  # one request's, decoded
     # What validation checks (limits: the slots against the limits; intake: the ids are still
     # these) and the responses report (the chunk spans).

@@ -17,9 +17,8 @@ server turns into a 400 response).
 """
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
-from sglang_mepic.wire import hint
 from sglang_mepic.wire.markers import CHUNK_BEGIN_ID, CHUNK_CLOSE, CHUNK_END_ID, CHUNK_OPEN  # noqa: F401 (markup's own names)
 from sglang_mepic.wire.layout import Kind, Piece
 
@@ -126,8 +125,4 @@ class Marked:
                 spans.append((len(ids), len(ids) + len(p.tokens)))
             ids += p.tokens
         return cls(ids, spans)
-
-    def hint_action(self) -> dict[str, Any]:
-        """The `mepic.chunks` action of a request not laid out in slots: its chunk spans (hint.py)."""
-        return hint.encode(hint.Hint(chunks=tuple(self.chunks)))
 

@@ -2,6 +2,7 @@ import pytest
 
 from support.replay import chunks_from_hints
 from sglang_mepic.lang import chunk
+from sglang_mepic.wire import hint
 from sglang_mepic.wire.hint import HintError
 from sglang_mepic.frontend.markup import (CHUNK_BEGIN_ID as BEG, CHUNK_END_ID as END, Marked, MarkupError, split_ids,
                                  split_text, tokenize_text)
@@ -68,10 +69,12 @@ def test_marked_round_trip_and_hint():
     assert marked.input_ids == [1, 2, 5, 6, 7, 8, 9]
     assert marked.chunks == [(2, 5), (5, 6)]
 
+    action = hint.encode(hint.Hint(chunks=tuple(marked.chunks)))  # as ids_and_hint builds a request's hint
+
     class Action:
-        action_type = marked.hint_action()["action_type"]
-        action_version = marked.hint_action()["action_version"]
-        payload = marked.hint_action()["payload"]
+        action_type = action["action_type"]
+        action_version = action["action_version"]
+        payload = action["payload"]
 
     class Envelope:
         actions = [Action]
