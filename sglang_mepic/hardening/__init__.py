@@ -1,6 +1,7 @@
 """Guards against SGLang's own mishandling of inputs: what SGLang should fix upstream, not MEPIC.
 
-Each module is one guard, installed by a hook in `sglang_mepic/patches/hardening/`, and imports nothing of this package: MEPIC's
+Each module is one guard, installed by a hook in `sglang_mepic/patches/hardening/` (`scheduler_fields` by
+the tokenizer's validation hook, which also runs MEPIC's limits: one hook a function), and imports nothing of this package: MEPIC's
 parts (frontend, cache, attention) never depend on it, and a newcomer learning how a chunk is laid out
 need not read it. Checked against SGLang 0.5.23 (each hook's WRITTEN_FOR); when an SGLang release fixes
 the behaviour, the guard and its hook go.
@@ -11,5 +12,6 @@ the behaviour, the guard and its hook go.
 | `unserved_routes` | `/v1/responses` listed without its handler (no `openai_harmony`); scheduler routes that raise without their server flag, which took the server down | 404 / 400 that says why |
 | `validation_errors` | a RequestValidationError's message carries the endpoint's source file and line | the same errors without them |
 | `admin_bodies` | `/remove_external_corpus` calls `.get` on any JSON body (`null`, `[]`, `0`) | 400 |
+| `scheduler_fields` | the scheduler uses a request's sampling numbers, `top_logprobs_num`, `logprob_start_len`, stop ids and patterns, cache-key fields and media fields unchecked (tensor sizes and values, slice bounds, text): a wrong one raised outside any request's handling and the scheduler exited; `/v1/detokenize` answered a negative id with a 500 | 400 |
 | `batch_guard` | an exception in `run_batch` leaves the scheduler process and ends the server | the batch's requests end with a 500; the server goes on |
 """

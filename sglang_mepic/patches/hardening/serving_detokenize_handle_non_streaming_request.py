@@ -1,5 +1,5 @@
 """`/v1/detokenize` refuses a negative token id with a 400 (the tokenizer raised, which SGLang
-answered with a 500; limits.check_token_ids)."""
+answered with a 500; scheduler_fields.check_token_ids)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.frontend import limits
+from sglang_mepic.hardening import scheduler_fields
 
 if TYPE_CHECKING:
     from fastapi.responses import ORJSONResponse
@@ -24,7 +24,7 @@ async def hook(original: Callable[..., Any], serving: OpenAIServingDetokenize, a
                request: DetokenizeRequest, *args: Any,
                **kwargs: Any) -> DetokenizeResponse | ErrorResponse | ORJSONResponse:
     try:
-        limits.check_token_ids(request.tokens)
-    except limits.LimitError as e:
+        scheduler_fields.check_token_ids(request.tokens)
+    except scheduler_fields.FieldError as e:
         return serving.create_error_response(str(e))
     return await original(serving, adapted_request, request, *args, **kwargs)

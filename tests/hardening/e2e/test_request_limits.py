@@ -1,5 +1,5 @@
 """Requests outside a bound the scheduler relies on are a 400, and the server keeps serving
-(sglang_mepic/frontend/limits.py).
+(sglang_mepic/frontend/limits.py, sglang_mepic/hardening/scheduler_fields.py).
 
 Each of these took a whole server down: a top-logprobs count above the vocabulary
 (the sampler's top-k raised in the scheduler), an empty prompt beside a media field
@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from sglang_mepic.frontend import limits, state
+from sglang_mepic.hardening import scheduler_fields
 from sglang_mepic.process.server_process import ServerProcess
 
 GREEDY = {"max_new_tokens": 2, "temperature": 0}
@@ -57,49 +58,49 @@ def test_a_laid_out_request_is_held_to_the_limit_by_its_slots_even_where_sglang_
 
 
 def test_top_logprobs_are_bounded_by_the_vocabulary():
-    limits.check(manager(vocab=300), request(top_logprobs_num=300), [1])
+    scheduler_fields.check(manager(vocab=300), request(top_logprobs_num=300))
     for bad in (301, HUGE, -1, 1.5, "3", True):
-        with pytest.raises(limits.LimitError, match="top_logprobs_num"):
-            limits.check(manager(vocab=300), request(top_logprobs_num=bad), [1])
+        with pytest.raises(scheduler_fields.FieldError, match="top_logprobs_num"):
+            scheduler_fields.check(manager(vocab=300), request(top_logprobs_num=bad))
 
 
 def test_counts_in_sampling_parameters_are_whole_numbers():
-    limits.check(manager(), request(sampling_params={"max_new_tokens": 3, "top_k": -1, "n": 1}), [1])
+    scheduler_fields.check(manager(), request(sampling_params={"max_new_tokens": 3, "top_k": -1, "n": 1}))
     for key, bad in (("max_new_tokens", 1.5), ("max_new_tokens", 2.0), ("max_new_tokens", "3"),
                      ("min_new_tokens", True), ("top_k", 0.5), ("sampling_seed", "7")):
-        with pytest.raises(limits.LimitError, match=f"{key}.*whole number"):
-            limits.check(manager(), request(sampling_params={key: bad}), [1])
-    limits.check(manager(), request(sampling_params={"top_k": 2**31 - 1}), [1])
-    limits.check(manager(), request(sampling_params={"stop_regex": ["a+", r"\d{3}"]}), [1])
-    limits.check(manager(vocab=300), request(sampling_params={"stop_token_ids": [0, 299]}), [1])
+        with pytest.raises(scheduler_fields.FieldError, match=f"{key}.*whole number"):
+            scheduler_fields.check(manager(), request(sampling_params={key: bad}))
+    scheduler_fields.check(manager(), request(sampling_params={"top_k": 2**31 - 1}))
+    scheduler_fields.check(manager(), request(sampling_params={"stop_regex": ["a+", r"\d{3}"]}))
+    scheduler_fields.check(manager(vocab=300), request(sampling_params={"stop_token_ids": [0, 299]}))
     for bad in ([-1], [300], ["1"], 7, [True]):
-        with pytest.raises(limits.LimitError, match="stop_token_ids"):
-            limits.check(manager(vocab=300), request(sampling_params={"stop_token_ids": bad}), [1])
+        with pytest.raises(scheduler_fields.FieldError, match="stop_token_ids"):
+            scheduler_fields.check(manager(vocab=300), request(sampling_params={"stop_token_ids": bad}))
     for bad in ("[", ["ok", "(x"], 5, [5]):
-        with pytest.raises(limits.LimitError, match="stop_regex"):
-            limits.check(manager(), request(sampling_params={"stop_regex": bad}), [1])
+        with pytest.raises(scheduler_fields.FieldError, match="stop_regex"):
+            scheduler_fields.check(manager(), request(sampling_params={"stop_regex": bad}))
     for key in ("top_k", "min_new_tokens"):
-        with pytest.raises(limits.LimitError, match="32 bits"):
-            limits.check(manager(), request(sampling_params={key: 2**31}), [1])
+        with pytest.raises(scheduler_fields.FieldError, match="32 bits"):
+            scheduler_fields.check(manager(), request(sampling_params={key: 2**31}))
 
 
 def test_media_only_where_the_model_has_a_processor():
     for field, value in (("image_data", "x"), ("audio_data", ["a"]), ("video_data", "v"), ("image_data", [[]])):
-        with pytest.raises(limits.LimitError, match=f"text only: {field}"):
-            limits.check(manager(), request(**{field: value}), [1])
-        limits.check(manager(mm=object()), request(**{field: value}), [1])
+        with pytest.raises(scheduler_fields.FieldError, match=f"text only: {field}"):
+            scheduler_fields.check(manager(), request(**{field: value}))
+        scheduler_fields.check(manager(mm=object()), request(**{field: value}))
     for absent in (None, "", []):
-        limits.check(manager(), request(image_data=absent), [1])
+        scheduler_fields.check(manager(), request(image_data=absent))
 
 
 def test_cache_key_fields_are_strings_for_one_prompt():
     """`"lora_id": ["x"]` on one prompt took the server down (a TypeError in SGLang's Req; request fuzzer)."""
     for field in ("lora_id", "extra_key", "cache_salt"):
         for bad in (["x"], 3, {"a": 1}):
-            with pytest.raises(limits.LimitError, match=f"{field} must be a string"):
-                limits.check(manager(), request(**{field: bad}), [1])
-        limits.check(manager(), request(**{field: "x"}), [1])
-        limits.check(manager(), request(**{field: None}), [1])
+            with pytest.raises(scheduler_fields.FieldError, match=f"{field} must be a string"):
+                scheduler_fields.check(manager(), request(**{field: bad}))
+        scheduler_fields.check(manager(), request(**{field: "x"}))
+        scheduler_fields.check(manager(), request(**{field: None}))
 
 
 def alive(server) -> None:

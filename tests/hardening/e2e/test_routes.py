@@ -1,5 +1,5 @@
 """Every route refuses what `/generate` refuses, with a 4xx that says why (ollama_routes.py,
-markup.py, limits.check_token_ids).
+markup.py, scheduler_fields.check_token_ids).
 
 Each case here was a 500, a hang or an inconsistency: the Ollama routes answered bad
 markup with `500 Internal Server Error` (a stream broke off after its 200); `/api/chat`
