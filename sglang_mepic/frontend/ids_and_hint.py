@@ -25,7 +25,7 @@ from sglang.srt.managers.kv_hints import KvHintAction, KvHintsEnvelope
 
 from sglang_mepic import env
 from sglang_mepic.frontend import auto_chunk, known_texts, limits, state
-from sglang_mepic.frontend.markup import Marked, MarkupError, has_id_markup, split_ids, tokenize_pieces
+from sglang_mepic.frontend.markup import MarkupError, has_id_markup, split_ids, tokenize_pieces
 from sglang_mepic.wire import hint
 from sglang_mepic.wire.slots import PAD_FILL_ID, start_slot
 from sglang_mepic.wire.layout import PAD_ID, Kind, Layout, Piece, layout
@@ -101,7 +101,7 @@ def strip_markup(manager: TokenizerManager, obj: GenerateReqInput) -> Layout | N
     if len(lay.chunks) > settings.max_chunks and lays_out:  # each may be a compile row
         raise ValueError(f"the request marks {len(lay.chunks)} chunks for reuse, more than the {settings.max_chunks} "
                          "this server allows (--mepic-max-chunks); join small chunks or mark fewer")
-    marked = Marked.from_pieces(pieces)
+    real_tokens = lay.real_tokens()
     laid_out = lays_out and bool(lay.chunks or lay.pad_runs())
     if laid_out and _in_session(obj):
         # SGLang rebuilds a session's request from its history and passes no kv_hints on: the
@@ -116,15 +116,15 @@ def strip_markup(manager: TokenizerManager, obj: GenerateReqInput) -> Layout | N
             obj.logprob_start_len = start_slot(slots, obj.logprob_start_len)  # a token index -> its slot
         chunks, pads = tuple((seg.start, seg.end) for seg in lay.chunks), tuple(lay.pad_runs())
     else:
-        obj.input_ids = marked.input_ids
-        chunks, pads = tuple(marked.chunks), None  # spans of the real tokens; no pad slots
+        obj.input_ids = real_tokens
+        chunks, pads = lay.marked_chunks, None  # spans of the real tokens; no pad slots
     obj.text = None
     # The request's one hint, built here only: slot spans and pad runs where laid out, token spans where not.
     action = hint.encode(hint.Hint(chunks=chunks, pads=pads))
     obj.kv_hints = with_hint(cast("KvHintsEnvelope | None", obj.kv_hints), obj.rid, action)  # one request's, decoded
     # What validation checks (limits: the slots against the limits; intake: the ids are still
     # these) and the responses report (the chunk spans).
-    state.mark(obj, state.MarkedRequest.made(marked.chunks, real_tokens=len(marked.input_ids),
+    state.mark(obj, state.MarkedRequest.made(lay.marked_chunks, real_tokens=len(real_tokens),
                                                              slots=lay.size if laid_out else None,
                                                              input_ids=obj.input_ids))
     return lay if laid_out else None

@@ -16,7 +16,6 @@ Malformed markup raises `MarkupError` (a ``ValueError``, which SGLang's HTTP
 server turns into a 400 response).
 """
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from sglang_mepic.wire.markers import CHUNK_BEGIN_ID, CHUNK_CLOSE, CHUNK_END_ID, CHUNK_OPEN  # noqa: F401 (markup's own names)
@@ -107,22 +106,3 @@ def tokenize_pieces(parts: Sequence[tuple[Kind, str]], encode: Callable[[str, bo
             raise MarkupError("chunk markup: a chunk tokenizes to no tokens")
         pieces.append(Piece(kind, tuple(tokens)))
     return pieces
-
-
-@dataclass(frozen=True)
-class Marked:
-    """A request with its markup removed: the model's input ids and the chunk spans in them."""
-
-    input_ids: list[int]
-    chunks: list[tuple[int, int]]  # [start, end) into input_ids
-
-    @classmethod
-    def from_pieces(cls, pieces: Sequence[Piece]) -> "Marked":
-        ids: list[int] = []
-        spans = []
-        for p in pieces:
-            if p.kind is Kind.CHUNK:
-                spans.append((len(ids), len(ids) + len(p.tokens)))
-            ids += p.tokens
-        return cls(ids, spans)
-

@@ -75,6 +75,9 @@ class Layout:
     segments: tuple[Segment, ...]
     page_size: int
     placement: Placement
+    # [start, end) in the real tokens of every piece marked as a chunk, as marked: a one-page chunk, which
+    # the slots carry as prompt, is one too (what a response reports as the request's chunks).
+    marked_chunks: tuple[tuple[int, int], ...] = ()
 
     @property
     def size(self) -> int:
@@ -130,6 +133,11 @@ def _merge(pieces: Sequence[Piece], page_size: int) -> list[Piece]:
 def layout(pieces: Sequence[Piece], page_size: int, placement: Placement = Placement.TRAILING) -> Layout:
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
+    marked, at = [], 0
+    for piece in pieces:
+        if piece.kind is Kind.CHUNK:
+            marked.append((at, at + len(piece.tokens)))
+        at += len(piece.tokens)
     merged = _merge(pieces, page_size)
     if merged and merged[-1].kind is Kind.CHUNK:
         merged = _merge([*merged[:-1], Piece(Kind.PROMPT, merged[-1].tokens)], page_size)
@@ -148,7 +156,7 @@ def layout(pieces: Sequence[Piece], page_size: int, placement: Placement = Place
         seg = Segment(piece.kind, piece.tokens, slot, lead, tail, position)
         segments.append(seg)
         slot, position = seg.end, position + n
-    return Layout(tuple(segments), page_size, placement)
+    return Layout(tuple(segments), page_size, placement, tuple(marked))
 
 
 def span_hash(padded_tokens: Sequence[int], placement: Placement, page_size: int, model_fingerprint: str,

@@ -8,9 +8,9 @@ from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang_mepic import config
 from sglang_mepic.frontend.auto_chunk import (MIN_PAGES, any_may_split, as_markup, candidates, chat_messages, split_separated,
                                      text_pieces)
-from sglang_mepic.frontend.markup import Marked, MarkupError, split_text, tokenize_pieces, tokenize_text
+from sglang_mepic.frontend.markup import MarkupError, split_text, tokenize_pieces, tokenize_text
 from sglang_mepic.lang import chunk
-from sglang_mepic.wire.layout import Kind
+from sglang_mepic.wire.layout import Kind, layout
 from support.auto_chunk import SEP
 
 P, C = Kind.PROMPT, Kind.CHUNK
@@ -40,9 +40,9 @@ def test_separator_refuses_what_has_no_chunk_layout(text, message):
 
 def test_separator_layout_equals_markup_token_for_token():
     encode = lambda s, special: ([1] if special else []) + [len(w) for w in s.split()]  # noqa: E731
-    separated = Marked.from_pieces(tokenize_pieces(split_separated(f"q a{SEP}bb ccc{SEP}dddd{SEP} e", SEP), encode))
-    marked = Marked.from_pieces(tokenize_text("q a" + chunk("bb ccc") + chunk("dddd") + " e", encode))
-    assert separated == marked and marked.chunks == [(3, 5), (5, 6)]
+    separated = layout(tokenize_pieces(split_separated(f"q a{SEP}bb ccc{SEP}dddd{SEP} e", SEP), encode), 1)
+    marked = layout(tokenize_text("q a" + chunk("bb ccc") + chunk("dddd") + " e", encode), 1)
+    assert separated == marked and marked.marked_chunks == ((3, 5), (5, 6))
 
 
 def test_text_requests_split_by_markup_or_separator_never_both(env):

@@ -4,9 +4,9 @@ from support.replay import chunks_from_hints
 from sglang_mepic.lang import chunk
 from sglang_mepic.wire import hint
 from sglang_mepic.wire.hint import HintError
-from sglang_mepic.frontend.markup import (CHUNK_BEGIN_ID as BEG, CHUNK_END_ID as END, Marked, MarkupError, split_ids,
+from sglang_mepic.frontend.markup import (CHUNK_BEGIN_ID as BEG, CHUNK_END_ID as END, MarkupError, split_ids,
                                  split_text, tokenize_text)
-from sglang_mepic.wire.layout import Kind, Piece
+from sglang_mepic.wire.layout import Kind, Piece, layout
 
 P, C = Kind.PROMPT, Kind.CHUNK
 
@@ -65,11 +65,11 @@ def test_tokenize_pieces_separately_with_bos_once():
 
 def test_marked_round_trip_and_hint():
     pieces = [Piece(P, (1, 2)), Piece(C, (5, 6, 7)), Piece(C, (8,)), Piece(P, (9,))]
-    marked = Marked.from_pieces(pieces)
-    assert marked.input_ids == [1, 2, 5, 6, 7, 8, 9]
-    assert marked.chunks == [(2, 5), (5, 6)]
+    marked = layout(pieces, 1)  # the request's real tokens and the chunks as marked, whatever the page size
+    assert marked.real_tokens() == [1, 2, 5, 6, 7, 8, 9]
+    assert marked.marked_chunks == ((2, 5), (5, 6))
 
-    action = hint.encode(hint.Hint(chunks=tuple(marked.chunks)))  # as ids_and_hint builds a request's hint
+    action = hint.encode(hint.Hint(chunks=marked.marked_chunks))  # as ids_and_hint builds a request's hint
 
     class Action:
         action_type = action["action_type"]
