@@ -86,7 +86,8 @@ def check_prompt(text: object, input_ids: Sequence[int] | None, session_params: 
         raise IntakeError("the prompt is empty or only whitespace" if not text else
                           "the prompt is only whitespace")
     # On the tokens the scheduler will see, whatever media fields say: a processor that added no
-    # token left an empty extend all the same (media on a text-only model are refused before, limits.py).
+    # token left an empty extend all the same (media on a text-only model are refused before:
+    # hardening/scheduler_fields.py).
     if input_ids is not None and len(input_ids) == 0:
         raise IntakeError("the prompt has no tokens (empty text, or chunk markers with nothing in them)")
 

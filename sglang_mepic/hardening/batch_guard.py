@@ -2,8 +2,8 @@
 
 SGLang's scheduler loop has no per-request error handling: an exception in
 `run_batch` (the forward, the sampler, the logprob gathering) leaves the
-scheduler process, and the whole server exits. Intake (intake.py,
-limits.py) refuses every request known to do that; this is the last
+scheduler process, and the whole server exits. Intake (scheduler_fields.py here,
+frontend/intake.py and limits.py) refuses every request known to do that; this is the last
 line of defence for the ones nobody has found yet.
 
 When `run_batch` raises, every request of the batch is finished with a 500 that

@@ -11,5 +11,5 @@ SGLang keys as that tenant's, and for no other.
 
 def tenant_key(extra_key: str | None, cache_salt: str | None) -> tuple[str | None, str | None]:
     """(extra_key, cache_salt) as SGLang tells tenants apart: empty is none. Intake refuses any that is not a
-    string (frontend/limits.py, known_routes.py)."""
+    string (hardening/scheduler_fields.py, frontend/known_routes.py)."""
     return extra_key or None, cache_salt or None
