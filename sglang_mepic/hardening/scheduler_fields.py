@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 MEDIA_FIELDS = ("image_data", "video_data", "audio_data", "positional_embed_overrides")
 
 
-
 class FieldError(ValueError):
     """A field the scheduler would fail on (SGLang's HTTP layer answers a ValueError with 400)."""
 
@@ -46,23 +45,16 @@ def _whole(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-
-def has_media(obj: object) -> bool:
-    return any(_given(f, getattr(obj, f, None)) for f in MEDIA_FIELDS)
-
-
 def _given(field: str, value: object) -> bool:
     if field == "positional_embed_overrides":  # SGLang passes even "" on to the scheduler (which died on it)
         return value is not None
     return value is not None and value != "" and value != []
 
 
-
 # Fields the scheduler joins as text into a request's cache key (Req appends lora_id to extra_key):
 # `"lora_id": ["x"]` on one prompt raised a TypeError there and the server exited (request fuzzer,
 # 2026-11-28). A list is a batch's, split one per prompt before this check.
 KEY_FIELDS = ("lora_id", "extra_key", "cache_salt")
-
 
 
 def _check_keys(obj: object) -> None:
