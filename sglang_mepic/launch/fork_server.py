@@ -49,9 +49,12 @@ RUNTIME_PREFIXES = ("SGLANG_MEPIC_", "MEPIC_", "PYTEST_", "TRITON_CACHE_DIR", "T
 # `runtime_names` checks after the imports): the GPU run's servers (eval/gpu/e2e) set those three.
 RUNTIME_NAMES = frozenset({"SHLVL", "_", "PWD", "OLDPWD", "COLUMNS", "LINES", "SGLANG_FORCE_FUSED_OP_BACKEND",
                            "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"})
-# OpenMP reads its thread count when libgomp loads, so a forked child would keep this process's; the child
-# sets it as a cold start would have it (launch_cluster gives each instance its share of the cores).
-THREADS = "OMP_NUM_THREADS"
+# OMP_NUM_THREADS is not among them: OpenMP reads it when libgomp loads, so a forked child would keep this
+# process's count, and setting it in the child (torch.set_num_threads) is no cold start either: it makes
+# torch's thread pool in the launcher, which then forks the scheduler, where torch replaces that pool on the
+# first parallel op of each new thread; two threads doing so at once can find none ("Invalid thread pool!": a
+# prefetch worker's storage read of a launch_cluster instance failed, tests/launch/e2e/test_cluster.py,
+# 2026-11-30). A server whose thread count differs starts cold (launch_cluster's instances).
 # Python reads it when it starts: the child rebuilds its stdout and stderr as `python -u` would have them.
 UNBUFFERED = "PYTHONUNBUFFERED"
 # What a server imports after its first log line, imported here once.
@@ -94,16 +97,11 @@ def env_difference(env: dict[str, str], before: dict[str, str], after: dict[str,
     for key in sorted(set(env) | set(before) | set(after)):
         if key.startswith(RUNTIME_PREFIXES) or key in late:
             continue
-        if key == THREADS and _threads(env.get(key)) is not None or key == UNBUFFERED:
+        if key == UNBUFFERED:
             continue
         if env.get(key) not in (before.get(key), after.get(key)):
             return key
     return None
-
-
-def _threads(text: str | None) -> int | None:
-    """OMP_NUM_THREADS as a count the child can set, or None (unset, a list per nesting level, garbage)."""
-    return int(text) if text is not None and text.strip().isdigit() and int(text) > 0 else None
 
 
 def set_buffering(env: dict[str, str]) -> None:
@@ -115,14 +113,6 @@ def set_buffering(env: dict[str, str]) -> None:
             old = getattr(sys, name)
             setattr(sys, name, io.TextIOWrapper(io.FileIO(fd, "wb", closefd=False), encoding=old.encoding,
                                                 errors=old.errors, write_through=True))
-
-
-def set_threads(env: dict[str, str], before: dict[str, str]) -> None:
-    """In the child: the thread count a cold start under `env` would have, where it differs from this process's."""
-    if env.get(THREADS) != before.get(THREADS) and (count := _threads(env.get(THREADS))) is not None:
-        import torch
-
-        torch.set_num_threads(count)
 
 
 def child_env(env: dict[str, str], before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
@@ -171,7 +161,6 @@ def _run_server(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    set_threads(request["env"], request["before"])
     set_buffering(request["env"])
     sys.argv = ["sglang_mepic.launch_server", *request["argv"]]
     code = 0
