@@ -26,7 +26,7 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from sglang_mepic import env, modes
 from sglang_mepic.attention import sync_probe
-from sglang_mepic.attention.reference import RotatedKeys, attend_causal, attend_paged, attend_plain
+from sglang_mepic.attention.reference import RotatedKeys, attend_causal, attend_paged, attend_plain, gather
 from sglang_mepic.attention.rope import Rope, UnsupportedRope
 from sglang_mepic.pages import positions
 
@@ -376,7 +376,7 @@ class MepicAttnBackend(AttentionBackend):
                     pads = None
                 k = self.rotated_keys.get(layer.layer_id, row, k_pool, slots, q.dtype,
                                           None if plain else cast(torch.Tensor, kv_pos).clamp(min=0))
-                out[start:end] = attend_causal(q[start:end], k, v_pool[slots].to(q.dtype), scaling, pads)
+                out[start:end] = attend_causal(q[start:end], k, gather(v_pool, slots, q.dtype), scaling, pads)
             elif plain:
                 out[start:end] = attend_plain(q[start:end], k_pool, v_pool, slots, self.rope, scaling)
             else:

@@ -126,6 +126,26 @@ def test_fast_paths_equal_the_reference(n):
     torch.testing.assert_close(attend_paged(q_rot, laid[40 - n:], k, v, slots, laid, rope, 0.125), reference)
 
 
+
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16, torch.float8_e5m2, torch.float8_e4m3fn])
+def test_gather_reads_every_value_as_a_cast_would(pool_dtype):
+    """The CPU path's one read (index_select, e5m2 widened through fp16) equals `pool[slots].to(float32)` bit
+    for bit: every fp8 byte pattern (subnormals, inf, NaN included) and slots in any order, repeated."""
+    from sglang_mepic.attention.reference import gather
+
+    if pool_dtype.itemsize == 1:
+        pool = torch.arange(256, dtype=torch.uint8).repeat(3).view(pool_dtype).view(-1, 3, 4)
+    else:
+        pool = torch.randn(64, 3, 4, generator=torch.Generator().manual_seed(1)).to(pool_dtype)
+    slots = torch.randint(0, pool.shape[0], (50,), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
+    for dtype in (torch.float32, torch.bfloat16):
+        expected = pool[slots.long()].to(dtype)
+        got = gather(pool, slots, dtype)
+        assert got.dtype == dtype and got.shape == expected.shape
+        bits = torch.int16 if dtype.itemsize == 2 else torch.int32
+        assert torch.equal(got.view(bits), expected.view(bits))
+
+
 def test_position_map_rows():
     from sglang_mepic.pages.positions import PositionMap
 
