@@ -85,10 +85,10 @@ def mepic_fn(s, rope, decode, general=False):
     run()  # the first step rotates every key
 
     def steady_step():
-        # As at each real decode step, all keys but the newest are already rotated.
-        cache = backend.rotated_keys._entries
-        for key, (buf, n) in cache.items():
-            cache[key] = (buf, n - 1)
+        # As at each real decode step, all keys but the newest are already rotated, and all values read.
+        cache = backend.decode_kv._entries
+        for key, (keys, values, n) in cache.items():
+            cache[key] = (keys, values, n - 1)
         return run()
 
     return steady_step

@@ -26,7 +26,7 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from sglang_mepic import env, modes
 from sglang_mepic.attention import sync_probe
-from sglang_mepic.attention.reference import RotatedKeys, attend_causal, attend_paged, attend_plain, gather
+from sglang_mepic.attention.reference import DecodeKV, attend_causal, attend_paged, attend_plain
 from sglang_mepic.attention.rope import Rope, UnsupportedRope
 from sglang_mepic.pages import positions
 
@@ -150,7 +150,7 @@ class MepicAttnBackend(AttentionBackend):
         self.token_to_kv_pool = token_to_kv_pool
         self.positions = positions.attach(req_to_token_pool)  # the scheduler side finds it through the pool
         self.rope = rope
-        self.rotated_keys = RotatedKeys(rope)
+        self.decode_kv = DecodeKV(rope)
         self.copies: tuple[torch.Tensor, torch.Tensor] | None = None  # (extend token index, batch index)
         self.blend: modes.Mode | None = None
         self.settings = settings
@@ -260,7 +260,7 @@ class MepicAttnBackend(AttentionBackend):
         # The model reads forward_batch.positions after this: planned rows get theirs here.
         if mode.is_decode():
             if not self.use_triton:
-                self.rotated_keys.keep_only(self.rows)
+                self.decode_kv.keep_only(self.rows)
             forward_batch.positions = self.positions.on_decode(
                 forward_batch.req_pool_indices, forward_batch.seq_lens, forward_batch.positions)
             if self.use_triton:
@@ -270,7 +270,7 @@ class MepicAttnBackend(AttentionBackend):
                     self.sm_count, ctas_per_sm=self.decode_ctas_per_sm)
         elif mode.is_extend():
             if not self.use_triton:
-                self.rotated_keys.drop(self.rows)
+                self.decode_kv.drop(self.rows)
             self._prepare_extend(forward_batch, planned=True)
 
     def _reset(self) -> None:
@@ -374,9 +374,9 @@ class MepicAttnBackend(AttentionBackend):
                 pads = None if plain else cast(torch.Tensor, kv_pos) < 0
                 if pads is not None and not bool(pads.any()):
                     pads = None
-                k = self.rotated_keys.get(layer.layer_id, row, k_pool, slots, q.dtype,
-                                          None if plain else cast(torch.Tensor, kv_pos).clamp(min=0))
-                out[start:end] = attend_causal(q[start:end], k, gather(v_pool, slots, q.dtype), scaling, pads)
+                k, v = self.decode_kv.get(layer.layer_id, row, k_pool, v_pool, slots, q.dtype,
+                                          None if plain else cast(torch.Tensor, kv_pos).clamp(min=0), pads)
+                out[start:end] = attend_causal(q[start:end], k, v, scaling, pads)
             elif plain:
                 out[start:end] = attend_plain(q[start:end], k_pool, v_pool, slots, self.rope, scaling)
             else:

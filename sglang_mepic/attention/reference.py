@@ -117,20 +117,27 @@ def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: fl
     return out.squeeze(0).transpose(0, 1)
 
 
-class RotatedKeys:
-    """Rotated keys of decoding requests, kept across decode steps (CPU path).
+class DecodeKV:
+    """Rotated keys and widened values of decoding requests, kept across decode steps (CPU path).
 
     Rotating every key of the context at every step costs more than the attention
-    itself on a CPU. A slot's position does not change while its request decodes,
-    so a request's rotated keys only grow by one slot per step. The backend drops
-    a row's entry when the row is extended (a new or resumed request) and when it
-    leaves the decode batch, so memory stays within the running requests' keys.
-    The GPU kernels rotate in registers and need none of this.
+    itself on a CPU, and reading every value again (a gather, and over fp8 a widening)
+    was the largest share of a decode step after it: 22% of the scheduler's busy time
+    for tiny-4l at 6 requests/s over an fp8 pool. A slot's position and contents do not
+    change while its request decodes, so a request's keys and values only grow by one
+    slot per step. The backend drops a row's entry when the row is extended (a new or
+    resumed request) and when it leaves the decode batch, so memory stays within the
+    running requests' KV, in the queries' dtype. Pads are held as zeros: whatever
+    another request left in a pad slot (inf or NaN over an fp8 pool) would otherwise
+    reach the output through the mask (NaN + -inf is NaN, and 0 x NaN too), as the
+    kernels zero them for the same reason. The GPU kernels rotate and widen in
+    registers and need none of this.
     """
 
     def __init__(self, rope: Rope):
         self.rope = rope
-        self._entries: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}  # (layer, row) -> (buffer, length)
+        # (layer, row) -> (keys, values, length): buffers with room to grow
+        self._entries: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, int]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -143,21 +150,34 @@ class RotatedKeys:
         rows = set(rows)
         self._entries = {key: e for key, e in self._entries.items() if key[1] in rows}
 
-    def get(self, layer_id: int, row: int, k_pool: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype,
-            positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Keys of `slots` rotated at `positions` (default: slot j at position j; pads: any position)."""
+    def get(self, layer_id: int, row: int, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
+            dtype: torch.dtype, positions: torch.Tensor | None = None,
+            pads: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys of `slots` rotated at `positions` (default: slot j at position j; pads: any position) and
+        their values, zero where `pads`: the new slot of a step is a token, never a pad."""
         n = slots.shape[0]
         entry = self._entries.get((layer_id, row))
-        if entry is not None and entry[1] == n - 1:
-            buf = entry[0]
-            if buf.shape[0] < n:
-                grown = buf.new_empty((2 * buf.shape[0], *buf.shape[1:]))
-                grown[: n - 1] = buf[: n - 1]
-                buf = grown
+        if entry is not None and entry[2] == n - 1:
+            keys, values, _ = entry
+            if keys.shape[0] < n:
+                keys, values = _grown(keys, n - 1), _grown(values, n - 1)
             new_pos = torch.tensor([n - 1], device=slots.device) if positions is None else positions[n - 1:]
-            buf[n - 1:n] = self.rope.rotate(gather(k_pool, slots[n - 1:], dtype), new_pos)
+            keys[n - 1:n] = self.rope.rotate(gather(k_pool, slots[n - 1:], dtype), new_pos)
+            values[n - 1:n] = gather(v_pool, slots[n - 1:], dtype)
         else:
-            buf = k_pool.new_empty((max(2 * n, 64), *k_pool.shape[1:]), dtype=dtype)
-            buf[:n] = self.rope.rotate(gather(k_pool, slots, dtype), positions)
-        self._entries[(layer_id, row)] = (buf, n)
-        return buf[:n]
+            room = max(2 * n, 64)
+            keys = k_pool.new_empty((room, *k_pool.shape[1:]), dtype=dtype)
+            values = v_pool.new_empty((room, *v_pool.shape[1:]), dtype=dtype)
+            keys[:n] = self.rope.rotate(gather(k_pool, slots, dtype), positions)
+            values[:n] = gather(v_pool, slots, dtype)
+            if pads is not None:
+                keys[:n][pads] = 0
+                values[:n][pads] = 0
+        self._entries[(layer_id, row)] = (keys, values, n)
+        return keys[:n], values[:n]
+
+
+def _grown(buf: torch.Tensor, used: int) -> torch.Tensor:
+    grown = buf.new_empty((2 * buf.shape[0], *buf.shape[1:]))
+    grown[:used] = buf[:used]
+    return grown

@@ -176,28 +176,33 @@ def test_position_map_rows():
     assert not pm.planned[1] and pm.req_to_pos[1].tolist() == list(range(16))
 
 
-def test_rotated_keys_across_decode_steps():
-    from sglang_mepic.attention.reference import RotatedKeys
+def test_decode_kv_across_decode_steps():
+    from sglang_mepic.attention.reference import DecodeKV
 
     rope = make_rope()
     g = torch.Generator().manual_seed(6)
     k_pool = torch.randn(300, 2, D, generator=g)
+    v_pool = torch.randn(300, 2, D, generator=g).to(torch.float8_e5m2)
     slots = torch.randperm(300, generator=g)[:200]
-    cache = RotatedKeys(rope)
+    cache = DecodeKV(rope)
     for n in range(10, 200):  # one new slot per step, past the initial capacity
-        got = cache.get(0, 3, k_pool, slots[:n], torch.float32)
+        keys, values = cache.get(0, 3, k_pool, v_pool, slots[:n], torch.float32)
         if n % 40 == 0 or n == 199:
-            torch.testing.assert_close(got, rope.rotate(k_pool[slots[:n]]), rtol=0, atol=0)
-    # A row whose request changed (an extend) must not reuse stale keys.
+            torch.testing.assert_close(keys, rope.rotate(k_pool[slots[:n]]), rtol=0, atol=0)
+            torch.testing.assert_close(values, v_pool[slots[:n]].float(), rtol=0, atol=0)
+    # A row whose request changed (an extend) must not reuse stale keys or values.
     cache.drop([3])
     assert len(cache) == 0
     other = torch.randperm(300, generator=g)[:50]
-    torch.testing.assert_close(cache.get(0, 3, k_pool, other, torch.float32), rope.rotate(k_pool[other]))
+    keys, values = cache.get(0, 3, k_pool, v_pool, other, torch.float32)
+    torch.testing.assert_close(keys, rope.rotate(k_pool[other]))
+    torch.testing.assert_close(values, v_pool[other].float())
 
 
 def test_backend_decode_steps_with_pads_equal_the_general_path():
-    """Decode on a planned row (pads, shuffled slots) through the backend's cached-rotation
-    path gives what `attend_paged` gives from scratch, step after step."""
+    """Decode on a planned row (pads, shuffled slots) through the backend's cached path (DecodeKV) gives what
+    `attend_paged` gives from scratch, step after step, whatever another request left in its pad slots:
+    NaN and inf there reach no output (the general path drops pads; the decode path masks them)."""
     from types import SimpleNamespace
 
     from sglang_mepic.attention.backend import MepicAttnBackend
@@ -214,6 +219,8 @@ def test_backend_decode_steps_with_pads_equal_the_general_path():
     pos = torch.arange(m0) + 5
     pos[[3, 4, 17]] = -1  # pads
     backend.positions.assign(1, pos)
+    pad_slots = req_to_token[1, [3, 4, 17]].long()
+    k_pool[pad_slots], v_pool[pad_slots[:2]], v_pool[pad_slots[2]] = float("nan"), float("nan"), float("inf")
     layer = SimpleNamespace(tp_q_head_num=hq, qk_head_dim=D, v_head_dim=D, layer_id=0, scaling=0.1,
                             is_cross_attention=False, sliding_window_size=-1)
     for step in range(steps):
@@ -229,4 +236,4 @@ def test_backend_decode_steps_with_pads_equal_the_general_path():
         ref = attend_paged(q, q_pos, k_pool, v_pool, slots, backend.positions.req_to_pos[1, :seq_len].long(),
                            rope, 0.1)
         torch.testing.assert_close(out, ref)
-    assert len(backend.rotated_keys) == 1
+    assert len(backend.decode_kv) == 1
