@@ -11,6 +11,12 @@ greedy) at `--qps` as eval.experiments.run does, and samples SGLang's scheduler 
 (`sglang::scheduler`) with py-spy from just before the first request until the
 last reply: `py-spy record --format raw --idle --full-filenames --rate R`.
 py-spy attaches with ptrace (root, or CAP_SYS_PTRACE, or ptrace_scope 0).
+py-spy is not free on 2 cores: it pauses the process for each sample and takes CPU
+from the other processes of the server, and OpenMP's threads then wait for each other.
+Read shares, not absolute times, and not thread-count effects: tiny-4l's scheduler
+at QPS 1.2 over an fp8 pool was busy 27 samples a request with 2 OpenMP threads and
+16 with 1 under py-spy, while unprofiled the two served within 10% of each other
+(e2e p50 0.155 and 0.141 s; 2026-11-30).
 
 Each sample is one stack. Only the scheduler's main thread counts: a stack that
 passes through `Scheduler.event_loop_normal` or `Scheduler.event_loop_overlap`;
