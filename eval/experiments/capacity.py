@@ -59,8 +59,8 @@ mepic-fp8 / mepic-bf16 is then what halving the bytes of a page buys, seed by se
 Pair it in time: one invocation runs every seed of the first system before the second's, and a ratio of two
 capacities measured 10 minutes apart reads the machine's drift as well. On 2026-11-30 this 2-core VM's
 scheduler took a fifth more busy time a request at the same rate half an hour later, and two such runs 15
-minutes apart, of code that differed by 3% of busy time (measured A/B), gave 1.46 and 1.68. One invocation a seed (`--seeds 0 --out D`, then `--seeds 1 --resume --out D`,
-...) runs each seed's two cells back to back:
+minutes apart, of code that differed by 3% of busy time (measured A/B), gave 1.46 and 1.68. One invocation a
+seed (`--seeds 0 --out D`, then `--seeds 1 --resume --out D`, ...) runs each seed's two cells back to back:
 
     for s in 0 1 2; do .venv/bin/python -m eval.experiments.capacity --systems mepic-bf16,mepic-fp8 --pools 192 \
         --equal-bytes --matched '' --requests 150 --seeds $s --resume --out eval/results/capacity-fp8-paired; done

@@ -126,7 +126,6 @@ def test_fast_paths_equal_the_reference(n):
     torch.testing.assert_close(attend_paged(q_rot, laid[40 - n:], k, v, slots, laid, rope, 0.125), reference)
 
 
-
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16, torch.float8_e5m2, torch.float8_e4m3fn])
 def test_gather_reads_every_value_as_a_cast_would(pool_dtype):
     """The CPU path's one read (index_select, e5m2 widened through fp16) equals `pool[slots].to(float32)` bit
