@@ -80,6 +80,17 @@ def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
                           "request's positions when it is prefilled in this server; a decode server that takes "
                           "prefilled requests would decode them with no placement; serve without "
                           "disaggregation, or with another --attention-backend")
+    # SGLang then runs a hybrid backend that sends each extend to one backend and each decode to the other: the
+    # mepic backend would read keys another backend wrote rotated (or leave NoPE keys to one that rotates none),
+    # and would never see the extends that place a request's positions and reset its decode cache.
+    split = {flag: value for flag, value in (("--prefill-attention-backend", known.prefill_attention_backend),
+                                             ("--decode-attention-backend", known.decode_attention_backend))
+             if value is not None and value != known.attention_backend}
+    if split and "mepic" in (known.attention_backend, *split.values()):
+        flag, value = next(iter(split.items()))
+        raise LaunchError(f"{flag} {value}: the mepic attention backend serves both prefill and decode (it "
+                          "stores keys without RoPE and places a request's positions when it is prefilled); drop "
+                          f"{flag}, or serve with another --attention-backend")
     if known.schedule_policy == "priority":
         raise LaunchError("--schedule-policy priority: SGLang 0.5.23 lists it, but its scheduler knows no such "
                           "policy and stops at start; use --enable-priority-scheduling with --schedule-policy "

@@ -21,7 +21,8 @@ Every flag is passed on to SGLang. What this wrapper adds, each part in its own 
   port that is taken or out of range, tensor/pipeline/data parallelism,
   SGLang's hierarchical cache or `--disable-radix-cache` (in a reusing mode)
   with the mepic cache, HiCache or a GPU attention backend on the CPU, a
-  quantized KV cache or speculative decoding with the mepic attention backend,
+  quantized KV cache or speculative decoding with the mepic attention backend, a prefill or
+  decode attention backend beside it,
   a model it cannot serve (architecture, sliding window: from config.json),
   sizes below 1 (page, pool, context, chunked prefill, parallel ranks), a bad
   flag value (no usage block), and what SGLang's own argument checks refuse

@@ -36,6 +36,8 @@ def known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device")
     p.add_argument("--dtype")
     p.add_argument("--attention-backend")
+    p.add_argument("--prefill-attention-backend")
+    p.add_argument("--decode-attention-backend")
     p.add_argument("--max-total-tokens")
     p.add_argument("--radix-cache-backend")
     p.add_argument("--page-size")

@@ -411,6 +411,12 @@ REFUSED = [
     (["--device", "cpu", "--radix-cache-backend", "sglang", "--enable-hierarchical-cache"],
      "--enable-hierarchical-cache: SGLang's HiCache registers its host pool with CUDA and needs a GPU"),
     (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm NGRAM: --attention-backend mepic has no draft"),
+    # SGLang's hybrid backend would send extends to one and decodes to the other (a reviewer's find, 2026-11-30).
+    (["--prefill-attention-backend", "torch_native"], "--prefill-attention-backend torch_native: the mepic "
+                                                      "attention backend serves both prefill and decode"),
+    (["--decode-attention-backend", "torch_native"], "--decode-attention-backend torch_native: the mepic"),
+    (["--attention-backend", "torch_native", "--radix-cache-backend", "sglang", "--decode-attention-backend",
+      "mepic"], "--decode-attention-backend mepic: the mepic attention backend serves both"),
     (["--mepic-mode", "turbo"], "argument --mepic-mode: --mepic-mode 'turbo': choose one of"),
     (["--mepic-recompute-blocks", "0"], "argument --mepic-recompute-blocks"),
     (["--mepic-host-tier-gb", "-1"], "argument --mepic-host-tier-gb"),
@@ -507,6 +513,9 @@ def test_what_the_combination_checks_let_through(monkeypatch):
     check("--attention-backend", "triton", cuda=True)  # a GPU: SGLang's own backends are fine
     check("--device", "cuda", cuda=True)
     check("--chunked-prefill-size", "-1")
+    check("--prefill-attention-backend", "mepic", "--decode-attention-backend", "mepic")  # the same backend
+    check("--prefill-attention-backend", "triton", "--attention-backend", "torch_native", "--radix-cache-backend",
+          "sglang", cuda=True)  # SGLang's own backends, split: SGLang's business
     monkeypatch.setenv("SGLANG_MEPIC_MODE", "full")  # --mepic-mode full: no reuse, so no radix cache needed
     check("--disable-radix-cache")
     check("--speculative-algorithm", "NGRAM", "--attention-backend", "triton", "--radix-cache-backend", "sglang",
