@@ -87,8 +87,8 @@ def mepic_fn(s, rope, decode, general=False):
     def steady_step():
         # As at each real decode step, all keys but the newest are already rotated, and all values read.
         cache = backend.decode_kv._entries
-        for key, (keys, values, n) in cache.items():
-            cache[key] = (keys, values, n - 1)
+        for key, (keys, values, used, seq_len) in cache.items():
+            cache[key] = (keys, values, used - 1, seq_len - 1)
         return run()
 
     return steady_step

@@ -26,7 +26,7 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from sglang_mepic import env, modes
 from sglang_mepic.attention import sync_probe
-from sglang_mepic.attention.reference import DecodeKV, attend_causal, attend_paged, attend_plain
+from sglang_mepic.attention.reference import DecodeKV, DecodeRows, attend_causal, attend_paged, attend_plain
 from sglang_mepic.attention.rope import Rope, UnsupportedRope
 from sglang_mepic.pages import positions
 
@@ -151,6 +151,8 @@ class MepicAttnBackend(AttentionBackend):
         self.positions = positions.attach(req_to_token_pool)  # the scheduler side finds it through the pool
         self.rope = rope
         self.decode_kv = DecodeKV(rope)
+        self.decode_rows: DecodeRows | None = None  # a torch-path decode's rows that read decode_kv
+        self.decode_general: list[int] = []  # its other rows (attend_paged), by index in the batch
         self.copies: tuple[torch.Tensor, torch.Tensor] | None = None  # (extend token index, batch index)
         self.blend: modes.Mode | None = None
         self.settings = settings
@@ -263,6 +265,8 @@ class MepicAttnBackend(AttentionBackend):
                 self.decode_kv.keep_only(self.rows)
             forward_batch.positions = self.positions.on_decode(
                 forward_batch.req_pool_indices, forward_batch.seq_lens, forward_batch.positions)
+            if not self.use_triton:
+                self._plan_decode(forward_batch.positions)
             if self.use_triton:
                 batch = forward_batch.seq_lens.shape[0]
                 self._splits = self.kernels.num_kv_splits(
@@ -278,6 +282,36 @@ class MepicAttnBackend(AttentionBackend):
             self.graph.active = False
         self.copies = None
         self._splits = self._kv_end = None
+        self.decode_rows = None
+        self.decode_general = []
+
+    def _plan_decode(self, new_positions: torch.Tensor) -> None:
+        """Torch path: which rows of this decode read `decode_kv` (their new token has the largest position, so
+        every real slot is visible), the rest `attend_paged`. Found once here for every layer."""
+        req_to_token, req_to_pos = self.req_to_token_pool.req_to_token, self.positions.req_to_pos
+        new = new_positions.tolist()
+        cached: list[int] = []
+        for i, (row, seq_len, plain) in enumerate(zip(self.rows, self.seq_lens, self.plain_rows)):
+            if plain or int(req_to_pos[row, :seq_len].max()) <= new[i]:
+                cached.append(i)
+            else:
+                self.decode_general.append(i)
+        rows = [self.rows[i] for i in cached]
+        seq_lens = [self.seq_lens[i] for i in cached]
+        index = torch.tensor(cached, dtype=torch.long, device=new_positions.device)
+        row_index = torch.tensor(rows, dtype=torch.long, device=req_to_token.device)
+        new_slots = req_to_token[row_index, torch.tensor(seq_lens, device=req_to_token.device) - 1].long()
+
+        def context(j: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+            slots = req_to_token[rows[j], :seq_lens[j]]
+            if self.plain_rows[cached[j]]:
+                return slots, None
+            kv_pos = req_to_pos[rows[j], :seq_lens[j]]
+            real = kv_pos >= 0  # pads (NO_POSITION) are left out
+            return slots[real], kv_pos[real]
+
+        self.decode_rows = DecodeRows(cached, rows, seq_lens, new_slots, new_positions.index_select(0, index).long(),
+                                      context)
 
     def _prepare_extend(self, forward_batch: ForwardBatch, planned: bool) -> None:
         """An extend's positions, copied tokens and (Triton) key-loop bounds. `planned=False`: a capture's
@@ -363,26 +397,28 @@ class MepicAttnBackend(AttentionBackend):
         positions = forward_batch.positions
         k_scale, v_scale = self._scales(layer)
         scaling = layer.scaling * k_scale  # a key's scale multiplies its scores
-        start = 0
-        for row, seq_len, n, plain in zip(self.rows, self.seq_lens, q_lens, self.plain_rows):
-            end = start + n
-            slots = req_to_token[row, :seq_len]
-            kv_pos = None if plain else req_to_pos[row, :seq_len]
-            # kv_pos is a tensor wherever `plain` is false (the casts below say so)
-            if decode and (plain or int(cast(torch.Tensor, kv_pos).max()) <= int(positions[start])):
-                # The new token has the largest position: every real slot is visible.
-                pads = None if plain else cast(torch.Tensor, kv_pos) < 0
-                if pads is not None and not bool(pads.any()):
-                    pads = None
-                k, v = self.decode_kv.get(layer.layer_id, row, k_pool, v_pool, slots, q.dtype,
-                                          None if plain else cast(torch.Tensor, kv_pos).clamp(min=0), pads)
-                out[start:end] = attend_causal(q[start:end], k, v, scaling, pads)
-            elif plain:
-                out[start:end] = attend_plain(q[start:end], k_pool, v_pool, slots, self.rope, scaling)
-            else:
-                out[start:end] = attend_paged(q[start:end], positions[start:end], k_pool, v_pool, slots, kv_pos,
-                                              self.rope, scaling)
-            start = end
+        if decode:
+            batch = cast(DecodeRows, self.decode_rows)  # init_forward_metadata plans every decode
+            if batch.rows:
+                for i, (k, v) in zip(batch.index, self.decode_kv.step(layer.layer_id, k_pool, v_pool, q.dtype,
+                                                                      batch)):
+                    out[i:i + 1] = attend_causal(q[i:i + 1], k, v, scaling)
+            for i in self.decode_general:
+                row, seq_len = self.rows[i], self.seq_lens[i]
+                out[i:i + 1] = attend_paged(q[i:i + 1], positions[i:i + 1], k_pool, v_pool,
+                                            req_to_token[row, :seq_len], req_to_pos[row, :seq_len], self.rope,
+                                            scaling)
+        else:
+            start = 0
+            for row, seq_len, n, plain in zip(self.rows, self.seq_lens, q_lens, self.plain_rows):
+                end = start + n
+                slots = req_to_token[row, :seq_len]
+                if plain:
+                    out[start:end] = attend_plain(q[start:end], k_pool, v_pool, slots, self.rope, scaling)
+                else:
+                    out[start:end] = attend_paged(q[start:end], positions[start:end], k_pool, v_pool, slots,
+                                                  req_to_pos[row, :seq_len], self.rope, scaling)
+                start = end
         if v_scale != 1.0:  # the output is linear in the values
             out.mul_(v_scale)
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)

@@ -9,7 +9,8 @@ Scores depend only on positions, never on slot order, so a reused page can sit
 anywhere in the page table.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
@@ -84,20 +85,13 @@ def attend_plain(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, sl
     return attend_causal(q, k, gather(v_pool, slots, q.dtype), scaling)
 
 
-def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float,
-                  pads: torch.Tensor | None = None) -> torch.Tensor:
-    """Rotated keys, causal by index: the n queries are the last n of the m slots.
-
-    For one query (decode) every key is visible but pad slots, given as a mask in `pads`.
-    """
+def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Rotated keys, causal by index: the n queries are the last n of the m slots (one query sees them all)."""
     n, m = q.shape[0], k.shape[0]
     qh, kh, vh = q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
     gqa = q.shape[1] != k.shape[1]
-    if pads is not None and n != 1:
-        raise ValueError("pad masks are only for single-query attention")
     if n == 1:
-        mask = None if pads is None else (~pads)[None, None, None, :]
-        out = scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+        out = scaled_dot_product_attention(qh, kh, vh, scale=scaling, enable_gqa=gqa)
     elif n == m:
         out = scaled_dot_product_attention(qh, kh, vh, scale=scaling, enable_gqa=gqa, is_causal=True)
     elif REDUNDANT_QUERIES * n >= m:
@@ -117,6 +111,24 @@ def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: fl
     return out.squeeze(0).transpose(0, 1)
 
 
+@dataclass
+class DecodeRows:
+    """The rows of a decode forward that take the cached path, the same for every layer.
+
+    A row takes it when its new token has the largest position of its context, so every real
+    slot is visible and no mask is needed. `new_slots` and `new_positions` [B] are each row's
+    new slot and its position; `context(i)` is row i's real slots and their positions (None:
+    slot j at position j), pads left out, read from the maps when a layer first needs them.
+    """
+
+    index: list[int]  # in the batch
+    rows: list[int]
+    seq_lens: list[int]
+    new_slots: torch.Tensor
+    new_positions: torch.Tensor
+    context: Callable[[int], tuple[torch.Tensor, torch.Tensor | None]]
+
+
 class DecodeKV:
     """Rotated keys and widened values of decoding requests, kept across decode steps (CPU path).
 
@@ -125,19 +137,20 @@ class DecodeKV:
     was the largest share of a decode step after it: 22% of the scheduler's busy time
     for tiny-4l at 6 requests/s over an fp8 pool. A slot's position and contents do not
     change while its request decodes, so a request's keys and values only grow by one
-    slot per step. The backend drops a row's entry when the row is extended (a new or
-    resumed request) and when it leaves the decode batch, so memory stays within the
-    running requests' KV, in the queries' dtype. Pads are held as zeros: whatever
-    another request left in a pad slot (inf or NaN over an fp8 pool) would otherwise
-    reach the output through the mask (NaN + -inf is NaN, and 0 x NaN too), as the
-    kernels zero them for the same reason. The GPU kernels rotate and widen in
+    slot per step, and a step reads the new slots of all its rows at once (one gather and
+    one rotation a layer, not one a row). Pad slots are left out: the attention then needs
+    no mask (CPU SDPA's unmasked path), reads fewer keys, and whatever another request left
+    in a pad slot (inf or NaN over an fp8 pool) cannot reach the output, as the kernels zero
+    them for the same reason. The backend drops a row's entry when the row is extended (a
+    new or resumed request) and when it leaves the decode batch, so memory stays within the
+    running requests' KV, in the queries' dtype. The GPU kernels rotate and widen in
     registers and need none of this.
     """
 
     def __init__(self, rope: Rope):
         self.rope = rope
-        # (layer, row) -> (keys, values, length): buffers with room to grow
-        self._entries: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, int]] = {}
+        # (layer, row) -> (keys, values, slots held, the row's seq_len then): buffers with room to grow
+        self._entries: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, int, int]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -150,31 +163,31 @@ class DecodeKV:
         rows = set(rows)
         self._entries = {key: e for key, e in self._entries.items() if key[1] in rows}
 
-    def get(self, layer_id: int, row: int, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
-            dtype: torch.dtype, positions: torch.Tensor | None = None,
-            pads: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys of `slots` rotated at `positions` (default: slot j at position j; pads: any position) and
-        their values, zero where `pads`: the new slot of a step is a token, never a pad."""
-        n = slots.shape[0]
-        entry = self._entries.get((layer_id, row))
-        if entry is not None and entry[2] == n - 1:
-            keys, values, _ = entry
-            if keys.shape[0] < n:
-                keys, values = _grown(keys, n - 1), _grown(values, n - 1)
-            new_pos = torch.tensor([n - 1], device=slots.device) if positions is None else positions[n - 1:]
-            keys[n - 1:n] = self.rope.rotate(gather(k_pool, slots[n - 1:], dtype), new_pos)
-            values[n - 1:n] = gather(v_pool, slots[n - 1:], dtype)
-        else:
-            room = max(2 * n, 64)
-            keys = k_pool.new_empty((room, *k_pool.shape[1:]), dtype=dtype)
-            values = v_pool.new_empty((room, *v_pool.shape[1:]), dtype=dtype)
-            keys[:n] = self.rope.rotate(gather(k_pool, slots, dtype), positions)
-            values[:n] = gather(v_pool, slots, dtype)
-            if pads is not None:
-                keys[:n][pads] = 0
-                values[:n][pads] = 0
-        self._entries[(layer_id, row)] = (keys, values, n)
-        return keys[:n], values[:n]
+    def step(self, layer_id: int, k_pool: torch.Tensor, v_pool: torch.Tensor, dtype: torch.dtype,
+             batch: DecodeRows) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each row's rotated keys and values in `dtype`, its real slots only, the new one last."""
+        new_keys = self.rope.rotate(gather(k_pool, batch.new_slots, dtype), batch.new_positions)
+        new_values = gather(v_pool, batch.new_slots, dtype)
+        out = []
+        for i, (row, seq_len) in enumerate(zip(batch.rows, batch.seq_lens)):
+            entry = self._entries.get((layer_id, row))
+            if entry is not None and entry[3] == seq_len - 1:
+                keys, values, used, _ = entry
+                if keys.shape[0] == used:
+                    keys, values = _grown(keys, used), _grown(values, used)
+                keys[used], values[used] = new_keys[i], new_values[i]
+                used += 1
+            else:
+                slots, positions = batch.context(i)
+                used = slots.shape[0]
+                room = max(2 * used, 64)
+                keys = k_pool.new_empty((room, *k_pool.shape[1:]), dtype=dtype)
+                values = v_pool.new_empty((room, *v_pool.shape[1:]), dtype=dtype)
+                keys[:used] = self.rope.rotate(gather(k_pool, slots, dtype), positions)
+                values[:used] = gather(v_pool, slots, dtype)
+            self._entries[(layer_id, row)] = (keys, values, used, seq_len)
+            out.append((keys[:used], values[:used]))
+        return out
 
 
 def _grown(buf: torch.Tensor, used: int) -> torch.Tensor:

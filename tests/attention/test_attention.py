@@ -176,32 +176,55 @@ def test_position_map_rows():
 
 
 def test_decode_kv_across_decode_steps():
-    from sglang_mepic.attention.reference import DecodeKV
+    """Two rows decoding together, one plain, one with pads in its context: each step's keys and values are
+    what a fresh read of their real slots gives, past the buffers' first room, and a dropped row is read anew."""
+    from sglang_mepic.attention.reference import DecodeKV, DecodeRows
 
     rope = make_rope()
     g = torch.Generator().manual_seed(6)
-    k_pool = torch.randn(300, 2, D, generator=g)
-    v_pool = torch.randn(300, 2, D, generator=g).to(torch.float8_e5m2)
-    slots = torch.randperm(300, generator=g)[:200]
+    k_pool = torch.randn(600, 2, D, generator=g)
+    v_pool = torch.randn(600, 2, D, generator=g).to(torch.float8_e5m2)
+    order = torch.randperm(600, generator=g)
+    slots = {3: order[:200], 5: order[200:400]}
+    pos5 = torch.arange(200) + 7
+    pos5[[0, 1, 40]] = -1  # pads of row 5's layout: never read, whatever they hold
+    k_pool[slots[5][[0, 1, 40]]] = float("nan")
+    contexts_read = []
+
+    def rows_at(n: int, rows: list[int]) -> DecodeRows:
+        def context(j: int):
+            contexts_read.append(rows[j])
+            if rows[j] == 3:
+                return slots[3][:n], None
+            real = pos5[:n] >= 0
+            return slots[5][:n][real], pos5[:n][real]
+        new_pos = torch.tensor([n - 1 if r == 3 else int(pos5[n - 1]) for r in rows])
+        return DecodeRows(list(range(len(rows))), rows, [n] * len(rows),
+                          torch.stack([slots[r][n - 1] for r in rows]), new_pos, context)
+
     cache = DecodeKV(rope)
-    for n in range(10, 200):  # one new slot per step, past the initial capacity
-        keys, values = cache.get(0, 3, k_pool, v_pool, slots[:n], torch.float32)
+    for n in range(50, 200):  # one new slot per step, past the initial room
+        (k3, v3), (k5, v5) = cache.step(0, k_pool, v_pool, torch.float32, rows_at(n, [3, 5]))
         if n % 40 == 0 or n == 199:
-            torch.testing.assert_close(keys, rope.rotate(k_pool[slots[:n]]), rtol=0, atol=0)
-            torch.testing.assert_close(values, v_pool[slots[:n]].float(), rtol=0, atol=0)
+            torch.testing.assert_close(k3, rope.rotate(k_pool[slots[3][:n]]), rtol=0, atol=0)
+            torch.testing.assert_close(v3, v_pool[slots[3][:n]].float(), rtol=0, atol=0)
+            real = pos5[:n] >= 0
+            torch.testing.assert_close(k5, rope.rotate(k_pool[slots[5][:n][real]], pos5[:n][real]), rtol=0, atol=0)
+            torch.testing.assert_close(v5, v_pool[slots[5][:n][real]].float(), rtol=0, atol=0)
+    assert contexts_read == [3, 5]  # read once, at the first step; every later step appends
     # A row whose request changed (an extend) must not reuse stale keys or values.
     cache.drop([3])
-    assert len(cache) == 0
-    other = torch.randperm(300, generator=g)[:50]
-    keys, values = cache.get(0, 3, k_pool, v_pool, other, torch.float32)
-    torch.testing.assert_close(keys, rope.rotate(k_pool[other]))
-    torch.testing.assert_close(values, v_pool[other].float())
+    assert len(cache) == 1
+    slots[3] = order[400:450]
+    (k3, v3), = cache.step(0, k_pool, v_pool, torch.float32, rows_at(50, [3]))
+    torch.testing.assert_close(k3, rope.rotate(k_pool[slots[3]]))
+    torch.testing.assert_close(v3, v_pool[slots[3]].float())
 
 
 def test_backend_decode_steps_with_pads_equal_the_general_path():
     """Decode on a planned row (pads, shuffled slots) through the backend's cached path (DecodeKV) gives what
     `attend_paged` gives from scratch, step after step, whatever another request left in its pad slots:
-    NaN and inf there reach no output (the general path drops pads; the decode path masks them)."""
+    NaN and inf there reach no output (both paths leave pads out)."""
     from types import SimpleNamespace
 
     from sglang_mepic.attention.backend import MepicAttnBackend
