@@ -130,7 +130,7 @@ def child_env(env: dict[str, str], before: dict[str, str], after: dict[str, str]
 
 def preload() -> str | None:
     """Import what a server imports, and load SGLang's plugins: their hooks are applied once here, not in
-    every child (SGLang walks every loaded module for each of the 37 hooks: about 3 s a server). Loading
+    every child (SGLang walks every loaded module for each of the 39 hooks: about 3 s a server). Loading
     them reads nothing a server sets: the plugin's log filters come from the launcher's `main`, in the
     child. Returns why children cannot be forked, or None."""
     import importlib

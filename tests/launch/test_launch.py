@@ -42,6 +42,16 @@ def test_user_flags_win_over_defaults(given):
     assert added == ["--enable-metrics", "--enable-cache-report", "--device", "cpu", "--sleep-on-idle"]
 
 
+def test_cpu_scheduler_leaves_a_core_to_the_other_processes():
+    threads = defaults.cpu_scheduler_threads
+    assert threads({}, 2, 2) == 1
+    assert threads({}, 16, 16) == 15
+    assert threads({}, 1, 1) is None  # one core: nothing to leave
+    assert threads({}, 8, 3) is None  # already fewer than the cores
+    assert threads({"OMP_NUM_THREADS": "2"}, 2, 2) is None  # the user's (or launch_cluster's) count stays
+    assert threads({"SGLANG_CPU_OMP_THREADS_BIND": "0-1"}, 2, 2) is None
+
+
 def test_float32_by_default_on_a_cpu_without_native_bf16(monkeypatch):
     avx2_only = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
     sapphire_rapids = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"

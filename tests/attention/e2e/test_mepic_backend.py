@@ -1,7 +1,10 @@
 """The mepic attention backend on a real server: without chunks it is SGLang's torch_native, token for token."""
 
+import os
+
 import pytest
 
+from sglang_mepic.launch import defaults
 from sglang_mepic.process.server_process import ServerProcess
 
 
@@ -10,6 +13,9 @@ def test_mepic_backend_equals_torch_native(servers, run_prompt_set):
     tiny_server = servers.get()
     assert "--attention-backend" not in tiny_server.args  # the launcher's default, mepic
     assert "mepic attention: NoPE keys" in tiny_server.log()
+    cpus = len(os.sched_getaffinity(0))
+    threads = defaults.cpu_scheduler_threads(tiny_server.env, cpus, cpus)  # torch's own count: the cores
+    assert (f"CPU scheduler: {threads} torch thread(s) of {cpus} cores" in tiny_server.log()) == (threads is not None)
     mepic_seq, mepic_conc = run_prompt_set(tiny_server)
     # Same cache as the launcher's default (mepic tree, page size 16), SGLang's own attention.
     native = servers.get("--attention-backend", "torch_native", "--radix-cache-backend", "mepic")
