@@ -3,6 +3,7 @@ and cache reports, and on a machine without CUDA the CPU engine, a bounded pool 
 emulated."""
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_mepic.launch import models
@@ -29,22 +30,48 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def cpu_scheduler_threads(environ: Mapping[str, str], cpus: int, current: int) -> int | None:
-    """The torch threads a CPU server's scheduler runs with: one core fewer than the process may use, or
-    None to keep `current` (a count of the user's own, OMP_NUM_THREADS or SGLang's
-    SGLANG_CPU_OMP_THREADS_BIND, or one already that low).
+# Extends with at least this much work (tokens x hidden size) take every core: their ops run long enough that a
+# thread waiting for a core costs little against what the second core adds. SmolLM2-135M (hidden 576): from
+# 1,821 tokens; tiny-4l (128): from 8,192.
+LONG_EXTEND_WORK = 2**20
+
+
+@dataclass
+class CpuThreads:
+    """The torch threads a CPU server's scheduler runs each forward with.
 
     The tokenizer, the detokenizer and the HTTP server run beside the scheduler. Where its threads take
-    every core, a parallel op waits at OpenMP's barrier for a thread that another process holds: with one of
+    every core, a parallel op waits at OpenMP's barrier for a thread another process holds: with one of
     2 cores busy, a decode's 128x256 linear took 142 against 5.6 us and its attention 419 against 56 us
-    (tiny-4l's shapes). A tiny-4l mepic server at 6 req/s over an fp8 pool then spent 270 ms of CPU a request
-    with 2 threads and 143 with 1, its TTFT p50 0.20 against 0.12 s; over bf16 at 3 req/s, 446 against 221.
-    SGLang's scheduler runs one thread on a GPU for the same reason (`ModelRunner.load_model`).
+    (tiny-4l's shapes). So decodes and short extends leave a core to them: a tiny-4l mepic server at
+    6 req/s over an fp8 pool spent 168 ms of CPU a request rather than 288, TTFT p50 0.22 against 0.74 s
+    (one thread for every forward: 143 against 270 ms; over bf16 at 3 req/s, 221 against 446). A long
+    extend takes every core: SmolLM2-135M's lone 3,351-token prompt took 4.3 s, 5.9-7.1 s on one
+    thread of 2 cores and 3.8-4.1 s on both. (SGLang's scheduler runs one thread on a GPU for the same
+    reason, `ModelRunner.load_model`.)
     """
-    if environ.get("OMP_NUM_THREADS") or environ.get("SGLANG_CPU_OMP_THREADS_BIND"):
-        return None
-    want = max(1, cpus - 1)
-    return want if current > want else None
+
+    every: int  # torch's count when the scheduler started
+    fewer: int  # one core left
+    hidden_size: int
+    current: int
+
+    @classmethod
+    def plan(cls, environ: Mapping[str, str], cpus: int, current: int, hidden_size: int) -> "CpuThreads | None":
+        """None where the count stays torch's: the user's own (OMP_NUM_THREADS, SGLang's
+        SGLANG_CPU_OMP_THREADS_BIND), or no core to leave."""
+        if environ.get("OMP_NUM_THREADS") or environ.get("SGLANG_CPU_OMP_THREADS_BIND"):
+            return None
+        fewer = max(1, min(current, cpus) - 1)
+        return cls(current, fewer, hidden_size, current) if fewer < current else None
+
+    def for_forward(self, extend: bool, tokens: int) -> int | None:
+        """The count this forward runs with, or None where it is the one set now."""
+        want = self.every if extend and tokens * self.hidden_size >= LONG_EXTEND_WORK else self.fewer
+        if want == self.current:
+            return None
+        self.current = want
+        return want
 
 
 def _without_flag(argv: list[str], flag: str) -> list[str]:

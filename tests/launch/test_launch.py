@@ -43,13 +43,15 @@ def test_user_flags_win_over_defaults(given):
 
 
 def test_cpu_scheduler_leaves_a_core_to_the_other_processes():
-    threads = defaults.cpu_scheduler_threads
-    assert threads({}, 2, 2) == 1
-    assert threads({}, 16, 16) == 15
-    assert threads({}, 1, 1) is None  # one core: nothing to leave
-    assert threads({}, 8, 3) is None  # already fewer than the cores
-    assert threads({"OMP_NUM_THREADS": "2"}, 2, 2) is None  # the user's (or launch_cluster's) count stays
-    assert threads({"SGLANG_CPU_OMP_THREADS_BIND": "0-1"}, 2, 2) is None
+    plan = defaults.CpuThreads.plan
+    assert plan({}, 1, 1, 128) is None  # one core: nothing to leave
+    assert plan({"OMP_NUM_THREADS": "2"}, 2, 2, 128) is None  # the user's (or launch_cluster's) count stays
+    assert plan({"SGLANG_CPU_OMP_THREADS_BIND": "0-1"}, 2, 2, 128) is None
+    assert plan({}, 16, 16, 128).fewer == 15 and plan({}, 8, 3, 128).fewer == 2
+    threads = plan({}, 2, 2, 576)  # SmolLM2's hidden size
+    long_extend = -(-defaults.LONG_EXTEND_WORK // 576)
+    steps = [(False, 0), (False, 0), (True, 200), (True, long_extend), (True, long_extend - 1), (False, 0)]
+    assert [threads.for_forward(*s) for s in steps] == [1, None, None, 2, 1, None]  # None: the count set stays
 
 
 def test_float32_by_default_on_a_cpu_without_native_bf16(monkeypatch):

@@ -17,5 +17,5 @@ MODULES = (
     "scheduler_handle_generate_request",
     "schedule_policy_compute_prefix_matches",
     "logprob_result_processor_add_input_logprob_return_values",
-    "model_runner_load_model",
+    "model_runner_forward",
 )

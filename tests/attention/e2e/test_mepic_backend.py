@@ -14,8 +14,9 @@ def test_mepic_backend_equals_torch_native(servers, run_prompt_set):
     assert "--attention-backend" not in tiny_server.args  # the launcher's default, mepic
     assert "mepic attention: NoPE keys" in tiny_server.log()
     cpus = len(os.sched_getaffinity(0))
-    threads = defaults.cpu_scheduler_threads(tiny_server.env, cpus, cpus)  # torch's own count: the cores
-    assert (f"CPU scheduler: {threads} torch thread(s) of {cpus} cores" in tiny_server.log()) == (threads is not None)
+    threads = defaults.CpuThreads.plan(tiny_server.env, cpus, cpus, 128)  # torch's own count: the cores
+    line = f"CPU scheduler: {threads.fewer} torch thread(s) of {cpus}, one core left" if threads else "CPU scheduler:"
+    assert (line in tiny_server.log()) == (threads is not None)
     mepic_seq, mepic_conc = run_prompt_set(tiny_server)
     # Same cache as the launcher's default (mepic tree, page size 16), SGLang's own attention.
     native = servers.get("--attention-backend", "torch_native", "--radix-cache-backend", "mepic")
