@@ -35,8 +35,14 @@ CAPACITY = RESULTS / "capacity" / "results.json"
 CAPACITY_MORE = {"capacity-hotpotqa": RESULTS / "capacity-hotpotqa" / "results.json",
                  "capacity-smollm2": RESULTS / "capacity-smollm2" / "results.json"}
 # fp8 KV (issue 73): mepic over an fp8 cache against a bf16 one, at equal pool bytes (eval.experiments.capacity --equal-bytes):
-# the runs paired by seed in time (one invocation a seed, 2026-11-30: 7 chunks a request, then 3), then the first.
-CAPACITY_FP8 = {RESULTS / "capacity-fp8-paired" / "results.json": "each seed's two cells back to back",
+# the runs paired by seed in time (one invocation a seed, 2026-11-30), newest first, then the first run.
+CAPACITY_FP8 = {RESULTS / "capacity-fp8-cputhreads" / "results.json":
+                "each seed's two cells back to back; the CPU scheduler's threads by forward (f3bb035)",
+                RESULTS / "capacity-fp8-threads" / "results.json":
+                "each seed's two cells back to back; the CPU scheduler on one thread (254a434)",
+                RESULTS / "capacity-fp8-batched" / "results.json":
+                "each seed's two cells back to back; every core, decode reads batched (fb5f291)",
+                RESULTS / "capacity-fp8-paired" / "results.json": "each seed's two cells back to back",
                 RESULTS / "capacity-fp8-3chunks" / "results.json": "each seed's two cells back to back",
                 RESULTS / "capacity-fp8" / "results.json": "every bf16 cell first"}
 TABLE2 = {"squad": RESULTS / "squad-paper" / "base-repeats" / "results.json",
