@@ -300,7 +300,8 @@ class MepicAttnBackend(AttentionBackend):
         seq_lens = [self.seq_lens[i] for i in cached]
         index = torch.tensor(cached, dtype=torch.long, device=new_positions.device)
         row_index = torch.tensor(rows, dtype=torch.long, device=req_to_token.device)
-        new_slots = req_to_token[row_index, torch.tensor(seq_lens, device=req_to_token.device) - 1].long()
+        last = torch.tensor(seq_lens, dtype=torch.long, device=req_to_token.device) - 1  # long even when empty
+        new_slots = req_to_token[row_index, last].long()
 
         def context(j: int) -> tuple[torch.Tensor, torch.Tensor | None]:
             slots = req_to_token[rows[j], :seq_lens[j]]

@@ -221,6 +221,37 @@ def test_decode_kv_across_decode_steps():
     torch.testing.assert_close(v3, v_pool[slots[3]].float())
 
 
+def test_backend_decode_of_a_row_whose_context_lies_past_its_token():
+    """A decode whose rows all have a slot positioned past the new token (nothing for DecodeKV) takes the
+    general path, masked by position, and reads nothing cached."""
+    from types import SimpleNamespace
+
+    from sglang_mepic.attention.backend import MepicAttnBackend
+    from sglang_mepic.attention.reference import attend_paged
+
+    rope = make_rope()
+    g = torch.Generator().manual_seed(9)
+    k_pool, v_pool = torch.randn(64, 2, D, generator=g), torch.randn(64, 2, D, generator=g)
+    req_to_token = torch.zeros(2, 64, dtype=torch.int32)
+    req_to_token[1, :21] = torch.randperm(64, generator=g)[:21].to(torch.int32)
+    backend = MepicAttnBackend.over_pools(req_to_token, k_pool, v_pool, rope)
+    pos = torch.arange(21)
+    pos[5], pos[20] = 40, 20  # slot 5 lies past the new token's position
+    backend.positions.assign(1, pos)
+    layer = SimpleNamespace(tp_q_head_num=4, qk_head_dim=D, v_head_dim=D, layer_id=0, scaling=0.1,
+                            is_cross_attention=False, sliding_window_size=-1)
+    q_pos = torch.tensor([20])
+    fb = SimpleNamespace(req_pool_indices=torch.tensor([1]), seq_lens=torch.tensor([21]), positions=q_pos,
+                         batch_size=1, forward_mode=SimpleNamespace(is_decode=lambda: True))
+    backend.init_forward_metadata(fb)
+    assert backend.decode_general == [0] and backend.decode_rows.rows == []
+    q = rope.rotate(torch.randn(1, 4, D, generator=g), q_pos)
+    out = backend._run(q.reshape(1, -1), layer, fb, [1], decode=True).view(1, 4, D)
+    ref = attend_paged(q, q_pos, k_pool, v_pool, req_to_token[1, :21].long(), pos, rope, 0.1)
+    torch.testing.assert_close(out, ref)
+    assert len(backend.decode_kv) == 0
+
+
 def test_backend_decode_steps_with_pads_equal_the_general_path():
     """Decode on a planned row (pads, shuffled slots) through the backend's cached path (DecodeKV) gives what
     `attend_paged` gives from scratch, step after step, whatever another request left in its pad slots:
