@@ -32,8 +32,9 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
 
 # Extends with at least this much work (tokens x hidden size) take every core: their ops run long enough that a
 # thread waiting for a core costs little against what the second core adds. SmolLM2-135M (hidden 576): from
-# 1,821 tokens; tiny-4l (128): from 8,192.
-LONG_EXTEND_WORK = 2**20
+# 456 tokens (a lone 928-token prompt took 1.33 s on one thread of 2 cores, 0.83 s on both); tiny-4l (128):
+# from 2,048, more than a request of the capacity runs recomputes.
+LONG_EXTEND_WORK = 2**18
 
 
 @dataclass
@@ -44,9 +45,9 @@ class CpuThreads:
     every core, a parallel op waits at OpenMP's barrier for a thread another process holds: with one of
     2 cores busy, a decode's 128x256 linear took 142 against 5.6 us and its attention 419 against 56 us
     (tiny-4l's shapes). So decodes and short extends leave a core to them: a tiny-4l mepic server at
-    6 req/s over an fp8 pool spent 168 ms of CPU a request rather than 288, TTFT p50 0.22 against 0.74 s
+    6 req/s over an fp8 pool spent 162 ms of CPU a request rather than 288, TTFT p50 0.19 against 0.74 s
     (one thread for every forward: 143 against 270 ms; over bf16 at 3 req/s, 221 against 446). A long
-    extend takes every core: SmolLM2-135M's lone 3,351-token prompt took 4.3 s, 5.9-7.1 s on one
+    extend takes every core: SmolLM2-135M's lone 3,351-token prompt took 4.7 s, 5.9-7.1 s on one
     thread of 2 cores and 3.8-4.1 s on both. (SGLang's scheduler runs one thread on a GPU for the same
     reason, `ModelRunner.load_model`.) The count an extend gets depends on its batch, not its result: the
     model's ops (linear, SDPA, RMSNorm, softmax at SmolLM2's shapes, 1 to 2,000 tokens) gave the same
