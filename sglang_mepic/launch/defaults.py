@@ -68,9 +68,14 @@ class CpuThreads:
         fewer = max(1, min(current, cpus) - 1)
         return cls(current, fewer, hidden_size, current) if fewer < current else None
 
+    @property
+    def long_extend_tokens(self) -> int:
+        """The fewest tokens of an extend that takes every core."""
+        return -(-LONG_EXTEND_WORK // self.hidden_size)
+
     def for_forward(self, extend: bool, tokens: int) -> int | None:
         """The count this forward runs with, or None where it is the one set now."""
-        want = self.every if extend and tokens * self.hidden_size >= LONG_EXTEND_WORK else self.fewer
+        want = self.every if extend and tokens >= self.long_extend_tokens else self.fewer
         if want == self.current:
             return None
         self.current = want

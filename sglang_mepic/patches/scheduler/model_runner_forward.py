@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_mepic.launch.defaults import LONG_EXTEND_WORK, CpuThreads
+from sglang_mepic.launch.defaults import CpuThreads
 from sglang_mepic.side_table import SideTable
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def hook(runner: ModelRunner, forward_batch: ForwardBatch, *args: Any, **kwargs:
         if threads is not None:
             logger.info("CPU scheduler: %d torch thread(s) of %d, one core left to the tokenizer, detokenizer and "
                         "HTTP server; every thread for an extend of %d tokens or more (OMP_NUM_THREADS sets one "
-                        "count for all)", threads.fewer, threads.every, -(-LONG_EXTEND_WORK // threads.hidden_size))
+                        "count for all)", threads.fewer, threads.every, threads.long_extend_tokens)
     else:
         threads = planned or None
     if threads is not None:
