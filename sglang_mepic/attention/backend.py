@@ -26,7 +26,8 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from sglang_mepic import env, modes
 from sglang_mepic.attention import sync_probe
-from sglang_mepic.attention.reference import DecodeKV, DecodeRows, attend_causal, attend_paged, attend_plain
+from sglang_mepic.attention.reference import (DecodeKV, DecodeRows, PagedContext, attend_causal, attend_context,
+                                              attend_paged)
 from sglang_mepic.attention.rope import Rope, UnsupportedRope
 from sglang_mepic.pages import positions
 
@@ -153,6 +154,8 @@ class MepicAttnBackend(AttentionBackend):
         self.decode_kv = DecodeKV(rope)
         self.decode_rows: DecodeRows | None = None  # a torch-path decode's rows that read decode_kv
         self.decode_general: list[int] = []  # its other rows (attend_paged), by index in the batch
+        self._decoding: list[int] = []  # the rows of the last torch-path decode, whose decode_kv entries an extend keeps
+        self._contexts: dict[int, PagedContext] = {}  # a torch-path extend's, by index in the batch, for every layer
         self.copies: tuple[torch.Tensor, torch.Tensor] | None = None  # (extend token index, batch index)
         self.blend: modes.Mode | None = None
         self.settings = settings
@@ -263,6 +266,7 @@ class MepicAttnBackend(AttentionBackend):
         if mode.is_decode():
             if not self.use_triton:
                 self.decode_kv.keep_only(self.rows)
+                self._decoding = self.rows
             forward_batch.positions = self.positions.on_decode(
                 forward_batch.req_pool_indices, forward_batch.seq_lens, forward_batch.positions)
             if not self.use_triton:
@@ -273,8 +277,8 @@ class MepicAttnBackend(AttentionBackend):
                     forward_batch.seq_lens, self.kernels.decode_programs_per_split(batch, *self._graph_heads),
                     self.sm_count, ctas_per_sm=self.decode_ctas_per_sm)
         elif mode.is_extend():
-            if not self.use_triton:
-                self.decode_kv.drop(self.rows)
+            if not self.use_triton:  # its rows' entries are seeded afresh by its layers (`_run`)
+                self.decode_kv.keep_only(set(self._decoding).difference(self.rows))
             self._prepare_extend(forward_batch, planned=True)
 
     def _reset(self) -> None:
@@ -284,6 +288,7 @@ class MepicAttnBackend(AttentionBackend):
         self._splits = self._kv_end = None
         self.decode_rows = None
         self.decode_general = []
+        self._contexts = {}
 
     def _plan_decode(self, new_positions: torch.Tensor) -> None:
         """Torch path: which rows of this decode read `decode_kv` (their new token has the largest position, so
@@ -296,6 +301,7 @@ class MepicAttnBackend(AttentionBackend):
                 cached.append(i)
             else:
                 self.decode_general.append(i)
+        self.decode_kv.drop(self.rows[i] for i in self.decode_general)  # an extend's seeds they will not read
         rows = [self.rows[i] for i in cached]
         seq_lens = [self.seq_lens[i] for i in cached]
         index = torch.tensor(cached, dtype=torch.long, device=new_positions.device)
@@ -386,7 +392,9 @@ class MepicAttnBackend(AttentionBackend):
         return self._fresh
 
     def _run(self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch, q_lens: list[int],
-             decode: bool = False) -> torch.Tensor:
+             decode: bool = False, saved: bool = True) -> torch.Tensor:
+        """The torch path. `saved`: this forward's KV is in the pool, so what an extend reads of it is what its
+        rows' decodes would read, and seeds `decode_kv`."""
         if layer.is_cross_attention or (layer.sliding_window_size is not None and layer.sliding_window_size > -1):
             raise NotImplementedError("mepic attention: cross or sliding-window attention is not supported")
         q = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
@@ -411,14 +419,16 @@ class MepicAttnBackend(AttentionBackend):
                                             scaling)
         else:
             start = 0
-            for row, seq_len, n, plain in zip(self.rows, self.seq_lens, q_lens, self.plain_rows):
+            for i, (row, seq_len, n, plain) in enumerate(zip(self.rows, self.seq_lens, q_lens, self.plain_rows)):
                 end = start + n
-                slots = req_to_token[row, :seq_len]
-                if plain:
-                    out[start:end] = attend_plain(q[start:end], k_pool, v_pool, slots, self.rope, scaling)
-                else:
-                    out[start:end] = attend_paged(q[start:end], positions[start:end], k_pool, v_pool, slots,
-                                                  req_to_pos[row, :seq_len], self.rope, scaling)
+                context = self._contexts.get(i)
+                if context is None:  # the forward's first layer
+                    slots = req_to_token[row, :seq_len]
+                    context = self._contexts[i] = PagedContext.plain(slots, self.rope, q.dtype) if plain else \
+                        PagedContext.of(slots, req_to_pos[row, :seq_len], positions[start:end], self.rope, q.dtype)
+                out[start:end], k, v = attend_context(q[start:end], k_pool, v_pool, context, self.rope, scaling)
+                if saved:
+                    self.decode_kv.seed(layer.layer_id, row, k, v, seq_len)
                 start = end
         if v_scale != 1.0:  # the output is linear in the values
             out.mul_(v_scale)
@@ -562,7 +572,8 @@ class MepicAttnBackend(AttentionBackend):
         self._save(layer, forward_batch, k, v, save_kv_cache)
         if self.use_triton:
             return self._run_triton(q, layer, forward_batch, decode=False)
-        return self._run(q, layer, forward_batch, cast(torch.Tensor, forward_batch.extend_seq_lens).tolist())
+        return self._run(q, layer, forward_batch, cast(torch.Tensor, forward_batch.extend_seq_lens).tolist(),
+                         saved=save_kv_cache and k is not None and v is not None)
 
     def forward_decode(  # type: ignore[override, unused-ignore]  # no **kwargs: see forward_extend
             self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: RadixAttention,

@@ -43,28 +43,69 @@ def attend(q: torch.Tensor, q_pos: torch.Tensor, k_nope: torch.Tensor, v: torch.
     valid = kv_pos != NO_POSITION
     k = rope.rotate(k_nope.to(q.dtype), torch.where(valid, kv_pos, 0))
     mask = _additive((kv_pos.unsqueeze(0) <= q_pos.unsqueeze(1)) & valid.unsqueeze(0), q.dtype)
+    return _attend_masked(q, k, v.to(q.dtype), mask, scaling)
+
+
+def _attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                   scaling: float) -> torch.Tensor:
     out = scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.to(q.dtype).transpose(0, 1).unsqueeze(0),
+        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
         attn_mask=mask.unsqueeze(0).unsqueeze(0), scale=scaling, enable_gqa=q.shape[1] != k.shape[1])
     return out.squeeze(0).transpose(0, 1)
 
 
+@dataclass(frozen=True)
+class PagedContext:
+    """What every layer of one forward reads of a request's context: its real slots (pads dropped, as they
+    never contribute), the cos/sin rows of their positions, and the additive mask of its queries, or None when
+    causal by index applies (SDPA's causal path).
+
+    Each depends on the request's maps and the queries' positions only, not on the layer, so a forward finds
+    them once (`of`, `plain`) and its layers are left the pool reads, the rotation and SDPA: for a 7-chunk
+    request (142 queries over 2,738 real keys, tiny-4l's heads, fp8 pool, one thread) 5.6 against 7.3 ms a
+    layer, the mask alone 0.6 ms of the difference.
+    """
+
+    slots: torch.Tensor
+    cos_sin: torch.Tensor
+    mask: torch.Tensor | None
+
+    @classmethod
+    def of(cls, slots: torch.Tensor, kv_pos: torch.Tensor, q_pos: torch.Tensor, rope: Rope,
+           dtype: torch.dtype) -> "PagedContext":
+        """slots, kv_pos [m] from the request's maps; q_pos [n] its queries' positions. When positions then
+        increase along the real slots and the queries are the last of them (what a MEPIC layout gives), causal
+        by position is causal by index; any other order takes the explicit mask."""
+        real = kv_pos != NO_POSITION
+        if not bool(real.all()):
+            slots, kv_pos = slots[real], kv_pos[real]
+        mask = None if _queries_last_in_order(kv_pos, q_pos) else \
+            _additive(kv_pos.unsqueeze(0) <= q_pos.unsqueeze(1), dtype)
+        return cls(slots, rope.table(kv_pos, kv_pos.shape[0], dtype), mask)
+
+    @classmethod
+    def plain(cls, slots: torch.Tensor, rope: Rope, dtype: torch.dtype) -> "PagedContext":
+        """A request without chunks, whose slot j is at position j and whose queries are its last slots."""
+        return cls(slots, rope.table(None, slots.shape[0], dtype), None)
+
+
+def attend_context(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, context: PagedContext,
+                   rope: Rope, scaling: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [n, Hq, D] rotated, over `context`'s keys and values read from the pools. Returns the output
+    [n, Hq, Dv] and the keys (rotated) and values it read, in q's dtype: a decode goes on from them
+    (`DecodeKV.seed`)."""
+    k = rope.rotate(gather(k_pool, context.slots, q.dtype), cos_sin=context.cos_sin)
+    v = gather(v_pool, context.slots, q.dtype)
+    if context.mask is None:
+        return attend_causal(q, k, v, scaling), k, v
+    return _attend_masked(q, k, v, context.mask, scaling), k, v
+
+
 def attend_paged(q: torch.Tensor, q_pos: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                  slots: torch.Tensor, kv_pos: torch.Tensor, rope: Rope, scaling: float) -> torch.Tensor:
-    """`attend` with keys and values gathered from the KV pool through `slots` [m].
-
-    Pad slots never contribute, so they are dropped before anything is gathered.
-    When positions then increase along the slots and the queries are the last
-    slots (what a MEPIC layout gives), causal by position is causal by index and
-    SDPA's causal path applies; any other order takes the explicit mask.
-    """
-    real = kv_pos != NO_POSITION
-    if not bool(real.all()):
-        slots, kv_pos = slots[real], kv_pos[real]
-    if _queries_last_in_order(kv_pos, q_pos):
-        k = rope.rotate(gather(k_pool, slots, q.dtype), kv_pos)
-        return attend_causal(q, k, gather(v_pool, slots, q.dtype), scaling)
-    return attend(q, q_pos, gather(k_pool, slots, q.dtype), gather(v_pool, slots, q.dtype), kv_pos, rope, scaling)
+    """`attend` with keys and values gathered from the KV pool through `slots` [m] (`PagedContext.of`)."""
+    return attend_context(q, k_pool, v_pool, PagedContext.of(slots, kv_pos, q_pos, rope, q.dtype), rope,
+                          scaling)[0]
 
 
 def _queries_last_in_order(kv_pos: torch.Tensor, q_pos: torch.Tensor) -> bool:
@@ -75,14 +116,13 @@ def _queries_last_in_order(kv_pos: torch.Tensor, q_pos: torch.Tensor) -> bool:
 
 def attend_plain(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
                  rope: Rope, scaling: float) -> torch.Tensor:
-    """`attend_paged` for a request without chunks, whose slot j is at position j.
+    """`attend_paged` for a request without chunks, whose slot j is at position j (`PagedContext.plain`).
 
     The same attention, cheaper: RoPE reads the cache by slicing, and the mask is
     causal by index (the n queries are the last n slots), so SDPA's own causal
     path applies. Results equal `attend_paged` with kv_pos = arange(m).
     """
-    k = rope.rotate(gather(k_pool, slots, q.dtype))
-    return attend_causal(q, k, gather(v_pool, slots, q.dtype), scaling)
+    return attend_context(q, k_pool, v_pool, PagedContext.plain(slots, rope, q.dtype), rope, scaling)[0]
 
 
 def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -148,10 +188,12 @@ class DecodeKV:
     one rotation a layer, not one a row). Pad slots are left out: the attention then needs
     no mask (CPU SDPA's unmasked path), reads fewer keys, and whatever another request left
     in a pad slot (inf or NaN over an fp8 pool) cannot reach the output, as the kernels zero
-    them for the same reason. The backend drops a row's entry when the row is extended (a
-    new or resumed request) and when it leaves the decode batch, so memory stays within the
-    running requests' KV, in the queries' dtype. The GPU kernels rotate and widen in
-    registers and need none of this.
+    them for the same reason. An extend seeds its rows' entries with the keys and values its
+    attention read (`seed`), so a request's first decode step does not read its context a
+    second time; the backend drops a row's entry when it leaves the decode batch and the
+    seeds of an extend the next extend replaces, so memory stays within the running
+    requests' KV and the last extend's, in the queries' dtype. The GPU kernels rotate and
+    widen in registers and need none of this.
     """
 
     def __init__(self, rope: Rope):
@@ -169,6 +211,12 @@ class DecodeKV:
     def keep_only(self, rows: Iterable[int]) -> None:
         rows = set(rows)
         self._entries = {key: e for key, e in self._entries.items() if key[1] in rows}
+
+    def seed(self, layer_id: int, row: int, keys: torch.Tensor, values: torch.Tensor, seq_len: int) -> None:
+        """Row `row`'s rotated keys and values at this layer, its real slots only, as an extend to `seq_len`
+        just read them (`attend_context`): its first decode step then reads one new slot, not its whole
+        context again. A step that finds no entry, or one of another length, reads the context itself."""
+        self._entries[(layer_id, row)] = (keys, values, keys.shape[0], seq_len)
 
     def step(self, layer_id: int, k_pool: torch.Tensor, v_pool: torch.Tensor, dtype: torch.dtype,
              batch: DecodeRows) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -42,23 +42,32 @@ class Rope:
             raise UnsupportedRope(f"rotary_dim {module.rotary_dim} does not fit head size {module.head_size}")
         return cls(module.cos_sin_cache, module.rotary_dim, module.head_size, module.is_neox_style)
 
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Rotate x [n, heads, head_size] at positions [n], or at 0..n-1 if positions is None.
+    def table(self, positions: torch.Tensor | None, n: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The cos/sin rows `rotate` applies at positions [n], or at 0..n-1 if positions is None, in `dtype`
+        (default: the cache's). A forward whose layers rotate at the same positions looks them up once
+        (`reference.PagedContext`)."""
+        if positions is None:
+            if n > self.cos_sin_cache.shape[0]:
+                raise ValueError(f"{n} positions exceed the RoPE cache ({self.cos_sin_cache.shape[0]})")
+            rows = self.cos_sin_cache[:n]
+        else:
+            if positions.numel() and int(positions.max()) >= self.cos_sin_cache.shape[0]:
+                raise ValueError(f"position {int(positions.max())} is beyond the RoPE cache "
+                                 f"({self.cos_sin_cache.shape[0]} positions)")
+            rows = self.cos_sin_cache.index_select(0, positions.long())
+        return rows if dtype is None else rows.to(dtype)
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+               cos_sin: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate x [n, heads, head_size] at positions [n], or at 0..n-1 if positions is None, or by the rows
+        `cos_sin` that `table` gave for them.
 
         Same arithmetic as SGLang's native rotary path, element for element (each
         product rounded, then summed), so rotated keys are bit-identical to the
         ones SGLang would have stored; written into one output to save passes.
         """
-        n = x.shape[0]
-        if positions is None:
-            if n > self.cos_sin_cache.shape[0]:
-                raise ValueError(f"{n} positions exceed the RoPE cache ({self.cos_sin_cache.shape[0]})")
-            cos_sin = self.cos_sin_cache[:n]
-        else:
-            if positions.numel() and int(positions.max()) >= self.cos_sin_cache.shape[0]:
-                raise ValueError(f"position {int(positions.max())} is beyond the RoPE cache "
-                                 f"({self.cos_sin_cache.shape[0]} positions)")
-            cos_sin = self.cos_sin_cache.index_select(0, positions.long())
+        if cos_sin is None:
+            cos_sin = self.table(positions, x.shape[0])
         cos, sin = cos_sin.to(x.dtype).unsqueeze(-2).chunk(2, dim=-1)
         half = self.rotary_dim // 2
         if self.is_neox_style:

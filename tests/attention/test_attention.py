@@ -290,3 +290,75 @@ def test_backend_decode_steps_with_pads_equal_the_general_path():
                            rope, 0.1)
         torch.testing.assert_close(out, ref)
     assert len(backend.decode_kv) == 1
+
+
+def test_backend_extend_seeds_the_decode_that_follows(monkeypatch):
+    """An extend finds each row's context (real slots, cos/sin, mask) once for all its layers, and leaves the
+    keys and values its attention read to the row's decode: the first decode step then reads no context (one
+    new slot a layer) and still gives what `attend_paged` gives from scratch, NaN in the pad slots included.
+    The next extend keeps only the decoding rows' entries and its own."""
+    from types import SimpleNamespace
+
+    from sglang_mepic.attention import backend as backend_module
+    from sglang_mepic.attention.backend import MepicAttnBackend
+    from sglang_mepic.attention.reference import PagedContext, attend_paged
+
+    found, of = [], PagedContext.of
+    monkeypatch.setattr(backend_module.PagedContext, "of", lambda *a: found.append(a) or of(*a))
+
+    rope = make_rope()
+    g = torch.Generator().manual_seed(11)
+    hq, hkv, m0, e = 4, 2, 40, 6
+    k_pool, v_pool = torch.randn(128, hkv, D, generator=g), torch.randn(128, hkv, D, generator=g)
+    req_to_token = torch.zeros(4, 128, dtype=torch.int32)
+    req_to_token[1, :m0 + 3] = torch.randperm(128, generator=g)[:m0 + 3].to(torch.int32)
+    backend = MepicAttnBackend.over_pools(req_to_token, k_pool, v_pool, rope)
+    pos = torch.cat([torch.arange(m0 - e) + 3, torch.arange(e) + 100])  # the queries: the last e slots
+    pos[[5, 6, 20]] = -1  # pads, whose slots hold another request's garbage
+    backend.positions.assign(1, pos)
+    pad_slots = req_to_token[1, [5, 6, 20]].long()
+    k_pool[pad_slots], v_pool[pad_slots] = float("nan"), float("nan")
+    layers = [SimpleNamespace(tp_q_head_num=hq, qk_head_dim=D, v_head_dim=D, layer_id=i, scaling=0.1,
+                              is_cross_attention=False, sliding_window_size=-1) for i in (0, 1)]
+
+    def extend_batch(row: int, seq_len: int, n: int) -> SimpleNamespace:
+        return SimpleNamespace(req_pool_indices=torch.tensor([row]), seq_lens=torch.tensor([seq_len]),
+                               positions=torch.arange(seq_len - n, seq_len), batch_size=1,
+                               extend_seq_lens=torch.tensor([n]), extend_prefix_lens=torch.tensor([seq_len - n]),
+                               forward_mode=SimpleNamespace(is_decode=lambda: False, is_extend=lambda: True))
+
+    fb = extend_batch(1, m0, e)
+    backend.init_forward_metadata(fb)
+    q_pos = fb.positions.clone()
+    assert q_pos.tolist() == list(range(100, 100 + e))
+    qs = [rope.rotate(torch.randn(e, hq, D, generator=g), q_pos) for _ in layers]
+    outs = [backend._run(q.reshape(e, -1), layer, fb, [e]).view(e, hq, D) for q, layer in zip(qs, layers)]
+    assert len(found) == 1  # one context for both layers
+    assert len(backend.decode_kv) == 2  # a seed a layer
+    for q, out in zip(qs, outs):
+        torch.testing.assert_close(out, attend_paged(q, q_pos, k_pool, v_pool, req_to_token[1, :m0].long(), pos,
+                                                     rope, 0.1))
+
+    for seq_len in (m0 + 1, m0 + 2):
+        new = torch.tensor([99 + seq_len - m0 + e])
+        fb = SimpleNamespace(req_pool_indices=torch.tensor([1]), seq_lens=torch.tensor([seq_len]), positions=new,
+                             batch_size=1, forward_mode=SimpleNamespace(is_decode=lambda: True))
+        backend.init_forward_metadata(fb)
+        read = []
+        context = backend.decode_rows.context
+        backend.decode_rows.context = lambda i: read.append(i) or context(i)
+        for layer in layers:
+            q = rope.rotate(torch.randn(1, hq, D, generator=g), fb.positions)
+            out = backend._run(q.reshape(1, -1), layer, fb, [1], decode=True).view(1, hq, D)
+            ref = attend_paged(q, fb.positions, k_pool, v_pool, req_to_token[1, :seq_len].long(),
+                               backend.positions.req_to_pos[1, :seq_len].long(), rope, 0.1)
+            torch.testing.assert_close(out, ref)
+        assert read == []  # the extend's seeds, then one new slot a step
+
+    backend.decode_kv.seed(0, 3, torch.zeros(1, hkv, D), torch.zeros(1, hkv, D), 1)  # a row that left
+    req_to_token[2, :8] = torch.arange(100, 108, dtype=torch.int32)
+    fb = extend_batch(2, 8, 8)
+    backend.init_forward_metadata(fb)
+    assert {row for _, row in backend.decode_kv._entries} == {1}
+    backend._run(torch.randn(8, hq * D, generator=g), layers[0], fb, [8])
+    assert {row for _, row in backend.decode_kv._entries} == {1, 2}
