@@ -33,7 +33,9 @@ point and its 16 tokens take about 1 s more; TTFT <= 2 s and e2e <= 8 s are abou
 of slack the goodput literature uses (DistServe, vLLM's --goodput examples); pass your own for another
 model or machine. The header of the table states them.
 
-Per cell, at the capacity point (the highest rate that held): peak and time-weighted KV pages, and what
+Per cell, at the capacity point (the highest rate that held): peak and time-weighted KV pages, the
+scheduler's busy time a request (SGLang's per-stage counters, idle left out, over the requests sent: on a CPU
+what bounds the rate once the pool does not), and what
 the server counted over that probe: retracted requests (SGLang's `num_retracted_requests_total`), chunk
 evictions, and chunks compiled (a chunk computed more than once shows as more compiles than the
 workload has distinct chunks), and what stopped it ("stopped by", read at the lowest rate that failed:
@@ -91,8 +93,8 @@ from pathlib import Path
 import requests
 from tqdm import tqdm
 
-from eval.experiments.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, abort_all, context_args, flush, pct, pool_pages,
-                                  run_point, server_process, stream, tiered)
+from eval.experiments.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, Refused, abort_all, context_args, flush, pct,
+                                  pool_pages, run_point, server_process, stream, tiered)
 from eval.lib import anatomy, provenance
 from eval.lib.workloads import DATASETS, render, with_reuse
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
@@ -133,6 +135,7 @@ class Probe:
     ended_early: bool = False  # stopped once its misses exceeded what the attainment allows
     sent: int = 0  # requests sent (fewer than `requests` when it ended early)
     anatomy: dict = field(default_factory=dict)  # where the pages went (eval/lib/anatomy.py: peak, mean, series)
+    refused: int = 0  # requests the server refused (run.Refused: more KV than it takes in one request), missed
 
 
 @dataclass
@@ -148,9 +151,16 @@ class Cell:
     server_pages: int = 0  # pages the server's pool held (--equal-bytes: the pool's bytes in its KV dtype)
 
 
-def aborted(output) -> bool:
+def refused(output) -> bool:
     reason = output[2].get("finish_reason")
-    return isinstance(reason, dict) and reason.get("type") == "abort"
+    return isinstance(reason, dict) and reason.get("type") == "refused"
+
+
+def aborted(output) -> bool:
+    """A request that did not finish: aborted, or refused by the server (`run.Refused`: a request larger than the
+    pool takes is one the system cannot serve, a miss)."""
+    reason = output[2].get("finish_reason")
+    return isinstance(reason, dict) and reason.get("type") in ("abort", "refused")
 
 
 def judge(outputs: list, rate: float, seconds: float, sampler, exact_peak, counters: dict, args,
@@ -178,7 +188,8 @@ def judge(outputs: list, rate: float, seconds: float, sampler, exact_peak, count
                  achieved_rps=round(len(done) / seconds, 3), in_flight=round(sum(e2e) / seconds, 2),
                  peak_kv_pages=round(peak, 1), mean_kv_pages=round(statistics.fmean(pages), 1) if pages else 0.0,
                  counters=counters, seconds=round(seconds, 1), ended_early=ended_early,
-                 sent=sum(o is not None for o in outputs), anatomy=anatomy.summarise(sampler.anatomy))
+                 sent=sum(o is not None for o in outputs), anatomy=anatomy.summarise(sampler.anatomy),
+                 refused=sum(o is not None and refused(o) for o in outputs))
 
 
 class Watch:
@@ -256,7 +267,7 @@ def probe(server, pool: int, texts: list[str], rate: float, seed: int, args, bar
     watch = None if clients else Watch(server.url, len(texts), args)
     with watch or ExitStack():
         outputs, sampler, exact, seconds, counters = run_point(server, MEPIC_PAGE_SIZE, pool, texts, rate, args.new_tokens,
-                                                               seed, bar, watch=watch, clients=clients)
+                                                               seed, bar, watch=watch, clients=clients, refusals=True)
     after = scheduler_counters(server.url)
     if watch is not None and watch.counters_at_stop is not None:  # the stages up to the stop, not the flush after
         after = {**after, "stages": watch.counters_at_stop["stages"]}
@@ -312,8 +323,8 @@ def fmt(values: list[float], f: str = "{:.2f}") -> str:
 
 def capacity_table(cells: list[Cell], systems: list[str], pools: list[int]) -> str:
     lines = ["| system | pool pages | capacity req/s | peak KV pages | time-weighted KV pages | retractions | "
-             "chunk evictions | chunks compiled | TTFT p50 s | stopped by | probes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "chunk evictions | chunks compiled | TTFT p50 s | scheduler busy ms a request | stopped by | probes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     if any(c.server_pages and c.server_pages != c.pool_pages for c in cells):  # --equal-bytes
         lines[0] = lines[0].replace("| pool pages |", "| pool (bf16 pages' bytes): pages held |")
     for s in systems:
@@ -331,7 +342,13 @@ def capacity_table(cells: list[Cell], systems: list[str], pools: list[int]) -> s
                          f"{fmt([p['counters'].get('chunk_evictions') or 0 for p in at], '{:.0f}')} | "
                          f"{fmt([p['counters'].get('chunks_compiled') or 0 for p in at], '{:.0f}')} | "
                          f"{fmt([p['ttft_p50'] for p in at], '{:.3f}')} | "
+                         f"{fmt([b for b in map(busy_ms_a_request, at) if b is not None], '{:.0f}')} | "
                          f"{', '.join(sorted({stopped_by(c) for c in mine}))} | {sum(len(c.probes) for c in mine)} |")
+    refusals = [f"{c.system} at {c.pool_pages:,} pages, seed {c.seed}: {n}" for c in cells if c.kind == "capacity"
+                and (n := max((p.get("refused", 0) for p in c.probes), default=0))]
+    if refusals:
+        lines += ["", "Requests the server refused (more KV than it takes in one request), each a miss in every "
+                  "probe that sent it: " + "; ".join(refusals)]
     return "\n".join(lines)
 
 
@@ -356,6 +373,18 @@ def stopped_by(cell: Cell) -> str:
     if p["peak_kv_pages"] >= 0.95 * cell.pool_pages or p["counters"].get("retractions", 0) > 0:
         return "pool"
     return "queue" if stages else "compute"
+
+
+def busy_ms_a_request(probe: dict) -> float | None:
+    """The scheduler's busy seconds over a probe (SGLang's per-stage counters, idle left out) per request sent,
+    in ms: what a request costs the scheduler's process at that rate, the figure that bounds a CPU server's
+    capacity and that an A/B of two codes at one rate compares (`--max-probes 1 --start-rate R`, one
+    checkout's package first on PYTHONPATH). None for a probe without the counters."""
+    stages = probe["counters"].get("stage_seconds") or {}
+    sent = probe.get("sent") or probe.get("requests")
+    if not stages or not sent:
+        return None
+    return 1000 * (sum(stages.values()) - stages.get("idle", 0.0)) / sent
 
 
 def best(cell: Cell) -> dict | None:
@@ -623,7 +652,10 @@ def run_cells(args, todo: list, cells: list[Cell], record, make_server, texts: d
             if getattr(server, "warmed", False):
                 return
             for text in texts_[:args.warmup]:
-                stream(server.url, text, args.new_tokens)
+                try:
+                    stream(server.url, text, args.new_tokens)
+                except Refused:  # too large for this pool: it warms nothing, and the probes count it as a miss
+                    pass
             flush(server.url)
             server.warmed = True
 

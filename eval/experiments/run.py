@@ -161,8 +161,23 @@ def kept_meta(meta: dict) -> dict:
     return {k: v for k, v in meta.items() if k in META or (k.startswith("mepic_") and k != "mepic_chunks")}
 
 
+class Refused(Exception):
+    """The server answered a request with an error object in its stream, as SGLang streams a 4xx (e.g. a
+    request that needs more KV slots than the server takes in one request): what it said, when it was sent
+    and how long the answer took."""
+
+    def __init__(self, message: str, e2e: float, sent: float):
+        super().__init__(message)
+        self.e2e, self.sent = e2e, sent
+
+    def output(self) -> tuple:
+        """The request as run_point reports it: no tokens, no first token, finish reason `refused`."""
+        return None, "", {"finish_reason": {"type": "refused", "message": str(self)}}, None, self.e2e, self.sent
+
+
 def stream(url: str, text: str, new_tokens: int, ignore_eos: bool = False):
-    """Send one streaming request; returns (output_ids, text, meta_info, ttft, e2e, sent at (wall clock))."""
+    """Send one streaming request; returns (output_ids, text, meta_info, ttft, e2e, sent at (wall clock)).
+    Raises Refused when the stream ends in an error object instead of an output."""
     sent = time.time()
     t0 = time.perf_counter()
     ttft, last = None, None
@@ -179,6 +194,10 @@ def stream(url: str, text: str, new_tokens: int, ignore_eos: bool = False):
             if ttft is None:
                 ttft = time.perf_counter() - t0
             last = json.loads(data)
+    if last is None or "output_ids" not in last:
+        error = (last or {}).get("error")
+        raise Refused(error.get("message", str(error)) if isinstance(error, dict) else str(error or "no output"),
+                      time.perf_counter() - t0, sent)
     return last["output_ids"], last["text"], kept_meta(last["meta_info"]), ttft, time.perf_counter() - t0, sent
 
 
@@ -225,13 +244,15 @@ def arrival_times(n: int, qps: float, seed: int) -> list[float]:
 
 
 def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, new_tokens: int, seed: int,
-              bar: tqdm, ignore_eos: bool = False, watch=None,
-              clients: int | None = None) -> tuple[list, Sampler, int | None, float, dict]:
+              bar: tqdm, ignore_eos: bool = False, watch=None, clients: int | None = None,
+              refusals: bool = False) -> tuple[list, Sampler, int | None, float, dict]:
     """Send texts at Poisson arrivals (`qps`) on a flushed cache, or, with `clients`, from that many clients
     that each send their next request when the last one ends (a closed loop: `clients` requests in flight
     throughout, whatever each system's speed). `watch` (optional) is told of each request as it is sent and as
     it ends (`watch.sent(i)`, `watch.done(i, output)`); once its `stop` event is set, the requests not yet sent
-    stay None and the ones in flight are aborted, so a probe whose verdict is known ends early."""
+    stay None and the ones in flight are aborted, so a probe whose verdict is known ends early. With `refusals`, a
+    request the server refuses (`Refused`: more KV than it takes in one request, say) is reported as
+    `Refused.output()` and the run goes on; without, the refusal stops it."""
     flush(server.url)
     before = mepic_stats(server)
     arrivals = [0.0] * len(texts) if clients else arrival_times(len(texts), qps, seed)
@@ -249,6 +270,12 @@ def run_point(server, page_size: int, pool: int, texts: list[str], qps: float, n
             watch.sent(i)
         try:
             out = stream(server.url, texts[i], new_tokens, ignore_eos)
+        except Refused as refused:
+            if watch is not None and watch.stop.is_set():
+                return None  # aborted by the watch
+            if not refusals:
+                raise
+            out = refused.output()
         except (requests.RequestException, KeyError, TypeError):
             if watch is None or not watch.stop.is_set():
                 raise

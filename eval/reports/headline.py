@@ -36,7 +36,10 @@ CAPACITY_MORE = {"capacity-hotpotqa": RESULTS / "capacity-hotpotqa" / "results.j
                  "capacity-smollm2": RESULTS / "capacity-smollm2" / "results.json"}
 # fp8 KV (issue 73): mepic over an fp8 cache against a bf16 one, at equal pool bytes (eval.experiments.capacity --equal-bytes):
 # the runs paired by seed in time (one invocation a seed, 2026-11-30), newest first, then the first run.
-CAPACITY_FP8 = {RESULTS / "capacity-fp8-cputhreads" / "results.json":
+CAPACITY_FP8 = {RESULTS / "capacity-fp8-seeded" / "results.json":
+                "each seed's two cells back to back; an extend's context found once a forward, its reads seeding "
+                "the decode (e40d511)",
+                RESULTS / "capacity-fp8-cputhreads" / "results.json":
                 "each seed's two cells back to back; the CPU scheduler's threads by forward (f3bb035)",
                 RESULTS / "capacity-fp8-threads" / "results.json":
                 "each seed's two cells back to back; the CPU scheduler on one thread (254a434)",

@@ -1,6 +1,7 @@
 """eval.experiments.capacity: the rate search, the SLO judgement, matched concurrency, the tables; and --quick end to end. The unit half: the whole description, and the tests on a server, are in
 e2e/test_eval_capacity_server.py."""
 
+import dataclasses
 import json
 import threading
 import time
@@ -140,6 +141,54 @@ def test_a_closed_loop_keeps_as_many_requests_in_flight_as_it_has_clients(monkey
     assert most[0] == 4
 
 
+def test_a_request_the_server_refuses_is_a_miss_and_the_probe_goes_on(monkeypatch):
+    """A workload draw can hold a request larger than a small pool takes in one request: SGLang streams an error
+    object for it (a 4xx in the stream). A capacity probe counts it as a miss and goes on (seeds 3 and 4 of the
+    fp8 run at 192 bf16 pages stopped on a KeyError, 2026-11-30); another experiment stops with the server's
+    words."""
+    from eval.experiments import run
+
+    said = b'data: {"error": {"message": "request needs 3217 KV slots", "code": 400}}'
+
+    class Reply:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def raise_for_status(self):
+            pass
+
+        def iter_lines(self):
+            return iter([said, b"data: [DONE]"])
+
+    monkeypatch.setattr(run.requests, "post", lambda *a, **k: Reply())
+    with pytest.raises(run.Refused, match="3217 KV slots") as refused:
+        run.stream("http://x", "t", 4)
+    assert refused.value.output()[2]["finish_reason"]["type"] == "refused"
+
+    def stream(url, text, new_tokens, ignore_eos=False):
+        if text == "t3":
+            raise run.Refused("request needs 3217 KV slots", 0.01, 0.0)
+        return [1], text, {}, 0.005, 0.01, 0.0
+
+    offline(monkeypatch, stream)
+    bar = SimpleNamespace(update=lambda: None)
+    texts = [f"t{i}" for i in range(20)]
+    with pytest.raises(run.Refused):
+        run.run_point(SimpleNamespace(url="http://x"), 16, 64, texts, 0.0, 4, 0, bar, clients=2)
+    outputs, *_ = run.run_point(SimpleNamespace(url="http://x"), 16, 64, texts, 0.0, 4, 0, bar, clients=2,
+                                refusals=True)
+    assert [o[1] for o in outputs] == ["" if i == 3 else f"t{i}" for i in range(20)]
+    probe = capacity.judge(outputs, 2.0, 10.0, SimpleNamespace(pages=[5.0], anatomy=[]), None, {}, ARGS)
+    assert probe.refused == 1 and probe.sent == 20 and probe.attainment == 0.95 and probe.ok
+    assert probe.ttft_p50 == 0.005  # the refused request has no first token to count
+    cell = capacity.Cell("mepic-bf16", 192, 3, 2.0, [dataclasses.asdict(probe)])
+    assert "refused (more KV than it takes in one request), each a miss in every probe that sent it: mepic-bf16 " \
+           "at 192 pages, seed 3: 1" in capacity.capacity_table([cell], ["mepic-bf16"], [192])
+
+
 def test_a_probe_that_ended_early_does_not_wait_out_its_arrivals(monkeypatch):
     """Once the watch stops a probe, the requests not yet sent are dropped at once, not when their
     arrival times come (a failing probe at 2 req/s would otherwise last its whole 150 s schedule)."""
@@ -204,8 +253,11 @@ def test_tables_and_ratios_read_the_cells(tmp_path):
     cells = [cell("vanilla", 512, 0.5), cell("vanilla", 1024, 1.5), cell("mepic", 512, 1.0), cell("mepic", 1024, 3.5),
              cell("epic-16", 1024, 1.0), cell("mepic", 1024, 0, 40, 15, "matched-8"),
              cell("epic-16", 1024, 0, 100, 50, "matched-8")]
+    cells[3].probes[0].update(sent=50, requests=60)  # the scheduler's busy time a request sent: 7.5 s / 50
+    cells[3].probes[0]["counters"]["stage_seconds"] = {"run_batch": 6.0, "get_next_batch_to_run": 1.5, "idle": 2.0}
     text = capacity.capacity_table(cells, ["vanilla", "epic-16", "mepic"], [512, 1024])
-    assert "| mepic | 1,024 | 3.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | — | 1 |" in text
+    assert "| mepic | 1,024 | 3.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | 150 | — | 1 |" in text
+    assert "| vanilla | 1,024 | 1.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | — | — | 1 |" in text  # no counters
     lines = capacity.ratios(cells, [512, 1024])
     assert lines[0].startswith("at 1,024 pages")  # vanilla holds 1 req/s there first
     assert "- capacity mepic / epic-16: 3.50 (target >= 2: met)" in lines
