@@ -450,8 +450,20 @@ def ratios(cells: list[Cell], pools: list[int]) -> list[str]:
         values = paired(cells, "capacity", pool_, "mepic-fp8", "mepic-bf16", capacity_of)
         if values:
             target = " (target >= 1.6: " + ("met)" if statistics.median(values) >= 1.6 else "missed)")
-            out.append(f"- at {pool_:,} pages, capacity mepic-fp8 / mepic-bf16: {fmt(values)}{target}")
+            out.append(f"- at {pool_:,} pages, capacity mepic-fp8 / mepic-bf16: {fmt(values)}{target}"
+                       + without_ratio(cells, pool_, "mepic-fp8", "mepic-bf16"))
     return out
+
+
+def without_ratio(cells: list[Cell], pool: int, a: str, b: str) -> str:
+    """The seeds `paired` leaves out of a's ratio to b because b held no rate, said beside the ratio: a median
+    over the other seeds must not pass for one over every seed."""
+    left = sorted(c.seed for c in cells if (c.system, c.pool_pages, c.kind) == (b, pool, "capacity")
+                  and c.capacity <= 0 and any((o.system, o.pool_pages, o.kind, o.seed) == (a, pool, "capacity", c.seed)
+                                              for o in cells))
+    if not left:
+        return ""
+    return f"; seed{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left out: {b} held no rate there"
 
 
 def matched_table(cells: list[Cell], systems: list[str]) -> str:

@@ -395,3 +395,7 @@ def test_equal_bytes_gives_each_kv_dtype_the_pages_its_bytes_hold_and_fp8_is_rea
     assert "| system | pool (bf16 pages' bytes): pages held |" in text
     assert "| mepic-fp8 | 256: 512 | 3.60 |" in text and "| mepic-bf16 | 256 | 2.00 |" in text
     assert "- at 256 pages, capacity mepic-fp8 / mepic-bf16: 1.80 (target >= 1.6: met)" in capacity.ratios(cells, [256])
+    none = [*cells, cell("mepic-bf16", 256, 0.0), cell("mepic-fp8", 256, 9.0)]
+    none[2].seed = none[3].seed = 3  # a seed where bf16 held no rate: left out of the ratio, and said so
+    assert ("- at 256 pages, capacity mepic-fp8 / mepic-bf16: 1.80 (target >= 1.6: met); seed 3 left out: "
+            "mepic-bf16 held no rate there") in capacity.ratios(none, [256])
