@@ -155,7 +155,9 @@ class MepicAttnBackend(AttentionBackend):
         self.decode_rows: DecodeRows | None = None  # a torch-path decode's rows that read decode_kv
         self.decode_general: list[int] = []  # its other rows (attend_paged), by index in the batch
         self._decoding: list[int] = []  # the rows of the last torch-path decode, whose decode_kv entries an extend keeps
-        self._contexts: dict[int, PagedContext] = {}  # a torch-path extend's, by index in the batch, for every layer
+        # A torch-path extend's contexts for every layer, by index in the batch, with the (row, seq_len, queries)
+        # each was found for: a forward the backend did not prepare (tests) finds its own.
+        self._contexts: dict[int, tuple[tuple[int, int, int], PagedContext]] = {}
         self.copies: tuple[torch.Tensor, torch.Tensor] | None = None  # (extend token index, batch index)
         self.blend: modes.Mode | None = None
         self.settings = settings
@@ -421,11 +423,14 @@ class MepicAttnBackend(AttentionBackend):
             start = 0
             for i, (row, seq_len, n, plain) in enumerate(zip(self.rows, self.seq_lens, q_lens, self.plain_rows)):
                 end = start + n
-                context = self._contexts.get(i)
-                if context is None:  # the forward's first layer
+                found = self._contexts.get(i)
+                if found is not None and found[0] == (row, seq_len, n):
+                    context = found[1]
+                else:  # the forward's first layer
                     slots = req_to_token[row, :seq_len]
-                    context = self._contexts[i] = PagedContext.plain(slots, self.rope, q.dtype) if plain else \
+                    context = PagedContext.plain(slots, self.rope, q.dtype) if plain else \
                         PagedContext.of(slots, req_to_pos[row, :seq_len], positions[start:end], self.rope, q.dtype)
+                    self._contexts[i] = ((row, seq_len, n), context)
                 out[start:end], k, v = attend_context(q[start:end], k_pool, v_pool, context, self.rope, scaling)
                 if saved:
                     self.decode_kv.seed(layer.layer_id, row, k, v, seq_len)
