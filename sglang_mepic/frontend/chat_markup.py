@@ -21,11 +21,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 from sglang_mepic import env
-from sglang_mepic.frontend import auto_chunk, known_texts, limits, ids_and_hint
+from sglang_mepic.frontend import auto_chunk, ids_and_hint, known_texts, limits, state
 from sglang_mepic.frontend.intake import IntakeError
 from sglang_mepic.frontend.markup import (CHUNK_BEGIN_ID, CHUNK_CLOSE, CHUNK_END_ID, CHUNK_OPEN, MarkupError, has_text_markup,
                                  split_ids, split_text, tokenize_text)
-from sglang_mepic.frontend.ids_and_hint import page_size
 from sglang_mepic.wire.layout import Kind
 
 if TYPE_CHECKING:
@@ -94,7 +93,7 @@ def process(original: Callable[..., Result], serving: OpenAIServingChat | Ollama
     manager = serving.tokenizer_manager
     tok = manager.tokenizer
     marked = auto_chunk.chat_messages(request.messages, lambda text: len(tok.encode(text, add_special_tokens=False)),
-                                      page_size(manager),
+                                      state.page_size(manager),
                                       known_texts.namespace_of(getattr(request, "extra_key", None),
                                                                getattr(request, "cache_salt", None)),
                                       limits.max_prompt_chars(manager))
@@ -132,7 +131,7 @@ def _fits(manager: TokenizerManager, request: ChatCompletionRequest | OllamaChat
     new = limits.new_tokens(manager, {"max_new_tokens": getattr(request, "max_completion_tokens", None)
                                               or getattr(request, "max_tokens", None)})
     # Each chunk and the prompt before it take less than a page of pads each: most prompts fit by far.
-    if limits.fits_laid_out(manager, len(prompt_ids) + 2 * prompt_ids.count(CHUNK_BEGIN_ID) * page_size(manager),
+    if limits.fits_laid_out(manager, len(prompt_ids) + 2 * prompt_ids.count(CHUNK_BEGIN_ID) * state.page_size(manager),
                                     new):
         return True
     slots = ids_and_hint.slots_of(manager, split_ids(prompt_ids, manager.model_config.vocab_size))

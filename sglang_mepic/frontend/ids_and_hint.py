@@ -48,10 +48,6 @@ def prepare(manager: TokenizerManager, obj: GenerateReqInput | EmbeddingReqInput
         raise state.relabel(obj, e) from None
 
 
-def page_size(manager: TokenizerManager) -> int:
-    return int(getattr(manager.server_args, "page_size", None) or 1)
-
-
 def _lays_out_slots(manager: TokenizerManager) -> bool:
     """Pad slots need the mepic attention backend (masks them, positions by the map) and
     the mepic radix cache (keys them apart from real tokens); otherwise chunks are
@@ -91,7 +87,7 @@ def strip_markup(manager: TokenizerManager, obj: GenerateReqInput) -> Layout | N
         pieces = _tokenized(manager, parts)
     else:
         return None  # a client's own mepic.chunks hint is refused at validation (intake.py)
-    lay = layout(pieces, page_size(manager), settings.placement)
+    lay = layout(pieces, state.page_size(manager), settings.placement)
     lays_out = _lays_out_slots(manager)
     if found and not _fits(manager, obj, lay, lays_out):
         # found: the text's parts were searched (the branch above), so they are not None
@@ -166,7 +162,7 @@ def _fitted(manager: TokenizerManager, obj: GenerateReqInput, parts: Parts, piec
     """A layout of the found texts that fits the limits the plain prompt met: the last chunks become
     prompt text (their pads go) until it fits, and the prompt is tokenized again as their markup would
     be (with those texts unmarked); None where even that does not fit (the plain prompt may)."""
-    size, placement = page_size(manager), env.settings().placement
+    size, placement = state.page_size(manager), env.settings().placement
     kept = [i for i, (kind, _) in enumerate(parts) if kind is Kind.CHUNK]
     trial = list(pieces)
     while kept:  # the same tokens, fewer chunks: which of them may stay
@@ -188,7 +184,7 @@ def slots_needed(manager: TokenizerManager, parts: Parts) -> int:
 
 def slots_of(manager: TokenizerManager, pieces: list[Piece]) -> int:
     """The slots (tokens, where not laid out) a request of these tokenized pieces takes."""
-    lay = layout(pieces, page_size(manager), env.settings().placement)
+    lay = layout(pieces, state.page_size(manager), env.settings().placement)
     return lay.size if _lays_out_slots(manager) else len(lay.real_tokens())
 
 

@@ -11,6 +11,12 @@ refused after its chunk compiles have run:
   smaller of the two limits (`max_input_slots`), whatever `--allow-auto-truncate`
   says (cutting it would cut its layout); any other request as SGLang itself would
   refuse it.
+- **Room for its new tokens in that pool.** SGLang clips a request's new tokens to what the pool holds
+  beside its paged input and a page (`max_new_tokens_for_memory`), silently, down to none: a laid-out
+  request a few slots under the input limit then answered with no token at all, alone, and behind a
+  pool of stored chunks it never joined the batch, and SGLang's queue waited behind it (a tiny-4l
+  server on 192 pages, 2026-11-30). A laid-out request must leave room for the new tokens it asks for
+  (`_pool_refusal`).
 - **Beam search under the mepic backend.** Its beams take request-pool rows with no request behind
   them, so no position-map row: refused (`_check_beam`).
 
@@ -38,6 +44,15 @@ if TYPE_CHECKING:
 
 class LimitError(ValueError):
     """A request outside a bound the scheduler relies on (SGLang's HTTP layer answers a ValueError with 400)."""
+
+
+def pool_tokens(manager: TokenizerManager) -> int | None:
+    """The KV pool's tokens where the pool, not the context, bounds a request: SGLang sets `max_req_input_len`
+    to min(context_len - 1, pool - 1) - 5 (tp_worker.py); None where the context bounds it (or is as large)."""
+    limit = getattr(manager, "max_req_input_len", None)
+    if not isinstance(limit, int) or limit <= 0 or limit + 6 >= manager.context_len:
+        return None
+    return limit + 6
 
 
 def max_input_slots(manager: TokenizerManager) -> int:
@@ -78,12 +93,30 @@ def _laid_out_refusal(manager: TokenizerManager, slots: int, real_tokens: int, n
         return (f"request needs {slots} KV slots after chunk padding ({real_tokens} real tokens), more than the "
                 f"{limit} this server accepts in one request (the smaller of the context length and the KV "
                 "pool's input limit)")
+    if (refusal := _pool_refusal(manager, slots, real_tokens, new)) is not None:
+        return refusal
     reserved = int(getattr(manager, "num_reserved_tokens", 0) or 0)
     if new is not None and slots + reserved + new > manager.context_len:
         return (f"request needs {slots} KV slots after chunk padding ({real_tokens} real tokens) and {new} new "
                 f"tokens, more than the model's context length ({manager.context_len} tokens); ask for at most "
                 f"{max(0, manager.context_len - slots - reserved)} new tokens, or send a shorter prompt")
     return None
+
+
+def _pool_refusal(manager: TokenizerManager, slots: int, real_tokens: int, new: int | None) -> str | None:
+    """SGLang's clip of new tokens (`max_new_tokens_for_memory`: the pool less the paged input, a page and a
+    token) must leave the new tokens asked for, at least one."""
+    pool = pool_tokens(manager)
+    if pool is None:
+        return None
+    page = state.page_size(manager)
+    room = pool - -(-slots // page) * page - page - 1
+    wanted = max(1, new or 0)
+    if room >= wanted:
+        return None
+    return (f"request needs {slots} KV slots after chunk padding ({real_tokens} real tokens) and {wanted} new "
+            f"token{'s' if wanted > 1 else ''}, more than the KV pool holds ({pool} tokens, a page of them kept "
+            f"free): {'ask for at most ' + str(room) + ' new tokens, or ' if room > 0 else ''}send a shorter prompt")
 
 
 def fits_by_characters(manager: TokenizerManager, text: str) -> bool:

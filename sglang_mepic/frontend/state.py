@@ -6,6 +6,7 @@
   is the server's, sealed there once the ids are final), and so do the responses
   (response_report.py: the chunk spans).
 - the index of a batch item SGLang split off, so that an error can name the item.
+- the server's page size, from its args (`page_size`): the layout pads to it, the limits count in it.
 
 `MarkedRequest` is an attribute, not a side table: with n > 1 SGLang sends and streams
 `copy.copy`s of the tokenized request (TokenizerManager's batch path), and each copy's
@@ -18,6 +19,10 @@ from typing import Iterable, Sequence, cast
 from sglang_mepic.side_table import SideTable
 
 ATTR = "_mepic_chunks"
+
+
+def page_size(manager: object) -> int:
+    return int(getattr(getattr(manager, "server_args", None), "page_size", None) or 1)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,29 @@ def test_the_smaller_of_context_and_pool_limits_the_input():
     limits.check(manager(pool=2042, truncate=True), request(), [1] * 3000)  # SGLang truncates it
 
 
+def test_a_laid_out_request_leaves_room_in_the_pool_for_the_new_tokens_it_asks_for():
+    """SGLang clips new tokens to what the pool holds beside the paged input and a page, down to none: a laid-out
+    request under the input limit answered with no token, or, behind stored chunks, never joined a batch and
+    stalled the queue. Where the pool bounds requests it must leave room for what it asks, at least a token;
+    where the context does, nothing changes."""
+    tight = manager(context=4096, pool=3066)  # a 3,072-token pool, as SGLang derives max_req_input_len from it
+    tight.server_args.page_size = 16
+    assert limits.pool_tokens(tight) == 3072 and limits.max_input_slots(tight) == 3065
+    limits.check(tight, request(sampling_params={"max_new_tokens": 16}), None)  # not laid out: SGLang's
+    limits._check_laid_out(tight, request(sampling_params={"max_new_tokens": 15}), 3040, 2990)  # room 3072-3040-17
+    with pytest.raises(limits.LimitError, match=r"3056 KV slots after chunk padding \(3000 real tokens\) and 16 "
+                                                r"new tokens, more than the KV pool holds \(3072 tokens"):
+        limits._check_laid_out(tight, request(sampling_params={"max_new_tokens": 16}), 3056, 3000)
+    with pytest.raises(limits.LimitError, match="ask for at most 15 new tokens"):  # 3072 - 3040 - 16 - 1
+        limits._check_laid_out(tight, request(sampling_params={"max_new_tokens": 20}), 3040, 2990)
+    with pytest.raises(limits.LimitError, match="and 1 new token, more than"):  # none asked: one must fit
+        limits._check_laid_out(tight, request(sampling_params={}), 3056, 3000)
+    roomy = manager(context=4096, pool=8000)  # the context bounds: the pool holds a full-length request
+    roomy.server_args.page_size = 16
+    assert limits.pool_tokens(roomy) is None
+    limits._check_laid_out(roomy, request(sampling_params={"max_new_tokens": 16}), 4000, 3900)
+
+
 def test_a_laid_out_request_is_held_to_the_limit_by_its_slots_even_where_sglang_would_truncate():
     """Cutting a laid-out request would cut its layout: its padded slots must fit, whatever
     --allow-auto-truncate says, and the refusal counts the client's tokens apart from the slots."""
@@ -266,6 +289,19 @@ def test_a_chunked_request_over_the_pool_limit_is_refused_before_its_compiles(sm
     assert r.status_code == 400, r.text
     assert "this server accepts in one request" in r.text, r.text
     assert server.log().count("Prefill batch") == batches, "a compile ran for a request that cannot be served"
+    alive(server)
+
+
+def test_a_chunked_request_without_room_for_its_new_tokens_is_refused(small_pool_server):
+    """Under the input limit (2,041) but with no room beside it in the 2,048-token pool for the 4 tokens it asks:
+    SGLang answered it with none. One page shorter, it gets all 4."""
+    server = small_pool_server
+    r = generate(server, chunked([(0, 129), (1, 130)]))
+    assert r.status_code == 400, r.text
+    assert "more than the KV pool holds (2048 tokens" in r.text, r.text
+    r = generate(server, chunked([(0, 129), (1, 129)]))
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["completion_tokens"] == 4
     alive(server)
 
 
