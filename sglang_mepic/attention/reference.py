@@ -114,17 +114,6 @@ def _queries_last_in_order(kv_pos: torch.Tensor, q_pos: torch.Tensor) -> bool:
             and torch.equal(kv_pos[kv_pos.shape[0] - n:].long(), q_pos.long()))
 
 
-def attend_plain(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
-                 rope: Rope, scaling: float) -> torch.Tensor:
-    """`attend_paged` for a request without chunks, whose slot j is at position j (`PagedContext.plain`).
-
-    The same attention, cheaper: RoPE reads the cache by slicing, and the mask is
-    causal by index (the n queries are the last n slots), so SDPA's own causal
-    path applies. Results equal `attend_paged` with kv_pos = arange(m).
-    """
-    return attend_context(q, k_pool, v_pool, PagedContext.plain(slots, rope, q.dtype), rope, scaling)[0]
-
-
 def attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
     """Rotated keys, causal by index: the n queries are the last n of the m slots (one query sees them all)."""
     n, m = q.shape[0], k.shape[0]

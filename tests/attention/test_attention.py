@@ -108,7 +108,7 @@ def test_unsupported_rope_is_refused():
 # 7: the masked path; 20 and 33: queries padded to the keys (attention.REDUNDANT_QUERIES).
 @pytest.mark.parametrize("n", [1, 7, 20, 33, 40])
 def test_fast_paths_equal_the_reference(n):
-    from sglang_mepic.attention.reference import attend_paged, attend_plain
+    from sglang_mepic.attention.reference import PagedContext, attend_context, attend_paged
 
     rope = make_rope()
     q, k, v = random_case(n_q=n, m=40, seed=4)
@@ -116,7 +116,8 @@ def test_fast_paths_equal_the_reference(n):
     pos = torch.arange(40)
     q_rot = rope.rotate(q, pos[40 - n:])
     reference = attend(q_rot, pos[40 - n:], k[slots], v[slots], pos, rope, 0.125)
-    torch.testing.assert_close(attend_plain(q_rot, k, v, slots, rope, 0.125), reference)
+    plain = PagedContext.plain(slots, rope, q_rot.dtype)  # slot j at position j: no positions, no mask
+    torch.testing.assert_close(attend_context(q_rot, k, v, plain, rope, 0.125)[0], reference)
     torch.testing.assert_close(attend_paged(q_rot, pos[40 - n:], k, v, slots, pos, rope, 0.125), reference)
     # A MEPIC layout: gaps where pads were skipped, pad slots, the queries last.
     laid = torch.cumsum(torch.randint(1, 3, (40,), generator=torch.Generator().manual_seed(9)), 0)
