@@ -151,16 +151,19 @@ class Cell:
     server_pages: int = 0  # pages the server's pool held (--equal-bytes: the pool's bytes in its KV dtype)
 
 
-def refused(output) -> bool:
+def finish_type(output) -> str | None:
     reason = output[2].get("finish_reason")
-    return isinstance(reason, dict) and reason.get("type") == "refused"
+    return reason.get("type") if isinstance(reason, dict) else None
+
+
+def refused(output) -> bool:
+    return finish_type(output) == "refused"
 
 
 def aborted(output) -> bool:
     """A request that did not finish: aborted, or refused by the server (`run.Refused`: a request larger than the
     pool takes is one the system cannot serve, a miss)."""
-    reason = output[2].get("finish_reason")
-    return isinstance(reason, dict) and reason.get("type") in ("abort", "refused")
+    return finish_type(output) in ("abort", "refused")
 
 
 def judge(outputs: list, rate: float, seconds: float, sampler, exact_peak, counters: dict, args,
@@ -366,7 +369,7 @@ def stopped_by(cell: Cell) -> str:
     p = min(failed, key=lambda p: p["rate"])
     stages = p["counters"].get("stage_seconds") or {}
     total = sum(stages.values())
-    busy = total - stages.get("idle", 0.0)
+    busy = busy_seconds(stages)
     if total > 0 and busy >= 0.9 * total:
         forward = stages.get("run_batch", 0.0) / busy
         return f"{'forward' if forward >= 0.5 else 'scheduler'} ({forward:.0%} forward)"
@@ -384,7 +387,12 @@ def busy_ms_a_request(probe: dict) -> float | None:
     sent = probe.get("sent") or probe.get("requests")
     if not stages or not sent:
         return None
-    return 1000 * (sum(stages.values()) - stages.get("idle", 0.0)) / sent
+    return 1000 * busy_seconds(stages) / sent
+
+
+def busy_seconds(stages: dict) -> float:
+    """The scheduler loop's seconds in every stage but `idle`."""
+    return sum(stages.values()) - stages.get("idle", 0.0)
 
 
 def best(cell: Cell) -> dict | None:
