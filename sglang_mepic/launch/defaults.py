@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_mepic.launch import models
-from sglang_mepic.launch.sglang_flags import ATTENTION_BACKEND, MEPIC_PAGE_SIZE, SGLANG_CACHE, known_flags
+from sglang_mepic.launch.sglang_flags import ATTENTION_BACKEND, MEPIC_PAGE_SIZE, SGLANG_CACHE, known_flags, sglang_argv
 
 CPU_MAX_TOTAL_TOKENS = 65536  # SGLang would otherwise size the pool from free RAM (~14 GB)
 
@@ -99,8 +99,8 @@ def with_defaults(argv: list[str], cuda: bool, native_bf16: bool | None = None) 
 
     native_bf16: whether the CPU has native bf16 (default: read from /proc/cpuinfo).
     """
+    argv = sglang_argv(argv)  # a default is given only where the user gave the flag in no spelling
     known = known_flags(argv)
-    argv = list(argv)
     env = {"HF_HUB_OFFLINE": "1"}  # nothing may download from a model hub
     if known.model_path is None:
         argv += ["--model-path", str(models.model_dir(models.DEFAULT_MODEL))]

@@ -42,7 +42,7 @@ from sglang_mepic.gate import verify
 from sglang_mepic.launch import checks, models, quiet
 from sglang_mepic.launch.defaults import with_defaults
 from sglang_mepic.launch.mepic_flags import mepic_parser, mepic_settings, split_mepic_flags
-from sglang_mepic.launch.sglang_flags import LaunchError, known_flags, quiet_start
+from sglang_mepic.launch.sglang_flags import LaunchError, known_flags, merged_config, quiet_start, sglang_argv
 
 
 def _ensure_default_model(model_path: str) -> None:
@@ -101,6 +101,7 @@ def _main(argv: list[str] | None) -> None:
     _drop_checkout_root_from_path()
     argv = sys.argv[1:] if argv is None else list(argv)
     argv, mepic_env = split_mepic_flags(argv)
+    argv = sglang_argv(argv)  # one reading: every check, default and SGLang itself see the same flags
     os.environ.update(mepic_env)
     env.reload()  # this process's settings, from the flags it was given
     summary = None  # a line for after SGLang's argument checks, so that a refused flag is the only line
@@ -109,6 +110,9 @@ def _main(argv: list[str] | None) -> None:
         print()
     else:
         cuda = _has_cuda()
+        if "--config" in argv:  # SGLang's parser is imported to merge it: with the engine it will run
+            os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "0" if cuda else "1")
+            argv = merged_config(argv)
         argv, sglang_env = with_defaults(argv, cuda=cuda)
         checks.check_combinations(argv, cuda=cuda)
         for key, value in sglang_env.items():

@@ -4,6 +4,8 @@ Everything else on the command line is SGLang's business and passes through unto
 
 import argparse
 
+from sglang_mepic.launch.sglang_options import AmbiguousFlag, canonical, spellings_of, with_config_file
+
 PROG = "sglang_mepic.launch_server"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
@@ -27,10 +29,35 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{PROG}: error: {message}\n")
 
 
+class _Flags(Parser):
+    """Each flag under every full spelling SGLang gives it (`--enable-hicache` is `--enable-hierarchical-cache`)."""
+
+    def add_argument(self, *names, **kwargs):
+        spellings = dict.fromkeys([*names, *(s for name in names for s in spellings_of(name))])  # names first: dest
+        return super().add_argument(*spellings, **kwargs)
+
+
+def sglang_argv(argv: list[str]) -> list[str]:
+    """argv as SGLang's parser reads it (abbreviations written out): what every check and default reads."""
+    try:
+        return canonical(argv)
+    except AmbiguousFlag as e:
+        raise LaunchError(str(e)) from None
+
+
+def merged_config(argv: list[str]) -> list[str]:
+    """argv with a `--config` file's flags in it, so that the checks read them too."""
+    try:
+        return with_config_file(sglang_argv(argv))
+    except (ValueError, OSError) as e:
+        raise LaunchError(f"--config: {e}") from None
+
+
 def known_flags(argv: list[str]) -> argparse.Namespace:
-    """The few flags this wrapper reads; everything else is SGLang's business."""
-    p = Parser(add_help=False, allow_abbrev=False)
-    p.add_argument("--model-path", "--model")
+    """The few flags this wrapper reads, in any spelling SGLang accepts; everything else is SGLang's business."""
+    argv = sglang_argv(argv)
+    p = _Flags(add_help=False, allow_abbrev=False)
+    p.add_argument("--model-path")
     p.add_argument("--host", default=DEFAULT_HOST)
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--device")
@@ -47,10 +74,10 @@ def known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--enable-cache-report", action="store_true")
     p.add_argument("--log-level")
-    p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--pp-size", "--pipeline-parallel-size", type=int, default=1)
-    p.add_argument("--dp-size", "--data-parallel-size", type=int, default=1)
-    p.add_argument("--attn-dp-size", "--attention-data-parallel-size", type=int, default=1)
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--pp-size", type=int, default=1)
+    p.add_argument("--dp-size", type=int, default=1)
+    p.add_argument("--attn-dp-size", type=int, default=1)
     p.add_argument("--enable-dp-attention", action="store_true")
     p.add_argument("--enable-hierarchical-cache", action="store_true")
     p.add_argument("--disable-radix-cache", action="store_true")

@@ -10,6 +10,7 @@ import pytest
 from sglang_mepic import env
 from sglang_mepic.launch import checks, defaults, mepic_flags, models, sglang_flags
 from sglang_mepic.launch.defaults import with_defaults
+from support.abbreviations import abbreviated
 from support.launcher import assert_refused
 
 
@@ -391,8 +392,9 @@ def test_parallel_ranks_are_refused_with_the_mepic_cache(flags, named):
     checks.check_parallelism(with_defaults(["--model-path", "m", "--tp-size", "1"], cuda=True)[0])
 
 
-def test_tp_size_2_is_refused_before_anything_loads(tiny_model):
-    out = run_launcher("--model-path", tiny_model, "--tp-size", "2", timeout=60)
+@pytest.mark.parametrize("flag", ["--tp-size", "--tp"])  # `--tp`: SGLang's parser reads it as --tp-size
+def test_tp_size_2_is_refused_before_anything_loads(tiny_model, flag):
+    out = run_launcher("--model-path", tiny_model, flag, "2", timeout=60)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "--tp-size 2: --radix-cache-backend mepic runs on one GPU per server" in out.stderr
 
@@ -447,6 +449,22 @@ REFUSED = [
 
 
 
+# Refusals of checks.py that REFUSED leaves to tests of their own (or to none, before issue 85).
+REFUSED_TOO = [
+    (["--device", "cuda"], "--device cuda: this machine has no CUDA device"),
+    (["--disaggregation-mode", "prefill"], "--disaggregation-mode prefill: --attention-backend mepic places"),
+    (["--schedule-policy", "priority"], "--schedule-policy priority: SGLang 0.5.23 lists it, but"),
+    (["--enable-hicache"], "--enable-hierarchical-cache: SGLang's HiCache does not work"),  # SGLang's other name
+    (["--tensor-parallel-size", "2"], "--tp-size 2: --radix-cache-backend mepic runs on one GPU"),
+    (["--dp-size", "2"], "--dp-size 2: --radix-cache-backend mepic runs on one GPU"),
+    (["--attention-backend", "torch_native", "--radix-cache-backend", "mepic"], None),  # served: see below
+]
+# Each refusal with an SGLang flag, that flag at its shortest abbreviation: SGLang's parser reads `--tp 2` as
+# `--tp-size 2`, and every one of these passed the launcher's checks (28 of 28, the battery at 1410689).
+ABBREVIATED = [(abbreviated(flags), reason) for flags, reason in REFUSED + REFUSED_TOO
+               if reason is not None and abbreviated(flags) != flags]
+
+
 @pytest.mark.parametrize("flags, reason", REFUSED, ids=[" ".join(f) for f, _ in REFUSED])
 def test_unservable_flags_are_one_line_and_status_2(tiny_model, flags, reason, launch_here):
     """Each of these ended in a traceback from a child process (or a ZeroDivisionError, or an OverflowError,
@@ -454,6 +472,46 @@ def test_unservable_flags_are_one_line_and_status_2(tiny_model, flags, reason, l
     (`launch_here` fails the test with ReachedSGLang if it does). One case runs as a process
     (test_tp_size_2_is_refused_before_anything_loads)."""
     assert_refused(launch_here("--model-path", tiny_model, "--port", "1", *flags), reason)
+
+
+def test_every_refusal_has_an_abbreviated_case():
+    """Each check of checks.py that reads an SGLang flag is in REFUSED or REFUSED_TOO, so ABBREVIATED covers it."""
+    import inspect
+
+    named = {line.split("raise LaunchError(f\"", 1)[-1].split("raise LaunchError(\"", 1)[-1].split()[0].rstrip(":")
+             for line in inspect.getsource(checks).splitlines() if "raise LaunchError(" in line}
+    named = {n for n in named if n.startswith("--") and not n.startswith("--mepic")}
+    covered = {token.partition("=")[0] for flags, _ in REFUSED + REFUSED_TOO for token in flags}
+    covered |= {"--tp-size", "--attention-backend", "{flag}"}  # the ranks' message, the split backends' names
+    assert named - covered == set(), "a refusal with no case in REFUSED or REFUSED_TOO"
+    assert len(ABBREVIATED) >= 28
+
+
+@pytest.mark.parametrize("flags, reason", ABBREVIATED, ids=[" ".join(f) for f, _ in ABBREVIATED])
+def test_abbreviated_flags_get_the_same_one_line_refusal(tiny_model, flags, reason, launch_here):
+    """The refusal of the full flag, word for word, for its shortest abbreviation (tests/support/abbreviations)."""
+    import torch
+
+    if "--dev" in flags and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert_refused(launch_here("--model-path", tiny_model, "--port", "1", *flags), reason)
+
+
+def test_a_new_refusal_covers_its_abbreviations_with_no_code_of_its_own(tiny_model, launch_here, monkeypatch):
+    """A check planted in check_combinations, reading a flag by its full name as every check does: the
+    abbreviated flag meets it, because the launcher reads the command line once, as SGLang does."""
+    planted = checks.check_combinations
+
+    def with_a_new_check(argv, cuda=None):
+        if sglang_flags.known_flags(argv).dtype == "float16":
+            raise sglang_flags.LaunchError("--dtype float16: planted refusal")
+        planted(argv, cuda)
+
+    monkeypatch.setattr(checks, "check_combinations", with_a_new_check)
+    short = abbreviated(["--dtype"])[0]
+    assert short != "--dtype"
+    for flags in (["--dtype", "float16"], [short, "float16"], [f"{short}=float16"]):
+        assert_refused(launch_here("--model-path", tiny_model, "--port", "1", *flags), "--dtype float16: planted")
 
 
 def test_no_cuda_device_is_refused(tiny_model, launch_here):
@@ -613,3 +671,21 @@ def test_a_checkout_on_pythonpath_brings_its_hooks_and_kernels_with_it(tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     files = out.stdout.split()
     assert len(files) == 4 and all(Path(f).is_relative_to(other) for f in files), files
+
+
+def test_flags_from_an_sglang_config_file_meet_the_same_checks(tiny_model, tmp_path, launch_here):
+    """SGLang's `--config file.yaml` is one more spelling of its flags (its keys may be abbreviations too):
+    the launcher merges it as SGLang does before any check or default reads argv."""
+    config = tmp_path / "server.yaml"
+    config.write_text("tp: 2\n")
+    assert_refused(launch_here("--model-path", tiny_model, "--port", "1", "--conf", str(config)),
+                   "--tp-size 2: --radix-cache-backend mepic runs on one GPU")
+    config.write_text("attention-back: torch_native\nradix-cache-backend: sglang\n")
+    with pytest.raises(ReachedSGLang) as reached:
+        launch_here("--model-path", tiny_model, "--port", "1", "--config", str(config))
+    argv = str(reached.value).split()
+    assert "--config" not in argv and argv.count("--attention-backend") == 1, argv
+    assert flag_value(argv, "--attention-backend") == "torch_native" and "mepic" not in argv
+    (tmp_path / "server.txt").write_text("tp: 2\n")
+    assert_refused(launch_here("--model-path", tiny_model, "--config", str(tmp_path / "server.txt")),
+                   "--config: Config file must be YAML format")
