@@ -23,6 +23,12 @@ The whole batch fails together: SGLang cannot tell which request made a forward
 raise, so the other requests of that batch (for a decode batch, every running
 request) end with the same error.
 
+A fault the guard catches in PERSISTENT_FAULT_BATCHES batches in a row, failing as many distinct requests,
+with no batch served between, is the process's, not a request's (a profile step that raised in every batch did this, until
+profile_guard.abandon): a server that fails every request while `/health` answers 200 is a zombie no
+orchestrator restarts. That fault is re-raised, and the server exits as plain SGLang would, with the
+cause in its log, for a supervisor to restart (docs/limits.md).
+
 What stays fatal, because the process's state can no longer be trusted or the
 result is consumed elsewhere (the exception is re-raised, as before):
 - device faults: CUDA errors, device-side asserts, out-of-memory;
@@ -54,6 +60,11 @@ logger = logging.getLogger(__name__)
 # A test's way to make a batch fail: every batch holding a request whose rid starts with this raises
 # in its forward (injected_fault). Unset, nothing is injected.
 FAULT_ENV = "SGLANG_MEPIC_TEST_FAIL_RID_PREFIX"
+
+# A bad request fails its own batch (under overlap, the round after it too: its stand-in is processed one
+# round late), and then the next batch is served. Eight failed batches in a row, of eight requests or more,
+# none served between, is a broken process.
+PERSISTENT_FAULT_BATCHES = 8
 
 _DEVICE_FAULTS = ("cuda", "out of memory", "device-side assert", "cublas", "cudnn", "nccl", "hip error")
 
@@ -113,11 +124,37 @@ def run(original: Callable[..., Any], scheduler: Scheduler, batch: ScheduleBatch
     """`Scheduler.run_batch`, with a raising batch turned into finished requests where that is safe."""
     try:
         with injected_fault(scheduler, batch):
-            return original(scheduler, batch, *args, **kwargs)
+            result = original(scheduler, batch, *args, **kwargs)
     except Exception as error:
         if not recoverable(scheduler, batch, error):
             raise
+        if STREAK.failed(batch) >= PERSISTENT_FAULT_BATCHES:
+            logger.error("MEPIC: %d batches in a row raised, none served between (%d requests): the fault is the "
+                         "process's, not a request's; the scheduler stops so that the server can be restarted",
+                         STREAK.batches, len(STREAK.rids))
+            raise
         return _fail_batch(scheduler, batch, error)
+    STREAK.served()
+    return result
+
+
+class FailedInARow:
+    """The batches that raised since the last one served, and their requests (this scheduler process's)."""
+
+    def __init__(self) -> None:
+        self.batches, self.rids = 0, set()
+
+    def failed(self, batch: ScheduleBatch) -> int:
+        """The length of the streak, counted in batches that are also distinct requests."""
+        self.batches += 1
+        self.rids.update(req.rid for req in batch.reqs)
+        return min(self.batches, len(self.rids))
+
+    def served(self) -> None:
+        self.batches, self.rids = 0, set()
+
+
+STREAK = FailedInARow()
 
 
 def _fail_batch(scheduler: Scheduler, batch: ScheduleBatch, error: Exception) -> GenerationBatchResult:

@@ -117,10 +117,12 @@ def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
     if known.attention_backend == "mepic" and (known.kv_cache_dtype or "auto") not in MEPIC_KV_DTYPES:
         raise LaunchError(f"--kv-cache-dtype {known.kv_cache_dtype}: --attention-backend mepic reads the KV cache "
                           f"as {', '.join(MEPIC_KV_DTYPES)} only")
-    if settings.known_texts and known.tokenizer_worker_num > 1:
-        raise LaunchError(f"--tokenizer-worker-num {known.tokenizer_worker_num}: --mepic-auto-chunk "
-                          f"{settings.auto_chunk} keeps the registered texts in the tokenizer process, "
-                          "and each worker would hold its own; run one tokenizer worker")
+    if known.tokenizer_worker_num > 1:
+        # SGLang's extra tokenizer workers are processes the plugin's tokenizer hooks never reach: marked
+        # chunks went to the model as text, with no mepic_* report, and registered texts would be per worker.
+        raise LaunchError(f"--tokenizer-worker-num {known.tokenizer_worker_num}: sglang-mepic reads chunk markup, "
+                          "auto-chunking and registered texts in SGLang's one tokenizer process, and its "
+                          "tokenizer workers would serve without them; run one tokenizer worker")
     if known.radix_cache_backend == "mepic":  # the only cache that makes a host tier
         check_host_memory(settings.host_tier_gb)
     if cuda is False and (known.device or "").startswith("cuda"):

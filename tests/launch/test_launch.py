@@ -438,7 +438,8 @@ REFUSED = [
     (["--mepic-storage-backend", "file"], "--mepic-storage-backend file needs --mepic-storage-dir"),
     # The check read a flag the launcher never parsed, so it always saw one worker (issue 68).
     (["--mepic-auto-chunk", "known", "--tokenizer-worker-num", "2"],
-     "--tokenizer-worker-num 2: --mepic-auto-chunk known keeps the registered texts in the tokenizer process"),
+     "--tokenizer-worker-num 2: sglang-mepic reads chunk markup, auto-chunking and registered texts in"),
+    (["--tokenizer-worker-num", "2"], "--tokenizer-worker-num 2: sglang-mepic reads chunk markup"),
     (["--mepic-auto-chunk", "tools+known", "--tokenizer-worker-num=3"], "--tokenizer-worker-num 3"),
     # SGLang's host pool refused it in the scheduler, with a traceback, once the model had loaded (issue 68).
     (["--mepic-host-tier-gb", "1000000"], "--mepic-host-tier-gb 1000000: the host tier needs 1000010.7 GB of free "
@@ -596,18 +597,19 @@ def test_what_the_combination_checks_let_through(monkeypatch):
             check(*flags)
 
 
-def test_registered_texts_with_several_tokenizer_workers_are_refused(monkeypatch):
-    """Each tokenizer worker would hold registered texts of its own: a text registered through one is never
-    found in a prompt another tokenizes. The check never saw the flag (issue 68)."""
+@pytest.mark.parametrize("auto_chunk", ["off", "messages", "messages+known"])
+@pytest.mark.parametrize("cache", [[], ["--attention-backend", "torch_native", "--radix-cache-backend", "sglang"]])
+def test_several_tokenizer_workers_are_refused_in_every_mode(monkeypatch, auto_chunk, cache):
+    """SGLang's extra tokenizer workers never load the plugin's tokenizer hooks: with two, `<|chunk|>` markers
+    reached the model as text and meta_info had no mepic_* fields (the battery at 1410689); the launcher
+    refused them only with registered texts (issue 68)."""
     from sglang_mepic import config
 
-    monkeypatch.setenv(config.AUTO_CHUNK.env, "messages+known")
-    for flags in (["--tokenizer-worker-num", "2"], ["--tokenizer-worker-num=4"]):
-        with pytest.raises(SystemExit, match="--tokenizer-worker-num [24]: --mepic-auto-chunk messages\\+known keeps"):
-            check(*flags)
-    check("--tokenizer-worker-num", "1")
-    monkeypatch.setenv(config.AUTO_CHUNK.env, "messages")  # no registered texts: any number of workers
-    check("--tokenizer-worker-num", "2")
+    monkeypatch.setenv(config.AUTO_CHUNK.env, auto_chunk)
+    for flags in (["--tokenizer-worker-num", "2"], ["--tokenizer-worker-num=4"], ["--tokenizer-w", "3"]):
+        with pytest.raises(SystemExit, match="--tokenizer-worker-num [234]: sglang-mepic reads chunk markup"):
+            check(*cache, *flags)
+    check(*cache, "--tokenizer-worker-num", "1")
 
 
 def test_a_host_tier_the_free_ram_cannot_hold_is_refused_before_anything_loads(monkeypatch):

@@ -1,7 +1,7 @@
 """Hooks that guard SGLang 0.5.23 against its own mishandling (sglang_mepic.hardening has the guards and the
 table of what each covers): what SGLang should fix upstream, in the process where SGLang goes wrong
 (tokenizer: request shapes, unserved routes, admin and detokenize bodies, failed control replies;
-scheduler: a forward that raises, a control handler that raises, a missing dual-GEMM package)."""
+scheduler: a forward that raises, a profile step that raises, a control handler that raises, a missing dual-GEMM package)."""
 
 MODULES = (
     "generate_req_input_normalize_batch_and_arguments",
@@ -12,5 +12,6 @@ MODULES = (
     "fan_out_communicator_call",
     "type_based_dispatcher_call",
     "scheduler_run_batch",
+    "profiler_manager_profile_batch_predicate",
     "dual_gemm_select_mode",
 )
