@@ -14,4 +14,6 @@ the behaviour, the guard and its hook go.
 | `admin_bodies` | `/remove_external_corpus` calls `.get` on any JSON body (`null`, `[]`, `0`) | 400 |
 | `scheduler_fields` | the scheduler uses a request's sampling numbers, `top_logprobs_num`, `logprob_start_len`, stop ids and patterns, cache-key fields and media fields unchecked (tensor sizes and values, slice bounds, text): a wrong one raised outside any request's handling and the scheduler exited; `/v1/detokenize` answered a negative id with a 500 | 400 |
 | `batch_guard` | an exception in `run_batch` leaves the scheduler process and ends the server | the batch's requests end with a 500; the server goes on |
+| `profile_guard` | `/start_profile` accepts a directory it cannot write and activities it does not know; the stop step then raised in every batch | 400 before anything changes; a failed step ends the profile |
+| `health_probe` | `/health` sleeps a second before it first looks for an answer (never under 1.003 s) | the same probe, looking every 5 ms |
 """
