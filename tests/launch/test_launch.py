@@ -458,6 +458,9 @@ REFUSED_TOO = [
     (["--enable-hicache"], "--enable-hierarchical-cache: SGLang's HiCache does not work"),  # SGLang's other name
     (["--tensor-parallel-size", "2"], "--tp-size 2: --radix-cache-backend mepic runs on one GPU"),
     (["--dp-size", "2"], "--dp-size 2: --radix-cache-backend mepic runs on one GPU"),
+    (["--pp-size", "2"], "--pp-size 2: --radix-cache-backend mepic runs on one GPU"),
+    (["--attn-dp-size", "2"], "--attn-dp-size 2: --radix-cache-backend mepic runs on one GPU"),
+    (["--enable-dp-attention"], "--enable-dp-attention: --radix-cache-backend mepic runs on one GPU"),
     (["--attention-backend", "torch_native", "--radix-cache-backend", "mepic"], None),  # served: see below
 ]
 # Each refusal with an SGLang flag, that flag at its shortest abbreviation: SGLang's parser reads `--tp 2` as
