@@ -5,7 +5,9 @@ SGLang's `/remove_external_corpus` reads `await request.json()` and calls `.get`
 fuzzer found it once it fuzzed the admin routes, issue 68). Its siblings parse their bodies into a
 request model (`/add_external_corpus`: `**body`, a TypeError it answers with a 400), so only the
 routes in OBJECT_BODIES are checked. A body that is not JSON at all is left to SGLang: its
-JSONDecodeError is a ValueError, which is a 400 (hardening/body_types.py).
+JSONDecodeError is a ValueError, which is a 400 (hardening/body_types.py). A body nested too deep
+(`[` * 5000 + `]` * 5000 raised RecursionError here, a 500: issue 85.6) is body_types' depth check's to
+answer: it stands in front of this one, and what it lets through parses.
 """
 
 from __future__ import annotations
@@ -23,16 +25,20 @@ OBJECT_BODIES = {"/remove_external_corpus": '{"corpus_id": "..."}'}
 def install() -> None:
     """Put the check in front of SGLang's HTTP app (once), before the app starts."""
     from sglang.srt.entrypoints.http_server import app
+    from starlette.middleware import Middleware
 
     if not any(m.cls is AdminBodyMiddleware for m in app.user_middleware):
-        app.add_middleware(AdminBodyMiddleware)
+        # behind the other checks (`add_middleware` puts a middleware in front of them): the depth check sees
+        # a body before this one parses it, whichever was installed first
+        app.user_middleware.append(Middleware(AdminBodyMiddleware))
 
 
 def body_error(path: str, body: bytes) -> str | None:
-    """Why this body cannot be the route's JSON object; None if it is one (or is not JSON: SGLang's to answer)."""
+    """Why this body cannot be the route's JSON object; None if it is one (or is not JSON, or too deep to parse:
+    the depth check's and SGLang's to answer)."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if isinstance(data, dict):
         return None

@@ -8,6 +8,7 @@ MODULES = (
     "embedding_req_input_normalize_batch_and_arguments",
     "http_server_setup_and_run_http_server",
     "serving_detokenize_handle_non_streaming_request",
+    "tokenizer_manager_update_weights_from_disk",
     "tokenizer_control_mixin_execute_profile",
     "fan_out_communicator_call",
     "type_based_dispatcher_call",

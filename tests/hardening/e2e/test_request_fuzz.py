@@ -12,7 +12,9 @@ numbers from their whole range (0, negative, the vocabulary's size and its neigh
 context's length, 2**31, 2**63, 10**18, floats, NaN, strings), token ids in and out of the
 vocabulary, media fields ("x", [[]], [], "") beside empty, whitespace and normal prompts,
 chunk markup in every text field, unicode and lone surrogates, wrong types, prompts longer
-than the context, batches, streams, sessions, forged kv_hints. Routes without a drawer of
+than the context, batches, streams, sessions, forged kv_hints, JSON nested to the server's bound
+and past it, past orjson's 1,024 and past the stdlib parser's recursion limit (a whole body or one
+field; on the tiny model every route that takes a body is sent one: issue 85.6). Routes without a drawer of
 their own get bodies drawn from their OpenAPI schema, or generic ones (no body, {}, a JSON
 that is not an object, a prompt, chat messages).
 
@@ -108,6 +110,7 @@ PROMPTED = {"/generate": 8, "/v1/completions": 5, "/v1/chat/completions": 5, "/a
 NUMBERS = ("max_tokens", "n", "temperature", "top_p", "top_k", "min_p", "seed", "frequency_penalty",
            "presence_penalty", "repetition_penalty", "min_tokens")
 PROMPTED_SHARE = 0.75  # of the requests after every route was sent one
+BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")  # each route of one of these is sent one deep body first
 # The field that bounds a route's generation (absent, the rest of the context)
 LENGTH_OF = {"/generate": "max_new_tokens", "/v1/completions": "max_tokens", "/v1/chat/completions": "max_tokens",
              "/invocations": "max_tokens", "/v1/messages": "max_tokens", "/api/generate": "num_predict",
@@ -180,8 +183,10 @@ class Draw:
     """Request bodies for one model, from a seeded generator."""
 
     def __init__(self, rng: random.Random, vocab: int, context: int, cheap: int, schema: dict,
-                 generate_fields: tuple[str, ...] = ()):
+                 generate_fields: tuple[str, ...] = (), deep_rng: random.Random | None = None):
         self.rng, self.vocab, self.context, self.cheap, self.schema = rng, vocab, context, cheap, schema
+        # Deep bodies are drawn from a generator of their own: the rest of a seed's run is drawn as before them
+        self.deep_rng = deep_rng or random.Random(0)
         self.generate_fields = generate_fields or ("rid",)  # GenerateReqInput's fields
         self.long_ok = cheap >= context  # prompts the whole context long take a second, not minutes
         self.sessions: list[str] = []  # ids the server gave /open_session
@@ -760,6 +765,24 @@ class Draw:
                          safe="/")
         return re.sub(r"\{[^}]+\}", value, path)
 
+    # Nestings drawn: within the server's bound (128, body_types.MAX_JSON_DEPTH) and past it, past orjson's
+    # 1,024 and past the stdlib parser's recursion limit (`[` * 5000 was a 500: issue 85.6)
+    DEPTHS = (64, 128, 129, 1025, 5000, 100000)
+
+    def deep(self, body=None) -> str:
+        """A JSON body nested deep: bare arrays or objects, or `body` (a prompt if it is no object) with one
+        field, its own or another, nested so."""
+        r = self.deep_rng
+        n = r.choice(self.DEPTHS)
+        arrays, objects = "[" * n + "]" * n, '{"a": ' * n + "1" + "}" * n
+        kind = r.choice(("arrays", "objects", "field", "field"))
+        if kind != "field":
+            return arrays if kind == "arrays" else objects
+        base = body if isinstance(body, dict) and body else {r.choice(("text", "prompt", "input", "messages")): "hi"}
+        key = r.choice([*sorted(base), "x"])
+        rest = json.dumps({k: v for k, v in base.items() if k != key})
+        return rest[:-1] + (", " if rest != "{}" else "") + json.dumps(key) + ": " + r.choice((arrays, objects)) + "}"
+
     def request(self, route: str, method: str):
         """(method, url path, body) for one request to `route`; a str body is sent as is."""
         drawer = self.drawers().get(route)
@@ -770,6 +793,8 @@ class Draw:
             body = drawer()
         if isinstance(body, (dict, list)) and self.chance(0.03):
             body = self.pick("{not json", "[]", "null", '"text"', "", json.dumps(body)[:-1])
+        elif method not in ("GET", "HEAD") and self.deep_rng.random() < 0.02:
+            body = self.deep(body)
         return method, self.fill(route), body
 
 
@@ -971,7 +996,7 @@ def test_request_fuzz(fuzzed, registered):
     vocab, context = _model_sizes(model_path)
     routes, schema, generate_fields = routes_of(server, registered)
     rng = random.Random(s)
-    draw = Draw(rng, vocab, context, cheap, schema, generate_fields)
+    draw = Draw(rng, vocab, context, cheap, schema, generate_fields, deep_rng=random.Random(s ^ 0x856))
     print(f"\n[request-fuzz] {model_path.name}: seed {s} (MEPIC_REQUEST_FUZZ_SEED={s} replays it), vocabulary {vocab}, "
           f"context {context}, {len(routes)} routes fuzzed, {len(SKIP)} skipped, {len(generate_fields)} fields of "
           f"/generate" + (f", avoiding {sorted(AVOID)}"
@@ -986,7 +1011,11 @@ def test_request_fuzz(fuzzed, registered):
     else:
         first = [(route, "POST", None) for route in PROMPTED]
     rng.shuffle(first)
-    covered = len(first)
+    # then every route that takes a body sent one deep body (on the tiny model; SmolLM2 draws them as any body)
+    deep_first = [(r, m) for r, m in routes if m in BODY_METHODS and r not in AVOID] \
+        if model_path.name in EVERY_ROUTE_FIRST else []
+    draw.deep_rng.shuffle(deep_first)
+    covered = len(first) + len(deep_first)
     prompted = [(p, "POST") for p in PROMPTED]
     weights = list(PROMPTED.values())
     start = time.monotonic()
@@ -999,17 +1028,22 @@ def test_request_fuzz(fuzzed, registered):
     slowest: list[tuple[float, str]] = []
     floor = 10 + covered - sum(1 for route, _ in routes if route in quarantined)
     # Every route once and ten drawn requests after, however long they take; then until the budget is spent.
-    while first or sent < floor or sent < MAX_REQUESTS and time.monotonic() < deadline:
+    while first or deep_first or sent < floor or sent < MAX_REQUESTS and time.monotonic() < deadline:
         focus = None
         if first:
             route, method, focus = first.pop()
+        elif deep_first:
+            (route, method), focus = deep_first.pop(), {"deep": True}
         elif rng.random() < PROMPTED_SHARE:
             route, method = rng.choices(prompted, weights)[0]
         else:
             route, method = rng.choice(routes)
         if route in quarantined:
             continue
-        method, path, body = (method, route, draw.generate_one(**focus)) if focus else draw.request(route, method)
+        if focus and focus.get("deep"):  # bare brackets, or a prompt-like body with one field nested so
+            path, body = re.sub(r"\{[^}]+\}", "x", route), draw.deep()
+        else:
+            method, path, body = (method, route, draw.generate_one(**focus)) if focus else draw.request(route, method)
         where = f"seed {s}, {model_path.name}, request {sent}: {method} {path} {shown(body)[:1500]}"
         sent += 1
         began = time.monotonic()
