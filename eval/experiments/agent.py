@@ -3,6 +3,7 @@
     .venv/bin/python -m eval.experiments.agent                                  # SmolLM2, 2 conversations x 6 turns
     .venv/bin/python -m eval.experiments.agent --model models/tiny --conversations 4 --turns 10
     .venv/bin/python -m eval.experiments.agent --conversations 4 --turns 8 --repeats 3   # 3 seeds: medians and ranges
+    .venv/bin/python -m eval.experiments.agent --conversations 4 --turns 8 --repeats 3 --out eval/results/agent  # committed
 
 Nobody marks a chunk: the MEPIC server runs with `--mepic-auto-chunk messages`
 and plain OpenAI chat requests, so every long message but the last user turn is
@@ -28,7 +29,8 @@ peak from `/server_info`), TTFT p50/p99 (streamed), and agreement with `full`
 over the greedy output tokens (prefix agreement, top-1). With `--repeats N` the
 workload is drawn and run with N seeds, every system once per seed (servers
 restarted per seed, systems interleaved), and the table gives each figure's
-median and range. Writes table.md and results.json under --out.
+median and range. Writes table.md and results.json under --out (without it the scratch folder
+eval/results/local/agent, git-ignored; the committed run: `--out eval/results/agent`).
 """
 
 import argparse
@@ -46,6 +48,7 @@ from tqdm import tqdm
 
 from eval.experiments.run import Sampler, pct
 from eval.lib import provenance, served
+from eval.lib.outputs import out_dir
 from eval.lib.scoring import prefix_agreement, top1_agreement
 from eval.lib.workloads import load_json, zipf_weights
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
@@ -216,9 +219,10 @@ def main(argv=None) -> None:
     ap.add_argument("--new-tokens", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0, help="the first seed (workload draw)")
     ap.add_argument("--repeats", type=int, default=1, help="seeds to run (from --seed): medians and ranges")
-    ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "agent"))
+    ap.add_argument("--out", default=None, help="default: the scratch folder eval/results/local/agent (git-ignored)")
     served.add_url(ap)
     args = ap.parse_args(argv)
+    args.out = str(out_dir(args.out, "agent"))
 
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: at least 1")

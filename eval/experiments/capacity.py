@@ -1,7 +1,7 @@
 """What the memory buys: the highest arrival rate each system serves within its SLO, per KV pool size.
 
     .venv/bin/python -m eval.experiments.capacity --quick                      # 2 pools, vanilla and mepic, 1 seed, short runs
-    .venv/bin/python -m eval.experiments.capacity                              # the full run (hours: run it alone)
+    .venv/bin/python -m eval.experiments.capacity --out eval/results/capacity  # the full run (hours: run it alone)
     .venv/bin/python -m eval.experiments.capacity --pools 1024 --systems vanilla,epic-16,mepic --model models/smollm2-135m
     .venv/bin/python -m eval.experiments.capacity --resume --out DIR           # a stopped run goes on from its last cell
     .venv/bin/python -m eval.experiments.capacity --report --out DIR           # the tables and plot from the saved cells
@@ -56,7 +56,8 @@ bytes, those of that many pages of a bf16 cache, and each system gets the pages 
 fp8 twice as many, the float32 cache of the CPU servers half (the table shows the pages each held). The ratio
 mepic-fp8 / mepic-bf16 is then what halving the bytes of a page buys, seed by seed:
 
-    .venv/bin/python -m eval.experiments.capacity --systems mepic-bf16,mepic-fp8 --pools 256 --equal-bytes --matched ''
+    .venv/bin/python -m eval.experiments.capacity --systems mepic-bf16,mepic-fp8 --pools 256 --equal-bytes --matched '' \
+        --out eval/results/capacity-fp8
 
 Pair it in time: one invocation runs every seed of the first system before the second's, and a ratio of two
 capacities measured 10 minutes apart reads the machine's drift as well. On 2026-11-30 this 2-core VM's
@@ -67,11 +68,12 @@ seed (`--seeds 0 --out D`, then `--seeds 1 --resume --out D`, ...) runs each see
     for s in 0 1 2; do .venv/bin/python -m eval.experiments.capacity --systems mepic-bf16,mepic-fp8 --pools 192 \
         --equal-bytes --matched '' --requests 150 --seeds $s --resume --out eval/results/capacity-fp8-paired; done
 
-Output (--out, default eval/results/capacity): results.json (every probe), table.md (capacity table,
-matched table, the command, the machine's load before and after, the wall time) and capacity.png
-(capacity against pool pages, a line per system, the range over seeds shaded) and anatomy.png (where
-the pages went over the capacity point's probe, one panel per system: eval/lib/anatomy.py). Every finished
-cell is appended to cells.jsonl as it ends (`--resume` keeps them).
+Output (--out; without it the scratch folder eval/results/local/capacity, git-ignored, so that a --quick or trial
+run never replaces the committed eval/results/capacity: a run to commit names its folder, eval/lib/outputs.py):
+results.json (every probe), table.md (capacity table, matched table, the command, the machine's load before and
+after, the wall time) and capacity.png (capacity against pool pages, a line per system, the range over seeds
+shaded) and anatomy.png (where the pages went over the capacity point's probe, one panel per system:
+eval/lib/anatomy.py). Every finished cell is appended to cells.jsonl as it ends (`--resume` keeps them).
 """
 
 import argparse
@@ -96,6 +98,7 @@ from tqdm import tqdm
 from eval.experiments.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, Refused, abort_all, context_args, flush, pct,
                                   pool_pages, run_point, server_process, stream, tiered)
 from eval.lib import anatomy, provenance
+from eval.lib.outputs import out_dir
 from eval.lib.workloads import DATASETS, render, with_reuse
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 from sglang_mepic.process.server_process import ServerError
@@ -774,7 +777,9 @@ def parser(description: str = __doc__) -> argparse.ArgumentParser:
     ap.add_argument("--equal-bytes", action="store_true",
                     help="read each pool as bytes, those of that many pages of a bf16 KV cache: a system gets the "
                          "pages they hold in its own KV dtype (mepic-fp8 twice as many, a float32 one half)")
-    ap.add_argument("--out", type=Path, default=Path("eval/results/capacity"))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the run's folder (default: the scratch folder eval/results/local/capacity, git-ignored; "
+                         "a run to commit names its own, e.g. eval/results/capacity)")
     ap.add_argument("--resume", action="store_true", help="keep the cells a stopped run saved in --out")
     ap.add_argument("--report", action="store_true",
                     help="run nothing: write the table, results.json and plot from the cells saved in --out")
@@ -929,6 +934,7 @@ def report(args, cells: list[Cell], systems: list[str], pools: list[int], settin
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
+    args.out = out_dir(args.out, "capacity")
     todo_of = plan(args)
     model = str(Path(args.model).resolve())
     if not Path(model, "config.json").is_file():

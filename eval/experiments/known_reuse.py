@@ -1,7 +1,7 @@
 """Reuse from unmarked prompts: the SQuAD paper workload sent plain, under `--mepic-auto-chunk known`.
 
     .venv/bin/python -m eval.experiments.known_reuse                       # tiny-4l, 100 requests, 7 chunks, reuse 0.85
-    .venv/bin/python -m eval.experiments.known_reuse --requests 300 --seeds 0,1,2
+    .venv/bin/python -m eval.experiments.known_reuse --requests 300 --seeds 0,1,2 --out eval/results/known  # committed
 
 A RAG pipeline registers its documents at indexing time and pastes the retrieved ones into one plain
 prompt (`Document: <text>` blocks, as common RAG templates join them). The same requests are sent
@@ -11,7 +11,8 @@ twice to one server, each time on a flushed cache, one at a time:
   `POST /mepic/chunks` and `"warm": false` (so the first use computes them, as in the marked run).
 Per form: the prompt tokens reused (the responses' `cached_tokens`), the chunks laid out, and the
 greedy output tokens; printed: the reused-token ratio unmarked / marked (target >= 0.9) and how many
-outputs are identical. Load average before and after: run it alone. Writes results.json under --out.
+outputs are identical. Load average before and after: run it alone. Writes results.json under --out (without it
+the scratch folder eval/results/local/known, git-ignored; the committed run: `--out eval/results/known`).
 """
 
 import argparse
@@ -27,6 +28,7 @@ import requests
 from tqdm import tqdm
 
 from eval.lib import provenance, served
+from eval.lib.outputs import out_dir
 from eval.lib.workloads import INSTRUCTION, with_reuse
 from sglang_mepic.lang import chunk
 
@@ -77,9 +79,10 @@ def main() -> None:
     parser.add_argument("--reuse", type=float, default=0.85)
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--max-new-tokens", type=int, default=8)
-    parser.add_argument("--out", default=str(ROOT / "eval" / "results" / "known"))
+    parser.add_argument("--out", default=None, help="default: the scratch folder eval/results/local/known (git-ignored)")
     served.add_url(parser)
     args = parser.parse_args()
+    args.out = out_dir(args.out, "known")
     if not args.url and not Path(args.model, "config.json").exists():
         raise SystemExit(f"no model at {args.model}: build it with python -m sglang_mepic.models tiny-4l")
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())

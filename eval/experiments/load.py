@@ -2,6 +2,7 @@
 
     .venv/bin/python -m eval.experiments.load                  # 500 requests from 16 clients, host tier on
     .venv/bin/python -m eval.experiments.load --compare        # the same workload without, then with, the host tier
+    .venv/bin/python -m eval.experiments.load --compare --out eval/results/load   # the committed run
     .venv/bin/python -m eval.experiments.load --model smollm2 --requests 200
     .venv/bin/python -m eval.experiments.load --cluster 2      # through sglang-router: each policy, shared tier on
 
@@ -24,7 +25,8 @@ Each run reports the cluster's compiled tokens, each tier's hit rate summed over
 the instances, TTFT of the streamed requests, failures, and each instance's free
 pages after a flush.
 
-Output (under --out, default eval/results/load or eval/results/cluster):
+Output (under --out; without it the scratch folder eval/results/local/load or eval/results/local/cluster,
+git-ignored; the committed runs: `--out eval/results/load`, `--out eval/results/cluster`):
 results.json, table.md and a PNG (device and host pages over time and compiled
 tokens per run; with --cluster, compiled tokens and TTFT per run).
 """
@@ -47,6 +49,7 @@ from tqdm import tqdm
 
 from eval.experiments.run import flush
 from eval.lib import provenance, served
+from eval.lib.outputs import out_dir
 from eval.lib.workloads import zipf_weights
 from sglang_mepic.lang import chunk
 from sglang_mepic.launch import models
@@ -320,7 +323,7 @@ def main_cluster(args, argv, model: str, jobs: list[Job], base: list[str]) -> No
     for policy in args.policies.split(","):
         label = f"{policy}" + (" (first chunk's key)" if policy == "manual" else "") + ", mooncake"
         runs.append(run_cluster(label, model, base, jobs, args.clients, args.time_limit, n, "mooncake", policy))
-    out = args.out or Path("eval/results/cluster")
+    out = out_dir(args.out, "cluster")
     out.mkdir(parents=True, exist_ok=True)
     report = {"command": provenance.command("eval.experiments.load", argv if argv is not None else sys.argv[1:]),
               "model": provenance.portable(args.model), "instances": n, "clients": args.clients, "requests": len(jobs),
@@ -353,7 +356,8 @@ def main(argv=None) -> None:
                    help="send the load through N instances behind sglang-router (see above)")
     p.add_argument("--policies", default="round_robin,cache_aware,power_of_two,manual",
                    help="with --cluster: sglang-router policies to run, each with the shared tier")
-    p.add_argument("--out", type=Path, default=None, help="default: eval/results/load (eval/results/cluster)")
+    p.add_argument("--out", type=Path, default=None, help="default: the scratch folder eval/results/local/load "
+                   "(with --cluster eval/results/local/cluster), git-ignored")
     served.add_url(p)
     args = p.parse_args(argv)
     if args.url and (args.compare or args.cluster):
@@ -364,7 +368,7 @@ def main(argv=None) -> None:
     base = ["--dtype", "float32", "--max-total-tokens", str(args.max_total_tokens)]
     if args.cluster:
         return main_cluster(args, argv, model, jobs, base)
-    args.out = args.out or Path("eval/results/load")
+    args.out = out_dir(args.out, "load")
     runs = []
     if args.url:
         runs.append(run(f"the server at {args.url}", model, base, jobs, args.clients, args.time_limit, args.url))

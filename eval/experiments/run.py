@@ -1,10 +1,11 @@
 """RAG evaluation: MEPIC against EPIC, CacheBlend, naive reuse and SGLang's prefix cache.
 
     .venv/bin/python -m eval.experiments.run --quick            # every system, 2 QPS x 2 context lengths, < 15 min
+    .venv/bin/python -m eval.experiments.run --quick --out eval/results/squad-quick   # the same, as committed
     .venv/bin/python -m eval.experiments.run                    # the full sweep (more QPS values and lengths)
     .venv/bin/python -m eval.experiments.run --dataset hotpotqa --qps 0.5,1 --chunks 4,8 --requests 24
     .venv/bin/python -m eval.experiments.run --reuse 0.85 --chunks 6 --requests 300   # a set share of chunks repeating
-    .venv/bin/python -m eval.experiments.run --paper [--dataset hotpotqa] [--sweeps qps,chunks,reuse]
+    .venv/bin/python -m eval.experiments.run --paper [--dataset hotpotqa] [--sweeps qps,chunks,reuse] [--out DIR]
 
 `--paper` runs the MEPIC paper's sweeps at its scale: 300 requests per point, the
 SQuAD shape of its Table 1 (about 85% of chunk tokens reused, about 2.2k prompt
@@ -24,8 +25,10 @@ no tier holds is computed in the batch of the request that first reads it (no
 request waits a round for it); `compiling` is the share of requests that
 computed one, and TTFT p50 is also given apart for those and for the others.
 
-Output (under --out, default eval/results/<dataset>-quick, -full or -paper): table.md,
-results.json (every figure, the command and the model) and PNG plots: peak KV
+Output (under --out; without it the scratch folder eval/results/local/<dataset>-quick, -full or -paper,
+git-ignored, so that a --quick or trial run never replaces a committed one: a run to commit names its folder,
+`--out eval/results/squad-quick`, eval/lib/outputs.py): table.md,
+results.json (every figure, the command, its kind and the model) and PNG plots: peak KV
 pages and TTFT p50 (with --paper also p99) against each swept variable. Each
 finished (system, point) is saved to points.jsonl there as it ends; if a run
 stops, the same command with --resume runs only what is missing, and with
@@ -52,6 +55,7 @@ from tqdm import tqdm
 
 from eval.lib import anatomy, provenance, served
 from eval.lib.checkpoint import Checkpoint
+from eval.lib.outputs import out_dir
 from eval.lib.scoring import contains, exact_match, f1, prefix_agreement, top1_agreement
 from eval.lib.workloads import DATASETS, render, reuse_ratio, with_reuse
 from sglang_mepic.launch import models
@@ -654,7 +658,9 @@ def parser() -> argparse.ArgumentParser:
                     help=f"KV pool size in pages of {MEPIC_PAGE_SIZE} tokens for every server (default: the "
                          f"launcher's CPU default, {DEFAULT_POOL_PAGES:,} pages; with --paper {PAPER_POOL_PAGES:,}); "
                          "a run whose peak reaches the pool is marked capped and left out of the ratios")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the run's folder (default: the scratch folder eval/results/local/<dataset>-<kind>, "
+                         "git-ignored; a run to commit names its own under eval/results)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--resume", action="store_true",
                     help="keep the points a stopped run with the same settings saved in --out (points.jsonl, and "
@@ -699,7 +705,7 @@ def plan(args) -> RunPlan:
                  f"qps {sorted({q for q, _, _ in points})} (> 0)")
     kind = "paper" if args.paper else "quick" if args.quick else "full"
     return RunPlan(kind, points, list(range(args.seed, args.seed + args.repeats)), args.requests or preset["requests"],
-                   systems, args.out or Path("eval/results") / f"{args.dataset}-{kind}",
+                   systems, out_dir(args.out, f"{args.dataset}-{kind}"),
                    args.pool_pages or (PAPER_POOL_PAGES if args.paper else None))
 
 
@@ -817,7 +823,8 @@ def report(args, argv, p: RunPlan, wl: Workload, checkpoint: Checkpoint, runs: l
     ratio_md = ratio_table(ratio_rows)
     (out / "table.md").write_text(header + md + "\n\n## Ratios\n\n" + ratio_md + "\n")
     (out / "results.json").write_text(json.dumps({
-        "command": command, "model": Path(wl.model).name, "dataset": args.dataset, "minutes": round(minutes, 1),
+        "command": command, "kind": p.kind, "model": Path(wl.model).name, "dataset": args.dataset,
+        "minutes": round(minutes, 1),
         "invocations": checkpoint.invocations, "seeds": seeds, "pool_pages": pools,
         "host_tier_gb": args.host_tier_gb, "rows": rows, "runs": per_run, "ratios": ratio_rows}, indent=2))
     if args.tables_only:  # read only: a run may still be appending to it

@@ -7,6 +7,11 @@ Nothing is typed in by hand: every figure is read from a `results.json` that
 `eval.experiments.run` wrote (its command is in the table beside it), as the median and the
 range over that run's repeats. A source that has not been run yet shows as "not
 run", and a target is judged only on figures that exist.
+
+It reads only the committed folders it names below (under eval/results, never the scratch folder
+eval/results/local that a run without --out writes to: eval/lib/outputs.py), and refuses, writing
+nothing, a results.json that a --quick run wrote: a smoke run is not a headline figure. `--write`
+writes only a file whose blocks changed, and says which ("unchanged" when none did).
 """
 
 import argparse
@@ -16,7 +21,7 @@ import statistics
 from pathlib import Path
 
 from eval.experiments import capacity
-from eval.lib import provenance
+from eval.lib import outputs, provenance
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "eval" / "results"
@@ -56,8 +61,31 @@ PAPER_TABLE2 = {"squad": {"mepic": (116.0, 27.7, 0.74), "cacheblend-0.15": (119.
 BEGIN, END = "<!-- {name}:begin (eval.reports.headline writes this) -->", "<!-- {name}:end -->"
 
 
+def sources() -> list[Path]:
+    """Every results.json the headline and the tables read, each once."""
+    return list(dict.fromkeys([TINY_BASE, TINY_QPS, *SMOL.values(), *SMOL_TTFT.values(), CAPACITY,
+                               *CAPACITY_MORE.values(), *CAPACITY_FP8, *TABLE2.values()]))
+
+
+def refuse_uncommitted_sources(paths) -> None:
+    """Exit if a source is not a committed folder: outside eval/results, or in its scratch folder eval/results/local."""
+    bad = [str(p) for p in paths if not p.is_relative_to(RESULTS) or outputs.is_scratch(p)]
+    if bad:
+        raise SystemExit("eval.reports.headline: a source must be a committed folder under eval/results, not the "
+                         "scratch folder eval/results/local: " + ", ".join(bad))
+
+
 def load(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
+    """A source's results, None if it has not been run; exits, writing nothing, if a --quick run wrote it."""
+    if not path.is_file():
+        return None
+    results = json.loads(path.read_text())
+    if why := outputs.quick_run(results):
+        raise SystemExit(f"eval.reports.headline: {rel(path)} is a smoke run ({why}), not a committed result: "
+                         f"nothing written. Restore the committed run (`git checkout -- {rel(path.parent)}`) or "
+                         f"make a full one with --out {rel(path.parent)}; a --quick run without --out goes to "
+                         f"{outputs.LOCAL}/.")
+    return results
 
 
 def rel(path: Path) -> str:
@@ -266,24 +294,42 @@ def table2() -> str:
 def capacity_tables(results: Path = CAPACITY) -> str:
     """eval.experiments.capacity's table.md as it wrote it, below its title."""
     table = results.with_name("table.md")
+    load(results)  # a smoke run's table is refused with its results.json
     if not table.is_file():
         return f"Not run yet: `python -m eval.experiments.capacity --out {rel(results.parent)}`."
     return table.read_text().split("\n", 1)[1].strip() + f"\n\nFrom `{rel(table)}`; the plot is `{rel(results.with_name('capacity.png'))}`."
 
 
-def replace(path: Path, name: str, body: str) -> None:
-    text = path.read_text()
+def replace(path: Path, text: str, name: str, body: str) -> str:
+    """`text` (the file at `path`) with its block `name` replaced by `body`."""
     begin, end = BEGIN.format(name=name), END.format(name=name)
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     if not pattern.search(text):
         raise SystemExit(f"{rel(path)} has no {begin} ... {end} block to replace")
-    path.write_text(pattern.sub(lambda _: f"{begin}\n{body}\n{end}", text))
+    return pattern.sub(lambda _: f"{begin}\n{body}\n{end}", text)
+
+
+def write(blocks) -> str:
+    """Replace the blocks in their files, writing only a file whose text changed; a line saying which did."""
+    texts = {path: path.read_text() for path, _, _ in blocks}
+    new = dict(texts)
+    for path, name, body in blocks:
+        new[path] = replace(path, new[path], name, body)
+    changed = [path for path in texts if new[path] != texts[path]]
+    for path in changed:
+        path.write_text(new[path])
+    same = [rel(p) for p in texts if p not in changed]
+    if not changed:
+        return f"[headline] {' and '.join(same)} unchanged"
+    return (f"[headline] {' and '.join(rel(p) for p in changed)} updated"
+            + (f"; {' and '.join(same)} unchanged" if same else ""))
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help="replace the blocks in README.md and docs/results.md")
     args = ap.parse_args(argv)
+    refuse_uncommitted_sources(sources())
     head, t2 = headline(), table2()
     print(head, "\n", t2, sep="\n")
     if args.write:
@@ -291,9 +337,7 @@ def main(argv=None) -> None:
                   (ROOT / "docs" / "results.md", "capacity", capacity_tables()),
                   *((ROOT / "docs" / "results.md", name, capacity_tables(path)) for name, path in CAPACITY_MORE.items())]
         refuse_absolute_paths(blocks)
-        for path, name, body in blocks:
-            replace(path, name, body)
-        print("[headline] README.md and docs/results.md updated")
+        print(write(blocks))
 
 
 def refuse_absolute_paths(blocks) -> None:
