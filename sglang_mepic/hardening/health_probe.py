@@ -39,6 +39,7 @@ async def probe(path: str) -> int:
         return 200
     rid = f"{http_server.HEALTH_CHECK_RID_PREFIX}_{uuid.uuid4().hex}"
     params = {"max_new_tokens": 1, "temperature": 0.0}
+    request: GenerateReqInput | EmbeddingReqInput
     if manager.is_generation:
         request = GenerateReqInput(rid=rid, input_ids=[0], sampling_params=params, log_metrics=False)
         if http_server.get_disagg().disaggregation_mode != http_server.DisaggregationMode.NULL.value:

@@ -39,6 +39,8 @@ class _Flags(Parser):
 
 def sglang_argv(argv: list[str]) -> list[str]:
     """argv as SGLang's parser reads it (abbreviations written out): what every check and default reads."""
+    if "--" in argv:  # SGLang takes no positional argument: it refuses what follows, the checks would not see it
+        raise LaunchError("--: SGLang's server takes no positional arguments; give every setting as a flag")
     try:
         return canonical(argv)
     except AmbiguousFlag as e:
@@ -48,7 +50,7 @@ def sglang_argv(argv: list[str]) -> list[str]:
 def merged_config(argv: list[str]) -> list[str]:
     """argv with a `--config` file's flags in it, so that the checks read them too."""
     try:
-        return with_config_file(sglang_argv(argv))
+        return sglang_argv(with_config_file(sglang_argv(argv)))
     except (ValueError, OSError) as e:
         raise LaunchError(f"--config: {e}") from None
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 TABLE = Path(__file__).with_name("sglang_options.json")
 # argparse's `_negative_number_matcher`: such a token is a value while no flag looks like a number.
+MAX_CONFIG_FILES = 8  # config files naming config files: a loop is refused
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
 
@@ -83,7 +84,7 @@ def resolve(token: str) -> str:
 
 def canonical(argv: list[str]) -> list[str]:
     """argv with each abbreviated SGLang flag written out; tokens after a lone `--` are values."""
-    out = []
+    out: list[str] = []
     for i, token in enumerate(argv):
         if token == "--":
             return out + argv[i:]
@@ -102,7 +103,13 @@ def with_config_file(argv: list[str]) -> list[str]:
 
     parser = argparse.ArgumentParser(prog="sglang serve")
     ServerArgs.add_cli_args(parser)
-    return canonical(ConfigArgumentMerger(parser).merge_config_with_args(argv))
+    # A file may name another (`config: b.yaml`, or a `--config` among a list's values): SGLang merges the
+    # `--config` it is given, so every one is merged here, and SGLang is given none.
+    for _ in range(MAX_CONFIG_FILES):
+        argv = canonical(ConfigArgumentMerger(parser).merge_config_with_args(argv))
+        if "--config" not in argv:
+            return argv
+    raise ValueError(f"more than {MAX_CONFIG_FILES} config files, each naming the next")
 
 
 def write_table() -> None:

@@ -518,6 +518,13 @@ def test_a_new_refusal_covers_its_abbreviations_with_no_code_of_its_own(tiny_mod
         assert_refused(launch_here("--model-path", tiny_model, "--port", "1", *flags), "--dtype float16: planted")
 
 
+def test_a_lone_double_dash_is_one_line(tiny_model, launch_here):
+    """What follows `--` is a value to argparse: the checks saw no --model-path there, and the launcher
+    ended in a TypeError traceback (a reviewer's find)."""
+    for args in (["--"], ["--port", "1", "--", "--model-path", tiny_model]):
+        assert_refused(launch_here(*args), "--: SGLang's server takes no positional arguments")
+
+
 def test_no_cuda_device_is_refused(tiny_model, launch_here):
     import torch
 
@@ -691,6 +698,12 @@ def test_flags_from_an_sglang_config_file_meet_the_same_checks(tiny_model, tmp_p
     argv = str(reached.value).split()
     assert "--config" not in argv and argv.count("--attention-backend") == 1, argv
     assert flag_value(argv, "--attention-backend") == "torch_native" and "mepic" not in argv
+    config.write_text(f"config: {tmp_path / 'inner.yaml'}\n")  # a file naming another (a reviewer's find)
+    (tmp_path / "inner.yaml").write_text("tokenizer-worker-num: 3\nattention-backend: torch_native\n")
+    assert_refused(launch_here("--model-path", tiny_model, "--port", "1", "--config", str(config)),
+                   "--tokenizer-worker-num 3")
+    config.write_text(f"config: {config}\n")  # naming itself
+    assert_refused(launch_here("--model-path", tiny_model, "--config", str(config)), "more than 8 config files")
     (tmp_path / "server.txt").write_text("tp: 2\n")
     assert_refused(launch_here("--model-path", tiny_model, "--config", str(tmp_path / "server.txt")),
                    "--config: Config file must be YAML format")

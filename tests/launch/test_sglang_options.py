@@ -89,7 +89,7 @@ def test_a_token_reads_as_argparse_reads_it(token):
     (["--dp", "2"], ["--dp-size", "2"]),
     (["--attention-back", "torch_native"], ["--attention-backend", "torch_native"]),
     (["--chunked-prefill-size", "-1"], ["--chunked-prefill-size", "-1"]),  # a negative number is a value
-    (["--json-model-override-args", "{}", "--", "--tp"], ["--json-model-override-args", "{}", "--", "--tp"]),
+    (["--json-model-override-args", "{}", "--", "--tp"], ["--json-model-override-args", "{}", "--", "--tp"]),  # canonical() alone; the launcher refuses `--`
 ])
 def test_abbreviations_are_written_out(given_flags, full):
     assert sglang_options.canonical(given_flags) == full
