@@ -31,8 +31,9 @@ def recorded(value, key=None):
 
 
 def committed_text_files() -> list[Path]:
+    local = ROOT / "eval" / "results" / "local"  # a scratch run's (git-ignored): not committed
     results = [p for p in (ROOT / "eval" / "results").rglob("*")
-               if p.is_file() and p.suffix in (".md", ".json", ".jsonl", ".txt", ".sh")]
+               if p.is_file() and p.suffix in (".md", ".json", ".jsonl", ".txt", ".sh") and local not in p.parents]
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(results)]
 
 
