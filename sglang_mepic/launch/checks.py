@@ -4,6 +4,7 @@ server process starts (each ended in a traceback from a child process, or no sta
 import argparse
 import importlib.util
 import json
+import re
 import socket
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,15 +44,29 @@ def check_parallelism(argv: list[str]) -> None:
                           "sglang_mepic.launch_cluster) or use --radix-cache-backend sglang")
 
 
-def _token_count(flag: str, value: str | None, too_small: str, off: int | None = None) -> None:
+# SGLang's `human_readable_int` (sglang/srt/utils/common.py), which reads --context-length and
+# --max-total-tokens: `64k`, `1Ki`, `25.6k`. SGLang parses them; here only their size is checked.
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
+_MULTIPLIERS = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def _count(value: str, human: bool) -> float:
+    if human and (match := _HUMAN_INT.fullmatch(value.strip())):
+        return float(match.group(1)) * _MULTIPLIERS[match.group(2)]
+    return int(value)
+
+
+def _token_count(flag: str, value: str | None, too_small: str, off: int | None = None, human: bool = False) -> None:
     """A flag counting tokens is a whole number of at least 1 (or its `off` value): 0 divided by zero
-    or sized an empty pool in a child process, which died with a traceback."""
+    or sized an empty pool in a child process, which died with a traceback. human: SGLang also reads
+    `64k` and `1Ki` there."""
     if value is None:
         return
     try:
-        count = int(value)
+        count = _count(value, human)
     except ValueError:
-        raise LaunchError(f"{flag} {value}: must be a whole number of tokens") from None
+        raise LaunchError(f"{flag} {value}: must be a whole number of tokens"
+                          + (" (or 64k, 1Ki ...)" if human else "")) from None
     if count < 1 and count != off:
         raise LaunchError(f"{flag} {value}: {too_small}")
 
@@ -71,8 +86,8 @@ def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
     check_parallelism(argv)
     _token_count("--page-size", known.page_size, f"a page holds at least 1 token (the mepic cache uses "
                  f"{MEPIC_PAGE_SIZE}, one MEPIC block per page)")
-    _token_count("--max-total-tokens", known.max_total_tokens, "the KV pool needs at least 1 token")
-    _token_count("--context-length", known.context_length, "a context holds at least 1 token")
+    _token_count("--max-total-tokens", known.max_total_tokens, "the KV pool needs at least 1 token", human=True)
+    _token_count("--context-length", known.context_length, "a context holds at least 1 token", human=True)
     _token_count("--chunked-prefill-size", known.chunked_prefill_size,
                  "a prefill chunk holds at least 1 token (or -1 to turn chunked prefill off)", off=-1)
     if known.disaggregation_mode not in (None, "null") and known.attention_backend == "mepic":

@@ -407,6 +407,8 @@ REFUSED = [
     (["--page-size", "x"], "--page-size x: must be a whole number"),
     (["--max-total-tokens", "0"], "--max-total-tokens 0"),
     (["--context-length", "0"], "--context-length 0"),
+    (["--context-length", "0k"], "--context-length 0k: a context holds at least 1 token"),
+    (["--max-total-tokens", "lots"], "--max-total-tokens lots: must be a whole number of tokens (or 64k, 1Ki ...)"),
     (["--chunked-prefill-size", "0"], "--chunked-prefill-size 0"),
     (["--radix-cache-backend", "nope"], "--radix-cache-backend nope"),
     (["--tp-size", "2"], "--tp-size 2"),
@@ -594,6 +596,8 @@ def test_what_the_combination_checks_let_through(monkeypatch):
     check("--attention-backend", "triton", cuda=True)  # a GPU: SGLang's own backends are fine
     check("--device", "cuda", cuda=True)
     check("--chunked-prefill-size", "-1")
+    check("--max-total-tokens", "64k", "--context-length", "4Ki")  # SGLang's human_readable_int (a reviewer's find)
+    check("--context-length", "25.6k")
     check("--prefill-attention-backend", "mepic", "--decode-attention-backend", "mepic")  # the same backend
     check("--prefill-attention-backend", "triton", "--attention-backend", "torch_native", "--radix-cache-backend",
           "sglang", cuda=True)  # SGLang's own backends, split: SGLang's business
