@@ -42,7 +42,11 @@ def groups() -> tuple[tuple[str, ...], ...]:
     """SGLang's flags, one tuple of spellings per action: from the table when it was written for the
     installed SGLang, else from its live parser."""
     table = json.loads(TABLE.read_text())
-    if table["sglang"] != importlib.metadata.version("sglang"):
+    try:
+        installed = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:  # importable without its metadata (a bare copy)
+        installed = None
+    if table["sglang"] != installed:
         return tuple(tuple(g) for g in live_groups())
     return tuple(tuple(g) for g in table["groups"])
 
