@@ -142,7 +142,7 @@ class FailedInARow:
     """The batches that raised since the last one served, and their requests (this scheduler process's)."""
 
     def __init__(self) -> None:
-        self.batches, self.rids = 0, set[str]()
+        self.served()
 
     def failed(self, batch: ScheduleBatch) -> int:
         """The length of the streak, counted in batches that are also distinct requests."""

@@ -45,7 +45,8 @@ def check_parallelism(argv: list[str]) -> None:
 
 
 # SGLang's `human_readable_int` (sglang/srt/utils/common.py), which reads --context-length and
-# --max-total-tokens: `64k`, `1Ki`, `25.6k`. SGLang parses them; here only their size is checked.
+# --max-total-tokens: `64k`, `1Ki`, `25.6k`. SGLang parses them; here only their size is checked (its module
+# imports torch and reads SGLang's environment, which the launcher has not finished setting).
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
 _MULTIPLIERS = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
