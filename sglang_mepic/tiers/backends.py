@@ -191,12 +191,14 @@ def importable(backend: str) -> None:
         StorageBackendFactory._registry[backend]["loader"]()
 
 
-def connect(backend: str, extra_config: dict) -> EntryIO:
-    """One of SGLang's HiCache storage backends, made by its factory, wrapped for chunk entries."""
+def connect(backend: str, extra_config: dict, tp_rank: int = 0, tp_size: int = 1) -> EntryIO:
+    """One of SGLang's HiCache storage backends, made by its factory, wrapped for chunk entries. tp_rank,
+    tp_size: this process's place in its TP group, which the backend keys its entries by (HiCacheFile's
+    `_<model>_<tp_rank>_<tp_size>` suffix) as HiCache's own would be."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
     from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
     config = HiCacheStorageConfig(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
         enable_storage_metrics=False, is_page_first_layout=False, model_name="mepic", extra_config=extra_config)
     return IO.get(backend, HiCacheIO)(StorageBackendFactory.create_backend(backend, config, None))

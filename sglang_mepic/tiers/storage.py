@@ -93,6 +93,8 @@ class Storage:
         self._logged: set = set()        # (storage key, why) of each rejection logged
         self.timeout = timeout
         self._extra_config = extra_config
+        # This rank's place in its TP group, as SGLang's backend is told it (its own key suffix, its device).
+        self._tp = (int((settings or {}).get("tp_rank", 0)), int((settings or {}).get("tp_size", 1)))
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="mepic-storage-read")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="mepic-storage-write")
         self._lock = threading.Lock()
@@ -110,7 +112,7 @@ class Storage:
     def _connect(self) -> None:
         started = time.perf_counter()
         try:
-            self._io = connect(self.backend, self._extra_config)
+            self._io = connect(self.backend, self._extra_config, *self._tp)
         except Exception as e:
             self._failed(f"cannot connect ({type(e).__name__}: {e})")
             return
@@ -294,13 +296,16 @@ class Storage:
 
 
 def _tp() -> tuple[int, int]:
-    """This process's TP rank and size (0, 1 outside a TP group; the launcher refuses TP > 1)."""
-    try:
-        from sglang.srt.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+    """This process's TP rank and size, from the TP group SGLang built (SGLang 0.5.23 keeps it in
+    `sglang.srt.distributed.parallel_state`; its package no longer exports the rank's getter). (0, 1) only
+    where no group is built: a process that is no TP rank (tests, tools). Anything else raises: a rank read
+    wrongly would key rank 1's heads as rank 0's."""
+    import sglang.srt.distributed.parallel_state as parallel_state
 
-        return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
-    except Exception:  # no TP group (tests, a single process)
+    if not parallel_state.model_parallel_is_initialized():
         return 0, 1
+    group = parallel_state.get_tp_group()
+    return int(group.rank_in_group), int(group.world_size)
 
 
 def settings_known(model_fingerprint: str, settings: env.Settings) -> dict:

@@ -285,3 +285,51 @@ def test_settings_choose_the_backend(monkeypatch, tmp_path):
     assert s.put("k", kv(7)) and s.drain() and len(list(tmp_path.glob(s.storage_key("k") + "*.bin"))) == 1
     mooncake = env.Settings.from_env({**given, config.STORAGE_BACKEND.env: "mooncake"})
     assert mooncake.storage_backend == "mooncake"  # (not connected here: there is no master)
+
+
+class _Group:
+    """A TP group as SGLang's GroupCoordinator shows it: this process's rank in it and its size."""
+
+    def __init__(self, rank: int, size: int):
+        self.rank_in_group, self.world_size = rank, size
+
+
+def test_each_tp_rank_keys_its_own_entries(monkeypatch, tmp_path):
+    """Rank 1 of a TP-2 server holds its own heads of every page: its settings say (1, 2), so its storage keys
+    and its settings fingerprint are its own, and SGLang's HiCache backend is made with the same rank (HiCacheFile
+    suffixes each file `_<model>_<tp_rank>_<tp_size>`). Before, the rank was imported from where SGLang 0.5.23
+    does not export it, the ImportError was swallowed, and every rank called itself rank 0 of 1."""
+    from sglang.srt.distributed import parallel_state
+
+    from sglang_mepic import config, env
+
+    settings = env.Settings.from_env({config.STORAGE_DIR.env: str(tmp_path)})
+    alone = storage.settings_known("fp", settings)
+    assert (alone["tp_rank"], alone["tp_size"]) == (0, 1)  # no TP group in this process: one rank
+    monkeypatch.setattr(parallel_state, "_TP", _Group(1, 2))
+    monkeypatch.setattr(parallel_state, "_PP", _Group(0, 1))
+    monkeypatch.setattr(parallel_state, "get_tp_group", lambda: _Group(1, 2))
+    known = storage.settings_known("fp", settings)
+    assert (known["tp_rank"], known["tp_size"]) == (1, 2)
+    s = storage.from_settings("fp", settings)
+    try:
+        assert s.connected() and s.settings["tp_rank"] == 1 and s.settings["tp_size"] == 2
+        s.bind(page_size=PAGE, kv_dtype="torch.float32/torch.float32")
+        assert s.fingerprint == storage.settings_fingerprint(**{**alone, "tp_rank": 1, "tp_size": 2,
+                                                                "page_size": PAGE,
+                                                                "kv_dtype": "torch.float32/torch.float32"})
+        assert s.put("chunk", kv(3)) and s.drain()
+        assert [p.name for p in tmp_path.glob("*.bin")] == [f"{s.storage_key('chunk')}_mepic_1_2.bin"]
+    finally:
+        s.close()
+
+
+def test_a_tp_rank_that_cannot_be_read_is_an_error(monkeypatch):
+    """Only "no TP group in this process" means rank 0 of 1; SGLang's module missing is an error, not rank 0."""
+    import sys
+
+    from sglang_mepic import env
+
+    monkeypatch.setitem(sys.modules, "sglang.srt.distributed.parallel_state", None)  # as where it is not
+    with pytest.raises(ImportError):
+        storage.settings_known("fp", env.Settings.from_env({}))
