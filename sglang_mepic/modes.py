@@ -124,9 +124,10 @@ def copies_private_prefix(mode: Mode) -> bool:
 # CacheBlend
 
 def holds_chunks_beside_prompt(mode: Mode) -> bool:
-    """Whether a planned request holds its chunks' stored pages until slots of its own for its whole
-    prompt are allocated (CacheBlend copies the stored KV into them): the pool must hold both."""
-    return planning(mode) is Planning.BLEND
+    """Whether a planned request holds its chunks' stored pages until pages of its own for its whole
+    prompt are allocated: CacheBlend copies the stored KV into its prompt's slots, EPIC into pages for
+    its prefix (its private copy) beside the ones SGLang allocates for the rest. The pool must hold both."""
+    return planning(mode) in (Planning.BLEND, Planning.PRIVATE_PREFIX)
 
 
 def blend_check_layer(mode: Mode, layers: int) -> int:

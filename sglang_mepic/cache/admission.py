@@ -85,9 +85,12 @@ class Admission:
         """EPIC: the stored pages the request reads become a copy in pages of its own, before
         its forward (as EPIC loads, then computes the rest); the store's pages are let go.
 
-        SGLang's budget did not count these pages. When they do not fit beside `reserve`
-        (evicting the tree and unheld chunks for them), the request reads the store's
-        pages in place instead: same KV, shared for once (`private_copy_fallbacks`).
+        SGLang's budget has counted these pages with the request (batch_join), and its pins
+        were sized so that the copy fits beside them (MepicRadixCache._pin_budget): evicting
+        the tree and unheld chunks always makes room. Should it not, that is a bug in that
+        accounting, not a state of the pool: the request still reads the same KV, in place
+        (`private_copy_fallbacks`, which every capacity cell reports and the tests hold at 0),
+        rather than fail, and the error is logged.
         """
         src = cast(torch.Tensor, link.injected)  # admit() checked it is not None
         n = len(src) // self.page_size
@@ -97,8 +100,9 @@ class Admission:
         pages = self.refs.alloc(n) if self.pages.available() >= n + reserve else None
         if pages is None:
             self.counters.private_copy_fallbacks += 1
-            logger.warning("epic: no room for a private copy of %d pages; this request reads the store's "
-                           "pages in place", n)
+            logger.error("epic: no room for a private copy of %d pages (%d free, %d reserved for the batch's "
+                         "extends) although SGLang's budget counted it; this request reads the store's pages in "
+                         "place", n, self.pages.available(), reserve)
             return
         dst = self.pages.slots(pages)
         # SGLang declares the buffers None until the pool makes them, as it has by now.

@@ -6,6 +6,12 @@ neither does the request, and SGLang's loop stops as it does for a request that
 does not fit. In EPIC and CacheBlend the request is skipped for the round
 instead (it copies stored KV before its forward, so it waits until its compile
 rows have run).
+
+An EPIC request's private copy of the stored pages it reads (admission.py) is
+charged to SGLang's budget with the request: SGLang counts those pages as its
+prefix, which costs nothing, so without the charge a request was admitted on the
+pages it computes and found no room for its copy. Charged, it waits in SGLang's
+queue like any request that does not fit, as EPIC's requests wait for theirs.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from sglang_mepic import modes
 from sglang_mepic.cache.compile_rows import layout_of
 from sglang_mepic.cache.link import link_of
 from sglang_mepic.cache.radix_cache import mepic_cache
@@ -31,8 +38,10 @@ def add_request(original: Callable[..., Any], adder: PrefillAdder, req: Req, *ar
 
     tree = mepic_cache(adder)
     link = link_of(req)
-    if tree is None or link is None or not link.compiling:
+    if tree is None or link is None:
         return original(adder, req, *args, **kwargs)
+    if not link.compiling:
+        return _with_private_copy(original, adder, req, *args, **kwargs)
     rows = tree.compile_rows
     batched = {id(r) for r in adder.can_run_list}
     todo: list[Req] = []
@@ -58,4 +67,23 @@ def add_request(original: Callable[..., Any], adder: PrefillAdder, req: Req, *ar
         return AddReqResult.OTHER  # no request row left for it: the batch is full
     if link.wait:
         return AddReqResult.CONTINUE  # skipped this round: it reads its chunks once they are stored
-    return original(adder, req, *args, **kwargs)
+    return _with_private_copy(original, adder, req, *args, **kwargs)
+
+
+def _with_private_copy(original: Callable[..., Any], adder: PrefillAdder, req: Req, *args: Any,
+                       **kwargs: Any) -> AddReqResult:
+    """SGLang's admission of `req`, with its private copy charged to the budget beside its extend:
+    kept when SGLang takes the request into the batch, given back when it does not."""
+    tree, link = mepic_cache(adder), link_of(req)
+    copy = len(link.injected) if (tree is not None and link is not None and not link.compile
+                                  and link.injected is not None and modes.copies_private_prefix(tree.mode)) else 0
+    if not copy:
+        return original(adder, req, *args, **kwargs)
+    budget = adder.memory_budget
+    budget.total_offset += copy
+    budget.current_offset += copy
+    result = original(adder, req, *args, **kwargs)
+    if not (adder.can_run_list and adder.can_run_list[-1] is req):
+        budget.total_offset -= copy
+        budget.current_offset -= copy
+    return result

@@ -1,0 +1,92 @@
+"""The private-copy baselines copy where the pool binds (issue 86): EPIC's requests are charged the
+pages of their private copy at admission and wait for them in SGLang's queue; none reads the store's
+pages in place. Real servers, tiny model, float32, a KV pool of 64 pages.
+
+On the old code a request was admitted on the pages it computes, and one that then found no room for
+its copy read the store's pages (`private_copy_fallbacks`): 8 concurrent readers of one chunk gave 6.
+"""
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from sglang_mepic.frontend.markup import CHUNK_BEGIN_ID, CHUNK_END_ID
+
+B = 16
+POOL_PAGES = 64
+MAX_NEW = 8
+
+
+def ids(n, seed):
+    rng = random.Random(seed)
+    return [rng.randrange(10, 4000) for _ in range(n)]
+
+
+# 20 pages: pinned (20) beside one reader's whole prompt (about 22) fits the 64; two readers' copies
+# (19 each) beside the store's pages do not, so the second of two concurrent readers must wait.
+CHUNK = ids(20 * B, 7)
+INSTRUCTION = ids(11, 100)
+
+
+def prompt(k):
+    return INSTRUCTION + [CHUNK_BEGIN_ID, *CHUNK, CHUNK_END_ID] + ids(9, 1000 + k)
+
+
+def generate(server, input_ids):
+    r = requests.post(server.url + "/generate", timeout=300, json={
+        "input_ids": input_ids, "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def stats(server):
+    return requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]["mepic"]
+
+
+def flush(server):
+    assert requests.post(server.url + "/flush_cache", timeout=60).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def small_epic(servers):
+    return servers.get("--mepic-mode", "epic-16", "--max-total-tokens", str(POOL_PAGES * B))
+
+
+@pytest.mark.server
+def test_concurrent_readers_of_one_chunk_each_copy_it_and_answer_as_alone(small_epic):
+    server = small_epic
+    flush(server)
+    before = stats(server)["private_copy_fallbacks"]
+    generate(server, prompt(99))  # stores the chunk: the readers below find it
+    readers = [prompt(k) for k in range(8)]
+    with ThreadPoolExecutor(len(readers)) as pool:
+        together = list(pool.map(lambda p: generate(server, p), readers))
+    assert stats(server)["private_copy_fallbacks"] == before  # no reader read the store's pages in place
+    # Each reused the chunk's pages after its first (its copy: SGLang's prefix) and computed the rest.
+    copied = (len(CHUNK) // B - 1) * B
+    assert [r["meta_info"]["cached_tokens"] for r in together] == [copied] * len(readers)
+    alone = []
+    for p in readers:
+        flush(server)
+        generate(server, prompt(99))
+        alone.append(generate(server, p))
+    assert [r["output_ids"] for r in together] == [r["output_ids"] for r in alone]
+
+
+@pytest.mark.server
+def test_a_chunk_whose_copy_can_never_fit_beside_it_is_computed_not_shared(small_epic):
+    """40 pages stored + 39 copied + the rest of the prompt exceed the 64: waiting would be for ever and
+    sharing is what EPIC does not do, so the request computes the chunk in pages of its own."""
+    server = small_epic
+    flush(server)
+    before = stats(server)["private_copy_fallbacks"]
+    big = ids(40 * B, 8)
+    marked = INSTRUCTION + [CHUNK_BEGIN_ID, *big, CHUNK_END_ID] + ids(9, 2000)
+    first = generate(server, marked)
+    # Another instruction: no prefix of the first request's either.
+    second = generate(server, ids(11, 101) + marked[len(INSTRUCTION):-9] + ids(9, 2001))
+    assert stats(server)["private_copy_fallbacks"] == before
+    assert second["meta_info"]["cached_tokens"] < len(big) - B  # the chunk was not read from the store
+    assert first["meta_info"]["completion_tokens"] == second["meta_info"]["completion_tokens"] == MAX_NEW
