@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-from sglang_mepic import env
+from sglang_mepic import env, modes
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE, LaunchError, known_flags
 
 # backend.SUPPORTED_ARCHITECTURES, named here without importing SGLang before its environment is set
@@ -26,22 +26,66 @@ HOST_POOL_RESERVE_BYTES = 10 * 1024**3
 
 
 def check_parallelism(argv: list[str]) -> None:
-    """Refuse tensor, pipeline and data parallelism with the mepic cache, before anything loads.
+    """With the mepic cache, serve tensor parallelism where every rank plans alike; refuse the rest, before
+    anything loads (docs/scale-out.md).
 
-    Chunk keys, shared-storage entries and tier decisions are per process: TP ranks would
-    write their own heads under one key and could plan one request differently, and a DP
-    replica would compile a request's chunks on another replica than the request."""
+    `--tp-size N` is served when the model's attention heads and KV heads both divide by N: each rank keeps
+    its own heads of every page and runs the same scheduler on the same requests, so chunk keys, plans and
+    page ids agree, and a storage entry is keyed by (tp_rank, tp_size). Refused under TP > 1:
+    - a model whose heads do not divide (SGLang would pad or replicate them: untested here);
+    - `--mepic-mode cacheblend-*`: its deviation is summed over one rank's heads, so ranks would recompute
+      different tokens;
+    - `--mepic-storage-backend`/`--mepic-storage-dir` and `--mepic-host-tier-gb`: a read's timeout, an
+      outage, a dropped write or the host pool's size is one rank's, and the ranks' plans would diverge
+      (nothing here makes them agree each round, as HiCache's MIN all-reduce does).
+    PP, DP and DP attention stay refused: a pipeline stage holds only its layers' KV, and a DP replica would
+    compile a request's chunks on another replica than the request."""
     known = known_flags(argv)
     if known.radix_cache_backend != "mepic":
         return
-    given = [f"{flag} {value}" for flag, value in (("--tp-size", known.tp_size), ("--pp-size", known.pp_size),
-                                                   ("--dp-size", known.dp_size), ("--attn-dp-size", known.attn_dp_size))
-             if value > 1] + (["--enable-dp-attention"] if known.enable_dp_attention else [])
+    given = [f"{flag} {value}" for flag, value in (("--pp-size", known.pp_size), ("--dp-size", known.dp_size),
+                                                   ("--attn-dp-size", known.attn_dp_size)) if value > 1] + \
+        (["--enable-dp-attention"] if known.enable_dp_attention else [])
     if given:
-        raise LaunchError(f"{', '.join(given)}: --radix-cache-backend mepic runs on one GPU per server "
-                          "(chunk keys, shared-storage entries and tier decisions are not shared across tensor, "
-                          "pipeline or data-parallel ranks); run one server per GPU (python -m "
-                          "sglang_mepic.launch_cluster) or use --radix-cache-backend sglang")
+        raise LaunchError(f"{', '.join(given)}: --radix-cache-backend mepic serves tensor parallelism only "
+                          "(a pipeline stage holds only its layers' KV, and a data-parallel replica would "
+                          "compile a request's chunks on another replica than the request); run one server per "
+                          "replica (python -m sglang_mepic.launch_cluster) or use --radix-cache-backend sglang")
+    tp = known.tp_size
+    if tp <= 1:
+        return
+    heads = _attention_heads(known.model_path)
+    if heads is not None and (heads[0] % tp or heads[1] % tp):
+        raise LaunchError(f"--tp-size {tp}: --radix-cache-backend mepic serves TP only where the model's attention "
+                          f"heads ({heads[0]}) and KV heads ({heads[1]}) both divide by the TP size (padded or "
+                          f"replicated heads are untested); use a --tp-size that divides both")
+    settings = env.settings()
+    if modes.planning(settings.mode) is modes.Planning.BLEND:
+        raise LaunchError(f"--tp-size {tp}: --mepic-mode {settings.mode.name} chooses the tokens it recomputes by a "
+                          "KV deviation summed over one rank's heads, so the ranks would choose differently; use "
+                          "--tp-size 1 with CacheBlend")
+    tiers = [flag for flag, on in (("--mepic-storage-backend", settings.storage_backend is not None),
+                                   ("--mepic-host-tier-gb", settings.host_tier_gb > 0)) if on]
+    if tiers:
+        raise LaunchError(f"--tp-size {tp}: {' and '.join(tiers)} under tensor parallelism would let the ranks "
+                          "plan a request differently (a storage read's timeout, an outage, a dropped write or "
+                          "the host pool's size is one rank's, and nothing makes the ranks agree each round); "
+                          "use --tp-size 1 with a host tier or shared storage")
+
+
+def _attention_heads(model_path: str | None) -> tuple[int, int] | None:
+    """(attention heads, KV heads) from the model folder's config.json (a text config's, for a multimodal
+    one); None where the folder or its counts cannot be read (check_model_path refuses that folder)."""
+    try:
+        hf = json.loads((Path(model_path or "").expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(hf, dict):
+        return None
+    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf
+    heads = text.get("num_attention_heads")
+    kv = text.get("num_key_value_heads", heads)
+    return (heads, kv) if isinstance(heads, int) and isinstance(kv, int) and heads > 0 and kv > 0 else None
 
 
 # SGLang's `human_readable_int` (sglang/srt/utils/common.py), which reads --context-length and

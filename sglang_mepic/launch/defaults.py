@@ -1,7 +1,8 @@
 """The defaults the wrapper fills in where the user gave no flag: the mepic backends and page size, metrics
-and cache reports, and on a machine without CUDA the CPU engine, a bounded pool and float32 where bf16 is
-emulated."""
+and cache reports, and on a machine without CUDA the CPU engine, a bounded pool, float32 where bf16 is
+emulated and each tensor-parallel rank's cores."""
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,11 +95,32 @@ def _without_flag(argv: list[str], flag: str) -> list[str]:
     return out
 
 
-def with_defaults(argv: list[str], cuda: bool, native_bf16: bool | None = None) -> tuple[list[str], dict[str, str]]:
+def cpu_threads_bind(ranks: int, cpus: list[int] | None = None) -> str:
+    """SGLANG_CPU_OMP_THREADS_BIND for `ranks` CPU ranks: this process's cores in as many contiguous groups,
+    one a rank ("0|1" for 2 ranks on 2 cores, "0-1|2-3" on 4). Unset, SGLang binds each rank to a NUMA node
+    of its own and asserts there are as many nodes as ranks (`numa_utils.init_threads_binding`), which a
+    one-node machine is not. With fewer cores than ranks, ranks share cores (core i % count)."""
+    cores = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    if len(cores) < ranks:
+        return "|".join(str(cores[i % len(cores)]) for i in range(ranks))
+    share, extra = divmod(len(cores), ranks)
+    groups, at = [], 0
+    for rank in range(ranks):
+        group = cores[at:at + share + (rank < extra)]
+        at += len(group)
+        contiguous = group == list(range(group[0], group[-1] + 1))
+        groups.append(f"{group[0]}-{group[-1]}" if contiguous and len(group) > 1 else ",".join(map(str, group)))
+    return "|".join(groups)
+
+
+def with_defaults(argv: list[str], cuda: bool, native_bf16: bool | None = None,
+                  environ: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """Return (argv, env) with the defaults filled in where the user gave none.
 
-    native_bf16: whether the CPU has native bf16 (default: read from /proc/cpuinfo).
+    native_bf16: whether the CPU has native bf16 (default: read from /proc/cpuinfo); environ: the
+    environment the server will run with (default: this process's), where a variable of the user's wins.
     """
+    environ = os.environ if environ is None else environ
     argv = sglang_argv(argv)  # a default is given only where the user gave the flag in no spelling
     known = known_flags(argv)
     env = {"HF_HUB_OFFLINE": "1"}  # nothing may download from a model hub
@@ -135,6 +157,8 @@ def with_defaults(argv: list[str], cuda: bool, native_bf16: bool | None = None) 
             argv += ["--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
         if known.dtype is None and (native_bf16 if native_bf16 is not None else cpu_has_native_bf16()) is False:
             argv += ["--dtype", "float32"]  # emulated bf16 is several times slower than float32
+        if known.tp_size > 1 and not environ.get("SGLANG_CPU_OMP_THREADS_BIND"):
+            env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(known.tp_size)  # each rank its own cores
         if not known.sleep_on_idle:
             # An idle scheduler otherwise spins a whole core of a small CPU machine.
             argv += ["--sleep-on-idle"]

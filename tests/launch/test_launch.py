@@ -1,6 +1,8 @@
 """The launcher: CPU defaults, flag pass-through and start-up errors."""
 
 import importlib.util
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -377,26 +379,88 @@ def test_auto_chunk_and_separator_become_settings(capsys):
     assert "--mepic-auto-chunk {off,messages,tools,known,messages+known,tools+known}" in text and "--mepic-separator STR" in text
 
 
-@pytest.mark.parametrize("flags, named", [(["--tp-size", "2"], "--tp-size 2"),
-                                          (["--tensor-parallel-size=2"], "--tp-size 2"),
-                                          (["--dp-size", "2"], "--dp-size 2"),
+@pytest.mark.parametrize("flags, named", [(["--dp-size", "2"], "--dp-size 2"),
                                           (["--enable-dp-attention"], "--enable-dp-attention"),
                                           (["--pp-size", "2"], "--pp-size 2"),
-                                          (["--attn-dp-size", "2"], "--attn-dp-size 2")])
-def test_parallel_ranks_are_refused_with_the_mepic_cache(flags, named):
+                                          (["--attn-dp-size", "2"], "--attn-dp-size 2"),
+                                          (["--tp-size", "2", "--dp-size", "2"], "--dp-size 2")])
+def test_pipeline_and_data_parallel_ranks_are_refused_with_the_mepic_cache(flags, named):
     argv, _ = with_defaults(["--model-path", "m", *flags], cuda=True)
-    with pytest.raises(SystemExit, match=f"{named}: --radix-cache-backend mepic runs on one GPU"):
+    with pytest.raises(SystemExit, match=f"{named}: --radix-cache-backend mepic serves tensor parallelism only"):
         checks.check_parallelism(argv)
     checks.check_parallelism(with_defaults(["--model-path", "m", "--radix-cache-backend", "sglang", *flags],
                                            cuda=True)[0])  # SGLang's own cache: SGLang's business
     checks.check_parallelism(with_defaults(["--model-path", "m", "--tp-size", "1"], cuda=True)[0])
 
 
+def _heads_folder(tmp_path, heads, kv):
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": heads, "num_key_value_heads": kv}))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("tp, heads, kv, served", [(2, 4, 2, True), (4, 8, 4, True), (2, 4, 4, True),
+                                                   (4, 4, 2, False), (3, 4, 2, False), (2, 6, 3, False),
+                                                   (2, 2, 1, False)])
+def test_tp_is_served_where_the_heads_and_kv_heads_divide(tmp_path, tp, heads, kv, served):
+    """Each rank keeps heads/tp attention heads and kv/tp KV heads of every page; where either does not
+    divide, SGLang pads or replicates heads, which the mepic cache is not tested with."""
+    argv, _ = with_defaults(["--model-path", _heads_folder(tmp_path, heads, kv), "--tp", str(tp)], cuda=True)
+    if served:
+        checks.check_parallelism(argv)
+        return
+    with pytest.raises(SystemExit, match=f"--tp-size {tp}: --radix-cache-backend mepic serves TP only where the "
+                                         f"model's attention heads \\({heads}\\) and KV heads \\({kv}\\) both divide"):
+        checks.check_parallelism(argv)
+
+
+@pytest.mark.parametrize("setting, value, named", [
+    ("MODE", "cacheblend-0.15", "--mepic-mode cacheblend-0.15 chooses the tokens it recomputes"),
+    ("STORAGE_DIR", "/tmp/mepic-tp-store", "--mepic-storage-backend under tensor parallelism"),
+    ("HOST_TIER_GB", "1", "--mepic-host-tier-gb under tensor parallelism")])
+def test_what_ranks_would_decide_apart_is_refused_under_tp(tmp_path, monkeypatch, setting, value, named):
+    """CacheBlend's deviation is one rank's heads; a storage read's timeout, an outage, a dropped write or the
+    host pool's size is one rank's: each would let the ranks plan one request differently."""
+    from sglang_mepic import config, env
+
+    argv, _ = with_defaults(["--model-path", _heads_folder(tmp_path, 4, 2), "--tp-size", "2"], cuda=True)
+    checks.check_parallelism(argv)
+    monkeypatch.setenv(getattr(config, setting).env, value)
+    env.reload()
+    with pytest.raises(SystemExit, match=f"--tp-size 2: {named}"):
+        checks.check_parallelism(argv)
+    checks.check_parallelism(with_defaults(["--model-path", "m", "--tp-size", "1"], cuda=True)[0])
+
+
+def test_a_cpu_tp_server_binds_each_rank_to_its_own_cores(monkeypatch):
+    """SGLang's CPU path binds each rank to a NUMA node of its own unless SGLANG_CPU_OMP_THREADS_BIND says
+    otherwise, and asserts there are as many nodes as ranks: a one-node machine failed there."""
+    from sglang_mepic.launch.defaults import cpu_threads_bind
+
+    assert cpu_threads_bind(2, [0, 1]) == "0|1"
+    assert cpu_threads_bind(2, [0, 1, 2, 3]) == "0-1|2-3"
+    assert cpu_threads_bind(2, [0, 1, 2, 3, 4]) == "0-2|3-4"
+    assert cpu_threads_bind(2, [0, 2, 4, 6]) == "0,2|4,6"
+    assert cpu_threads_bind(4, [0, 1]) == "0|1|0|1"  # fewer cores than ranks: they share
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    _, env = with_defaults(["--model-path", "m", "--tp-size", "2"], cuda=False, environ={})
+    assert env["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"
+    for flags, cuda, environ in ((["--tp-size", "1"], False, {}), (["--tp-size", "2"], True, {}),
+                                 (["--tp-size", "2"], False, {"SGLANG_CPU_OMP_THREADS_BIND": "0-1|0-1"})):
+        assert "SGLANG_CPU_OMP_THREADS_BIND" not in with_defaults(["--model-path", "m", *flags], cuda=cuda,
+                                                                  environ=environ)[1]
+
+
 @pytest.mark.parametrize("flag", ["--tp-size", "--tp"])  # `--tp`: SGLang's parser reads it as --tp-size
-def test_tp_size_2_is_refused_before_anything_loads(tiny_model, flag):
-    out = run_launcher("--model-path", tiny_model, flag, "2", timeout=60)
+def test_a_tp_size_the_heads_do_not_divide_is_refused_before_anything_loads(tiny_model, flag):
+    out = run_launcher("--model-path", tiny_model, flag, "4", timeout=60)
     assert out.returncode != 0 and "Traceback" not in out.stderr
-    assert "--tp-size 2: --radix-cache-backend mepic runs on one GPU per server" in out.stderr
+    assert ("--tp-size 4: --radix-cache-backend mepic serves TP only where the model's attention heads (4) and KV "
+            "heads (2) both divide by the TP size") in out.stderr
+
+
+def test_tp_2_on_the_tiny_model_passes_the_launchers_checks(tiny_model, launch_here):
+    with pytest.raises(ReachedSGLang):
+        launch_here("--model-path", tiny_model, "--port", "1", "--tp-size", "2")
 
 
 REFUSED = [
@@ -411,7 +475,10 @@ REFUSED = [
     (["--max-total-tokens", "lots"], "--max-total-tokens lots: must be a whole number of tokens (or 64k, 1Ki ...)"),
     (["--chunked-prefill-size", "0"], "--chunked-prefill-size 0"),
     (["--radix-cache-backend", "nope"], "--radix-cache-backend nope"),
-    (["--tp-size", "2"], "--tp-size 2"),
+    (["--tp-size", "3"], "--tp-size 3: --radix-cache-backend mepic serves TP only where the model's attention "
+                         "heads (4) and KV heads (2) both divide"),
+    (["--tp-size", "2", "--mepic-mode", "cacheblend-0.15"], "--tp-size 2: --mepic-mode cacheblend-0.15 chooses"),
+    (["--tp-size", "2", "--mepic-host-tier-gb", "1"], "--tp-size 2: --mepic-host-tier-gb under tensor parallelism"),
     (["--tp-size", "0"], "--tp-size 0: must be at least 1"),
     (["--dp-size", "-1"], "--dp-size -1: must be at least 1"),
     (["--port", "70000"], "--port 70000: a TCP port is 1-65535"),
@@ -458,11 +525,11 @@ REFUSED_TOO = [
     (["--disaggregation-mode", "prefill"], "--disaggregation-mode prefill: --attention-backend mepic places"),
     (["--schedule-policy", "priority"], "--schedule-policy priority: SGLang 0.5.23 lists it, but"),
     (["--enable-hicache"], "--enable-hierarchical-cache: SGLang's HiCache does not work"),  # SGLang's other name
-    (["--tensor-parallel-size", "2"], "--tp-size 2: --radix-cache-backend mepic runs on one GPU"),
-    (["--dp-size", "2"], "--dp-size 2: --radix-cache-backend mepic runs on one GPU"),
-    (["--pp-size", "2"], "--pp-size 2: --radix-cache-backend mepic runs on one GPU"),
-    (["--attn-dp-size", "2"], "--attn-dp-size 2: --radix-cache-backend mepic runs on one GPU"),
-    (["--enable-dp-attention"], "--enable-dp-attention: --radix-cache-backend mepic runs on one GPU"),
+    (["--tensor-parallel-size", "4"], "--tp-size 4: --radix-cache-backend mepic serves TP only where"),
+    (["--dp-size", "2"], "--dp-size 2: --radix-cache-backend mepic serves tensor parallelism only"),
+    (["--pp-size", "2"], "--pp-size 2: --radix-cache-backend mepic serves tensor parallelism only"),
+    (["--attn-dp-size", "2"], "--attn-dp-size 2: --radix-cache-backend mepic serves tensor parallelism only"),
+    (["--enable-dp-attention"], "--enable-dp-attention: --radix-cache-backend mepic serves tensor parallelism only"),
     (["--attention-backend", "torch_native", "--radix-cache-backend", "mepic"], None),  # served: see below
 ]
 # Each refusal with an SGLang flag, that flag at its shortest abbreviation: SGLang's parser reads `--tp 2` as
@@ -693,9 +760,9 @@ def test_flags_from_an_sglang_config_file_meet_the_same_checks(tiny_model, tmp_p
     """SGLang's `--config file.yaml` is one more spelling of its flags (its keys may be abbreviations too):
     the launcher merges it as SGLang does before any check or default reads argv."""
     config = tmp_path / "server.yaml"
-    config.write_text("tp: 2\n")
+    config.write_text("tp: 4\n")
     assert_refused(launch_here("--model-path", tiny_model, "--port", "1", "--conf", str(config)),
-                   "--tp-size 2: --radix-cache-backend mepic runs on one GPU")
+                   "--tp-size 4: --radix-cache-backend mepic serves TP only where")
     config.write_text("attention-back: torch_native\nradix-cache-backend: sglang\n")
     with pytest.raises(ReachedSGLang) as reached:
         launch_here("--model-path", tiny_model, "--port", "1", "--config", str(config))
