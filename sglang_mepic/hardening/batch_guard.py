@@ -34,6 +34,13 @@ result is consumed elsewhere (the exception is re-raised, as before):
 - device faults: CUDA errors, device-side asserts, out-of-memory;
 - speculative decoding, pipeline parallelism and disaggregated serving, whose
   results carry draft and transfer state a stand-in cannot give;
+- tensor parallelism (more than one TP rank): a forward that raises on one rank
+  only leaves the others inside a collective of that forward, or, were this
+  rank to serve on, pairs its next forward's collectives with the others'
+  current ones (wrong sums, not only a hang). The ranks cannot agree on a
+  failure without a collective that the failed forward may never reach, so the
+  rank re-raises, SGLang's scheduler process tells the server (SIGQUIT) and the
+  whole server exits, as plain SGLang does;
 - batches other than prefill (extend) and decode, and embedding models;
 - a sampler delayed past `run_batch` (grammar-constrained batches under
   overlap) and anything that raises in result processing.
@@ -109,7 +116,7 @@ def recoverable(scheduler: Scheduler, batch: ScheduleBatch, error: BaseException
     mode = batch.forward_mode
     return (scheduler.is_generation and batch.spec_algorithm.is_none()
             and (mode.is_extend() or mode.is_decode()) and not mode.is_split_prefill()
-            and _pipeline_stages() == 1
+            and _pipeline_stages() == 1 and _tp_ranks() == 1
             and str(getattr(scheduler.disaggregation_mode, "value", "null")) == "null")
 
 
@@ -117,6 +124,12 @@ def _pipeline_stages() -> int:
     from sglang.srt.runtime_context import get_parallel
 
     return get_parallel().pp_size
+
+
+def _tp_ranks() -> int:
+    from sglang.srt.runtime_context import get_parallel
+
+    return get_parallel().tp_size
 
 
 def run(original: Callable[..., Any], scheduler: Scheduler, batch: ScheduleBatch, *args: Any,
