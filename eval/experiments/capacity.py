@@ -139,6 +139,8 @@ class Probe:
     sent: int = 0  # requests sent (fewer than `requests` when it ended early)
     anatomy: dict = field(default_factory=dict)  # where the pages went (eval/lib/anatomy.py: peak, mean, series)
     refused: int = 0  # requests the server refused (run.Refused: more KV than it takes in one request), missed
+    tpot_p50: float = 0.0  # time per output token after the first, s (median over the finished requests)
+    queue_p50: float = 0.0  # the scheduler's queue wait, s (median over the finished requests)
 
 
 @dataclass
@@ -169,6 +171,23 @@ def aborted(output) -> bool:
     return finish_type(output) in ("abort", "refused")
 
 
+def tpot(output) -> float:
+    """Seconds per output token after the first (vLLM's and SGLang's TPOT); 0 for a request of one token."""
+    n = output[2].get("completion_tokens") or 0
+    if n <= 1 or output[3] is None:
+        return 0.0
+    return (output[4] - output[3]) / (n - 1)
+
+
+def meets(output, args) -> bool:
+    """Whether a finished request met the SLO: TTFT, e2e, and with --tpot-slo the time per output token."""
+    ttft = output[3] if output[3] is not None else math.inf
+    if ttft > args.ttft_slo or output[4] > args.e2e_slo:
+        return False
+    tpot_slo = getattr(args, "tpot_slo", None)
+    return tpot_slo is None or tpot(output) <= tpot_slo
+
+
 def judge(outputs: list, rate: float, seconds: float, sampler, exact_peak, counters: dict, args,
           ended_early: bool = False) -> Probe:
     """One probe's figures from eval.experiments.run.run_point's outputs: (ids, text, meta, ttft, e2e, sent) per request,
@@ -178,7 +197,7 @@ def judge(outputs: list, rate: float, seconds: float, sampler, exact_peak, count
     done = [o for o in outputs if o is not None and not aborted(o)]
     ttft = [o[3] if o[3] is not None else math.inf for o in done]
     e2e = [o[4] for o in done]
-    met = sum(t <= args.ttft_slo and e <= args.e2e_slo for t, e in zip(ttft, e2e))
+    met = sum(meets(o, args) for o in done)
     queue = [o[2].get("queue_time") or 0.0 for o in done] or [0.0]
     third = max(1, len(queue) // 3)
     first, last = statistics.median(queue[:third]), statistics.median(queue[-third:])
@@ -195,7 +214,9 @@ def judge(outputs: list, rate: float, seconds: float, sampler, exact_peak, count
                  peak_kv_pages=round(peak, 1), mean_kv_pages=round(statistics.fmean(pages), 1) if pages else 0.0,
                  counters=counters, seconds=round(seconds, 1), ended_early=ended_early,
                  sent=sum(o is not None for o in outputs), anatomy=anatomy.summarise(sampler.anatomy),
-                 refused=sum(o is not None and refused(o) for o in outputs))
+                 refused=sum(o is not None and refused(o) for o in outputs),
+                 tpot_p50=round(pct([tpot(o) for o in done], 0.5), 5) if done else 0.0,
+                 queue_p50=round(statistics.median(queue), 4))
 
 
 class Watch:
@@ -217,10 +238,9 @@ class Watch:
             self._sent[i] = time.perf_counter()
 
     def done(self, i: int, output) -> None:
-        ttft = output[3] if output[3] is not None else math.inf
         with self._lock:
             self._sent.pop(i, None)
-            if ttft > self.args.ttft_slo or output[4] > self.args.e2e_slo:
+            if not meets(output, self.args):
                 self._missed += 1
         self.check()
 
@@ -329,8 +349,9 @@ def fmt(values: list[float], f: str = "{:.2f}") -> str:
 
 def capacity_table(cells: list[Cell], systems: list[str], pools: list[int]) -> str:
     lines = ["| system | pool pages | capacity req/s | peak KV pages | time-weighted KV pages | retractions | "
-             "chunk evictions | chunks compiled | TTFT p50 s | scheduler busy ms a request | stopped by | probes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "chunk evictions | chunks compiled | TTFT p50 s | TPOT p50 ms | in flight | queue wait p50 s | "
+             "copy fallbacks | scheduler busy ms a request | stopped by | probes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     if any(c.server_pages and c.server_pages != c.pool_pages for c in cells):  # --equal-bytes
         lines[0] = lines[0].replace("| pool pages |", "| pool (bf16 pages' bytes): pages held |")
     for s in systems:
@@ -348,6 +369,10 @@ def capacity_table(cells: list[Cell], systems: list[str], pools: list[int]) -> s
                          f"{fmt([p['counters'].get('chunk_evictions') or 0 for p in at], '{:.0f}')} | "
                          f"{fmt([p['counters'].get('chunks_compiled') or 0 for p in at], '{:.0f}')} | "
                          f"{fmt([p['ttft_p50'] for p in at], '{:.3f}')} | "
+                         f"{fmt([1000 * p.get('tpot_p50', 0.0) for p in at], '{:.1f}')} | "
+                         f"{fmt([p['in_flight'] for p in at], '{:.1f}')} | "
+                         f"{fmt([p.get('queue_p50', 0.0) for p in at], '{:.2f}')} | "
+                         f"{fmt([p['counters'].get('private_copy_fallbacks') or 0 for p in at], '{:.0f}')} | "
                          f"{fmt([b for b in map(busy_ms_a_request, at) if b is not None], '{:.0f}')} | "
                          f"{', '.join(sorted({stopped_by(c) for c in mine}))} | {sum(len(c.probes) for c in mine)} |")
     refusals = [f"{c.system} at {c.pool_pages:,} pages, seed {c.seed}: {n}" for c in cells if c.kind == "capacity"
@@ -761,7 +786,11 @@ def parser(description: str = __doc__) -> argparse.ArgumentParser:
     ap.add_argument("--requests", type=int, default=PAPER["requests"], help="requests per probe")
     ap.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="tokens each request generates")
     ap.add_argument("--ttft-slo", type=float, default=2.0, help="seconds")
-    ap.add_argument("--e2e-slo", type=float, default=8.0, help="seconds")
+    ap.add_argument("--e2e-slo", type=float, default=None,
+                    help="seconds (default 8; with --tpot-slo, TTFT SLO + TPOT SLO x (new tokens - 1))")
+    ap.add_argument("--tpot-slo", type=float, default=None,
+                    help="seconds per output token after the first (goodput as vLLM's --goodput tpot: judges it); "
+                         "for decode-heavy requests, where e2e alone hides a slow decode behind a fast TTFT")
     ap.add_argument("--attainment", type=float, default=0.95, help="share of requests that must meet both SLOs")
     ap.add_argument("--warmup", type=int, default=2,
                     help="requests sent one at a time to each new server, then flushed, before its first probe")
@@ -801,6 +830,11 @@ class Plan:
 def plan(args, variants: dict = KV_VARIANTS) -> Plan:
     """The run's systems, pools, seeds and targets from its arguments (--quick filled in); a bad one exits.
     variants: the KV-dtype systems the run may name beside eval.experiments.run's (KV_VARIANTS, or the device's)."""
+    if getattr(args, "e2e_slo", None) is None:
+        tpot_slo = getattr(args, "tpot_slo", None)
+        args.e2e_slo = 8.0 if tpot_slo is None else round(args.ttft_slo + tpot_slo * max(args.new_tokens - 1, 0), 3)
+    if not hasattr(args, "tpot_slo"):
+        args.tpot_slo = None
     if args.quick:
         args.systems = args.systems or ",".join(QUICK["systems"])
         args.pools = args.pools or ",".join(map(str, QUICK["pools"]))
@@ -877,7 +911,9 @@ def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline
         print(f"[capacity] {stopped}: the finished cells are kept (go on with --resume)", flush=True)
     settings = (f"Model {model_name}, {args.dataset}, {args.chunks} chunks, reuse "
                 f"{args.reuse:g}, {args.requests} requests a probe, {args.new_tokens} new tokens, greedy; SLO: "
-                f"TTFT <= {args.ttft_slo:g} s and e2e <= {args.e2e_slo:g} s for >= {args.attainment:.0%} of requests, "
+                f"TTFT <= {args.ttft_slo:g} s"
+                f"{f', TPOT <= {args.tpot_slo * 1000:g} ms' if args.tpot_slo is not None else ''} and e2e <= "
+                f"{args.e2e_slo:g} s for >= {args.attainment:.0%} of requests, "
                 f"queue growth <= {args.queue_slack:g} s; {args.warmup} warm-up request(s) a server; rate resolution "
                 f"{args.resolution:.0%}; a probe ends early once more requests missed the SLO than {args.attainment:.0%} allows")
     if not args.report:

@@ -256,8 +256,8 @@ def test_tables_and_ratios_read_the_cells(tmp_path):
     cells[3].probes[0].update(sent=50, requests=60)  # the scheduler's busy time a request sent: 7.5 s / 50
     cells[3].probes[0]["counters"]["stage_seconds"] = {"run_batch": 6.0, "get_next_batch_to_run": 1.5, "idle": 2.0}
     text = capacity.capacity_table(cells, ["vanilla", "epic-16", "mepic"], [512, 1024])
-    assert "| mepic | 1,024 | 3.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | 150 | — | 1 |" in text
-    assert "| vanilla | 1,024 | 1.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | — | — | 1 |" in text  # no counters
+    assert "| mepic | 1,024 | 3.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | 0.0 | 8.0 | 0.00 | 0 | 150 | — | 1 |" in text
+    assert "| vanilla | 1,024 | 1.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | 0.0 | 8.0 | 0.00 | 0 | — | — | 1 |" in text  # no counters
     lines = capacity.ratios(cells, [512, 1024])
     assert lines[0].startswith("at 1,024 pages")  # vanilla holds 1 req/s there first
     assert "- capacity mepic / epic-16: 3.50 (target >= 2: met)" in lines
@@ -399,3 +399,22 @@ def test_equal_bytes_gives_each_kv_dtype_the_pages_its_bytes_hold_and_fp8_is_rea
     none[2].seed = none[3].seed = 3  # a seed where bf16 held no rate: left out of the ratio, and said so
     assert ("- at 256 pages, capacity mepic-fp8 / mepic-bf16: 1.80 (target >= 1.6: met); seed 3 left out: "
             "mepic-bf16 held no rate there") in capacity.ratios(none, [256])
+
+
+def test_a_decode_heavy_request_is_judged_on_its_time_per_output_token():
+    """With --tpot-slo a request whose first token came fast but whose decode crawled misses, as vLLM's and
+    SGLang's goodput judge it; without it only TTFT and e2e count. e2e defaults to what the two allow."""
+    def out(ttft, e2e, tokens):
+        return ([], "", {"completion_tokens": tokens}, ttft, e2e, 0.0)
+    fast_decode, slow_decode = out(0.5, 0.5 + 255 * 0.02, 256), out(0.5, 0.5 + 255 * 0.05, 256)
+    assert capacity.tpot(slow_decode) == pytest.approx(0.05) and capacity.tpot(out(0.5, 0.6, 1)) == 0.0
+    judged = SimpleNamespace(ttft_slo=2.0, e2e_slo=100.0, tpot_slo=0.04)
+    assert capacity.meets(fast_decode, judged) and not capacity.meets(slow_decode, judged)
+    assert capacity.meets(slow_decode, SimpleNamespace(ttft_slo=2.0, e2e_slo=100.0))  # no TPOT SLO
+    args = capacity.parser().parse_args(["--new-tokens", "256", "--tpot-slo", "0.04", "--pools", "64",
+                                         "--systems", "mepic"])
+    capacity.plan(args)
+    assert args.e2e_slo == pytest.approx(2.0 + 0.04 * 255)
+    probe = capacity.judge([fast_decode, slow_decode], 1.0, 10.0, SimpleNamespace(pages=[], anatomy=[]), None, {},
+                           SimpleNamespace(**vars(judged), attainment=0.5, queue_slack=0.5))
+    assert probe.attainment == 0.5 and probe.tpot_p50 == pytest.approx(0.035, abs=0.016)
