@@ -82,7 +82,8 @@ def _attention_heads(model_path: str | None) -> tuple[int, int] | None:
         return None
     if not isinstance(hf, dict):
         return None
-    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf
+    text_config = hf.get("text_config")
+    text = text_config if isinstance(text_config, dict) else hf
     heads = text.get("num_attention_heads")
     kv = text.get("num_key_value_heads", heads)
     return (heads, kv) if isinstance(heads, int) and isinstance(kv, int) and heads > 0 and kv > 0 else None
