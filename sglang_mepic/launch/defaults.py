@@ -149,6 +149,8 @@ def with_defaults(argv: list[str], cuda: bool, native_bf16: bool | None = None,
         # SGLang only warns here, then a request sent without a priority ends the scheduler the
         # first time preemption sorts the running batch (None * int): it gets the neutral 0.
         argv += ["--default-priority-value", "0"]
+    if (not cuda or known.device == "cpu") and known.tp_size > 1 and not environ.get("SGLANG_CPU_OMP_THREADS_BIND"):
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(known.tp_size)  # each CPU rank its own cores
     if not cuda:
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         if known.device is None:
@@ -157,8 +159,6 @@ def with_defaults(argv: list[str], cuda: bool, native_bf16: bool | None = None,
             argv += ["--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
         if known.dtype is None and (native_bf16 if native_bf16 is not None else cpu_has_native_bf16()) is False:
             argv += ["--dtype", "float32"]  # emulated bf16 is several times slower than float32
-        if known.tp_size > 1 and not environ.get("SGLANG_CPU_OMP_THREADS_BIND"):
-            env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(known.tp_size)  # each rank its own cores
         if not known.sleep_on_idle:
             # An idle scheduler otherwise spins a whole core of a small CPU machine.
             argv += ["--sleep-on-idle"]

@@ -444,6 +444,8 @@ def test_a_cpu_tp_server_binds_each_rank_to_its_own_cores(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     _, env = with_defaults(["--model-path", "m", "--tp-size", "2"], cuda=False, environ={})
     assert env["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"
+    _, env = with_defaults(["--model-path", "m", "--device", "cpu", "--tp", "2"], cuda=True, environ={})
+    assert env["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"  # the CPU engine asked for on a CUDA machine
     for flags, cuda, environ in ((["--tp-size", "1"], False, {}), (["--tp-size", "2"], True, {}),
                                  (["--tp-size", "2"], False, {"SGLANG_CPU_OMP_THREADS_BIND": "0-1|0-1"})):
         assert "SGLANG_CPU_OMP_THREADS_BIND" not in with_defaults(["--model-path", "m", *flags], cuda=cuda,
