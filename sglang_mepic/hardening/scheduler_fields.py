@@ -6,11 +6,13 @@ the scheduler process exited with every request it held (the request fuzzer,
 tests/hardening/e2e/test_request_fuzz.py, found each). Here each is a 400 for its own request, checked in
 the tokenizer process once a request is one prompt (`TokenizerManager._validate_one_request`, whose hook,
 `sglang_mepic/patches/tokenizer/tokenizer_manager_validate_one_request.py`, also runs MEPIC's own limits).
-`/v1/detokenize`'s token ids are checked here too (`check_token_ids`).
+`/v1/detokenize`'s token ids are checked here too (`check_token_ids`). One field is bounded rather than
+refused: a `logit_bias` value is clamped into [-100, 100] (`_bound_logit_bias`), so that it cannot beat a grammar.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, TypeGuard
 
@@ -36,6 +38,7 @@ def check(manager: TokenizerManager, obj: GenerateReqInput | EmbeddingReqInput) 
     _check_logprob_start(obj)
     params = getattr(obj, "sampling_params", None)
     _check_sampling_numbers(params)
+    _bound_logit_bias(params)
     _check_stop_regex(params)
     _check_stop_token_ids(params, vocab_size)
 
@@ -125,6 +128,41 @@ def _check_stop_token_ids(params: object, vocab_size: int) -> None:
         if not _whole(token) or not 0 <= token < vocab_size:
             raise FieldError(f"stop_token_ids must hold token ids from 0 to {vocab_size - 1} (the vocabulary), "
                              f"found {token!r}")
+
+
+# OpenAI documents logit_bias values in [-100, 100]; vLLM clamps them into it too.
+LOGIT_BIAS_BOUND = 100
+
+
+def _bound_logit_bias(params: object) -> None:
+    """SGLang adds a request's logit_bias to the logits after the grammar's mask
+    (`SamplingBatchInfo.apply_logits_bias`), as a float32 row: a bias beyond float32 (1e308, or "inf" read as a
+    float by the OpenAI models) is inf there, and the mask's -inf plus inf is NaN. Greedy decoding's argmax takes
+    a NaN for the largest logit, and sampling's softmax of a row with a NaN or an inf is all NaN (token 0, or
+    torch.multinomial raising): a token the grammar forbids reached its accept_token, a 500 "Grammar accept_token
+    failed" (regex, json_schema, ebnf; every route), and without a grammar the answer was token 0 or a 500.
+
+    Each value is clamped into [-100, 100] in the request's sampling parameters, before SGLang builds its
+    SamplingParams: the mask's -inf plus a finite bias stays -inf, so the grammar wins, and 100 still forces (or
+    bans) a token against the logits models give, so a client's 1e308 (or -1e9 to ban a token) gets what it meant. A NaN means nothing a
+    sampler can honour, and a value that is no number is no bias: a 400. The keys are SGLang's to check
+    (`SamplingParams.verify`: whole numbers in the vocabulary)."""
+    if not isinstance(params, dict) or params.get("logit_bias") is None:
+        return
+    bias = params["logit_bias"]
+    if not isinstance(bias, dict):
+        raise FieldError(f"logit_bias must map token ids to numbers, not {type(bias).__name__}")
+    bounded: dict[object, int | float] = {}
+    for token, value in bias.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise FieldError(f"logit_bias must map token ids to numbers from -{LOGIT_BIAS_BOUND} to "
+                             f"{LOGIT_BIAS_BOUND}, found {value!r} for token {token!r}")
+        if isinstance(value, float) and math.isnan(value):
+            raise FieldError(f"logit_bias for token {token!r} is NaN: a bias is a number from -{LOGIT_BIAS_BOUND} "
+                             f"to {LOGIT_BIAS_BOUND}")
+        bounded[token] = max(-LOGIT_BIAS_BOUND, min(LOGIT_BIAS_BOUND, value))
+    if bounded != bias:
+        params["logit_bias"] = bounded  # a new dict: the client's own (a batch may share it) stays as sent
 
 
 STOP_REGEX_BYTES = 256  # sampling_params.MAX_STOP_REGEX_LEN
