@@ -49,7 +49,7 @@ def test_cpu_scheduler_leaves_a_core_to_the_other_processes():
     plan = defaults.CpuThreads.plan
     assert plan({}, 1, 1, 128) is None  # one core: nothing to leave
     assert plan({"OMP_NUM_THREADS": "2"}, 2, 2, 128) is None  # the user's (or launch_cluster's) count stays
-    assert plan({"SGLANG_CPU_OMP_THREADS_BIND": "0-1"}, 2, 2, 128) is None
+    assert plan({"SGLANG_CPU_OMP_THREADS_BIND": "0-1"}, 2, 2, 128) is None  # as many cores as torch's threads
     assert plan({}, 16, 16, 128).fewer == 15 and plan({}, 8, 3, 128).fewer == 2
     threads = plan({}, 2, 2, 576)  # SmolLM2's hidden size
     long_extend = -(-defaults.LONG_EXTEND_WORK // 576)
@@ -450,6 +450,21 @@ def test_a_cpu_tp_server_binds_each_rank_to_its_own_cores(monkeypatch):
                                  (["--tp-size", "2"], False, {"SGLANG_CPU_OMP_THREADS_BIND": "0-1|0-1"})):
         assert "SGLANG_CPU_OMP_THREADS_BIND" not in with_defaults(["--model-path", "m", *flags], cuda=cuda,
                                                                   environ=environ)[1]
+
+
+def test_each_cpu_rank_runs_as_many_threads_as_its_cores():
+    """SGLang binds a rank's threads to its SGLANG_CPU_OMP_THREADS_BIND cores only with AMX or on arm64;
+    elsewhere each rank ran torch's thread a core of the machine, and two ranks on 2 cores took 4-6 times as
+    long. The scheduler's forward sets the count of the fewest cores a rank is given."""
+    plan = defaults.CpuThreads.plan
+    for bind, current, count in (("0|1", 2, 1), ("0-1|2-3", 4, 2), ("0-2|3-4", 5, 2), ("0,2|4,6", 8, 2),
+                                 ("0-3|4-7", 8, 4)):
+        threads = plan({"SGLANG_CPU_OMP_THREADS_BIND": bind}, current, current, 128)
+        assert threads is not None and threads.every == threads.fewer == count, bind
+        assert [threads.for_forward(*s) for s in ((False, 0), (True, 10**6), (False, 0))] == [count, None, None]
+    for bind in ("0-1|2-3", "x|y", "0-|1"):  # as many as torch runs already (SGLang bound them), or unreadable
+        assert plan({"SGLANG_CPU_OMP_THREADS_BIND": bind}, 2, 2, 128) is None
+    assert plan({"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "OMP_NUM_THREADS": "2"}, 2, 2, 128) is None
 
 
 @pytest.mark.parametrize("flag", ["--tp-size", "--tp"])  # `--tp`: SGLang's parser reads it as --tp-size
