@@ -50,17 +50,13 @@ class Admission:
         self.evict, self.counters = evict, counters
         self.mode, self.canonical_from, self.page_size = mode, canonical_from, page_size
 
-    def admit(self, req: Req, reserve: int = 0) -> None:
+    def admit(self, req: Req) -> bool:
         """The request is about to get its KV row: hold the pages it reads, fix its plan, count it.
-
-        reserve: pages the batch's own extends will take right after (EPIC's copies leave them free).
-        """
+        False: nothing to do (not laid out, or admitted in an earlier batch: a chunked prefill's next part)."""
         link = link_of(req)
         if link is None or link.admitted:
-            return
+            return False
         link.admit()  # it keeps what it holds (residency.py) until its release
-        if modes.copies_private_prefix(self.mode) and link.injected is not None and not link.compile:
-            self._copy_private(link, reserve)
         if not link.compile:
             # Computed for it: by compile rows in its batch (add_request put them there), or in an
             # earlier batch it waited for.
@@ -80,6 +76,19 @@ class Admission:
         hits = plan.hits if plan is not None else sum(1 for k in link.keys if self.store.peek(k) is not None)
         report.count_admitted(link, req.prefix_len, self.counters, self.mode, self.canonical_from or 0,
                                self.page_size, hits)
+        return True
+
+    def copy_private(self, req: Req, reserve: int) -> None:
+        """EPIC: the private copy of a request just admitted (`_copy_private`), made once the round's requests
+        that were not admitted have let go of their chunks: SGLang counted those pages as evictable when it
+        charged this copy (batch_join), and a request planned after this one may have pinned them since.
+
+        reserve: pages the batch's own extends will take right after (the copies leave them free).
+        """
+        link = link_of(req)
+        if (link is not None and link.admitted and modes.copies_private_prefix(self.mode)
+                and link.injected is not None and not link.compile):
+            self._copy_private(link, reserve)
 
     def _copy_private(self, link: Link, reserve: int) -> None:
         """EPIC: the stored pages the request reads become a copy in pages of its own, before

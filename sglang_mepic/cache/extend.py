@@ -36,11 +36,12 @@ def prepare_extend(original: Callable[..., Any], batch: ScheduleBatch, *args: An
         # What the batch's extends will allocate (a page more each for alignment): EPIC's
         # private copies, made at admission, must leave it free.
         reserve = sum(-(-req.extend_len // tree.page_size) + 1 for req in batch.reqs)
-        for req in batch.reqs:
-            tree.admission.admit(req, reserve)
-        # Requests planned in this round but left waiting let go now: what they hold was
-        # counted as evictable when the admitted ones were checked.
+        admitted = [req for req in batch.reqs if tree.admission.admit(req)]
+        # Requests planned in this round but left waiting let go now, before EPIC's copies: what they
+        # hold was counted as evictable when the admitted ones were checked.
         tree.residency.end_round()
+        for req in admitted:
+            tree.admission.copy_private(req, reserve)
     result = original(batch, *args, **kwargs)
     if tree is not None:
         point_readers(tree, batch)

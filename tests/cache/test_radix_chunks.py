@@ -444,7 +444,9 @@ def test_epic_requests_copy_into_pages_of_their_own():
     for _ in range(2):
         req = planned(tree, *laid_out(lay))
         req.lock = tree.lock(req.last_node)
-        tree.admission.admit(req)
+        assert tree.admission.admit(req)
+        tree.residency.end_round()
+        tree.admission.copy_private(req, reserve=0)
         allocate(tree, req)
         row = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(req.origin_input_ids)]
         prefix = row[:req.prefix_len].to(torch.int64)

@@ -217,8 +217,8 @@ def serve(tree, ids, hints, namespace=None, checkpoint_at=None, rid="r"):
 def finish(tree, req, checkpoint_at=None):
     """Admit, allocate, compute (nothing), cache and release a planned request."""
     req.lock = tree.lock(req.last_node)
-    if hasattr(tree, "admission"):
-        tree.admission.admit(req)
+    if hasattr(tree, "admission") and tree.admission.admit(req):
+        tree.admission.copy_private(req, reserve=0)  # EPIC's copy, as extend.prepare_extend makes it
     allocate(tree, req)
     size = len(req.origin_input_ids)
     row = tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :size].tolist()
@@ -232,10 +232,14 @@ def prepare_batch(tree, batch):
     allocated, readers pointed at their compile rows' pages; then the round ends."""
     from sglang_mepic.cache.extend import point_readers
 
+    admitted = []
     for req in batch:
         req.lock = tree.lock(req.last_node)
-        tree.admission.admit(req)
+        if tree.admission.admit(req):
+            admitted.append(req)
     tree.residency.end_round()
+    for req in admitted:
+        tree.admission.copy_private(req, reserve=0)
     for req in batch:
         allocate(tree, req)
     point_readers(tree, SimpleNamespace(reqs=batch))

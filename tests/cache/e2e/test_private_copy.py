@@ -51,7 +51,9 @@ def flush(server):
 
 @pytest.fixture(scope="module")
 def small_epic(servers):
-    return servers.get("--mepic-mode", "epic-16", "--max-total-tokens", str(POOL_PAGES * B))
+    # A host tier, as the capacity runs have: a chunk evicted from the pool is loaded back when planned.
+    return servers.get("--mepic-mode", "epic-16", "--max-total-tokens", str(POOL_PAGES * B),
+                       "--mepic-host-tier-gb", "0.05")
 
 
 @pytest.mark.server
@@ -90,3 +92,25 @@ def test_a_chunk_whose_copy_can_never_fit_beside_it_is_computed_not_shared(small
     assert stats(server)["private_copy_fallbacks"] == before
     assert second["meta_info"]["cached_tokens"] < len(big) - B  # the chunk was not read from the store
     assert first["meta_info"]["completion_tokens"] == second["meta_info"]["completion_tokens"] == MAX_NEW
+
+
+@pytest.mark.server
+def test_a_copy_finds_the_room_its_budget_counted_when_a_later_request_of_its_round_pins_chunks(small_epic):
+    """Two requests in one scheduling round: X reads chunk A (20 pages) and fits; Y, planned after X was
+    counted, pins chunk B (24 pages: loaded back from the host tier into pages SGLang had counted as free for
+    X) and does not fit. Y lets go of B before X copies A: X gets its copy, and reads nothing in place. On the
+    code before, Y held B through X's copy, which found no room (1 fallback)."""
+    server = small_epic
+    flush(server)
+    before = stats(server)["private_copy_fallbacks"]
+    a, b = CHUNK, ids(24 * B, 9)
+    x = INSTRUCTION + [CHUNK_BEGIN_ID, *a, CHUNK_END_ID] + ids(9, 3000)
+    y = INSTRUCTION + [CHUNK_BEGIN_ID, *b, CHUNK_END_ID] + ids(9, 3001)
+    generate(server, INSTRUCTION + [CHUNK_BEGIN_ID, *a, CHUNK_END_ID] + ids(9, 3002))  # stores A
+    generate(server, INSTRUCTION + [CHUNK_BEGIN_ID, *b, CHUNK_END_ID] + ids(9, 3003))  # stores B
+    r = requests.post(server.url + "/generate", timeout=300, json={  # one batch: both reach the same round
+        "input_ids": [x, y], "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    assert stats(server)["private_copy_fallbacks"] == before
+    assert all(o["meta_info"]["mepic_residency"] != ["absent"] for o in r.json())  # each found its chunk stored
+    assert [o["meta_info"]["cached_tokens"] for o in r.json()] == [(len(a) // B - 1) * B, (len(b) // B - 1) * B]
