@@ -38,9 +38,9 @@ def hook(runner: ModelRunner, forward_batch: ForwardBatch, *args: Any, **kwargs:
                                   runner.model_config.hidden_size) if runner.device == "cpu" else None
         _THREADS.set(runner, threads or False)
         if threads is not None:
-            logger.info("CPU scheduler: %d torch thread(s) of %d, one core left to the tokenizer, detokenizer and "
-                        "HTTP server; every thread for an extend of %d tokens or more (OMP_NUM_THREADS sets one "
-                        "count for all)", threads.fewer, threads.every, threads.long_extend_tokens)
+            logger.info("CPU scheduler: %d torch thread(s) for decodes and short extends, %d for an extend of %d "
+                        "tokens or more (OMP_NUM_THREADS sets one count for all)", threads.fewer, threads.every,
+                        threads.long_extend_tokens)
     else:
         threads = planned or None
     if threads is not None:

@@ -15,7 +15,8 @@ def test_mepic_backend_equals_torch_native(servers, run_prompt_set):
     assert "mepic attention: NoPE keys" in tiny_server.log()
     cpus = len(os.sched_getaffinity(0))
     threads = defaults.CpuThreads.plan(tiny_server.env, cpus, cpus, 128)  # torch's own count: the cores
-    line = f"CPU scheduler: {threads.fewer} torch thread(s) of {cpus}, one core left" if threads else "CPU scheduler:"
+    line = (f"CPU scheduler: {threads.fewer} torch thread(s) for decodes and short extends, {threads.every} for an "
+            "extend of") if threads else "CPU scheduler:"
     assert (line in tiny_server.log()) == (threads is not None)
     mepic_seq, mepic_conc = run_prompt_set(tiny_server)
     # Same cache as the launcher's default (mepic tree, page size 16), SGLang's own attention.
