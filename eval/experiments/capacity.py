@@ -874,7 +874,7 @@ def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline
         saved.unlink(missing_ok=True)
         invocations.unlink(missing_ok=True)
     done = {(c.system, c.pool_pages, c.seed, c.kind) for c in cells}
-    started, load_before = time.time(), loadavg()
+    started, load_before, commit_at_start = time.time(), loadavg(), provenance.commit()
     # Pool by pool, the smallest first (the capacity targets are judged at the smallest pool where vanilla holds
     # 1 req/s), so a run stopped part way has whole pools; one server at a time, each started once.
     p = todo_of
@@ -922,7 +922,7 @@ def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline
                                 "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
                                 "wall_s": round(time.time() - started, 1), "load_before": load_before,
                                 "load_after": loadavg(), "cells_run": len(cells) - len(done), "stopped": stopped or False,
-                                "settings": settings, "module": module,
+                                "settings": settings, "module": module, "commit": commit_at_start,
                                 "machine": machine or f"{os.cpu_count()}-core CPU",
                                 **({"note": note} if note else {})}) + "\n")
     report(args, cells, p.systems, p.pools, settings)
@@ -945,7 +945,8 @@ def report(args, cells: list[Cell], systems: list[str], pools: list[int], settin
     pools = sorted({*pools, *(c.pool_pages for c in cells if c.kind == "capacity")})
     header = ["Commands (one line an invocation; a stopped run goes on with --resume):"]
     header += [f"- `python -m {provenance.module_now(r.get('module', 'eval.experiments.capacity'))} "
-               f"{shlex.join(r['argv'])}`: {r['started']} UTC, "
+               f"{shlex.join(r['argv'])}`: {r['started']} UTC"
+               + (f", commit {r['commit']}" if r.get("commit") else "") + ", "
                f"{r['cells_run']} cells in {r['wall_s'] / 60:.1f} min, load average {r['load_before']} before, "
                f"{r['load_after']} after" + (f" (stopped part way{stop_reason(r)})" if r.get("stopped") else "")
                + "".join(f"; {r[k]}" for k in ("withdrawn", "note") if r.get(k)) for r in runs]

@@ -62,3 +62,18 @@ def current(command: str) -> str:
 def absolute_paths(text: str) -> list[str]:
     """The absolute paths written in `text`, in order (a check before committing it)."""
     return ABSOLUTE.findall(text)
+
+
+def commit() -> str:
+    """The checkout's commit, short, with "+edits" when tracked files differ from it (what a figure was measured
+    on); "unknown" outside a git checkout."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "sglang_mepic", "eval"], cwd=ROOT,
+                               timeout=10).returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+edits" if dirty else "")
