@@ -1,7 +1,13 @@
 """The README's headline table and the paper's Table 2, generated from committed results.
 
-    .venv/bin/python -m eval.reports.headline           # print both
+    .venv/bin/python -m eval.reports.headline           # print them
     .venv/bin/python -m eval.reports.headline --write   # and replace them in README.md and docs/results.md
+
+The README's headline is one row per claim, its newest honest figure (eval/reports/claims.py); every
+figure of every run it has read, superseded and withdrawn ones marked, goes to docs/results.md
+(`all_figures`). A figure whose EPIC baseline read stored pages in place (`private_copy_fallbacks`,
+before its private copy was charged at admission) is marked withdrawn there: it measured mepic against
+a partial mepic.
 
 Nothing is typed in by hand: every figure is read from a `results.json` that
 `eval.experiments.run` wrote (its command is in the table beside it), as the median and the
@@ -22,6 +28,7 @@ from pathlib import Path
 
 from eval.experiments import capacity
 from eval.lib import outputs, provenance
+from eval.reports import claims
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "eval" / "results"
@@ -64,7 +71,28 @@ BEGIN, END = "<!-- {name}:begin (eval.reports.headline writes this) -->", "<!-- 
 def sources() -> list[Path]:
     """Every results.json the headline and the tables read, each once."""
     return list(dict.fromkeys([TINY_BASE, TINY_QPS, *SMOL.values(), *SMOL_TTFT.values(), CAPACITY,
-                               *CAPACITY_MORE.values(), *CAPACITY_FP8, *TABLE2.values()]))
+                               *CAPACITY_MORE.values(), *CAPACITY_FP8, *TABLE2.values(),
+                               *(c.source for c in claims.CLAIMS)]))
+
+
+def shared_note(cells: list[capacity.Cell]) -> str:
+    """' (withdrawn: ...)' where epic-16's cells read stored pages in place in any of their probes; '' otherwise."""
+    epic = [c for c in cells if c.system == "epic-16"]
+    shared = [c for c in epic if any((p.get("counters") or {}).get("private_copy_fallbacks") for p in c.probes)]
+    if not shared:
+        return ""
+    return (f" (withdrawn: epic-16 read stored pages in place in {len(shared)} of its {len(epic)} cells, before its "
+            "private copy was charged at admission)")
+
+
+def shared_runs_note(results: dict | None) -> str:
+    """The same for an eval.experiments.run results.json: its epic-16 runs that read stored pages in place."""
+    runs = [r for r in (results or {}).get("runs", []) if r["system"] == "epic-16"]
+    shared = [r for r in runs if r.get("private_copy_fallbacks")]
+    if not shared:
+        return ""
+    return (f" (withdrawn: epic-16 read stored pages in place in {len(shared)} of its {len(runs)} runs, before its "
+            "private copy was charged at admission)")
 
 
 def refuse_uncommitted_sources(paths) -> None:
@@ -161,7 +189,9 @@ def capacity_rows(results: dict | None) -> list[str]:
     pool = capacity.judged_pool(cells)
     where = f"{pool:,} pages" if pool else "the smallest pool where vanilla holds 1 req/s"
     what = run_of(results or {})
-    lines = [row(f"capacity within the SLO, mepic / {other}, at {where} ({what})",
+    withdrawn = shared_note(cells)
+    lines = [row(f"capacity within the SLO, mepic / {other}, at {where} ({what})"
+                 + (withdrawn if other == "epic-16" else ""),
                  capacity.paired(cells, "capacity", pool, "mepic", other, capacity.capacity_of) if pool else [],
                  "≥ 2", lambda v: v >= 2) for other in ("epic-16", "vanilla")]
     for n in (capacity.matched_targets(cells) or [8, 16]):
@@ -170,7 +200,8 @@ def capacity_rows(results: dict | None) -> list[str]:
                                           ("mean_kv_pages", "time-weighted", "≤ 0.4", 0.4)):
             values = capacity.paired(cells, kind, None, "mepic", "epic-16", capacity.last_probe(key))
             judged = n in (8, 16)
-            lines.append(row(f"{label} KV mepic / epic-16 at {n} requests in flight (matched concurrency; {what})", values,
+            lines.append(row(f"{label} KV mepic / epic-16 at {n} requests in flight (matched concurrency; {what})"
+                             f"{shared_note([c for c in cells if c.kind == kind])}", values,
                              target if judged else "—", lambda v, b=bound: v <= b))
     return lines
 
@@ -188,7 +219,8 @@ def more_capacity_rows(path: Path) -> list[str]:
         values = capacity.paired(cells, "capacity", pool, "mepic", other, capacity.capacity_of)
         if values:
             med, rng = span(values)
-            lines.append(f"| capacity within the SLO, mepic / {other}, at {pool:,} pages ({what}) | {med} | {rng} | "
+            note = shared_note(cells) if other == "epic-16" else ""
+            lines.append(f"| capacity within the SLO, mepic / {other}, at {pool:,} pages ({what}){note} | {med} | {rng} | "
                          f"{len(values)} | — | `{rel(path)}` |")
     return lines
 
@@ -210,6 +242,15 @@ def fp8_rows(path: Path, order: str) -> list[str]:
 
 
 def headline() -> str:
+    """The README's headline: one row per claim (claims.py); every run's figures are in `all_figures`."""
+    return claims.table(load) + ("\n\nEach row reads one committed run; a ratio is paired seed by seed (the same "
+                                 "requests and arrivals), median and range over the seeds. Every figure of every "
+                                 "run, the superseded and withdrawn ones with them: [docs/results.md]"
+                                 "(docs/results.md#every-figure).")
+
+
+def all_figures() -> str:
+    """Every figure of the runs the headline has read, newest claims first in the README (`headline`)."""
     base, qps = load(TINY_BASE), load(TINY_QPS)
     smol = {k: load(v) for k, v in SMOL.items()}
     smol_ttft = {k: load(v) for k, v in SMOL_TTFT.items()}
@@ -224,7 +265,8 @@ def headline() -> str:
         cells = ("—", "—", "0") if med is None else (f"{med:.2f}", f"{r['low']:.2f}–{r['high']:.2f}", str(r["runs"]))
         left = f", {r['capped_runs']} capped left out" if r and r["capped_runs"] else ""
         judged = target if target == "—" else f"{target}: {verdict(med, ok)}"
-        lines.append(f"| {name} | {' | '.join(cells)}{left} | {judged} | `{rel(path)}` |")
+        note = shared_runs_note(results) if "epic-16" in (a, b) else ""
+        lines.append(f"| {name}{note} | {' | '.join(cells)}{left} | {judged} | `{rel(path)}` |")
 
     add_ratio("peak KV mepic / epic-16, SQuAD base point (tiny-4l)", base, TINY_BASE, "peak_kv_pages", "mepic",
               "epic-16", "≤ 0.5", lambda v: v <= 0.5)
@@ -333,8 +375,10 @@ def main(argv=None) -> None:
     head, t2 = headline(), table2()
     print(head, "\n", t2, sep="\n")
     if args.write:
-        blocks = [(ROOT / "README.md", "headline", head), (ROOT / "docs" / "results.md", "table2", t2),
+        blocks = [(ROOT / "README.md", "headline", head), (ROOT / "docs" / "results.md", "figures", all_figures()),
+                  (ROOT / "docs" / "results.md", "table2", t2),
                   (ROOT / "docs" / "results.md", "capacity", capacity_tables()),
+                  (ROOT / "docs" / "results.md", "capacity-decode", capacity_tables(claims.DECODE)),
                   *((ROOT / "docs" / "results.md", name, capacity_tables(path)) for name, path in CAPACITY_MORE.items())]
         refuse_absolute_paths(blocks)
         print(write(blocks))

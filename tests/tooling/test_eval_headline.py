@@ -89,17 +89,19 @@ def test_headline_refuses_to_write_an_absolute_path(monkeypatch, capsys):
         headline.main(["--write"])
     message = str(stop.value)
     assert message.startswith("eval.reports.headline: refusing to write absolute paths")
-    assert "README.md (headline): /home/me/models/smollm2-135m" in message
+    assert "docs/results.md (figures): /home/me/models/smollm2-135m" in message  # where the commands are cited
     assert written == []  # nothing written: not the README, not docs/results.md
 
 
 def test_the_committed_headline_passes_the_check():
     # What --write would put in the README and docs/results.md today: no absolute path.
-    head = headline.headline()
+    head, figures = headline.headline(), headline.all_figures()
     headline.refuse_absolute_paths([(ROOT / "README.md", "headline", head),
+                                    (ROOT / "docs" / "results.md", "figures", figures),
                                     (ROOT / "docs" / "results.md", "table2", headline.table2()),
                                     (ROOT / "docs" / "results.md", "capacity", headline.capacity_tables())])
-    assert "| figure | median | range | runs | target | source |" in head
+    assert "| claim | median | range | seeds | target | measured on | source |" in head
+    assert "| figure | median | range | runs | target | source |" in figures
 
 
 def test_a_capacity_row_names_the_machine_its_cells_ran_on():
@@ -111,3 +113,22 @@ def test_a_capacity_row_names_the_machine_its_cells_ran_on():
     assert headline.run_of({"args": args, "invocations": [{"argv": []}]}).endswith("; 2-core CPU")
     rows = headline.capacity_rows({**on_device, "cells": []})
     assert rows and all("NVIDIA H200" in row for row in rows)
+
+
+def test_the_headline_is_one_row_per_claim_and_marks_a_baseline_that_shared():
+    """The README's table holds a row per claim (about ten, each naming its machine and commit or "not run");
+    every run's figures go to docs/results.md, where a ratio over an epic-16 that read stored pages in place
+    says it is withdrawn."""
+    from eval.experiments import capacity
+    from eval.reports import claims
+
+    rows = [line for line in headline.headline().splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == len(claims.CLAIMS) <= 12
+    assert all(" not run " in r or "CPU" in r or "H100" in r or "H200" in r for r in rows)
+
+    def cell(system, fallbacks):
+        probe = {"rate": 1.0, "ok": True, "counters": {"private_copy_fallbacks": fallbacks}}
+        return capacity.Cell(system=system, pool_pages=512, seed=0, capacity=1.0, probes=[probe])
+
+    assert "withdrawn" in headline.shared_note([cell("epic-16", 3), cell("mepic", 0)])
+    assert headline.shared_note([cell("epic-16", 0), cell("mepic", 0)]) == ""
