@@ -372,10 +372,10 @@ def main(argv=None) -> None:
     ap.add_argument("--write", action="store_true", help="replace the blocks in README.md and docs/results.md")
     args = ap.parse_args(argv)
     refuse_uncommitted_sources(sources())
-    head, t2 = headline(), table2()
-    print(head, "\n", t2, sep="\n")
+    head, figures, t2 = headline(), all_figures(), table2()
+    print(head, "\n", figures, "\n", t2, sep="\n")
     if args.write:
-        blocks = [(ROOT / "README.md", "headline", head), (ROOT / "docs" / "results.md", "figures", all_figures()),
+        blocks = [(ROOT / "README.md", "headline", head), (ROOT / "docs" / "results.md", "figures", figures),
                   (ROOT / "docs" / "results.md", "table2", t2),
                   (ROOT / "docs" / "results.md", "capacity", capacity_tables()),
                   (ROOT / "docs" / "results.md", "capacity-decode", capacity_tables(claims.DECODE)),

@@ -168,7 +168,7 @@ def test_headline_write_names_the_file_it_changed(clone):
     readme = clone / "README.md"
     committed = readme.read_text()
     begin = committed.index("<!-- headline:begin")
-    readme.write_text(committed[:begin] + committed[begin:].replace("| figure |", "| stale figure |", 1))
+    readme.write_text(committed[:begin] + committed[begin:].replace("| claim |", "| stale claim |", 1))
     docs = snapshot(clone)["docs/results.md"]
     done = write_headline(clone)
     assert done.returncode == 0, done.stderr
