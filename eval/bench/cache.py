@@ -6,16 +6,20 @@ For each size, a cache on SGLang's real paged allocator (page size 16) is filled
 through the scheduler's calls (tests/support/replay.py) until it holds that many cached
 pages: half plain requests of 8 pages sharing a 2-page prefix, half requests of
 4 stored chunks (4 pages each) plus prompt. SGLang's `RadixCache` is filled with
-the same requests, chunk markup removed. Then each call is timed (mean of
-`--calls`, in ms):
+the same requests, chunk markup removed, and asked `evictable_size` once (the
+scheduler asks it at every step as the cache fills, which the replay does not: the
+first question would otherwise settle every page the fill touched). Then each call
+is timed (mean of `--calls`, or their median with `--median`, in ms):
 
 - evictable_size: what SGLang's scheduler asks several times per step;
 - recount: the same figure counted from scratch (the mepic cache's oracle, and its
   cost before the ledger);
 - stats: the figures /metrics and /server_info publish;
 - match+plan: matching a new request of 8 stored chunks (planning included);
-- evict 1%: evicting 1% of the cached pages;
-- release: a finished request cached and released, then evictable_size.
+- evict 1%: evicting 1% of the cached pages (5 calls);
+- release: a finished request cached and released, then evictable_size. The first
+  follows the evictions: a page they touched and left for the next question to
+  settle would be paid here.
 """
 
 import argparse
@@ -90,13 +94,16 @@ class Filler:
                 bar.update(n - bar.n)
 
 
+AVERAGE = statistics.mean  # or statistics.median (--median)
+
+
 def timed(fn, calls: int) -> float:
     times = []
     for _ in range(calls):
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return statistics.mean(times) * 1e3
+    return AVERAGE(times) * 1e3
 
 
 def measure(size: int, mepic: bool, calls: int) -> dict[str, float | None]:
@@ -105,6 +112,7 @@ def measure(size: int, mepic: bool, calls: int) -> dict[str, float | None]:
     tree = make_tree(num_pages=int(size * 1.25) + 64, sglang=not mepic)
     filler = Filler(tree, mepic)
     filler.fill(size, f"{'mepic' if mepic else 'sglang'} {size}")
+    tree.evictable_size()  # what the scheduler's steps would have asked as it filled
     out: dict[str, float | None] = {"cached pages": filler.cached_pages()}
     out["evictable_size"] = timed(tree.evictable_size, calls)
     out["recount"] = timed(lambda: recount_freeable(tree), max(1, calls // 4)) if mepic else None
@@ -139,7 +147,7 @@ def measure(size: int, mepic: bool, calls: int) -> dict[str, float | None]:
         tree.evictable_size()
         return time.perf_counter() - t
 
-    out["release"] = statistics.mean(release() for _ in range(calls)) * 1e3
+    out["release"] = AVERAGE([release() for _ in range(calls)]) * 1e3
     return out
 
 
@@ -147,14 +155,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1000,10000,100000", help="cached pages (comma-separated)")
     ap.add_argument("--calls", type=int, default=20, help="calls timed per figure")
+    ap.add_argument("--median", action="store_true", help="the median of the calls rather than their mean")
     args = ap.parse_args()
+    global AVERAGE
+    if args.median:
+        AVERAGE = statistics.median
     apply_hooks()
     sizes = [int(s) for s in args.sizes.split(",")]
     rows = {}
     for size in sizes:
         rows[size] = (measure(size, True, args.calls), measure(size, False, args.calls))
     names = ["evictable_size", "recount", "stats", "match+plan", "evict 1%", "release"]
-    print(f"\nms per call, mean of {args.calls} (evict: of 5); page size {B}; mepic / SGLang RadixCache\n")
+    stat = "median" if args.median else "mean"
+    print(f"\nms per call, {stat} of {args.calls} (evict: of 5); page size {B}; mepic / SGLang RadixCache\n")
     print("| cached pages | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
     for size, (m, s) in rows.items():

@@ -96,6 +96,7 @@ class MepicRadixCache(RadixCache):
         self.store = ChunkStore(self.refs, on_evict=self._demote)
         self.ledger = Ledger(self.refs, self.store)
         self.refs.on_change = self.ledger.touch
+        self.refs.on_gone = self.ledger.gone
         self.store.on_change = self.ledger.chunk_changed
         self.kv_pool = params.token_to_kv_pool_allocator.get_kvcache()
         self.tiers = tiers or Tiers(self.kv_pool, self.page_size, settings.host_tier_gb,
@@ -351,14 +352,16 @@ class MepicRadixCache(RadixCache):
         last = []  # returned to the allocator together, after the walk
         leaves = self.leaves.in_order()
         while self.refs.freed - start < want and (node := next(leaves, None)) is not None:
-            last += self.refs.releasable(self._node_pages(node))
+            pages = self._node_pages(node)
             self._delete_leaf(node)  # tells the ledger; its parent, now a leaf, is pushed
+            last += self.refs.releasable(pages)  # after: the ledger settles the pages it frees at once
             cast("KVCacheEventRecorder", self.kv_events).record_remove(node)  # RadixCache always makes one
         if last:
             self.pages.free(last)
         short = want - (self.refs.freed - start)
         if short > 0:  # the unlocked tree is gone: chunks with no pinned page free what they hold
             self.store.evict(short, loose=self.ledger.chunk_loose)
+        self.ledger.settle()  # the pages still held that it touched: its cost, not the next caller's
         evicted = (self.refs.freed - start) * self.page_size
         self.update_eviction_metrics(evicted, start_time)
         return EvictResult(num_tokens_evicted=evicted)

@@ -31,7 +31,8 @@ class Stats:
 class ChunkStore:
     refs: PageRefs
     on_evict: Callable[[str, tuple[int, ...]], None] | None = None  # called while the pages still hold the KV
-    # told when a chunk joins (True) or leaves (False), after the store has changed
+    # told when a chunk joins (True) or leaves (False), after the store has changed (a leaving
+    # chunk's pages are released after: the holders hear of the pages freed last)
     on_change: Callable[[str, tuple[int, ...], bool], None] | None = None
     stats: Stats = field(default_factory=Stats)
     _chunks: "OrderedDict[str, Chunk]" = field(default_factory=OrderedDict)  # oldest use first
@@ -93,6 +94,11 @@ class ChunkStore:
         """Every page a stored chunk holds, once."""
         return list(self._keys)
 
+    def page_keys(self) -> dict[int, list[str]]:
+        """Page -> keys of the stored chunks that hold it: the store's own map, to read, not to change
+        (the ledger reads it per page)."""
+        return self._keys
+
     def keys_of(self, page: int) -> list[str]:
         """Keys of the stored chunks that hold `page`."""
         return self._keys.get(page, [])
@@ -140,9 +146,9 @@ class ChunkStore:
         self._pages -= len(chunk.pages)
         if self.on_evict is not None:
             self.on_evict(chunk.key, chunk.pages)
-        freed = len(self.refs.release(chunk.pages))
-        if self.on_change is not None:
+        if self.on_change is not None:  # before the release, which tells of the pages it frees after it
             self.on_change(chunk.key, chunk.pages, False)
+        freed = len(self.refs.release(chunk.pages))
         self.stats.evictions += 1
         return freed
 

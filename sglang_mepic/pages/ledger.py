@@ -5,8 +5,11 @@ SGLang asks the cache several times per scheduling step how much it could evict
 tree and store; the ledger instead keeps the answer up to date, at a cost that
 follows the pages whose holders changed: holders report changes as they happen
 (`touch`, `nodes_hold`, `nodes_let_go`, `chunk_changed`) and the ledger settles
-the touched pages when it is next asked. Which pages are freeable, and why:
-docs/design.md, Ownership.
+the touched pages when it is next asked (or when an eviction ends: `settle`). A page
+whose last holder let go (`gone`) is settled at once: nothing holds it, so it is
+neither pinned nor freeable, and the next caller does not pay for the pages an
+eviction or a free returned. Which pages are freeable, and why: docs/design.md,
+Ownership.
 """
 
 from collections import Counter
@@ -55,6 +58,22 @@ class Ledger:
             del self._chunk_pins[key]
         self._dirty.update(pages)
 
+    def gone(self, pages: list[int]) -> None:
+        """These pages' last holder let go (`PageRefs.on_gone`): they go back to the allocator.
+
+        A page no unlocked tree node and no stored chunk holds any more is neither pinned nor
+        freeable; it is settled here, as `_settle` would settle it (no chunk holds it: no chunk's
+        pins change), and is no longer among the pages to settle. One that a node or a chunk has
+        not yet reported letting go stays among them (the evictions report first)."""
+        loose, page_keys = self.loose, self.store.page_keys()
+        dirty, pinned, free = self._dirty, self._pinned, self._free
+        for p in pages:
+            if p in loose or p in page_keys:
+                continue
+            dirty.discard(p)
+            pinned.discard(p)
+            free.discard(p)
+
     def clear(self) -> None:
         """Forget everything (the tree, the store and the pool are being cleared)."""
         self.loose.clear()
@@ -79,15 +98,22 @@ class Ledger:
         self._settle()
         return self._chunk_pins[chunk.key] == 0
 
+    def settle(self) -> None:
+        """Settle the pages touched since the last question now (an eviction ends: its pages
+        are its own cost, not the next caller's)."""
+        self._settle()
+
     def _settle(self) -> None:
         if not self._dirty:
             return
-        store, count, loose, pinned, chunk_pins = self.store, self.refs.count, self.loose, self._pinned, self._chunk_pins
+        count, loose, pinned, chunk_pins = self.refs.count, self.loose, self._pinned, self._chunk_pins
+        page_keys, none = self.store.page_keys(), ()
         recheck = self._dirty
         self._dirty = set()
         flipped: list[str] = []
         for p in recheck:
-            kept = loose[p] + store.holding(p)
+            keys = page_keys.get(p, none)
+            kept = loose.get(p, 0) + len(keys)
             now = kept > 0 and count(p) > kept
             if now != (p in pinned):
                 if now:
@@ -95,17 +121,19 @@ class Ledger:
                 else:
                     pinned.discard(p)
                 step = 1 if now else -1
-                for key in store.keys_of(p):
+                for key in keys:
                     before = chunk_pins[key]
                     chunk_pins[key] = before + step
                     if before == 0 or before + step == 0:  # the chunk's evictability flipped
                         flipped.append(key)
+        store = self.store
         for key in flipped:
             recheck.update(cast(tuple[int, ...], store.peek(key)))  # a key of a page it holds: stored
         free = self._free
         for p in recheck:
-            if (p not in pinned and loose[p] + store.holding(p) > 0
-                    and all(chunk_pins[k] == 0 for k in store.keys_of(p))):
+            keys = page_keys.get(p, none)
+            if (p not in pinned and loose.get(p, 0) + len(keys) > 0
+                    and all(chunk_pins[k] == 0 for k in keys)):
                 free.add(p)
             else:
                 free.discard(p)

@@ -59,6 +59,8 @@ class PageRefs:
         self.allocator = allocator
         self._extra: dict[int, int] = {}  # page -> holders beyond the first
         self.on_change: Callable[[list[int]], None] | None = None  # told of every page whose holders change
+        # told, after on_change, of the pages whose last holder let go (about to go back to the allocator)
+        self.on_gone: Callable[[list[int]], None] | None = None
         self.freed = 0  # pages whose last holder let go, ever: eviction measures its progress by it
 
     def alloc(self, n: int) -> list[int] | None:
@@ -89,6 +91,8 @@ class PageRefs:
             else:
                 self._extra[p] = extra - 1
         self.freed += len(last)
+        if last and self.on_gone is not None:
+            self.on_gone(last)
         return last
 
     def release(self, pages: Iterable[int]) -> list[int]:
