@@ -189,7 +189,7 @@ def allocate(tree, req):
     tree.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(row)] = row.to(torch.int32)
     req.kv.cache_protected_len = req.prefix_len
     req.kv.allocated = req.kv.kv_allocated_len = len(row)
-    if hasattr(tree, "figures"):  # the mepic cache; SGLang's RadixCache has no figures to take
+    if hasattr(tree, "report"):  # the mepic cache samples its figures as prepare_extend does; SGLang's has none
         tree.report.sample()
 
 
