@@ -38,6 +38,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def private_copy_slots(link: Link, mode: modes.Mode) -> int:
+    """KV slots of the private copy EPIC makes at admission of the stored pages `link` reads (the ones its
+    match injected); 0 where none is made: another mode, a compile row, nothing reused."""
+    if not modes.copies_private_prefix(mode) or link.compile or link.injected is None:
+        return 0
+    return len(link.injected)
+
+
 class Admission:
     """Built by MepicRadixCache with what it reads: the pool's pages and their holders, the chunk store,
     the tiers' lookup counts, the KV buffers (EPIC's and CacheBlend's copies), the cache's eviction (room
@@ -86,8 +94,7 @@ class Admission:
         reserve: pages the batch's own extends will take right after (the copies leave them free).
         """
         link = link_of(req)
-        if (link is not None and link.admitted and modes.copies_private_prefix(self.mode)
-                and link.injected is not None and not link.compile):
+        if link is not None and link.admitted and private_copy_slots(link, self.mode):
             self._copy_private(link, reserve)
 
     def _copy_private(self, link: Link, reserve: int) -> None:

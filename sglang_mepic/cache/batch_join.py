@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from sglang_mepic import modes
+from sglang_mepic.cache.admission import private_copy_slots
 from sglang_mepic.cache.compile_rows import layout_of
 from sglang_mepic.cache.link import link_of
 from sglang_mepic.cache.radix_cache import mepic_cache
@@ -75,8 +75,7 @@ def _with_private_copy(original: Callable[..., Any], adder: PrefillAdder, req: R
     """SGLang's admission of `req`, with its private copy charged to the budget beside its extend:
     kept when SGLang takes the request into the batch, given back when it does not."""
     tree, link = mepic_cache(adder), link_of(req)
-    copy = len(link.injected) if (tree is not None and link is not None and not link.compile
-                                  and link.injected is not None and modes.copies_private_prefix(tree.mode)) else 0
+    copy = private_copy_slots(link, tree.mode) if tree is not None and link is not None else 0
     if not copy:
         return original(adder, req, *args, **kwargs)
     budget = adder.memory_budget
