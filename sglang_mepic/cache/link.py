@@ -33,11 +33,11 @@ from sglang_mepic.config import Placement
 from sglang_mepic.cache.compile_rows import layout_of
 from sglang_mepic.cache.plan import ChunkSpan, Plan
 from sglang_mepic.cache.planner import Planned
+from sglang_mepic.wire.chunk_keys import cache_namespace, chunk_keys
 from sglang_mepic.wire.hint import decode_laid_out
-from sglang_mepic.wire.namespace import tenant_key
-from sglang_mepic.wire.slots import masked_key, pad_mask, slot_positions
+from sglang_mepic.wire.slots import pad_mask, slot_positions
 from sglang_mepic.wire.report import Report
-from sglang_mepic.wire.layout import NO_POSITION, span_hash
+from sglang_mepic.wire.layout import NO_POSITION
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -268,14 +268,10 @@ class Linker:
                 # SGLang replaced the ids of a request it refused (an invalid grammar, say) by one token:
                 # it is not laid out as its hint says, and is only streamed its error.
                 return None
-            # Everything that keeps SGLang's tree entries apart keeps chunks apart too (wire/namespace.py, the
-            # rule the tokenizer side finds registered texts by). repr keeps None apart from "None" and a
-            # field's text from the separators: a client's extra_key or cache_salt must never spell another
-            # tenant's namespace.
-            namespace = repr((*tenant_key(getattr(req, "extra_key", None), getattr(req, "cache_salt", None)),
-                              getattr(req, "lora_id", None)))
-            masked = masked_key(natural, pads)
-            keys = tuple(span_hash(masked[s:e], self.placement, self.page_size, self.model_fingerprint, namespace)
-                         for s, e in chunks)
+            # The tenant's namespace and the chunk keys, by the one rule the DP controller routes by too
+            # (wire/chunk_keys.py): a client's extra_key or cache_salt never spells another tenant's namespace.
+            namespace = cache_namespace(getattr(req, "extra_key", None), getattr(req, "cache_salt", None),
+                                        getattr(req, "lora_id", None))
+            keys = chunk_keys(natural, chunks, pads, self.placement, self.page_size, self.model_fingerprint, namespace)
             link = attach(req, Link(Shape(natural, tuple(pads), tuple(chunks), keys, compile, next(self._owners))))
         return link

@@ -38,19 +38,20 @@ def check_parallelism(argv: list[str]) -> None:
     - `--mepic-storage-backend`/`--mepic-storage-dir` and `--mepic-host-tier-gb`: a read's timeout, an
       outage, a dropped write or the host pool's size is one rank's, and the ranks' plans would diverge
       (nothing here makes them agree each round, as HiCache's MIN all-reduce does).
-    PP, DP and DP attention stay refused: a pipeline stage holds only its layers' KV, and a DP replica would
-    compile a request's chunks on another replica than the request."""
+    `--dp-size N` is served as `check_data_parallel` says. PP and DP attention stay refused: a pipeline stage
+    holds only its layers' KV, and DP attention's schedulers run their forwards in one TP group."""
     known = known_flags(argv)
     if known.radix_cache_backend != "mepic":
         return
-    given = [f"{flag} {value}" for flag, value in (("--pp-size", known.pp_size), ("--dp-size", known.dp_size),
+    given = [f"{flag} {value}" for flag, value in (("--pp-size", known.pp_size),
                                                    ("--attn-dp-size", known.attn_dp_size)) if value > 1] + \
         (["--enable-dp-attention"] if known.enable_dp_attention else [])
     if given:
-        raise LaunchError(f"{', '.join(given)}: --radix-cache-backend mepic serves tensor parallelism only "
-                          "(a pipeline stage holds only its layers' KV, and a data-parallel replica would "
-                          "compile a request's chunks on another replica than the request); run one server per "
-                          "replica (python -m sglang_mepic.launch_cluster) or use --radix-cache-backend sglang")
+        raise LaunchError(f"{', '.join(given)}: --radix-cache-backend mepic serves tensor and data parallelism only "
+                          "(a pipeline stage holds only its layers' KV, and DP attention runs its schedulers' "
+                          "forwards in one tensor-parallel group, untested with the mepic cache); use --dp-size N "
+                          "(a whole replica each) or --radix-cache-backend sglang")
+    check_data_parallel(known)
     tp = known.tp_size
     if tp <= 1:
         return
@@ -71,6 +72,36 @@ def check_parallelism(argv: list[str]) -> None:
                           "plan a request differently (a storage read's timeout, an outage, a dropped write or "
                           "the host pool's size is one rank's, and nothing makes the ranks agree each round); "
                           "use --tp-size 1 with a host tier or shared storage")
+
+
+def check_data_parallel(known: argparse.Namespace) -> None:
+    """`--dp-size N` with the mepic cache: N whole replicas, each its own scheduler and cache, and SGLang's DP
+    controller sends each request to the replica that holds its chunks, under a bound on load
+    (scale_out/affinity.py; an explicit --load-balance-method is the user's). Refused beside it:
+    - `--tp-size` above 1: replicas of several ranks are untested here;
+    - `--load-balance-method follow_bootstrap_room` without disaggregation: SGLang's controller asserts every
+      request carries a prefill-decode bootstrap room, and stopped the server at the first one that did not;
+    - the host tier and shared storage: each replica would make a host pool of its own (the memory check
+      counts one), and replicas sharing a store are untested."""
+    dp = known.dp_size
+    if dp <= 1:
+        return
+    if known.tp_size > 1:
+        raise LaunchError(f"--dp-size {dp} with --tp-size {known.tp_size}: --radix-cache-backend mepic serves data "
+                          "parallelism over single-rank replicas only (replicas of several TP ranks are untested); "
+                          "use --dp-size alone or --tp-size alone")
+    if known.load_balance_method == "follow_bootstrap_room" and known.disaggregation_mode in (None, "null"):
+        raise LaunchError("--load-balance-method follow_bootstrap_room: SGLang's DP controller routes by the "
+                          "bootstrap room only a disaggregated server's requests carry, and stops at the first "
+                          "request without one; leave it out (chunk affinity with the mepic cache) or use "
+                          "round_robin, total_requests or total_tokens")
+    settings = env.settings()
+    tiers = [flag for flag, on in (("--mepic-storage-backend", settings.storage_backend is not None),
+                                   ("--mepic-host-tier-gb", settings.host_tier_gb > 0)) if on]
+    if tiers:
+        raise LaunchError(f"--dp-size {dp}: {' and '.join(tiers)} under data parallelism is untested (each replica "
+                          "would make a host pool of its own, and replicas would share one store); use --dp-size 1 "
+                          "with a host tier or shared storage")
 
 
 def _attention_heads(model_path: str | None) -> tuple[int, int] | None:

@@ -1,6 +1,6 @@
 """The defaults the wrapper fills in where the user gave no flag: the mepic backends and page size, metrics
 and cache reports, and on a machine without CUDA the CPU engine, a bounded pool, float32 where bf16 is
-emulated and each tensor-parallel rank's cores."""
+emulated and each tensor- or data-parallel rank's cores."""
 
 import os
 from collections.abc import Mapping
@@ -170,8 +170,10 @@ def with_defaults(argv: list[str], cuda: bool, native_bf16: bool | None = None,
         # SGLang only warns here, then a request sent without a priority ends the scheduler the
         # first time preemption sorts the running batch (None * int): it gets the neutral 0.
         argv += ["--default-priority-value", "0"]
-    if (not cuda or known.device == "cpu") and known.tp_size > 1 and not environ.get("SGLANG_CPU_OMP_THREADS_BIND"):
-        env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(known.tp_size)  # each CPU rank its own cores
+    # SGLang's CPU ranks: a scheduler for each TP rank of each DP replica, bound to entry dp_rank * tp + tp_rank.
+    ranks = known.tp_size * known.dp_size
+    if (not cuda or known.device == "cpu") and ranks > 1 and not environ.get("SGLANG_CPU_OMP_THREADS_BIND"):
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(ranks)  # each CPU rank its own cores
     if not cuda:
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         if known.device is None:

@@ -18,7 +18,8 @@ Every flag is passed on to SGLang. What this wrapper adds, each part in its own 
 - each default only where the flag is not given (`defaults`);
 - clear one-line errors and exit status 2, before any server process starts
   (`checks.check_combinations`, `checks.check_model_fits`), for a missing model folder, a
-  port that is taken or out of range, tensor/pipeline/data parallelism,
+  port that is taken or out of range, pipeline parallelism, DP attention and the TP and DP
+  combinations the mepic cache does not serve,
   SGLang's hierarchical cache or `--disable-radix-cache` (in a reusing mode)
   with the mepic cache, HiCache or a GPU attention backend on the CPU, a
   quantized KV cache or speculative decoding with the mepic attention backend, a prefill or

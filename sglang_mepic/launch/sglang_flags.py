@@ -79,6 +79,7 @@ def known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tp-size", type=int, default=1)
     p.add_argument("--pp-size", type=int, default=1)
     p.add_argument("--dp-size", type=int, default=1)
+    p.add_argument("--load-balance-method")
     p.add_argument("--attn-dp-size", type=int, default=1)
     p.add_argument("--enable-dp-attention", action="store_true")
     p.add_argument("--enable-hierarchical-cache", action="store_true")

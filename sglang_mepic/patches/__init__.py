@@ -1,8 +1,9 @@
 """HookRegistry hooks on SGLang internals, grouped by the process each runs in.
 
 One module per upstream function, in the folder of the process it runs in: `tokenizer/`, `scheduler/`,
-`launcher/`, and `hardening/` for the guards against SGLang's own mishandling (either process). Each
-module names the function it hooks (`TARGET`), how (`HOOK_TYPE`), the hook itself (`hook`), and the
+`launcher/`, `dp_controller/` (SGLang's data-parallel controller), and `hardening/` for the guards against
+SGLang's own mishandling (either process). Each module names the function it hooks (`TARGET`), how
+(`HOOK_TYPE`), the hook itself (`hook`), and the
 SGLang release it was written against (`WRITTEN_FOR`); `register_all` refuses to hook any other
 release, because the upstream function may have changed under it. A group's `MODULES` lists its hooks
 in the order they are registered.
@@ -12,7 +13,7 @@ import importlib
 
 from sglang.srt.plugins.hook_registry import HookRegistry
 
-GROUPS = ("tokenizer", "scheduler", "launcher", "hardening")
+GROUPS = ("tokenizer", "scheduler", "launcher", "dp_controller", "hardening")
 
 
 def modules() -> list[str]:

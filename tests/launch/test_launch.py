@@ -379,18 +379,42 @@ def test_auto_chunk_and_separator_become_settings(capsys):
     assert "--mepic-auto-chunk {off,messages,tools,known,messages+known,tools+known}" in text and "--mepic-separator STR" in text
 
 
-@pytest.mark.parametrize("flags, named", [(["--dp-size", "2"], "--dp-size 2"),
-                                          (["--enable-dp-attention"], "--enable-dp-attention"),
+@pytest.mark.parametrize("flags, named", [(["--enable-dp-attention"], "--enable-dp-attention"),
+                                          (["--dp-size", "2", "--enable-dp-attention"], "--enable-dp-attention"),
                                           (["--pp-size", "2"], "--pp-size 2"),
-                                          (["--attn-dp-size", "2"], "--attn-dp-size 2"),
-                                          (["--tp-size", "2", "--dp-size", "2"], "--dp-size 2")])
-def test_pipeline_and_data_parallel_ranks_are_refused_with_the_mepic_cache(flags, named):
+                                          (["--attn-dp-size", "2"], "--attn-dp-size 2")])
+def test_pipeline_ranks_and_dp_attention_are_refused_with_the_mepic_cache(flags, named):
     argv, _ = with_defaults(["--model-path", "m", *flags], cuda=True)
-    with pytest.raises(SystemExit, match=f"{named}: --radix-cache-backend mepic serves tensor parallelism only"):
+    with pytest.raises(SystemExit, match=f"{named}: --radix-cache-backend mepic serves tensor and data parallelism "
+                                         "only"):
         checks.check_parallelism(argv)
     checks.check_parallelism(with_defaults(["--model-path", "m", "--radix-cache-backend", "sglang", *flags],
                                            cuda=True)[0])  # SGLang's own cache: SGLang's business
     checks.check_parallelism(with_defaults(["--model-path", "m", "--tp-size", "1"], cuda=True)[0])
+
+
+@pytest.mark.parametrize("flags", [["--dp-size", "2"], ["--dp", "2"], ["--data-parallel-size", "2"], ["--dp=3"],
+                                   ["--dp-size", "2", "--load-balance-method", "round_robin"],
+                                   ["--dp-size", "2", "--load-balance-method", "total_tokens"]])
+def test_dp_is_served_with_the_mepic_cache_in_every_spelling(tiny_model, launch_here, flags):
+    """Each replica is a whole scheduler with its own cache; the DP controller routes by chunk affinity
+    (tests/scale_out/). The launcher used to refuse it in every spelling."""
+    checks.check_parallelism(with_defaults(["--model-path", tiny_model, *flags], cuda=True)[0])
+    with pytest.raises(ReachedSGLang):
+        launch_here("--model-path", tiny_model, "--port", "1", *flags)
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--dp-size", "2", "--tp-size", "2"], "--dp-size 2 with --tp-size 2: --radix-cache-backend mepic serves data "
+                                           "parallelism over single-rank replicas only"),
+    (["--dp", "2", "--tp", "2"], "--dp-size 2 with --tp-size 2"),
+    (["--dp-size", "2", "--load-balance-method", "follow_bootstrap_room"],
+     "--load-balance-method follow_bootstrap_room: SGLang's DP controller routes by the bootstrap room"),
+    (["--dp-size", "2", "--mepic-host-tier-gb", "1"], "--dp-size 2: --mepic-host-tier-gb under data parallelism"),
+    (["--dp-size", "2", "--mepic-storage-dir", "/tmp/mepic-dp-store"],
+     "--dp-size 2: --mepic-storage-backend under data parallelism")])
+def test_what_dp_does_not_serve_is_refused_in_one_line(tiny_model, launch_here, flags, named):
+    assert_refused(launch_here("--model-path", tiny_model, "--port", "1", *flags), named)
 
 
 def _heads_folder(tmp_path, heads, kv):
@@ -446,6 +470,9 @@ def test_a_cpu_tp_server_binds_each_rank_to_its_own_cores(monkeypatch):
     assert env["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"
     _, env = with_defaults(["--model-path", "m", "--device", "cpu", "--tp", "2"], cuda=True, environ={})
     assert env["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"  # the CPU engine asked for on a CUDA machine
+    for dp in (["--dp-size", "2"], ["--dp", "2"], ["--data-parallel-size=2"]):  # a DP replica is a CPU rank too
+        assert with_defaults(["--model-path", "m", *dp], cuda=False, environ={})[1]["SGLANG_CPU_OMP_THREADS_BIND"] \
+            == "0|1"
     for flags, cuda, environ in ((["--tp-size", "1"], False, {}), (["--tp-size", "2"], True, {}),
                                  (["--tp-size", "2"], False, {"SGLANG_CPU_OMP_THREADS_BIND": "0-1|0-1"})):
         assert "SGLANG_CPU_OMP_THREADS_BIND" not in with_defaults(["--model-path", "m", *flags], cuda=cuda,
@@ -543,10 +570,14 @@ REFUSED_TOO = [
     (["--schedule-policy", "priority"], "--schedule-policy priority: SGLang 0.5.23 lists it, but"),
     (["--enable-hicache"], "--enable-hierarchical-cache: SGLang's HiCache does not work"),  # SGLang's other name
     (["--tensor-parallel-size", "4"], "--tp-size 4: --radix-cache-backend mepic serves TP only where"),
-    (["--dp-size", "2"], "--dp-size 2: --radix-cache-backend mepic serves tensor parallelism only"),
-    (["--pp-size", "2"], "--pp-size 2: --radix-cache-backend mepic serves tensor parallelism only"),
-    (["--attn-dp-size", "2"], "--attn-dp-size 2: --radix-cache-backend mepic serves tensor parallelism only"),
-    (["--enable-dp-attention"], "--enable-dp-attention: --radix-cache-backend mepic serves tensor parallelism only"),
+    (["--dp-size", "2", "--tp-size", "2"], "--dp-size 2 with --tp-size 2: --radix-cache-backend mepic serves data"),
+    (["--dp-size", "2", "--load-balance-method", "follow_bootstrap_room"],
+     "--load-balance-method follow_bootstrap_room: SGLang's DP controller routes by the bootstrap room"),
+    (["--pp-size", "2"], "--pp-size 2: --radix-cache-backend mepic serves tensor and data parallelism only"),
+    (["--attn-dp-size", "2"], "--attn-dp-size 2: --radix-cache-backend mepic serves tensor and data parallelism "
+                              "only"),
+    (["--enable-dp-attention"], "--enable-dp-attention: --radix-cache-backend mepic serves tensor and data "
+                                "parallelism only"),
     (["--attention-backend", "torch_native", "--radix-cache-backend", "mepic"], None),  # served: see below
 ]
 # Each refusal with an SGLang flag, that flag at its shortest abbreviation: SGLang's parser reads `--tp 2` as

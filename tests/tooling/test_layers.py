@@ -21,6 +21,7 @@ MAY_IMPORT = {
     "hardening": set(),  # guards against SGLang's own mishandling: nothing of MEPIC in them
     "lang": {"config", "wire", "frontend"},
     "gate": {"config", "env", "side_table", "modes", "wire", "frontend", "lang", "process", "tiers"},
+    "scale_out": {"config", "wire"},  # the DP controller's routing: keys requests as the cache keys chunks
 }
 MAY_IMPORT["launch"] = MAY_IMPORT["gate"] | {"gate", "plugin"}  # the launcher checks the plugin registered
 SCHEDULER_SIDE = {"pages", "tiers", "cache", "attention"}
@@ -69,7 +70,9 @@ def test_the_package_keeps_its_import_rule():
 # What a hook may import, by the folder of the process it runs in (sglang_mepic/patches/__init__.py): a tokenizer
 # hook nothing of the scheduler side, a scheduler hook nothing of the frontend, a launcher hook neither.
 HOOK_GROUPS = {"tokenizer": SCHEDULER_SIDE, "scheduler": {"frontend", "lang"},
-               "launcher": SCHEDULER_SIDE | {"frontend", "lang"}, "hardening": set()}
+               "launcher": SCHEDULER_SIDE | {"frontend", "lang"},
+               "dp_controller": SCHEDULER_SIDE | {"frontend", "lang"},  # the DP controller routes: scale_out only
+               "hardening": set()}
 
 
 def hooks_out_of_place(patches: Path) -> list[str]:
