@@ -16,6 +16,10 @@ from sglang_mepic.config import (PREFILL_GRAPHS_OFF_ENV, REUSE_REFUSED_ENV, ROPE
                                   Placement, Setting, parse_sync_debug)
 from sglang_mepic.modes import Mode
 
+# "1": under TP, each prefill round's plan is hashed on every rank and compared; ranks that planned
+# differently end the server with one log line (cache/round_digest.py). A debugging aid: no flag.
+CHECK_RANKS_ENV = "SGLANG_MEPIC_CHECK_RANKS"
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -42,6 +46,7 @@ class Settings:
     rope_table: bool = False                    # the kernels read RoPE's table, not computed on chip
     prefill_graphs_off_file: str | None = None  # while this file exists, prefill graphs are declined
     sync_debug: str | None = None               # warn or error: per-batch calls watched for host syncs
+    check_ranks: bool = False                   # under TP, each round's plan compared across the ranks
 
     @property
     def chat_chunking(self) -> str:
@@ -67,7 +72,8 @@ class Settings:
         return cls(**value, reuse_refused=environ.get(REUSE_REFUSED_ENV) or None,
                    rope_table=environ.get(ROPE_TABLE_ENV) == "1",
                    prefill_graphs_off_file=environ.get(PREFILL_GRAPHS_OFF_ENV) or None,
-                   sync_debug=parse_sync_debug(environ.get(SYNC_DEBUG_ENV)))
+                   sync_debug=parse_sync_debug(environ.get(SYNC_DEBUG_ENV)),
+                   check_ranks=environ.get(CHECK_RANKS_ENV) == "1")
 
 
 def _parsed(setting: Setting, environ: Mapping[str, str]) -> Any:

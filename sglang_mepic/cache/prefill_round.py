@@ -8,6 +8,12 @@ for the round (`hold_back`) and goes back to its head when the round ends.
 Requests planned in the round but not admitted let go of their chunks at its end
 (residency.py), and compile rows made in it that SGLang did not admit are dropped.
 
+Under tensor parallelism with a tier below the device pool, the ranks first agree
+on what the tiers give the waiting requests' missing chunks (`Tiers.agree_round`,
+one collective), so every rank holds back, loads and computes alike; with
+`SGLANG_MEPIC_CHECK_RANKS=1` each round's plan is then compared across the ranks
+(round_digest.py).
+
 The batch's prefill stats (the log's `#new-token` and `#cached-token`, the
 cache-hit metrics) count slots; for laid-out requests they are brought to real
 tokens, and reuse of chunks compiled for the request itself is not a hit, as in
@@ -21,6 +27,7 @@ from array import array
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from sglang_mepic.cache import round_digest
 from sglang_mepic.cache.link import link_of
 from sglang_mepic.cache.radix_cache import MepicRadixCache, mepic_cache
 
@@ -67,8 +74,10 @@ def hold_back(tree: MepicRadixCache, reqs: Iterable[Req]) -> list[Req]:
     """The requests, of the waiting `reqs`, that must wait for a chunk (readiness.py), in queue
     order. Compile rows that ended unreleased (an abort) are forgotten first: nobody waits on them."""
     tree.compile_rows.forget_finished()
-    linked = ((req, tree.linker.link(req)) for req in reqs)
-    return [req for req, link in linked if link is not None and tree.readiness.must_wait(link)]
+    linked = [(req, link) for req in reqs if (link := tree.linker.link(req)) is not None]
+    if tree.tiers.agrees:  # under TP, before anything is planned: what the tiers give, agreed by the ranks
+        tree.tiers.agree_round(tree.readiness.missing(link for _, link in linked))
+    return [req for req, link in linked if tree.readiness.must_wait(link)]
 
 
 def prefill_round(original: Callable[..., Any], scheduler: Scheduler, *args: Any, **kwargs: Any) -> Any:
@@ -91,6 +100,10 @@ def prefill_round(original: Callable[..., Any], scheduler: Scheduler, *args: Any
         if tree is not None:
             tree.residency.end_round()
             tree.compile_rows.end_round()
+            agreed = tree.tiers.agreed()
+            tree.tiers.end_round()
+    if tree is not None and tree.settings.check_ranks:  # SGLANG_MEPIC_CHECK_RANKS=1: every round, every rank
+        round_digest.check(tree, plan.batch_to_run, held, agreed)
     batch = plan.batch_to_run
     stats = getattr(batch, "prefill_stats", None)
     if stats is not None and tree is not None:

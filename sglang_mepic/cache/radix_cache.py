@@ -60,6 +60,7 @@ from sglang_mepic.pages.ledger import Ledger
 from sglang_mepic.pages.pool_pages import PoolPages, check_allocator
 from sglang_mepic.pages.refs import PageRefs
 from sglang_mepic.tiers import storage
+from sglang_mepic.tiers.agreement import Agreement
 from sglang_mepic.tiers.levels import Tiers
 from sglang_mepic.wire.slots import masked_key
 
@@ -99,8 +100,10 @@ class MepicRadixCache(RadixCache):
         self.refs.on_gone = self.ledger.gone
         self.store.on_change = self.ledger.chunk_changed
         self.kv_pool = params.token_to_kv_pool_allocator.get_kvcache()
+        # Under TP the ranks agree on what the tiers give, over SGLang's TP CPU group (tiers/agreement.py).
         self.tiers = tiers or Tiers(self.kv_pool, self.page_size, settings.host_tier_gb,
-                                    storage.from_settings(model_fingerprint, settings))
+                                    storage.from_settings(model_fingerprint, settings),
+                                    Agreement.of_group(getattr(params, "tp_cache_group", None)))
         self.linker = Linker(settings.placement, self.page_size, model_fingerprint)
         self.compile_rows = compile_rows.CompileRows(self.page_size)
         self.residency = Residency(self.store, self.refs, self.pages, self.tiers, self.evict, self.page_size,

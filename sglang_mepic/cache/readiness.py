@@ -14,7 +14,7 @@ planning it later (residency.py) only copies what was fetched.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from sglang_mepic.cache.compile_rows import CompileRows
 from sglang_mepic.pages.chunk_store import ChunkStore
@@ -45,6 +45,17 @@ class Readiness:
         either not whole in a launched forward or in a mode that copies before its forward."""
         return key in self.rows.running and key not in self.store \
             and not (self.shares and self.rows.in_flight(key))
+
+    def missing(self, links: Iterable[Link]) -> list[tuple[str, int]]:
+        """(key, canonical KV slots) of each chunk these requests read that the store lacks and a tier
+        below could give, once each, in queue order: what the TP ranks agree on before a round
+        (`Tiers.agree_round`); every rank's store holds the same chunks, so each asks the same list."""
+        wanted: dict[str, int] = {}
+        for link in links:
+            for (start, end), key in zip(link.chunk_slots, link.keys):
+                if key not in wanted and self.keeps(start, end) and key not in self.store:
+                    wanted[key] = self.canonical_slots(start, end)
+        return list(wanted.items())
 
     def _being_read(self, shape: Shape) -> bool:
         pending = False

@@ -80,17 +80,27 @@ class InjectedFault(RuntimeError):
     """Raised for a batch holding a request named by FAULT_ENV."""
 
 
-def _fault_prefixes(decode: bool) -> list[str]:
+def _fault_prefixes(decode: bool, tp_rank: int = 0) -> list[str]:
     specs = [spec.strip() for spec in os.environ.get(FAULT_ENV, "").split(",") if spec.strip()]
-    return [spec.removeprefix("decode:") for spec in specs if decode or not spec.startswith("decode:")]
+    mine = []
+    for spec in specs:
+        rank, colon, rest = spec.partition(":")
+        if colon and rank.startswith("rank") and rank[4:].isdigit():  # one TP rank's fault only
+            if int(rank[4:]) != tp_rank:
+                continue
+            spec = rest
+        if decode or not spec.startswith("decode:"):
+            mine.append(spec.removeprefix("decode:"))
+    return mine
 
 
 @contextmanager
 def injected_fault(scheduler: Scheduler, batch: ScheduleBatch) -> Iterator[None]:
     """Where FAULT_ENV names a request of this batch, its forward raises where a real one would: in the
     model worker, after run_batch's own bookkeeping. `decode:<prefix>` fails only decode batches,
-    `<prefix>` every batch (so the request's prefill); several are separated by commas."""
-    prefix = next((p for p in _fault_prefixes(batch.forward_mode.is_decode())
+    `<prefix>` every batch (so the request's prefill), `rank<N>:` before either only TP rank N's (the
+    others run the forward); several are separated by commas."""
+    prefix = next((p for p in _fault_prefixes(batch.forward_mode.is_decode(), getattr(scheduler, "tp_rank", 0))
                    if any(str(req.rid).startswith(p) for req in batch.reqs)), None)
     if prefix is None:
         yield

@@ -35,9 +35,9 @@ def check_parallelism(argv: list[str]) -> None:
     - a model whose heads do not divide (SGLang would pad or replicate them: untested here);
     - `--mepic-mode cacheblend-*`: its deviation is summed over one rank's heads, so ranks would recompute
       different tokens;
-    - `--mepic-storage-backend`/`--mepic-storage-dir` and `--mepic-host-tier-gb`: a read's timeout, an
-      outage, a dropped write or the host pool's size is one rank's, and the ranks' plans would diverge
-      (nothing here makes them agree each round, as HiCache's MIN all-reduce does).
+    Shared storage and the host tier are served: what a rank finds there is its own (a read's timeout, an
+    outage), so the ranks agree on it each round by a MIN all-reduce, as HiCache's do (tiers/agreement.py),
+    and each rank's host pool takes the GB asked (check_host_memory counts every rank).
     `--dp-size N` is served as `check_data_parallel` says. PP and DP attention stay refused: a pipeline stage
     holds only its layers' KV, and DP attention's schedulers run their forwards in one TP group."""
     known = known_flags(argv)
@@ -65,13 +65,6 @@ def check_parallelism(argv: list[str]) -> None:
         raise LaunchError(f"--tp-size {tp}: --mepic-mode {settings.mode.name} chooses the tokens it recomputes by a "
                           "KV deviation summed over one rank's heads, so the ranks would choose differently; use "
                           "--tp-size 1 with CacheBlend")
-    tiers = [flag for flag, on in (("--mepic-storage-backend", settings.storage_backend is not None),
-                                   ("--mepic-host-tier-gb", settings.host_tier_gb > 0)) if on]
-    if tiers:
-        raise LaunchError(f"--tp-size {tp}: {' and '.join(tiers)} under tensor parallelism would let the ranks "
-                          "plan a request differently (a storage read's timeout, an outage, a dropped write or "
-                          "the host pool's size is one rank's, and nothing makes the ranks agree each round); "
-                          "use --tp-size 1 with a host tier or shared storage")
 
 
 def check_data_parallel(known: argparse.Namespace) -> None:
@@ -216,7 +209,7 @@ def check_combinations(argv: list[str], cuda: bool | None = None) -> None:
                           "auto-chunking and registered texts in SGLang's one tokenizer process, and its "
                           "tokenizer workers would serve without them; run one tokenizer worker")
     if known.radix_cache_backend == "mepic":  # the only cache that makes a host tier
-        check_host_memory(settings.host_tier_gb)
+        check_host_memory(settings.host_tier_gb, max(known.tp_size, 1))
     if cuda is False and (known.device or "").startswith("cuda"):
         raise LaunchError(f"--device {known.device}: this machine has no CUDA device (torch.cuda.is_available() "
                           "is False); leave --device out to serve on the CPU")
@@ -244,16 +237,18 @@ def free_host_memory() -> int:
     return module.available_host_memory_bytes(allow_cgroup_fallback=True)
 
 
-def check_host_memory(gigabytes: float) -> None:
+def check_host_memory(gigabytes: float, ranks: int = 1) -> None:
     """Refuse a host tier SGLang's host pool would refuse in the scheduler process, with a traceback, once the
-    model has loaded: it wants the tier's size free plus its reserve (`HOST_POOL_RESERVE_BYTES`)."""
+    model has loaded: it wants the tier's size free plus its reserve (`HOST_POOL_RESERVE_BYTES`). Under TP
+    each of the `ranks` makes a pool of that size (SGLang gives each rank its share of what is free)."""
     if gigabytes <= 0:
         return
     given = format(gigabytes, "f").rstrip("0").rstrip(".")  # as written: 0.5, 1000000
-    needed, available = gigabytes * 1e9 + HOST_POOL_RESERVE_BYTES, free_host_memory()
+    needed, available = ranks * gigabytes * 1e9 + HOST_POOL_RESERVE_BYTES, free_host_memory()
     if needed > available:
+        each = f"{ranks} TP ranks, {given} GB each" if ranks > 1 else f"{given} GB"
         raise LaunchError(f"--mepic-host-tier-gb {given}: the host tier needs {needed / 1e9:.1f} GB of free "
-                          f"RAM ({given} GB for the tier and the {HOST_POOL_RESERVE_BYTES / 1024**3:.0f} GiB "
+                          f"RAM ({each} for the tier and the {HOST_POOL_RESERVE_BYTES / 1024**3:.0f} GiB "
                           f"SGLang's host pool leaves free); {available / 1e9:.1f} GB is available")
 
 

@@ -30,6 +30,7 @@ synchronous read is; past it the chunk is absent and the backend is left alone
 and asked again at the next want.
 """
 
+import os
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,6 +49,17 @@ KEEP_BYTES = 1 << 30  # host memory for fetched entries that wait for device pag
 MAX_IN_FLIGHT = 16   # reads queued or running
 WORKERS = 2          # reads at once: file reads and hashlib's hashing release the GIL
 MAX_ABSENT = 1 << 16  # absences remembered; the oldest are forgotten first
+
+# A test's way to make one TP rank's storage reads time out while the others' answer
+# (tests/scale_out/e2e/test_tp_tiers_server.py): "<rank>:<file>": while the file exists, that rank's
+# reads wait past the storage timeout before they read. Unset, nothing is injected.
+SLOW_READS_ENV = "SGLANG_MEPIC_TEST_SLOW_READS"
+
+
+def _slow_reads_file(storage: Storage) -> str | None:
+    """The file that, while it exists, slows this rank's reads (SLOW_READS_ENV); None for no fault."""
+    rank, _, path = os.environ.get(SLOW_READS_ENV, "").partition(":")
+    return path if path and rank == str(storage.tp_rank) else None
 
 
 class _Read:
@@ -73,6 +85,7 @@ class Prefetch:
         self.max_in_flight = max_in_flight
         self._clock = clock
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="mepic-prefetch")
+        self._slow_reads = _slow_reads_file(storage)
         self._reads: dict[str, _Read] = {}                              # chunk key -> read in flight
         self._fetched: "OrderedDict[str, torch.Tensor]" = OrderedDict()  # chunk key -> KV, oldest use first
         self._absent: "OrderedDict[str, float]" = OrderedDict()          # chunk key -> answered absent until
@@ -153,6 +166,8 @@ class Prefetch:
 
     def _work(self, read: _Read, like: torch.Tensor):
         read.started = self._clock()
+        if self._slow_reads is not None and os.path.exists(self._slow_reads):  # a test's fault (SLOW_READS_ENV)
+            time.sleep(self.storage.timeout + 0.5)
         return self.storage.read_outcome(read.storage_key, like)
 
     # ---- outcomes, on the scheduler's thread -----------------------------------

@@ -157,6 +157,11 @@ class Storage:
                 return False
         return self._io is not None
 
+    @property
+    def tp_rank(self) -> int:
+        """This process's TP rank, whose heads its entries hold."""
+        return self._tp[0]
+
     def state(self) -> str:
         if self._io is None:
             return "connecting" if self._down is None else "down"

@@ -438,12 +438,10 @@ def test_tp_is_served_where_the_heads_and_kv_heads_divide(tmp_path, tp, heads, k
 
 
 @pytest.mark.parametrize("setting, value, named", [
-    ("MODE", "cacheblend-0.15", "--mepic-mode cacheblend-0.15 chooses the tokens it recomputes"),
-    ("STORAGE_DIR", "/tmp/mepic-tp-store", "--mepic-storage-backend under tensor parallelism"),
-    ("HOST_TIER_GB", "1", "--mepic-host-tier-gb under tensor parallelism")])
+    ("MODE", "cacheblend-0.15", "--mepic-mode cacheblend-0.15 chooses the tokens it recomputes")])
 def test_what_ranks_would_decide_apart_is_refused_under_tp(tmp_path, monkeypatch, setting, value, named):
-    """CacheBlend's deviation is one rank's heads; a storage read's timeout, an outage, a dropped write or the
-    host pool's size is one rank's: each would let the ranks plan one request differently."""
+    """CacheBlend's deviation is one rank's heads: the ranks would plan one request differently. (Shared
+    storage and the host tier are agreed by the ranks: tests/scale_out/test_tp_agreement.py.)"""
     from sglang_mepic import config, env
 
     argv, _ = with_defaults(["--model-path", _heads_folder(tmp_path, 4, 2), "--tp-size", "2"], cuda=True)
@@ -522,7 +520,6 @@ REFUSED = [
     (["--tp-size", "3"], "--tp-size 3: --radix-cache-backend mepic serves TP only where the model's attention "
                          "heads (4) and KV heads (2) both divide"),
     (["--tp-size", "2", "--mepic-mode", "cacheblend-0.15"], "--tp-size 2: --mepic-mode cacheblend-0.15 chooses"),
-    (["--tp-size", "2", "--mepic-host-tier-gb", "1"], "--tp-size 2: --mepic-host-tier-gb under tensor parallelism"),
     (["--tp-size", "0"], "--tp-size 0: must be at least 1"),
     (["--dp-size", "-1"], "--dp-size -1: must be at least 1"),
     (["--port", "70000"], "--port 70000: a TCP port is 1-65535"),

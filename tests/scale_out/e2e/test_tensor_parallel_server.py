@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from cache.e2e.test_cache_independence import SEED, workload
+from sglang_mepic.env import CHECK_RANKS_ENV
 from sglang_mepic.hardening.batch_guard import FAULT_ENV
 from sglang_mepic.process.server_process import ServerProcess
 from support.warm_alone import flush, warm_then_alone
@@ -29,7 +30,9 @@ TOTALS = ("chunk_hits", "chunk_misses", "chunks_compiled", "compiled_tokens", "c
 
 @pytest.fixture(scope="module")
 def tp2(tiny_model):
-    with ServerProcess(tiny_model, "--dtype", "float32", "--tp-size", "2", env={FAULT_ENV: FAULT_RID}) as server:
+    # Every round's plan is compared across the ranks (SGLANG_MEPIC_CHECK_RANKS): a rank that planned apart ends it.
+    with ServerProcess(tiny_model, "--dtype", "float32", "--tp-size", "2",
+                       env={FAULT_ENV: FAULT_RID, CHECK_RANKS_ENV: "1"}) as server:
         yield server
 
 
