@@ -100,7 +100,7 @@ def injected_fault(scheduler: Scheduler, batch: ScheduleBatch) -> Iterator[None]
     model worker, after run_batch's own bookkeeping. `decode:<prefix>` fails only decode batches,
     `<prefix>` every batch (so the request's prefill), `rank<N>:` before either only TP rank N's (the
     others run the forward); several are separated by commas."""
-    prefix = next((p for p in _fault_prefixes(batch.forward_mode.is_decode(), getattr(scheduler, "tp_rank", 0))
+    prefix = next((p for p in _fault_prefixes(batch.forward_mode.is_decode(), _tp_rank())
                    if any(str(req.rid).startswith(p) for req in batch.reqs)), None)
     if prefix is None:
         yield
@@ -134,6 +134,13 @@ def _pipeline_stages() -> int:
     from sglang.srt.runtime_context import get_parallel
 
     return get_parallel().pp_size
+
+
+def _tp_rank() -> int:
+    """This scheduler's TP rank (SGLang 0.5.23 keeps it in its parallel context, not on the scheduler)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    return get_parallel().tp_rank
 
 
 def _tp_ranks() -> int:

@@ -87,6 +87,8 @@ def test_the_rank_check_is_off_unless_its_variable_is_1():
 
 
 def test_a_fault_named_for_one_rank_fails_only_that_ranks_forward(monkeypatch):
+    from sglang.srt.runtime_context import get_parallel
+
     monkeypatch.setenv(batch_guard.FAULT_ENV, "rank1:one-rank,everywhere,rank0:decode:first")
     assert batch_guard._fault_prefixes(decode=False, tp_rank=1) == ["one-rank", "everywhere"]
     assert batch_guard._fault_prefixes(decode=False, tp_rank=0) == ["everywhere"]
@@ -95,5 +97,6 @@ def test_a_fault_named_for_one_rank_fails_only_that_ranks_forward(monkeypatch):
     batch = SimpleNamespace(forward_mode=mode, reqs=[SimpleNamespace(rid="one-rank-7")])
     for rank, raises in ((0, False), (1, True)):
         worker = SimpleNamespace()
-        with batch_guard.injected_fault(SimpleNamespace(tp_rank=rank, model_worker=worker), batch):
-            assert hasattr(worker, "forward_batch_generation") == raises
+        with get_parallel().override(tp_size=2, tp_rank=rank):
+            with batch_guard.injected_fault(SimpleNamespace(model_worker=worker), batch):
+                assert hasattr(worker, "forward_batch_generation") == raises
