@@ -24,7 +24,6 @@ is timed (mean of `--calls`, or their median with `--median`, in ms):
 
 import argparse
 import os
-import random
 import statistics
 import sys
 import time
@@ -36,25 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from tqdm import tqdm  # noqa: E402
 
 from support.oracle import recount_freeable  # noqa: E402
-from support.replay import (B, apply_hooks, compiled, finish, laid_out, make_tree, new_request, planned,  # noqa: E402
-                            replanned, request, serve)
-
-CHUNK_PAGES = 4
-
-
-def chunk_tokens(i: int) -> tuple[int, ...]:
-    rng = random.Random(i)
-    return tuple(rng.randrange(10, 4000) for _ in range(CHUNK_PAGES * B - 3))
-
-
-def plain_ids(i: int) -> list[int]:
-    rng = random.Random(10 ** 6 + i)
-    prefix = [1 + i % 50] * (2 * B)  # 2 pages shared with every 50th request
-    return prefix + [rng.randrange(10, 4000) for _ in range(6 * B)]
-
-
-def chunked(i: int, chunks: list[int]):
-    return request(*(chunk_tokens(c) for c in chunks), prompt=(5, 6, 7, 1 + i % 97), question=(9, 8, 7))
+from support.replay import (B, apply_hooks, cached_pages, chunked, compiled, finish, laid_out, make_tree,  # noqa: E402
+                            new_request, plain_ids, planned, replanned, serve)
 
 
 def strip(lay) -> list[int]:
@@ -68,8 +50,7 @@ class Filler:
         self.tree, self.mepic, self.i, self.next_chunk = tree, mepic, 0, 0
 
     def cached_pages(self) -> int:
-        total = self.tree.token_to_kv_pool_allocator.size // B
-        return total - self.tree.token_to_kv_pool_allocator.available_size() // B
+        return cached_pages(self.tree)
 
     def send(self):
         tree, i = self.tree, self.i

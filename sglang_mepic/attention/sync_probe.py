@@ -25,14 +25,22 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeVar
 
 import torch
 
 if TYPE_CHECKING:
-    from sglang_mepic.attention.backend import MepicAttnBackend
+    from sglang_mepic.pages.positions import PositionMap
 
 T = TypeVar("T")
+
+
+class Watchable(Protocol):
+    """What `install` reads of the backend it watches (MepicAttnBackend, which imports this module: naming the
+    class here would make the two import each other)."""
+
+    use_triton: bool
+    positions: PositionMap
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +114,7 @@ class SyncProbe:
                            message.strip().splitlines()[0], place)
 
 
-def install(backend: MepicAttnBackend, mode: str | None) -> SyncProbe | None:
+def install(backend: Watchable, mode: str | None) -> SyncProbe | None:
     """Watch the backend's per-batch calls if MEPIC_SYNC_DEBUG asks (`mode`, from the settings: the GPU path
     only, since the torch path reads per-request values on the host by design)."""
     if mode is None or not backend.use_triton or not torch.cuda.is_available():

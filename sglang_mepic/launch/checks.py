@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-from sglang_mepic import env, modes
+from sglang_mepic import env
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE, LaunchError, known_flags
 
 # backend.SUPPORTED_ARCHITECTURES, named here without importing SGLang before its environment is set
@@ -32,9 +32,9 @@ def check_parallelism(argv: list[str]) -> None:
     `--tp-size N` is served when the model's attention heads and KV heads both divide by N: each rank keeps
     its own heads of every page and runs the same scheduler on the same requests, so chunk keys, plans and
     page ids agree, and a storage entry is keyed by (tp_rank, tp_size). Refused under TP > 1:
-    - a model whose heads do not divide (SGLang would pad or replicate them: untested here);
-    - `--mepic-mode cacheblend-*`: its deviation is summed over one rank's heads, so ranks would recompute
-      different tokens;
+    - a model whose heads do not divide (SGLang would pad or replicate them: untested here).
+    CacheBlend is served: its per-token KV deviation is summed over the ranks' heads (an all-reduce at the
+    check layer, attention/blend.py) before it selects, so every rank recomputes the same tokens.
     Shared storage and the host tier are served: what a rank finds there is its own (a read's timeout, an
     outage), so the ranks agree on it each round by a MIN all-reduce, as HiCache's do (tiers/agreement.py),
     and each rank's host pool takes the GB asked (check_host_memory counts every rank).
@@ -60,11 +60,6 @@ def check_parallelism(argv: list[str]) -> None:
         raise LaunchError(f"--tp-size {tp}: --radix-cache-backend mepic serves TP only where the model's attention "
                           f"heads ({heads[0]}) and KV heads ({heads[1]}) both divide by the TP size (padded or "
                           f"replicated heads are untested); use a --tp-size that divides both")
-    settings = env.settings()
-    if modes.planning(settings.mode) is modes.Planning.BLEND:
-        raise LaunchError(f"--tp-size {tp}: --mepic-mode {settings.mode.name} chooses the tokens it recomputes by a "
-                          "KV deviation summed over one rank's heads, so the ranks would choose differently; use "
-                          "--tp-size 1 with CacheBlend")
 
 
 def check_data_parallel(known: argparse.Namespace) -> None:
@@ -254,7 +249,7 @@ def check_host_memory(gigabytes: float, ranks: int = 1) -> None:
 
 def check_model_fits(folder: Path, argv: list[str]) -> None:
     """Refuse a model the mepic attention backend would refuse only once loaded (in a child process):
-    what `backend.MepicAttnBackend._take_over_rotary` checks that config.json already tells."""
+    what `attention/rotary_takeover.py::take_over_rotary` checks that config.json already tells."""
     try:
         hf = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as e:

@@ -9,13 +9,12 @@ pages, 1.1 ms at 100k). Counted here in pages settled, not in time: a count does
 depend on the machine's load.
 """
 
-import random
-
 import pytest
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
 from support.oracle import recount_freeable
-from support.replay import B, apply_hooks, compile_all, finish, laid_out, make_tree, planned, request, serve
+from support.replay import (B, apply_hooks, cached_pages, chunked, compile_all, finish, laid_out, make_tree, plain_ids,
+                            planned, serve)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -23,26 +22,8 @@ def hooks():
     apply_hooks()
 
 
-CHUNK_PAGES = 4
-
-
-def chunk(i: int) -> tuple[int, ...]:
-    rng = random.Random(i)
-    return tuple(rng.randrange(10, 4000) for _ in range(CHUNK_PAGES * B - 3))
-
-
 def plain(i: int) -> list[int]:
-    rng = random.Random(10 ** 6 + i)
-    return [1 + i % 7] * (2 * B) + [rng.randrange(10, 4000) for _ in range(6 * B)]
-
-
-def chunked(i: int, chunks):
-    return request(*(chunk(c) for c in chunks), prompt=(5, 6, 7, 1 + i % 97), question=(9, 8, 7))
-
-
-def cached_pages(tree) -> int:
-    allocator = tree.token_to_kv_pool_allocator
-    return (allocator.size - allocator.available_size()) // B
+    return plain_ids(i, groups=7)
 
 
 def filled(pages: int):

@@ -437,20 +437,23 @@ def test_tp_is_served_where_the_heads_and_kv_heads_divide(tmp_path, tp, heads, k
         checks.check_parallelism(argv)
 
 
-@pytest.mark.parametrize("setting, value, named", [
-    ("MODE", "cacheblend-0.15", "--mepic-mode cacheblend-0.15 chooses the tokens it recomputes")])
-def test_what_ranks_would_decide_apart_is_refused_under_tp(tmp_path, monkeypatch, setting, value, named):
-    """CacheBlend's deviation is one rank's heads: the ranks would plan one request differently. (Shared
-    storage and the host tier are agreed by the ranks: tests/scale_out/test_tp_agreement.py.)"""
+@pytest.mark.parametrize("spelling", [["--tp-size", "2"], ["--tp", "2"], ["--tensor-parallel-size", "4"]])
+def test_cacheblend_is_served_under_tp(tmp_path, monkeypatch, spelling):
+    """CacheBlend sums its per-token KV deviation over the ranks' heads before it selects (attention/blend.py),
+    so every rank recomputes the same tokens: served under TP, where it was refused (its deviation was one
+    rank's heads). tests/scale_out/e2e/test_tensor_parallel_cacheblend.py serves it."""
     from sglang_mepic import config, env
 
-    argv, _ = with_defaults(["--model-path", _heads_folder(tmp_path, 4, 2), "--tp-size", "2"], cuda=True)
-    checks.check_parallelism(argv)
-    monkeypatch.setenv(getattr(config, setting).env, value)
+    monkeypatch.setenv(config.MODE.env, "cacheblend-0.15")
     env.reload()
-    with pytest.raises(SystemExit, match=f"--tp-size 2: {named}"):
-        checks.check_parallelism(argv)
-    checks.check_parallelism(with_defaults(["--model-path", "m", "--tp-size", "1"], cuda=True)[0])
+    checks.check_parallelism(with_defaults(["--model-path", _heads_folder(tmp_path, 8, 4), *spelling], cuda=True)[0])
+
+
+@pytest.mark.parametrize("flags", [["--tp-size", "2", "--mepic-mode", "cacheblend-0.15"],
+                                   ["--tp", "2", "--mepic-mode", "cacheblend-1.0"]])
+def test_cacheblend_at_tp_2_passes_the_launchers_checks(tiny_model, launch_here, flags):
+    with pytest.raises(ReachedSGLang):
+        launch_here("--model-path", tiny_model, "--port", "1", *flags)
 
 
 def test_a_cpu_tp_server_binds_each_rank_to_its_own_cores(monkeypatch):
@@ -519,7 +522,6 @@ REFUSED = [
     (["--radix-cache-backend", "nope"], "--radix-cache-backend nope"),
     (["--tp-size", "3"], "--tp-size 3: --radix-cache-backend mepic serves TP only where the model's attention "
                          "heads (4) and KV heads (2) both divide"),
-    (["--tp-size", "2", "--mepic-mode", "cacheblend-0.15"], "--tp-size 2: --mepic-mode cacheblend-0.15 chooses"),
     (["--tp-size", "0"], "--tp-size 0: must be at least 1"),
     (["--dp-size", "-1"], "--dp-size -1: must be at least 1"),
     (["--port", "70000"], "--port 70000: a TCP port is 1-65535"),

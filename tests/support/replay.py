@@ -1,6 +1,7 @@
 """Replays the scheduler's cache calls (match, admit, allocate, insert, release) on
 the mepic radix cache over SGLang's real paged allocator, without a server or a model."""
 
+import random
 import time
 from array import array
 from types import SimpleNamespace
@@ -306,3 +307,29 @@ def prioritise(tree, waiting, policy="lpm"):
 def budget(tree) -> int:
     """What the scheduler's memory check counts as room for a request: free + evictable slots."""
     return tree.pages.available() * B + tree.evictable_size()
+
+
+# The workload eval.bench.cache, eval.bench.step and the cost tests fill a tree with.
+
+def chunk_tokens(i: int, pages: int = 4) -> tuple[int, ...]:
+    """Chunk `i`'s tokens: `pages` pages once laid out (3 slots short of them, so its pads pad it there)."""
+    rng = random.Random(i if pages == 4 else f"{pages}:{i}")  # 4 pages: eval.bench.cache's chunks as they were
+    return tuple(rng.randrange(10, 4000) for _ in range(pages * B - 3))
+
+
+def plain_ids(i: int, groups: int = 50) -> list[int]:
+    """A plain request of 8 pages whose first 2 it shares with every `groups`-th request."""
+    rng = random.Random(10 ** 6 + i)
+    return [1 + i % groups] * (2 * B) + [rng.randrange(10, 4000) for _ in range(6 * B)]
+
+
+def chunked(i: int, chunks, pages: int = 4):
+    """A laid-out request reading chunks `chunks` (of `pages` pages each, `chunk_tokens`) between its prompt and
+    question."""
+    return request(*(chunk_tokens(c, pages) for c in chunks), prompt=(5, 6, 7, 1 + i % 97), question=(9, 8, 7))
+
+
+def cached_pages(tree) -> int:
+    """Pages of the pool not free: what the tree, the store and running requests hold."""
+    allocator = tree.token_to_kv_pool_allocator
+    return (allocator.size - allocator.available_size()) // B
