@@ -44,7 +44,9 @@ SMOL_TTFT = {"squad": RESULTS / "compile-rows" / "smol-squad-after" / "results.j
 # What the memory buys (issue 50): capacity within the SLO at a fixed pool, and KV at matched concurrency.
 CAPACITY = RESULTS / "capacity" / "results.json"
 # The same search on another dataset and on the default model, at one pool each (issue 50).
-CAPACITY_MORE = {"capacity-hotpotqa": RESULTS / "capacity-hotpotqa" / "results.json",
+CAPACITY_MORE = {"capacity-decode-long": RESULTS / "capacity-decode-long" / "results.json",
+                 "capacity-decode-fp8": RESULTS / "capacity-decode-fp8" / "results.json",
+                 "capacity-hotpotqa": RESULTS / "capacity-hotpotqa" / "results.json",
                  "capacity-smollm2": RESULTS / "capacity-smollm2" / "results.json"}
 # fp8 KV (issue 73): mepic over an fp8 cache against a bf16 one, at equal pool bytes (eval.experiments.capacity --equal-bytes):
 # the runs paired by seed in time (one invocation a seed, 2026-11-30), newest first, then the first run.

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.schedule_policy import PrefillAdder
 
-    from sglang_mepic.cache.link import Shape
+    from sglang_mepic.cache.shape import Shape
 
 # The layout (a `CompileLayout`) of each compile row a scheduler made. Only this module adds to
 # it, for Req objects it makes: nothing a client sends can make a row a compile.
@@ -99,7 +99,7 @@ def layout(chunk_ids: Sequence[int], chunk_pads: Iterable[tuple[int, int]], page
 
 
 def chunk_layout(shape: Shape, index: int, page_size: int, sink: int | None) -> CompileLayout:
-    """The compile row of chunk segment `index` of a laid-out request (link.Shape)."""
+    """The compile row of chunk segment `index` of a laid-out request (shape.Shape)."""
     start, end = shape.chunk_slots[index]
     pads = [(max(s, start) - start, min(s + n, end) - max(s, start)) for s, n in shape.pads
             if s < end and s + n > start]

@@ -26,7 +26,7 @@ from sglang_mepic.cache.plan import Plan, arrangement_tag, make_plan, page_tag, 
 from sglang_mepic.wire.layout import NO_POSITION, PAD_ID
 
 if TYPE_CHECKING:
-    from sglang_mepic.cache.link import Shape
+    from sglang_mepic.cache.shape import Shape
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class Planned:
 
 def plan(shape: Shape, resident: dict[str, tuple[int, ...]], mode: modes.Mode, page_size: int,
          canonical_from: int | None, logprob_start: int | None, holds_natural: bool = False) -> Planned:
-    """Plan `shape` (link.Shape) against the chunks `resident` on the device (key -> canonical pages).
+    """Plan `shape` (shape.Shape) against the chunks `resident` on the device (key -> canonical pages).
 
     logprob_start: the first slot whose input logprob is asked; chunks that end after it are
     computed (SGLang likewise limits its prefix match there), and pages from there keep their places.

@@ -21,7 +21,8 @@ from sglang_mepic.pages.chunk_store import ChunkStore
 from sglang_mepic.tiers.levels import PENDING, Tiers
 
 if TYPE_CHECKING:
-    from sglang_mepic.cache.link import Link, Shape
+    from sglang_mepic.cache.link import Link
+    from sglang_mepic.cache.shape import Shape
 
 
 class Readiness:

@@ -31,7 +31,8 @@ from typing import cast
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 
-from sglang_mepic.cache.link import Link, Shape
+from sglang_mepic.cache.link import Link
+from sglang_mepic.cache.shape import Shape
 from sglang_mepic.pages.chunk_store import ChunkStore
 from sglang_mepic.pages.pool_pages import PoolPages
 from sglang_mepic.pages.refs import PageRefs

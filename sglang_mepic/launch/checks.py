@@ -55,7 +55,19 @@ def check_parallelism(argv: list[str]) -> None:
     tp = known.tp_size
     if tp <= 1:
         return
-    heads = _attention_heads(known.model_path)
+    check_tp_heads(known.model_path, tp, must_read=False)
+
+
+def check_tp_heads(model_path: str | Path | None, tp: int, must_read: bool) -> None:
+    """Under `--tp-size` above 1 with the mepic cache, the model's attention and KV heads divide by it.
+    must_read: the folder exists now (check_model_fits, after the default model is built), so heads that
+    cannot be read are refused too; before that (check_parallelism) an unreadable folder is left to
+    check_model_path."""
+    heads = _attention_heads(None if model_path is None else str(model_path))
+    if heads is None and must_read:
+        raise LaunchError(f"--tp-size {tp}: --radix-cache-backend mepic serves TP only where it can read the "
+                          "model's attention and KV heads (num_attention_heads, num_key_value_heads) from its "
+                          "config.json, and this one does not say them")
     if heads is not None and (heads[0] % tp or heads[1] % tp):
         raise LaunchError(f"--tp-size {tp}: --radix-cache-backend mepic serves TP only where the model's attention "
                           f"heads ({heads[0]}) and KV heads ({heads[1]}) both divide by the TP size (padded or "
@@ -249,14 +261,19 @@ def check_host_memory(gigabytes: float, ranks: int = 1) -> None:
 
 def check_model_fits(folder: Path, argv: list[str]) -> None:
     """Refuse a model the mepic attention backend would refuse only once loaded (in a child process):
-    what `attention/rotary_takeover.py::take_over_rotary` checks that config.json already tells."""
+    what `attention/rotary_takeover.py::take_over_rotary` checks that config.json already tells; and under TP,
+    heads the TP size does not divide, for a folder that did not exist at check_parallelism (the default
+    model, built after the flag checks)."""
     try:
         hf = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise LaunchError(f"{folder / 'config.json'}: cannot be read as JSON ({e})") from None
     if not isinstance(hf, dict):
         raise LaunchError(f"{folder / 'config.json'}: not a JSON object")
-    if known_flags(argv).attention_backend != "mepic":
+    known = known_flags(argv)
+    if known.radix_cache_backend == "mepic" and known.tp_size > 1:  # the default model exists only now
+        check_tp_heads(folder, known.tp_size, must_read=True)
+    if known.attention_backend != "mepic":
         return
     archs = hf.get("architectures") or []
     other = "serve it with another --attention-backend (and --radix-cache-backend sglang)"

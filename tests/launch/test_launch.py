@@ -503,6 +503,29 @@ def test_a_tp_size_the_heads_do_not_divide_is_refused_before_anything_loads(tiny
             "heads (2) both divide by the TP size") in out.stderr
 
 
+@pytest.mark.parametrize("spelling", [["--tp-size", "2"], ["--tp", "2"], ["--tensor-parallel-size", "2"]])
+def test_tp_heads_are_checked_again_once_the_model_folder_exists(tmp_path, spelling):
+    """The flag checks run before the launcher builds the default model (SmolLM2: 9 heads, 3 KV heads), so
+    check_parallelism finds no config.json and lets --tp 2 by; check_model_fits, which runs once the folder
+    exists, refuses it, and a config.json that does not say its heads."""
+    folder = tmp_path / "model"
+    argv, _ = with_defaults(["--model-path", str(folder), *spelling], cuda=True)
+    checks.check_parallelism(argv)  # not built yet: nothing to read
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                                    "num_attention_heads": 9, "num_key_value_heads": 3}))
+    with pytest.raises(SystemExit, match=r"--tp-size 2: .* attention heads \(9\) and KV heads \(3\) both divide"):
+        checks.check_model_fits(folder, argv)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(SystemExit, match="--tp-size 2: .* this one does not say them"):
+        checks.check_model_fits(folder, argv)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                                    "num_attention_heads": 8, "num_key_value_heads": 2}))
+    checks.check_model_fits(folder, argv)
+    checks.check_model_fits(folder, with_defaults(["--model-path", str(folder), "--tp-size", "2",
+                                                   "--radix-cache-backend", "sglang"], cuda=True)[0])
+
+
 def test_tp_2_on_the_tiny_model_passes_the_launchers_checks(tiny_model, launch_here):
     with pytest.raises(ReachedSGLang):
         launch_here("--model-path", tiny_model, "--port", "1", "--tp-size", "2")

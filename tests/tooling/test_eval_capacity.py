@@ -418,3 +418,15 @@ def test_a_decode_heavy_request_is_judged_on_its_time_per_output_token():
     probe = capacity.judge([fast_decode, slow_decode], 1.0, 10.0, SimpleNamespace(pages=[], anatomy=[]), None, {},
                            SimpleNamespace(**vars(judged), attainment=0.5, queue_slack=0.5))
     assert probe.attainment == 0.5 and probe.tpot_p50 == pytest.approx(0.035, abs=0.016)
+
+
+@pytest.mark.parametrize("flags, named", [(["--tpot-slo", "0"], "TPOT SLO 0.0 s"),
+                                          (["--tpot-slo", "-0.04"], "TPOT SLO -0.04 s"),
+                                          (["--ttft-slo", "0"], "TTFT SLO 0.0 s")])
+def test_an_slo_that_no_request_can_meet_is_refused(flags, named):
+    """A TPOT or TTFT SLO of zero or less would judge every request a miss (capacity 0 for every system)
+    after minutes of probing; it is refused before any model is built."""
+    args = capacity.parser().parse_args(["--systems", "mepic", "--pools", "64", *flags])
+    with pytest.raises(SystemExit, match=named):
+        capacity.plan(args)
+    capacity.plan(capacity.parser().parse_args(["--systems", "mepic", "--pools", "64", "--tpot-slo", "0.04"]))
