@@ -850,12 +850,13 @@ def plan(args, variants: dict = KV_VARIANTS) -> Plan:
                targets=[int(n) for n in args.matched.split(",") if n.strip()])
     bad = [s for s in got.systems if s not in SYSTEMS and s not in variants]
     if bad or min(got.pools) < 16 or not 0 < args.attainment <= 1 or args.min_rate <= 0 or args.max_rate < args.min_rate \
-            or args.new_tokens < 1 or not args.ttft_slo > 0 or not (args.tpot_slo is None or args.tpot_slo > 0):
+            or args.new_tokens < 1 or not args.ttft_slo > 0 or not (args.tpot_slo is None or args.tpot_slo > 0) \
+            or not args.e2e_slo > 0:
         raise SystemExit(f"bad arguments: systems {bad or 'ok'} (from {', '.join([*SYSTEMS, *variants])}), "
                          f"pools {got.pools} "
                          f"(>= 16 pages), attainment {args.attainment} (0-1], rates {args.min_rate}-{args.max_rate}, "
-                         f"new tokens {args.new_tokens} (>= 1), TTFT SLO {args.ttft_slo} s and TPOT SLO "
-                         f"{args.tpot_slo} s (> 0)")
+                         f"new tokens {args.new_tokens} (>= 1), TTFT SLO {args.ttft_slo} s, TPOT SLO {args.tpot_slo} s "
+                         f"and e2e SLO {args.e2e_slo} s (> 0)")
     return got
 
 

@@ -219,6 +219,7 @@ class MepicAttnBackend(CudaGraphHooks):
         if self.graph is not None:
             self.graph.active = False
         self.copies = None
+        self._fresh = None  # CacheBlend's mask is one forward's: a later layer never reads a stale one
         self._splits = self._kv_end = None
         self.decode_rows = None
         self.decode_general = []
@@ -288,7 +289,10 @@ class MepicAttnBackend(CudaGraphHooks):
                 mode, cast(tuple[torch.Tensor, torch.Tensor], self.copies), loc, k, v,
                 self.token_to_kv_pool.get_key_buffer(layer.layer_id),
                 self.token_to_kv_pool.get_value_buffer(layer.layer_id), self._scales(layer), self.rank_sum)
-        return cast(torch.Tensor, self._fresh)
+        if self._fresh is None:  # a layer after the check layer, in a forward whose check layer saved nothing
+            raise RuntimeError(f"mepic attention: CacheBlend layer {layer.layer_id} saves KV before its check layer "
+                               f"{mode.check_layer} chose the tokens to recompute in this forward")
+        return self._fresh
 
     def _run(self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch, q_lens: list[int],
              decode: bool = False, saved: bool = True) -> torch.Tensor:

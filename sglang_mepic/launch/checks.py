@@ -116,7 +116,7 @@ def _attention_heads(model_path: str | None) -> tuple[int, int] | None:
     text_config = hf.get("text_config")
     text = text_config if isinstance(text_config, dict) else hf
     heads = text.get("num_attention_heads")
-    kv = text.get("num_key_value_heads", heads)
+    kv = text.get("num_key_value_heads") or heads  # absent or null: one KV head per head, as HF reads it
     return (heads, kv) if isinstance(heads, int) and isinstance(kv, int) and heads > 0 and kv > 0 else None
 
 

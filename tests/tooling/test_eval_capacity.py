@@ -422,9 +422,11 @@ def test_a_decode_heavy_request_is_judged_on_its_time_per_output_token():
 
 @pytest.mark.parametrize("flags, named", [(["--tpot-slo", "0"], "TPOT SLO 0.0 s"),
                                           (["--tpot-slo", "-0.04"], "TPOT SLO -0.04 s"),
-                                          (["--ttft-slo", "0"], "TTFT SLO 0.0 s")])
+                                          (["--ttft-slo", "0"], "TTFT SLO 0.0 s"),
+                                          (["--e2e-slo", "0"], "e2e SLO 0.0 s"),
+                                          (["--e2e-slo", "nan"], "e2e SLO nan s")])
 def test_an_slo_that_no_request_can_meet_is_refused(flags, named):
-    """A TPOT or TTFT SLO of zero or less would judge every request a miss (capacity 0 for every system)
+    """A TTFT, TPOT or e2e SLO of zero or less (or NaN) would judge every request a miss (capacity 0 for every system)
     after minutes of probing; it is refused before any model is built."""
     args = capacity.parser().parse_args(["--systems", "mepic", "--pools", "64", *flags])
     with pytest.raises(SystemExit, match=named):
