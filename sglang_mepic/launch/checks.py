@@ -55,15 +55,15 @@ def check_parallelism(argv: list[str]) -> None:
     tp = known.tp_size
     if tp <= 1:
         return
-    check_tp_heads(known.model_path, tp, must_read=False)
+    check_tp_heads(known.model_path, tp, must_read=False, override=known.json_model_override_args)
 
 
-def check_tp_heads(model_path: str | Path | None, tp: int, must_read: bool) -> None:
+def check_tp_heads(model_path: str | Path | None, tp: int, must_read: bool, override: str | None = None) -> None:
     """Under `--tp-size` above 1 with the mepic cache, the model's attention and KV heads divide by it.
     must_read: the folder exists now (check_model_fits, after the default model is built), so heads that
     cannot be read are refused too; before that (check_parallelism) an unreadable folder is left to
     check_model_path."""
-    heads = _attention_heads(None if model_path is None else str(model_path))
+    heads = _attention_heads(None if model_path is None else str(model_path), override)
     if heads is None and must_read:
         raise LaunchError(f"--tp-size {tp}: --radix-cache-backend mepic serves TP only where it can read the "
                           "model's attention and KV heads (num_attention_heads, num_key_value_heads) from its "
@@ -104,15 +104,22 @@ def check_data_parallel(known: argparse.Namespace) -> None:
                           "with a host tier or shared storage")
 
 
-def _attention_heads(model_path: str | None) -> tuple[int, int] | None:
+def _attention_heads(model_path: str | None, override: str | None = None) -> tuple[int, int] | None:
     """(attention heads, KV heads) from the model folder's config.json (a text config's, for a multimodal
-    one); None where the folder or its counts cannot be read (check_model_path refuses that folder)."""
+    one), with `--json-model-override-args` laid over it as SGLang lays it over the HF config; None where
+    the folder or its counts cannot be read (check_model_path refuses that folder)."""
     try:
         hf = json.loads((Path(model_path or "").expanduser() / "config.json").read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(hf, dict):
         return None
+    try:
+        extra = json.loads(override) if override else {}
+    except ValueError:
+        raise LaunchError(f"--json-model-override-args {override}: not JSON") from None
+    if isinstance(extra, dict):
+        hf = {**hf, **extra}
     text_config = hf.get("text_config")
     text = text_config if isinstance(text_config, dict) else hf
     heads = text.get("num_attention_heads")
@@ -272,7 +279,7 @@ def check_model_fits(folder: Path, argv: list[str]) -> None:
         raise LaunchError(f"{folder / 'config.json'}: not a JSON object")
     known = known_flags(argv)
     if known.radix_cache_backend == "mepic" and known.tp_size > 1:  # the default model exists only now
-        check_tp_heads(folder, known.tp_size, must_read=True)
+        check_tp_heads(folder, known.tp_size, must_read=True, override=known.json_model_override_args)
     if known.attention_backend != "mepic":
         return
     archs = hf.get("architectures") or []

@@ -77,6 +77,7 @@ def known_flags(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--enable-cache-report", action="store_true")
     p.add_argument("--log-level")
     p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--json-model-override-args")
     p.add_argument("--pp-size", type=int, default=1)
     p.add_argument("--dp-size", type=int, default=1)
     p.add_argument("--load-balance-method")

@@ -522,6 +522,12 @@ def test_tp_heads_are_checked_again_once_the_model_folder_exists(tmp_path, spell
     (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
                                                     "num_attention_heads": 8, "num_key_value_heads": 2}))
     checks.check_model_fits(folder, argv)
+    # SGLang lays --json-model-override-args over the config: heads given there are the ones checked
+    overridden, _ = with_defaults(["--model-path", str(folder), *spelling, "--json-model-override-args",
+                                   json.dumps({"num_key_value_heads": 3})], cuda=True)
+    with pytest.raises(SystemExit, match=r"attention heads \(8\) and KV heads \(3\)"):
+        checks.check_parallelism(overridden)
+    checks.check_model_fits(folder, argv)
     checks.check_model_fits(folder, with_defaults(["--model-path", str(folder), "--tp-size", "2",
                                                    "--radix-cache-backend", "sglang"], cuda=True)[0])
 
@@ -592,6 +598,7 @@ REFUSED_TOO = [
     (["--schedule-policy", "priority"], "--schedule-policy priority: SGLang 0.5.23 lists it, but"),
     (["--enable-hicache"], "--enable-hierarchical-cache: SGLang's HiCache does not work"),  # SGLang's other name
     (["--tensor-parallel-size", "4"], "--tp-size 4: --radix-cache-backend mepic serves TP only where"),
+    (["--tp-size", "2", "--json-model-override-args", "{"], "--json-model-override-args {: not JSON"),
     (["--dp-size", "2", "--tp-size", "2"], "--dp-size 2 with --tp-size 2: --radix-cache-backend mepic serves data"),
     (["--dp-size", "2", "--load-balance-method", "follow_bootstrap_room"],
      "--load-balance-method follow_bootstrap_room: SGLang's DP controller routes by the bootstrap room"),
