@@ -20,7 +20,7 @@ import requests
 from cache.e2e.test_cache_independence import SEED, workload
 from sglang_mepic.launch import models
 from sglang_mepic.process.server_process import ServerProcess
-from support.warm_alone import flush
+from support import tp_requests
 
 MODE = ("--mepic-mode", "cacheblend-0.15")
 REQUESTS = 10  # of the independence workload (seed SEED): about a minute at TP 2 on 2 cores
@@ -39,29 +39,8 @@ def work():
     return workload(random.Random(SEED))[:REQUESTS]
 
 
-def generate(server, ids):
-    r = requests.post(server.url + "/generate", timeout=180, json={
-        "input_ids": ids, "return_logprob": True,
-        "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}})
-    assert r.status_code == 200, r.text
-    meta = r.json()["meta_info"]
-    return r.json()["output_ids"], [lp for lp, *_ in meta["output_token_logprobs"]], \
-        {k: meta.get(k) for k in REPORT}
-
-
-def totals(server) -> dict:
-    state = requests.get(server.url + "/server_info", timeout=60).json()
-    return {k: state["internal_states"][0]["mepic"][k] for k in TOTALS}
-
-
 def sequence(server, work):
-    """Each request in turn from an empty cache (so each meets what the ones before it left), and what the
-    server's totals grew by."""
-    flush(server.url)
-    before = totals(server)
-    answers = [generate(server, ids) for ids in work]
-    after = totals(server)
-    return answers, {k: after[k] - before[k] for k in TOTALS}
+    return tp_requests.sequence(server, work, REPORT, TOTALS, timeout=180)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from cache.e2e.test_cache_independence import SEED, workload
 from sglang_mepic.env import CHECK_RANKS_ENV
 from sglang_mepic.hardening.batch_guard import FAULT_ENV
 from sglang_mepic.process.server_process import ServerProcess
+from support import tp_requests
 from support.warm_alone import flush, warm_then_alone
 
 REQUESTS = 16  # of the independence workload (seed SEED): chunks that collide, repeat and reorder
@@ -42,30 +43,11 @@ def work():
 
 
 def generate(server, ids, rid=None):
-    body = {"input_ids": ids, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
-    if rid is not None:
-        body["rid"] = rid
-    r = requests.post(server.url + "/generate", timeout=120, json=body)
-    assert r.status_code == 200, r.text
-    meta = r.json()["meta_info"]
-    return r.json()["output_ids"], [lp for lp, *_ in meta["output_token_logprobs"]], \
-        {k: meta.get(k) for k in REPORT}
-
-
-def totals(server) -> dict:
-    state = requests.get(server.url + "/server_info", timeout=60).json()
-    return {k: state["internal_states"][0]["mepic"][k] for k in TOTALS}
+    return tp_requests.generate(server, ids, REPORT, rid=rid)
 
 
 def sequence(server, work):
-    """Each request in turn from an empty cache (so each meets what the ones before it left), and what the
-    server's totals grew by."""
-    flush(server.url)
-    before = totals(server)
-    answers = [generate(server, ids) for ids in work]
-    after = totals(server)
-    return answers, {k: after[k] - before[k] for k in TOTALS}
+    return tp_requests.sequence(server, work, REPORT, TOTALS)
 
 
 def test_the_launcher_serves_tp_2_with_each_rank_on_its_own_core(tp2):
