@@ -72,8 +72,8 @@ Output (--out; without it the scratch folder eval/results/local/capacity, git-ig
 run never replaces the committed eval/results/capacity: a run to commit names its folder, eval/lib/outputs.py):
 results.json (every probe), table.md (capacity table, matched table, the command, the machine's load before and
 after, the wall time) and capacity.png (capacity against pool pages, a line per system, the range over seeds
-shaded) and anatomy.png (where the pages went over the capacity point's probe, one panel per system:
-eval/lib/anatomy.py). Every finished cell is appended to cells.jsonl as it ends (`--resume` keeps them).
+shaded), anatomy.png (where the pages went over the capacity point's probe, one panel per system:
+eval/lib/anatomy.py) and in_flight.png (the requests running and waiting over that probe). Every finished cell is appended to cells.jsonl as it ends (`--resume` keeps them).
 """
 
 import argparse
@@ -940,7 +940,7 @@ def stop_reason(invocation: dict) -> str:
 
 
 def report(args, cells: list[Cell], systems: list[str], pools: list[int], settings: str) -> None:
-    """table.md, results.json, capacity.png and anatomy.png in --out, from every cell and invocation there."""
+    """table.md, results.json, capacity.png, anatomy.png and in_flight.png in --out, from every cell and invocation there."""
     invocations = args.out / "invocations.jsonl"
     runs = [json.loads(line) for line in invocations.read_text().splitlines()] if invocations.is_file() else []
     systems = systems + [s for s in dict.fromkeys(c.system for c in cells) if s not in systems]
@@ -964,10 +964,13 @@ def report(args, cells: list[Cell], systems: list[str], pools: list[int], settin
         {"invocations": runs, "args": {k: str(v) for k, v in vars(args).items()},
          "cells": [asdict(c) for c in cells]}, indent=1))
     plot(cells, systems, pools, args.out / "capacity.png")
-    anatomy.plot(anatomy_panels(cells, systems, pools), args.out / "anatomy.png",
+    panels = anatomy_panels(cells, systems, pools)
+    anatomy.plot(panels, args.out / "anatomy.png",
                  "Where the pages go: the capacity point (else a matched run), smallest pool, first seed")
+    anatomy.plot_in_flight(panels, args.out / "in_flight.png",
+                           "Requests in flight at the capacity point (else a matched run), smallest pool, first seed")
     print(text)
-    print(f"[capacity] {args.out / 'table.md'}, results.json, capacity.png, anatomy.png")
+    print(f"[capacity] {args.out / 'table.md'}, results.json, capacity.png, anatomy.png, in_flight.png")
 
 
 def main(argv=None) -> None:

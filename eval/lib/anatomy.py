@@ -34,7 +34,9 @@ def in_pages(sample: dict, page_size: int) -> dict:
 
 def summarise(samples: list[dict]) -> dict:
     """A probe's anatomy: `peak` (the sample where the most pages were used), `mean` (each category over
-    the samples) and `series` (at most SERIES_POINTS samples: t, then the categories in CATEGORIES order)."""
+    the samples), `series` (at most SERIES_POINTS samples: t, then the categories in CATEGORIES order) and
+    `flight` (the same samples' t, requests running (holding KV rows) and waiting in SGLang's queue; a server
+    from before it said the waiting ones reads None there)."""
     if not samples:
         return {}
     peak = max(samples, key=lambda s: s.get("used_pages", 0))
@@ -45,6 +47,7 @@ def summarise(samples: list[dict]) -> dict:
         "mean": {k: round(statistics.fmean(s.get(k, 0) for s in samples), 1)
                  for k in ("used_pages", "running_requests", "pad_slots", *CATEGORIES)},
         "series": [[s["t"], *(s.get(k, 0) for k in CATEGORIES)] for s in samples[::step]],
+        "flight": [[s["t"], s.get("running_requests", 0), s.get("waiting_requests")] for s in samples[::step]],
     }
 
 
@@ -86,6 +89,36 @@ def plot(panels: list[tuple[str, dict]], path: Path, title: str) -> None:
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("seconds into the probe")
     axes[0, 0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the panels, not on them
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_in_flight(panels: list[tuple[str, dict]], path: Path, title: str) -> None:
+    """Requests running (holding KV rows) and waiting for admission over a probe's time, a line each, one
+    panel per (label, anatomy): what the pool let each system run at once at its capacity point."""
+    panels = [(label, a) for label, a in panels if a.get("flight")]
+    if not panels:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 1.8 * len(panels) + 0.8), sharex=True, squeeze=False)
+    top = max(max(row[1], row[2] or 0) for _, a in panels for row in a["flight"])
+    for ax, (label, a) in zip(axes[:, 0], panels):
+        t = [row[0] for row in a["flight"]]
+        ax.plot(t, [row[1] for row in a["flight"]], label="running (holding KV)", color="tab:blue")
+        if any(row[2] is not None for row in a["flight"]):
+            ax.plot(t, [row[2] or 0 for row in a["flight"]], label="waiting", color="tab:red", linestyle="--")
+        ax.set_ylim(0, top + 1)  # one scale for every panel: systems compare by height
+        ax.set_ylabel("requests")
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("seconds into the probe")
+    axes[0, 0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

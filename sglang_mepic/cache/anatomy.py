@@ -64,5 +64,7 @@ def of_scheduler(scheduler: Scheduler) -> dict[str, int]:
     chunk_pages = torch.tensor(store.held_pages() if store is not None else [], dtype=torch.int64)
     evictable = torch.tensor(sorted(ledger.freeable_pages()), dtype=torch.int64) if ledger is not None else None
     counts = anatomy.count(used.nonzero().flatten(), reads, compiling, chunk_pages, evictable, num_pages)
+    # Waiting: queued, no KV row yet (what a pool that binds makes wait).
+    waiting = len(getattr(scheduler, "waiting_queue", None) or ())
     return {**counts, "used_pages": int(used.sum()), "pad_slots": pads, "running_requests": len(reads),
-            "page_size": b}
+            "waiting_requests": waiting, "page_size": b}

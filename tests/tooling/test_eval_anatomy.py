@@ -41,3 +41,13 @@ def test_a_sample_counted_in_tokens_is_put_in_the_pages_every_system_is_compared
     assert pages["used_pages"] == 1387.1 and pages["private"] == 1135.0 and pages["prefix_evictable"] == 252.1
     assert pages["pad_slots"] == 3 and pages["running_requests"] == 2 and pages["t"] == 0  # counts, not pages
     assert anatomy.in_pages(sample(0, 9, private=9), 16) == sample(0, 9, private=9)
+
+
+def test_the_requests_in_flight_are_kept_beside_the_pages_and_plotted(tmp_path):
+    samples = [sample(i, 5, private=5) | {"running_requests": i % 4, "waiting_requests": 3 - i % 4} for i in range(90)]
+    a = anatomy.summarise(samples)
+    assert len(a["flight"]) == len(a["series"]) and a["flight"][1] == [2, 2, 1]  # t, running, waiting
+    old = anatomy.summarise([sample(0, 4, private=4)])  # a server that did not say how many wait
+    assert old["flight"] == [[0, 2, None]]
+    anatomy.plot_in_flight([("mepic", a), ("vanilla", old), ("epic-16", {})], tmp_path / "f.png", "test")
+    assert (tmp_path / "f.png").stat().st_size > 1000

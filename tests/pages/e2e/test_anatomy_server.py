@@ -67,7 +67,8 @@ def test_readers_of_shared_chunks_show_while_they_run_and_nothing_is_held_once_i
 
     idle = anatomy(server)
     check_partition(idle)
-    assert idle["running_requests"] == 0 and idle["used_pages"] > 0
+    assert idle["running_requests"] == 0 and idle["waiting_requests"] == 0 and idle["used_pages"] > 0
+    assert all(isinstance(a["waiting_requests"], int) and a["waiting_requests"] >= 0 for a in samples)
     assert idle["chunk_evictable"] > 0  # the three chunks, stored
     reading = [k for k in CATEGORIES if k not in ("chunk_evictable", "prefix_evictable")]
     assert all(idle[k] == 0 for k in reading), idle
