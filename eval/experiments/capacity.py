@@ -141,6 +141,9 @@ class Probe:
     refused: int = 0  # requests the server refused (run.Refused: more KV than it takes in one request), missed
     tpot_p50: float = 0.0  # time per output token after the first, s (median over the finished requests)
     queue_p50: float = 0.0  # the scheduler's queue wait, s (median over the finished requests)
+    # The finished requests that missed the SLO, each {i (arrival order), sent_s (after the probe's start), queue,
+    # ttft, tpot, e2e}: what a verdict was made of, so a miss can be read request by request.
+    missed: list = field(default_factory=list)
 
 
 @dataclass
@@ -216,7 +219,16 @@ def judge(outputs: list, rate: float, seconds: float, sampler, exact_peak, count
                  sent=sum(o is not None for o in outputs), anatomy=anatomy.summarise(sampler.anatomy),
                  refused=sum(o is not None and refused(o) for o in outputs),
                  tpot_p50=round(pct([tpot(o) for o in done], 0.5), 5) if done else 0.0,
-                 queue_p50=round(statistics.median(queue), 4))
+                 queue_p50=round(statistics.median(queue), 4), missed=missed_requests(outputs, args))
+
+
+def missed_requests(outputs: list, args) -> list[dict]:
+    """The finished requests of a probe that missed the SLO, with what each waited and took (see Probe.missed)."""
+    sent = [o[5] for o in outputs if o is not None]
+    start = min(sent, default=0.0)
+    return [{"i": i, "sent_s": round(o[5] - start, 3), "queue": round(o[2].get("queue_time") or 0.0, 3),
+             "ttft": round(o[3], 3) if o[3] is not None else None, "tpot": round(tpot(o), 4), "e2e": round(o[4], 3)}
+            for i, o in enumerate(outputs) if o is not None and not aborted(o) and not meets(o, args)]
 
 
 class Watch:

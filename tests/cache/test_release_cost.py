@@ -13,37 +13,12 @@ import pytest
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
 from support.oracle import recount_freeable
-from support.replay import (B, apply_hooks, cached_pages, chunked, compile_all, finish, laid_out, make_tree, plain_ids,
-                            planned, serve)
+from support.replay import B, apply_hooks, chunked, filled, finish, laid_out, planned
 
 
 @pytest.fixture(scope="module", autouse=True)
 def hooks():
     apply_hooks()
-
-
-def plain(i: int) -> list[int]:
-    return plain_ids(i, groups=7)
-
-
-def filled(pages: int):
-    """A tree holding `pages` cached pages, as eval.bench.cache fills it: plain requests of 8
-    pages sharing 2, and requests of 4 stored chunks; asked `evictable_size` as it fills, as the
-    scheduler asks at every step."""
-    tree = make_tree(num_pages=int(pages * 1.25) + 64)
-    i = 0
-    while cached_pages(tree) < pages:
-        if i % 2 == 0:
-            serve(tree, plain(i), None)
-        else:
-            lay = chunked(i, range(2 * i, 2 * i + 4))  # two new chunks, two of the last request's
-            compile_all(tree, lay)
-            serve(tree, *laid_out(lay))
-        if i % 8 == 0:
-            tree.evictable_size()
-        i += 1
-    tree.evictable_size()
-    return tree, i
 
 
 def settled_by(tree, fn) -> int:

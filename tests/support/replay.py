@@ -333,3 +333,23 @@ def cached_pages(tree) -> int:
     """Pages of the pool not free: what the tree, the store and running requests hold."""
     allocator = tree.token_to_kv_pool_allocator
     return (allocator.size - allocator.available_size()) // B
+
+
+def filled(pages: int):
+    """(a mepic tree holding `pages` cached pages, requests sent), filled as eval.bench.cache fills it: plain
+    requests of 8 pages sharing 2, and requests of 4 stored chunks; asked `evictable_size` as it fills, as the
+    scheduler asks at every step."""
+    tree = make_tree(num_pages=int(pages * 1.25) + 64)
+    i = 0
+    while cached_pages(tree) < pages:
+        if i % 2 == 0:
+            serve(tree, plain_ids(i, groups=7), None)
+        else:
+            lay = chunked(i, range(2 * i, 2 * i + 4))  # two new chunks, two of the last request's
+            compile_all(tree, lay)
+            serve(tree, *laid_out(lay))
+        if i % 8 == 0:
+            tree.evictable_size()
+        i += 1
+    tree.evictable_size()
+    return tree, i

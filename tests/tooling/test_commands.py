@@ -71,6 +71,7 @@ SMOKE = {
     "python -m eval.experiments.agent": f"{E2E}::test_eval_agent",
     "python -m eval.bench.pool": f"{E2E}::test_eval_bench_pool",
     "python -m eval.bench.forward_cost": f"{E2E}::test_eval_forward_cost",
+    "python -m eval.bench.step": f"{E2E}::test_eval_bench_step",
     "python -m eval.experiments.known_reuse": f"{E2E}::test_eval_known_reuse",
     "python -m eval.bench.cache": f"{HERE}::test_eval_bench_cache",
     "python -m eval.bench.known_lookup": f"{HERE}::test_eval_known_lookup",

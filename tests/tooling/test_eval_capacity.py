@@ -47,10 +47,13 @@ def test_a_probe_holds_when_95_percent_meet_the_slo_and_the_queue_does_not_grow(
     assert good.ok and good.attainment == 1.0 and good.peak_kv_pages == 30.0 and good.in_flight == 6.0
     slow = capacity.judge(outputs([0.5] * 56 + [3.0] * 4, [3.0] * n, [0.01] * n), 2.0, 30.0, sampler, 35, {}, ARGS)
     assert not slow.ok and slow.attainment == pytest.approx(56 / 60, abs=1e-4) and slow.peak_kv_pages == 35
+    assert good.missed == [] and [m["i"] for m in slow.missed] == [56, 57, 58, 59]  # each miss, readable
+    assert slow.missed[0] == {"i": 56, "sent_s": 0.0, "queue": 0.01, "ttft": 3.0, "tpot": 0.0, "e2e": 3.0}
     growing = [0.01] * 20 + [0.3] * 20 + [0.9] * 20  # within the SLO, but the queue grows
     assert not capacity.judge(outputs([0.5] * n, [3.0] * n, growing), 2.0, 30.0, sampler, None, {}, ARGS).ok
     lost = capacity.judge(outputs([None] + [0.5] * (n - 1), [3.0] * n, [0.0] * n), 2.0, 30.0, sampler, None, {}, ARGS)
     assert lost.attainment < 1  # a request with no first token did not meet the TTFT SLO
+    assert lost.missed[0]["i"] == 0 and lost.missed[0]["ttft"] is None
 
 
 def test_a_probe_that_ended_early_fails_and_counts_what_it_did_not_finish():

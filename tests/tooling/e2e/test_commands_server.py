@@ -194,6 +194,14 @@ def test_eval_forward_cost(cluster, tiny_model, capsys):
     assert len(row) == 5 and all(float(c) > 0 for c in row[1:3])  # a forward time per length, then the fit
 
 
+def test_eval_bench_step(cluster, tiny_model, capsys):
+    out = command(capsys, "eval.bench.step", "--url", cluster.url, "--model", tiny_model, "--systems", "mepic",
+                  "--batches", "2", "--short", "2", "--long", "8", "--rounds", "1")
+    (row,) = table_rows(out, "mepic")
+    assert row[1] == "2" and float(row[2]) >= 5  # the batch; 6 decode steps of difference, give or take the ramp
+    assert float(row[3]) > 0 and float(row[4]) > 0  # the forward and the rest, ms a step
+
+
 def test_eval_known_reuse(cluster, tiny_model, tmp_path, capsys):
     # Last of the commands on the shared server: it registers texts there (found in later plain prompts).
     out = command(capsys, "eval.experiments.known_reuse", "--url", cluster.url, "--model", tiny_model, "--requests", "4",

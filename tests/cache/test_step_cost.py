@@ -1,0 +1,86 @@
+"""What the mepic cache does at every decode step follows the requests, not the pool (issue 88 item 2).
+
+A GPU decode step is a few milliseconds, and SGLang's scheduler runs the cache's per-step calls at each
+one: the prefill round's hooks with nothing waiting (scheduler_get_new_batch_prefill), the figures sampled
+after the step's allocation (schedule_batch_prepare_for_decode), and `evictable_size`, which it asks
+several times a step. Counted here in Python calls and in tensor elements the torch ops touch, on a tree
+of 250 cached pages and one of 5,000 with the same request running: a count does not depend on the
+machine's load, and a walk of the pool or a tensor op over it shows in one or the other.
+"""
+
+import sys
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from support.replay import allocate, apply_hooks, chunked, filled, laid_out, planned
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hooks():
+    apply_hooks()
+
+
+class Elements(TorchDispatchMode):
+    """Tensor elements the aten ops touch (inputs and outputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.elements = 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops += 1
+        for x in (*args, *(kwargs or {}).values(), *(out if isinstance(out, (tuple, list)) else (out,))):
+            if isinstance(x, torch.Tensor):
+                self.elements += x.numel()
+        return out
+
+
+def decode_step(tree) -> None:
+    """The cache's calls at one decode step with nothing waiting (the tree parts of prefill_round and of
+    the prepare_for_decode hook), with the figures published as a step that allocated a page does."""
+    from sglang_mepic.cache.prefill_round import hold_back
+
+    hold_back(tree, [])
+    tree.residency.end_round()
+    tree.compile_rows.end_round()
+    tree.tiers.agreed()
+    tree.tiers.end_round()
+    for _ in range(3):
+        tree.evictable_size()
+    tree.report._sampled = None  # as if the step's allocation had moved the counts
+    tree.report.sample()
+
+
+def counted(pages: int) -> tuple[int, int, int]:
+    """(Python calls, aten ops, tensor elements) of one decode step on a tree of `pages` cached pages,
+    one request of 4 stored chunks running."""
+    tree, i = filled(pages)
+    req = planned(tree, *laid_out(chunked(i, [2 * i - 4, 2 * i - 3, 2 * i - 2, 2 * i - 1])))
+    req.lock = tree.lock(req.last_node)
+    tree.admission.admit(req)
+    allocate(tree, req)
+    decode_step(tree)  # first-call effects (imports, caches) are not the step's
+    calls = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        if event in ("call", "c_call"):
+            calls += 1
+
+    with Elements() as elements:
+        sys.setprofile(profile)
+        try:
+            decode_step(tree)
+        finally:
+            sys.setprofile(None)
+    return calls, elements.ops, elements.elements
+
+
+def test_a_decode_steps_cache_work_is_the_same_on_a_pool_twenty_times_larger():
+    small, large = counted(250), counted(5000)
+    assert small[0] > 20, small  # the profile saw the step
+    assert large[0] <= small[0] + 10, (small, large)  # no walk over nodes, pages or chunks
+    assert large[1] <= small[1] and large[2] <= small[2] + 64, (small, large)  # no tensor op over the pool
