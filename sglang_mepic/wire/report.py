@@ -8,7 +8,7 @@ the OpenAI routes sum into `metadata["mepic"]` (frontend/openai_report.py). The
 names clients read are `PREFIX` + a field name; they are spelled here only.
 """
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 PREFIX = "mepic_"
@@ -28,7 +28,11 @@ class Report:
     cached_tokens: int | None = None       # real tokens whose KV was reused: replaces SGLang's cached_tokens
 
     def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+        # Sent with every streamed output of its request, so once a request a decode step: dataclasses.asdict's
+        # deep copy took 19 us of the scheduler's time there (64 requests: 1.2 ms a step); the fields are flat.
+        wire = {name: getattr(self, name) for name in _FIELDS}
+        wire["residency"] = list(self.residency)
+        return wire
 
     @classmethod
     def from_wire(cls, value: object) -> "Report | None":
@@ -48,3 +52,6 @@ class Report:
 def key(name: str) -> str:
     """The meta_info name of a figure."""
     return PREFIX + name
+
+
+_FIELDS = tuple(f.name for f in fields(Report))

@@ -58,3 +58,17 @@ def test_the_streamer_hook_sends_the_report_once_per_request():
 
     assert hook.hook(lambda streamer, key: False, None, report.KEY)
     assert not hook.hook(lambda streamer, key: False, None, "mepic_recomputed_tokens")
+
+
+def test_the_wire_form_is_every_field_and_costs_no_deep_copy(monkeypatch):
+    """Built once a request a decode step (every streamed output carries it): dataclasses.asdict's deep copy
+    took 19 us of the scheduler's time each (eval.bench.step: 1.2 ms a step at batch 64)."""
+    import dataclasses
+    sent = Report(recomputed_tokens=3, compiled_tokens=1, chunk_hits=2, chunk_misses=0, residency=["host"],
+                  cached_tokens=9)
+    expected = dataclasses.asdict(sent)
+    monkeypatch.setattr(dataclasses, "asdict", lambda *a, **k: (_ for _ in ()).throw(AssertionError("deep copy")))
+    monkeypatch.setattr(dataclasses, "_asdict_inner", lambda *a, **k: (_ for _ in ()).throw(AssertionError("deep copy")))
+    wire = sent.to_wire()
+    assert wire == expected and wire["residency"] is not sent.residency
+    assert Report.from_wire(wire) == sent
