@@ -17,9 +17,14 @@ recorded once a second by its loop, and the request makes it record what came be
 Each run's prefill (cached prompts), its ramp and its tail are the same at both lengths, so the
 difference of the two runs is `--long` - `--short` decode steps of the whole batch: its
 `run_batch` seconds over the decode passes it added (`sglang:cuda_graph_passes_total`,
-mode decode_none) are the forward per step, and its other busy stages (idle left out) the
+its decode modes) are the forward per step, and its other busy stages (idle left out) the
 time outside the forward per step. Prints both, median and range over rounds, and
-mepic / vanilla per round paired (target of issue 88: outside the forward <= 1.1).
+mepic / vanilla per round paired (target of issue 88: outside the forward <= 1.1). What a
+request's end costs that grows with its output (caching and freeing its generated tokens) is in
+the difference too, spread over the steps.
+
+With `--url` the one server there is measured (one system only: a ratio of a server to itself
+would read as one).
 """
 
 import argparse
@@ -103,6 +108,8 @@ def main(argv=None) -> None:
     systems, batches = args.systems.split(","), [int(b) for b in args.batches.split(",")]
     if unknown := [s for s in systems if s not in SYSTEMS]:
         raise SystemExit(f"bad arguments: unknown systems {unknown}")
+    if args.url and len(systems) > 1:
+        raise SystemExit("bad arguments: --url measures the one server there; give one --systems")
     if min(batches) < 1 or not 1 <= args.short < args.long or args.rounds < 1:
         raise SystemExit("bad arguments: batches >= 1, 1 <= --short < --long, --rounds >= 1")
     model = str(Path(args.model).resolve())

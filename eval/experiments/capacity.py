@@ -142,7 +142,8 @@ class Probe:
     tpot_p50: float = 0.0  # time per output token after the first, s (median over the finished requests)
     queue_p50: float = 0.0  # the scheduler's queue wait, s (median over the finished requests)
     # The finished requests that missed the SLO, each {i (arrival order), sent_s (after the probe's start), queue,
-    # ttft, tpot, e2e}: what a verdict was made of, so a miss can be read request by request.
+    # ttft, tpot, e2e}: what a verdict was made of, so a miss can be read request by request (the requests a probe
+    # ended early did not send or aborted count against attainment too, and are not listed).
     missed: list = field(default_factory=list)
 
 

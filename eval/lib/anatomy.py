@@ -35,8 +35,8 @@ def in_pages(sample: dict, page_size: int) -> dict:
 def summarise(samples: list[dict]) -> dict:
     """A probe's anatomy: `peak` (the sample where the most pages were used), `mean` (each category over
     the samples), `series` (at most SERIES_POINTS samples: t, then the categories in CATEGORIES order) and
-    `flight` (the same samples' t, requests running (holding KV rows) and waiting in SGLang's queue; a server
-    from before it said the waiting ones reads None there)."""
+    `flight` (per window of the series' step: its first t, the most requests running (holding KV rows) and
+    waiting in SGLang's queue in it; a server from before it said the waiting ones reads None there)."""
     if not samples:
         return {}
     peak = max(samples, key=lambda s: s.get("used_pages", 0))
@@ -47,8 +47,15 @@ def summarise(samples: list[dict]) -> dict:
         "mean": {k: round(statistics.fmean(s.get(k, 0) for s in samples), 1)
                  for k in ("used_pages", "running_requests", "pad_slots", *CATEGORIES)},
         "series": [[s["t"], *(s.get(k, 0) for k in CATEGORIES)] for s in samples[::step]],
-        "flight": [[s["t"], s.get("running_requests", 0), s.get("waiting_requests")] for s in samples[::step]],
+        "flight": [flight(samples[i:i + step]) for i in range(0, len(samples), step)],
     }
+
+
+def flight(window: list[dict]) -> list:
+    """t of the window's first sample, then the most requests running and waiting in it: a short queue wait
+    falls between the samples a plain decimation keeps."""
+    waiting = [s["waiting_requests"] for s in window if s.get("waiting_requests") is not None]
+    return [window[0]["t"], max(s.get("running_requests", 0) for s in window), max(waiting) if waiting else None]
 
 
 def table(rows: list[tuple[str, int, dict]], stat: str = "peak") -> str:

@@ -46,7 +46,9 @@ def test_a_sample_counted_in_tokens_is_put_in_the_pages_every_system_is_compared
 def test_the_requests_in_flight_are_kept_beside_the_pages_and_plotted(tmp_path):
     samples = [sample(i, 5, private=5) | {"running_requests": i % 4, "waiting_requests": 3 - i % 4} for i in range(90)]
     a = anatomy.summarise(samples)
-    assert len(a["flight"]) == len(a["series"]) and a["flight"][1] == [2, 2, 1]  # t, running, waiting
+    assert len(a["flight"]) == len(a["series"]) and a["flight"][1] == [2, 3, 1]  # t, then the window's most
+    samples[51]["waiting_requests"] = 9  # a wait between the kept samples still shows
+    assert max(row[2] for row in anatomy.summarise(samples)["flight"]) == 9
     old = anatomy.summarise([sample(0, 4, private=4)])  # a server that did not say how many wait
     assert old["flight"] == [[0, 2, None]]
     anatomy.plot_in_flight([("mepic", a), ("vanilla", old), ("epic-16", {})], tmp_path / "f.png", "test")
