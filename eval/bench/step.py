@@ -29,7 +29,6 @@ would read as one).
 
 import argparse
 import contextlib
-import re
 import statistics
 import sys
 import time
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import requests
 
-from eval.experiments.capacity import STAGES, busy_seconds, loadavg
+from eval.experiments.capacity import busy_seconds, fmt, loadavg, scheduler_counters_of
 from eval.experiments.run import SYSTEMS, context_args, server_process, stream
 from eval.lib import served
 from eval.lib.workloads import render, with_reuse
@@ -49,14 +48,11 @@ TARGET = 1.1
 
 
 def counters(url: str) -> dict:
-    """Stage seconds (summed over labels other than the stage) and decode passes, from /metrics."""
-    out: dict = {"stages": {}, "decode_passes": 0.0}
-    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith(STAGES + "{") and (m := re.search(r'category="([a-z_]+)"', line)):
-            out["stages"][m.group(1)] = out["stages"].get(m.group(1), 0.0) + float(line.rsplit(" ", 1)[1])
-        elif line.startswith(DECODE_PASSES) and 'mode="decode_' in line:
-            out["decode_passes"] += float(line.rsplit(" ", 1)[1])
-    return out
+    """The scheduler's stage seconds (eval.experiments.capacity reads them) and its decode passes, from /metrics."""
+    text = requests.get(url + "/metrics", timeout=30).text
+    passes = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                 if line.startswith(DECODE_PASSES) and 'mode="decode_' in line)
+    return {"stages": scheduler_counters_of(text)["stages"], "decode_passes": passes}
 
 
 def settle(url: str) -> dict:
@@ -87,11 +83,6 @@ def per_step(short: dict, long: dict) -> dict:
     if steps <= 0:
         raise SystemExit(f"step: the long run added no decode passes ({short['passes']} then {long['passes']})")
     return {k: 1e3 * (long[k] - short[k]) / steps for k in ("forward", "outside")} | {"steps": steps}
-
-
-def span(values: list[float], fmt: str = "{:.2f}") -> str:
-    med = fmt.format(statistics.median(values))
-    return med if len(values) == 1 else f"{med} ({fmt.format(min(values))}–{fmt.format(max(values))})"
 
 
 def main(argv=None) -> None:
@@ -142,13 +133,13 @@ def main(argv=None) -> None:
     for b in batches:
         for s in systems:
             rows = results[s, b]
-            print(f"| {s} | {b} | {span([x['steps'] for x in rows], '{:.0f}')} | {span([x['forward'] for x in rows])} | "
-                  f"{span([x['outside'] for x in rows])} |")
+            print(f"| {s} | {b} | {fmt([x['steps'] for x in rows], '{:.0f}')} | {fmt([x['forward'] for x in rows])} | "
+                  f"{fmt([x['outside'] for x in rows])} |")
     if "mepic" in systems and "vanilla" in systems:
         for b in batches:
             ratios = [m["outside"] / v["outside"] for m, v in zip(results["mepic", b], results["vanilla", b])]
             verdict = "met" if statistics.median(ratios) <= TARGET else "missed"
-            print(f"batch {b}: outside the forward a decode step, mepic / vanilla: {span(ratios)} "
+            print(f"batch {b}: outside the forward a decode step, mepic / vanilla: {fmt(ratios)} "
                   f"(per round; target <= {TARGET}: {verdict})")
     print(f"load {loadavg()} after")
 

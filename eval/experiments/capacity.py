@@ -285,8 +285,13 @@ class Watch:
 def scheduler_counters(url: str) -> dict:
     """SGLang's counters of the scheduler: requests retracted, and the seconds its loop spent in each stage
     (`run_batch` is the forward, `idle` waiting for work, the rest scheduling and result handling)."""
+    return scheduler_counters_of(requests.get(url + "/metrics", timeout=30).text)
+
+
+def scheduler_counters_of(metrics: str) -> dict:
+    """scheduler_counters from a /metrics page already read."""
     out = {"retractions": 0.0, "stages": {}}
-    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
+    for line in metrics.splitlines():
         if line.startswith(RETRACTED + "{"):
             out["retractions"] += float(line.rsplit(" ", 1)[1])
         elif line.startswith(STAGES + "{") and (m := re.search(r'category="([a-z_]+)"', line)):

@@ -104,7 +104,8 @@ def f1_gap(a: str, b: str) -> Callable[[dict], list[float]]:
 
 CLAIMS = [
     Claim("capacity within the SLO, mepic / epic-16: SQuAD, 7 chunks, 256 new tokens, the memory-bound pool "
-          "(512 pages; three baseline cells rerun at a lower rate floor: docs/results.md)", DECODE_512, capacity_ratio("mepic", "epic-16"), "≥ 2.0", lambda v: v >= 2.0),
+          "(512 pages; three baseline cells rerun at a lower rate floor: docs/results.md)", DECODE_512,
+          capacity_ratio("mepic", "epic-16"), "≥ 2.0", lambda v: v >= 2.0),
     Claim("capacity within the SLO, mepic / vanilla (SGLang's radix cache): the same", DECODE_512,
           capacity_ratio("mepic", "vanilla"), "≥ 1.5", lambda v: v >= 1.5),
     Claim("requests in flight at capacity, mepic / epic-16: the same", DECODE_512, in_flight_ratio("mepic", "epic-16"),

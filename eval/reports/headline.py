@@ -259,7 +259,8 @@ def all_figures() -> str:
     smol_ttft = {k: load(v) for k, v in SMOL_TTFT.items()}
     cap = load(CAPACITY)
     lines = ["| figure | median | range | runs | target | source |", "|---|---|---|---|---|---|",
-             *capacity_rows(cap), *(row for p in (claims.DECODE, *CAPACITY_MORE.values()) for row in more_capacity_rows(p)),
+             *capacity_rows(cap),
+             *(row for p in (claims.DECODE, *CAPACITY_MORE.values()) for row in more_capacity_rows(p)),
              *(row for p, order in CAPACITY_FP8.items() for row in fp8_rows(p, order))]
 
     def add_ratio(name, results, path, metric, a, b, target, ok, q=None):
