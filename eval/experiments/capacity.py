@@ -97,7 +97,7 @@ from tqdm import tqdm
 
 from eval.experiments.run import (DEFAULT_HOST_TIER_GB, PAPER, SYSTEMS, Refused, abort_all, context_args, flush, pct,
                                   pool_pages, run_point, server_process, stream, tiered)
-from eval.lib import anatomy, provenance
+from eval.lib import anatomy, cpu_speed, provenance
 from eval.lib.outputs import out_dir
 from eval.lib.workloads import DATASETS, render, with_reuse
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
@@ -895,6 +895,7 @@ def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline
         invocations.unlink(missing_ok=True)
     done = {(c.system, c.pool_pages, c.seed, c.kind) for c in cells}
     started, load_before, commit_at_start = time.time(), loadavg(), provenance.commit()
+    cpu_before = cpu_speed.probe_ms()  # before any server of the run loads the machine
     # Pool by pool, the smallest first (the capacity targets are judged at the smallest pool where vanilla holds
     # 1 req/s), so a run stopped part way has whole pools; one server at a time, each started once.
     p = todo_of
@@ -941,7 +942,8 @@ def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline
             f.write(json.dumps({"argv": [provenance.portable(a) for a in argv],
                                 "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
                                 "wall_s": round(time.time() - started, 1), "load_before": load_before,
-                                "load_after": loadavg(), "cells_run": len(cells) - len(done), "stopped": stopped or False,
+                                "load_after": loadavg(), "cpu_probe_ms": cpu_before,
+                                "cells_run": len(cells) - len(done), "stopped": stopped or False,
                                 "settings": settings, "module": module, "commit": commit_at_start,
                                 "machine": machine or f"{os.cpu_count()}-core CPU",
                                 **({"note": note} if note else {})}) + "\n")
@@ -968,7 +970,8 @@ def report(args, cells: list[Cell], systems: list[str], pools: list[int], settin
                f"{shlex.join(r['argv'])}`: {r['started']} UTC"
                + (f", commit {r['commit']}" if r.get("commit") else "") + ", "
                f"{r['cells_run']} cells in {r['wall_s'] / 60:.1f} min, load average {r['load_before']} before, "
-               f"{r['load_after']} after" + (f" (stopped part way{stop_reason(r)})" if r.get("stopped") else "")
+               f"{r['load_after']} after" + (f", CPU probe {r['cpu_probe_ms']:g} ms" if r.get("cpu_probe_ms") else "")
+               + (f" (stopped part way{stop_reason(r)})" if r.get("stopped") else "")
                + "".join(f"; {r[k]}" for k in ("withdrawn", "note") if r.get(k)) for r in runs]
     machines = ", ".join(dict.fromkeys(r["machine"] for r in runs if r.get("machine"))) \
         or f"{platform.node()}, {os.cpu_count()} CPUs"  # runs recorded before invocations named their machine

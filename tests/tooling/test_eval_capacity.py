@@ -376,6 +376,9 @@ def test_a_server_that_fails_to_start_still_leaves_the_report_of_the_cells_befor
     (invocation,) = [json.loads(line) for line in (tmp_path / "invocations.jsonl").read_text().splitlines()]
     assert invocation["stopped"] == "a server failed" and invocation["cells_run"] == 0
     assert "(stopped part way: a server failed)" in (tmp_path / "table.md").read_text()
+    # the machine's speed that day, beside its load: runs of two sessions are paired only where it agrees
+    assert invocation["cpu_probe_ms"] > 0
+    assert f"CPU probe {invocation['cpu_probe_ms']:g} ms" in (tmp_path / "table.md").read_text()
 
 
 def test_equal_bytes_gives_each_kv_dtype_the_pages_its_bytes_hold_and_fp8_is_read_against_bf16():
@@ -435,3 +438,13 @@ def test_an_slo_that_no_request_can_meet_is_refused(flags, named):
     with pytest.raises(SystemExit, match=named):
         capacity.plan(args)
     capacity.plan(capacity.parser().parse_args(["--systems", "mepic", "--pools", "64", "--tpot-slo", "0.04"]))
+
+
+def test_the_cpu_probe_times_one_thread_and_gives_the_threads_back():
+    import torch
+
+    from eval.lib import cpu_speed
+
+    threads = torch.get_num_threads()
+    assert cpu_speed.probe_ms() > 0
+    assert torch.get_num_threads() == threads
