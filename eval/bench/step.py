@@ -18,7 +18,7 @@ Each run's prefill (cached prompts), its ramp and its tail are the same at both 
 difference of the two runs is `--long` - `--short` decode steps of the whole batch: its
 `run_batch` seconds over the decode passes it added (`sglang:cuda_graph_passes_total`,
 its decode modes) are the forward per step, and its other busy stages (idle left out) the
-time outside the forward per step. Prints both, median and range over rounds, and
+time outside the forward per step. Prints both, median and range over rounds, each stage's share, and
 mepic / vanilla per round paired (target of issue 88: outside the forward <= 1.1). What a
 request's end costs that grows with its output (caching and freeing its generated tokens) is in
 the difference too, spread over the steps.
@@ -74,7 +74,7 @@ def run(url: str, texts: list[str], tokens: int) -> dict:
     stages = {k: v - before["stages"].get(k, 0.0) for k, v in after["stages"].items()}
     busy = busy_seconds(stages)
     return {"passes": after["decode_passes"] - before["decode_passes"], "forward": stages.get("run_batch", 0.0),
-            "outside": busy - stages.get("run_batch", 0.0)}
+            "outside": busy - stages.get("run_batch", 0.0), "stages": stages}
 
 
 def per_step(short: dict, long: dict) -> dict:
@@ -82,7 +82,8 @@ def per_step(short: dict, long: dict) -> dict:
     steps = long["passes"] - short["passes"]
     if steps <= 0:
         raise SystemExit(f"step: the long run added no decode passes ({short['passes']} then {long['passes']})")
-    return {k: 1e3 * (long[k] - short[k]) / steps for k in ("forward", "outside")} | {"steps": steps}
+    stages = {k: 1e3 * (v - short["stages"].get(k, 0.0)) / steps for k, v in long["stages"].items() if k != "idle"}
+    return {k: 1e3 * (long[k] - short[k]) / steps for k in ("forward", "outside")} | {"steps": steps, "stages": stages}
 
 
 def main(argv=None) -> None:
@@ -135,6 +136,14 @@ def main(argv=None) -> None:
             rows = results[s, b]
             print(f"| {s} | {b} | {fmt([x['steps'] for x in rows], '{:.0f}')} | {fmt([x['forward'] for x in rows])} | "
                   f"{fmt([x['outside'] for x in rows])} |")
+    for b in batches:  # where the time outside the forward goes: SGLang's stages, ms a step
+        names = sorted({k for s in systems for x in results[s, b] for k in x["stages"]} - {"run_batch"})
+        print(f"\nbatch {b}, ms a decode step by scheduler stage:\n\n| stage | " + " | ".join(systems) + " |")
+        print("|---|" + "---|" * len(systems))
+        for name in names:
+            print(f"| {name} | " + " | ".join(fmt([x["stages"].get(name, 0.0) for x in results[s, b]])
+                                             for s in systems) + " |")
+    print()
     if "mepic" in systems and "vanilla" in systems:
         for b in batches:
             ratios = [m["outside"] / v["outside"] for m, v in zip(results["mepic", b], results["vanilla", b])]

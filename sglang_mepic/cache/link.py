@@ -153,6 +153,9 @@ class Link:
     def pad_slots(self) -> list[bool]:
         return self.shape.pad_slots()
 
+    def pads_within(self, slots: int) -> int:
+        return self.shape.pads_within(slots)
+
     def natural_positions(self, num_slots: int) -> torch.Tensor:
         return self.shape.natural_positions(num_slots)
 

@@ -36,7 +36,7 @@ def accept(original: Callable[..., Any], accumulator: _GenerationStreamAccumulat
             req.finished_output = True  # type: ignore[assignment, unused-ignore]
         return None
     link = link_of(req)
-    if link is not None and link.report is not None:
+    if link is not None and link.report is not None and reads_request_level_info(req):
         req.customized_info = {**(req.customized_info or {}), report.KEY: [link.report.to_wire()]}
     before = len(accumulator.rids)
     result = original(accumulator, *args, req=req, **kwargs)
@@ -44,8 +44,7 @@ def accept(original: Callable[..., Any], accumulator: _GenerationStreamAccumulat
         # Only the pads among the slots the request still holds: SGLang replaces the ids of a request
         # it refuses at intake by one token, and a count less its pads was negative (a Prometheus
         # counter refuses that, and the exception took the tokenizer process down).
-        held = accumulator.prompt_tokens[-1]
-        accumulator.prompt_tokens[-1] -= sum(count for start, count in link.pads if start + count <= held)
+        accumulator.prompt_tokens[-1] -= link.pads_within(accumulator.prompt_tokens[-1])
         if link.report is not None and link.report.cached_tokens is not None:
             cached = accumulator.cached_tokens[-1] = link.report.cached_tokens
             details = accumulator.cached_tokens_details
@@ -55,3 +54,11 @@ def accept(original: Callable[..., Any], accumulator: _GenerationStreamAccumulat
                 others = sum(v for k, v in details[-1].items() if k != "device" and isinstance(v, int))
                 details[-1] = {**details[-1], "device": max(0, cached - others)}
     return result
+
+
+def reads_request_level_info(req: Req) -> bool:
+    """Whether SGLang's `accept` reads a request-level customized-info entry on this call (0.5.23,
+    output_streamer.py): a stream's first output, another request's last. Built only then: a
+    report built for each streamed output cost the scheduler microseconds a request a decode step,
+    for an entry SGLang dropped at every output but one."""
+    return req.send_token_offset == 0 if req.stream else bool(req.finished())

@@ -37,12 +37,22 @@ class Shape:
     def _prompt_positions(self) -> torch.Tensor:
         return slot_positions(self.size, self.pads)
 
+    @cached_property
+    def pad_count(self) -> int:
+        return sum(count for _, count in self.pads)
+
+    def pads_within(self, slots: int) -> int:
+        """The pads that lie wholly within the first `slots` slots (output_report: asked at each streamed output)."""
+        if slots >= self.size:
+            return self.pad_count
+        return sum(count for start, count in self.pads if start + count <= slots)
+
     def natural_positions(self, num_slots: int) -> torch.Tensor:
         """Positions of the request's slots in natural order (output slots follow the prompt)."""
         prompt = self._prompt_positions
         if num_slots <= self.size:
             return prompt[:num_slots]
-        real = self.size - sum(count for _, count in self.pads)
+        real = self.size - self.pad_count
         return torch.cat([prompt, torch.arange(real, real + num_slots - self.size, dtype=prompt.dtype)])
 
     @cached_property

@@ -1,6 +1,7 @@
 """The per-request report (wire/report.py): made by the scheduler, sent as one customized-info entry,
 turned into the response's `mepic_*` figures on the tokenizer side."""
 
+from array import array
 from types import SimpleNamespace
 
 from sglang_mepic.cache import output_report
@@ -21,8 +22,9 @@ def test_a_report_travels_as_one_entry_and_becomes_the_figures_clients_read():
         acc.prompt_tokens.append(len(req.origin_input_ids))
         acc.cached_tokens.append(0)
 
-    req = SimpleNamespace(rid="r", mepic=SimpleNamespace(report=sent, pads=()), customized_info={"other": [1]},
-                          origin_input_ids=[7] * 64)
+    req = SimpleNamespace(rid="r", mepic=SimpleNamespace(report=sent, pads=(), pads_within=lambda slots: 0),
+                          customized_info={"other": [1]}, origin_input_ids=[7] * 64, stream=False,
+                          finished=lambda: True)
     acc = Accumulator()
     output_report.accept(accept, acc, req=req)
     assert set(req.customized_info) == {"other", report.KEY}  # one entry, SGLang's own kept
@@ -72,3 +74,74 @@ def test_the_wire_form_is_every_field_and_costs_no_deep_copy(monkeypatch):
     wire = sent.to_wire()
     assert wire == expected and wire["residency"] is not sent.residency
     assert Report.from_wire(wire) == sent
+
+
+class _StreamedReq:
+    """What SGLang's `_GenerationStreamAccumulator.accept` reads of a request (0.5.23), no more."""
+
+    def __init__(self, stream: bool, link):
+        self.rid, self.stream, self.mepic, self.beam_group = "r", stream, link, None
+        self.output_ids, self.send_token_offset, self.finished_reason = [], 0, None
+        self.send_output_token_logprobs_offset = 0
+        self.finished_output, self.finished_len, self.customized_info = None, None, None
+        self.sampling_params = SimpleNamespace(stream_interval=None, skip_special_tokens=True,
+                                               spaces_between_special_tokens=True, no_stop_trim=False)
+        self.origin_input_ids, self.reasoning_tokens, self.cached_tokens = [7] * 64, 0, 0
+        self.retraction_count, self.weight_version_events = 0, []
+        self.time_stats, self.http_worker_ipc, self.decoded_text, self.send_decode_id_offset = None, None, "", 0
+
+    def finished(self):
+        return self.finished_reason is not None
+
+    def check_match_stop_str_prefix(self):
+        return False
+
+    @property
+    def output_ids_through_stop(self):
+        return self.output_ids
+
+    def get_mm_token_counts(self):
+        return 0, 0, 0
+
+    def init_incremental_detokenize(self):
+        return self.output_ids, 0
+
+
+def test_the_report_is_built_only_for_the_output_sglang_sends_it_with(monkeypatch):
+    """SGLang reads a request-level entry at a stream's first output and at another request's last; at every
+    other output it drops it. Built at each, the report cost the scheduler its time once a request a decode
+    step. Driven through SGLang's own accumulator, one a step as its streamer makes them."""
+    from sglang.srt.managers.scheduler_components.output_streamer import _GenerationStreamAccumulator
+
+    from sglang_mepic.cache.shape import Shape
+    from sglang_mepic.patches.scheduler import output_streamer_is_request_level_customized_info_key as level
+
+    built = []
+    to_wire = Report.to_wire
+    monkeypatch.setattr(Report, "to_wire", lambda self: built.append(1) or to_wire(self))
+    sent = Report(recomputed_tokens=5, cached_tokens=40)
+    shape = Shape(array("q", [7] * 64), ((5, 11),), (), (), False)
+    for stream in (True, False):
+        built.clear()
+        req = _StreamedReq(stream, SimpleNamespace(report=sent, pads=shape.pads, pads_within=shape.pads_within))
+        payloads = []
+        for step in range(6):
+            req.output_ids.append(100 + step)
+            if step == 5:
+                req.finished_reason = SimpleNamespace(to_json=lambda: {"type": "length"})
+            acc = _GenerationStreamAccumulator(
+                return_logprob=False, return_hidden_states=False, return_routed_experts=False,
+                return_indexer_topk=False, spec_algorithm=SimpleNamespace(is_none=lambda: True),
+                disaggregation_mode=None, default_stream_interval=1, default_force_stream_interval=3,
+                get_cached_tokens_details=lambda r: None, current_weight_version=None,
+                is_request_level_customized_info_key=lambda key: level.hook(lambda streamer, k: False, None, key))
+            output_report.accept(_GenerationStreamAccumulator.accept, acc, req=req)
+            if acc.rids:
+                assert acc.prompt_tokens == [64 - 11] and acc.cached_tokens == [40]
+                payloads.append(acc.customized_info.get(report.KEY, [[]])[0])
+        # a stream sends every step, another request every third token and at its end
+        assert len(payloads) == (6 if stream else 2)
+        with_report = [i for i, entry in enumerate(payloads) if entry]
+        assert with_report == ([0] if stream else [1]), (stream, payloads)
+        assert len(built) == 1, (stream, len(built))
+        assert payloads[with_report[0]] == [sent.to_wire()]

@@ -203,6 +203,9 @@ def test_eval_bench_step(cluster, tiny_model, capsys):
     # The forward a step is large and sure; the rest, a millisecond or so over 18 steps, is within the noise
     # of the two runs' other work on a shared server: a figure, not a sign.
     assert float(row[3]) > 0 and math.isfinite(float(row[4]))
+    # the time outside the forward, stage by stage: where a difference between systems sits
+    (stage,) = table_rows(out, "process_batch_result")
+    assert len(stage) == 2 and math.isfinite(float(stage[1]))
 
 
 def test_eval_known_reuse(cluster, tiny_model, tmp_path, capsys):
