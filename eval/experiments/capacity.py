@@ -895,7 +895,8 @@ def run(args, argv: list[str], todo_of: Plan, model_name: str, prepare, deadline
         invocations.unlink(missing_ok=True)
     done = {(c.system, c.pool_pages, c.seed, c.kind) for c in cells}
     started, load_before, commit_at_start = time.time(), loadavg(), provenance.commit()
-    cpu_before = cpu_speed.probe_ms()  # before any server of the run loads the machine
+    # before any server of the run loads the machine; a --report run writes no invocation to record it in
+    cpu_before = cpu_speed.probe_ms() if not args.report else None
     # Pool by pool, the smallest first (the capacity targets are judged at the smallest pool where vanilla holds
     # 1 req/s), so a run stopped part way has whole pools; one server at a time, each started once.
     p = todo_of

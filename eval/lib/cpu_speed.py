@@ -1,8 +1,8 @@
 """How fast this machine's CPU is today: one fixed piece of float32 work on one thread, in ms.
 
 Sessions run on machines that are named alike ("Intel(R) Xeon(R) Processor", 2 cores) but are not alike:
-on 2026-12-04 epic-16's TPOT at 512 pages was 4.9 ms where on 2026-12-03 it had been 16 ms, with the
-same commit's code for it. So a figure from one session paired with a figure from another compares
+on 2026-12-04 epic-16's TPOT p50 at capacity at 512 pages was 5.4 ms where on 2026-12-03 it had been about
+16 ms, with nearly the same code for it. So a figure from one session paired with a figure from another compares
 machines as much as systems. Each capacity invocation records this probe beside its load average,
 so a reader can see whether two runs shared a machine's speed, and pairs only those that did.
 """
