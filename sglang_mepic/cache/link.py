@@ -88,6 +88,7 @@ class Link:
     report: Report | None = None        # its figures, for its response (report.py), once admitted
     _positions: tuple = (None, -1, None)  # (planned, num_slots, positions): match, insert and admit ask alike
     _real_before: tuple = (None, None)     # (planned, real prompt slots before each planned slot)
+    _real_prompt: tuple = (-1, 0)          # (prompt slots asked, real tokens among them): output_report
 
     # ---- phases ---------------------------------------------------------------
 
@@ -155,6 +156,15 @@ class Link:
 
     def pads_within(self, slots: int) -> int:
         return self.shape.pads_within(slots)
+
+    def real_prompt_tokens(self, slots: int) -> int:
+        """`slots` less the pads wholly within them: the prompt tokens SGLang's output streamer reports,
+        asked at every streamed output with the same count, so the last answer is kept."""
+        asked, real = self._real_prompt
+        if asked != slots:
+            real = slots - self.shape.pads_within(slots)
+            self._real_prompt = (slots, real)
+        return real
 
     def natural_positions(self, num_slots: int) -> torch.Tensor:
         return self.shape.natural_positions(num_slots)

@@ -36,23 +36,28 @@ def accept(original: Callable[..., Any], accumulator: _GenerationStreamAccumulat
             req.finished_output = True  # type: ignore[assignment, unused-ignore]
         return None
     link = link_of(req)
-    if link is not None and link.report is not None and reads_request_level_info(req):
-        req.customized_info = {**(req.customized_info or {}), report.KEY: [link.report.to_wire()]}
-    before = len(accumulator.rids)
+    if link is None:
+        return original(accumulator, *args, req=req, **kwargs)
+    rep = link.report
+    if rep is not None and reads_request_level_info(req):
+        req.customized_info = {**(req.customized_info or {}), report.KEY: [rep.to_wire()]}
+    rids = accumulator.rids
+    before = len(rids)
     result = original(accumulator, *args, req=req, **kwargs)
-    if link is not None and len(accumulator.rids) > before:
+    if len(rids) > before:
         # Only the pads among the slots the request still holds: SGLang replaces the ids of a request
         # it refuses at intake by one token, and a count less its pads was negative (a Prometheus
         # counter refuses that, and the exception took the tokenizer process down).
-        accumulator.prompt_tokens[-1] -= link.pads_within(accumulator.prompt_tokens[-1])
-        if link.report is not None and link.report.cached_tokens is not None:
-            cached = accumulator.cached_tokens[-1] = link.report.cached_tokens
+        accumulator.prompt_tokens[-1] = link.real_prompt_tokens(accumulator.prompt_tokens[-1])
+        if rep is not None and rep.cached_tokens is not None:
+            cached = accumulator.cached_tokens[-1] = rep.cached_tokens
             details = accumulator.cached_tokens_details
-            if len(details) == len(accumulator.rids) and isinstance(details[-1], dict):
+            if len(details) == len(rids) and isinstance(tiers := details[-1], dict):
                 # SGLang's breakdown counts slots, pads included: the device share is what is left
-                # of the real tokens once the other tiers' shares are taken.
-                others = sum(v for k, v in details[-1].items() if k != "device" and isinstance(v, int))
-                details[-1] = {**details[-1], "device": max(0, cached - others)}
+                # of the real tokens once the other tiers' shares are taken. (SGLang makes the dict
+                # anew for each output, so it is corrected in place.)
+                others = sum(v for k, v in tiers.items() if k != "device" and isinstance(v, int))
+                tiers["device"] = max(0, cached - others)
     return result
 
 

@@ -6,6 +6,8 @@ from array import array
 from types import SimpleNamespace
 
 from sglang_mepic.cache import output_report
+from sglang_mepic.cache.link import Link
+from sglang_mepic.cache.shape import Shape
 from sglang_mepic.frontend import openai_report
 from sglang_mepic.wire import report
 from sglang_mepic.wire.report import Report
@@ -23,7 +25,7 @@ def test_a_report_travels_as_one_entry_and_becomes_the_figures_clients_read():
         acc.prompt_tokens.append(len(req.origin_input_ids))
         acc.cached_tokens.append(0)
 
-    req = SimpleNamespace(rid="r", mepic=SimpleNamespace(report=sent, pads=(), pads_within=lambda slots: 0),
+    req = SimpleNamespace(rid="r", mepic=Link(Shape(array("q", [7] * 64), (), (), (), False), report=sent),
                           customized_info={"other": [1]}, origin_input_ids=[7] * 64, stream=False,
                           finished=lambda: True)
     acc = Accumulator()
@@ -114,7 +116,6 @@ def test_the_report_is_built_only_for_the_output_sglang_sends_it_with(monkeypatc
     step. Driven through SGLang's own accumulator, one a step as its streamer makes them."""
     from sglang.srt.managers.scheduler_components.output_streamer import _GenerationStreamAccumulator
 
-    from sglang_mepic.cache.shape import Shape
     from sglang_mepic.patches.scheduler import output_streamer_is_request_level_customized_info_key as level
 
     # SGLang's own method: where another test applied the plugin's hooks in this process, the class holds the hook
@@ -126,7 +127,7 @@ def test_the_report_is_built_only_for_the_output_sglang_sends_it_with(monkeypatc
     shape = Shape(array("q", [7] * 64), ((5, 11),), (), (), False)
     for stream in (True, False):
         built.clear()
-        req = _StreamedReq(stream, SimpleNamespace(report=sent, pads=shape.pads, pads_within=shape.pads_within))
+        req = _StreamedReq(stream, Link(shape, report=sent))
         payloads = []
         for step in range(6):
             req.output_ids.append(100 + step)

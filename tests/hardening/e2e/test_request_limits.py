@@ -344,10 +344,10 @@ def test_a_refused_laid_out_request_reports_no_negative_prompt_size():
 
     from array import array
 
+    from sglang_mepic.cache.link import Link
     from sglang_mepic.cache.shape import Shape
 
-    shape = Shape(array("q", [7] * 64), ((5, 11), (32, 15)), (), (), False)
-    link = SimpleNamespace(report=None, pads=shape.pads, pads_within=shape.pads_within)
+    link = Link(Shape(array("q", [7] * 64), ((5, 11), (32, 15)), (), (), False))
     laid_out = SimpleNamespace(rid="a", mepic=link, customized_info=None, origin_input_ids=[7] * 64)
     refused = SimpleNamespace(rid="b", mepic=link, customized_info=None, origin_input_ids=[0])
     acc = Accumulator()
