@@ -20,11 +20,13 @@ from sglang_mepic.process.server_process import free_port
 # One TP rank: the agreement over a real gloo group of two, each rank with its own answers.
 RANK = textwrap.dedent("""
     import json, sys
+    from datetime import timedelta
     import torch.distributed as dist
     from sglang_mepic.tiers.agreement import Agreement, RanksDiverged
 
     rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))  # a rank that died does not leave the other waiting 30 min
     agreement = Agreement.of_group(dist.new_group([0, 1], backend="gloo"))
     codes = agreement.min_codes([[2, 2, 0, 1, 2], [2, 0, 2, 2, 1]][rank])
     size = agreement.min_int([4096, 1024][rank])
@@ -49,9 +51,14 @@ def test_two_gloo_ranks_agree_on_the_lowest_code_and_both_see_a_divergence(tmp_p
     script.write_text(RANK)
     ranks = [subprocess.Popen([sys.executable, str(script), str(r), str(port), str(tmp_path / f"{r}.json")],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    for proc in ranks:
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, out[-3000:]
+    try:
+        for proc in ranks:
+            out, _ = proc.communicate(timeout=120)
+            assert proc.returncode == 0, out[-3000:]
+    finally:
+        for proc in ranks:  # a failed check leaves no rank running
+            proc.kill()
+            proc.wait()
     got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
     for r, answer in enumerate(got):
         assert (answer["size"], answer["rank"]) == (2, r)
