@@ -154,9 +154,6 @@ class Link:
     def pad_slots(self) -> list[bool]:
         return self.shape.pad_slots()
 
-    def pads_within(self, slots: int) -> int:
-        return self.shape.pads_within(slots)
-
     def real_prompt_tokens(self, slots: int) -> int:
         """`slots` less the pads wholly within them: the prompt tokens SGLang's output streamer reports,
         asked at every streamed output with the same count, so the last answer is kept."""
