@@ -110,7 +110,8 @@ class Setting:
     choices: tuple[str, ...] | None = None
     switch: bool = False           # a flag without a value; set, its variable is "on"
     # The start-up line: "always", "storage" (when a shared tier is set), "storage-set" (a shared tier is set
-    # and so is this), "file" (the file backend), "known" (known texts are on), "never" (the launcher adds it).
+    # and so is this), "file" (the file backend), "known" (known texts are on), "epic" (an epic-K mode),
+    # "never" (the launcher adds it).
     shown: str = "always"
     secret: bool = False           # shown as "(set)", never the value
     see: str | None = None         # the docs page that tells more, linked from the docs' flag table
@@ -155,6 +156,12 @@ HOST_TIER_GB = Setting(
     "--mepic-host-tier-gb", "SGLANG_MEPIC_HOST_TIER_GB", "0", parse_gigabytes, metavar="GB",
     help="host memory for chunk KV evicted from the device pool; a later use copies it back instead of "
          "compiling the chunk again. Default: 0 (no host tier).")
+CHUNK_STORE = _choice(
+    "--mepic-chunk-store", "SGLANG_MEPIC_CHUNK_STORE", "pool", ("pool", "host"),
+    help="epic-K only: where the chunk KV that each request copies lives. 'pool': a chunk store in the KV pool "
+         "(evictable), beside the copies; 'host': host memory only (--mepic-host-tier-gb), as EPIC on LMCache's CPU "
+         "backend: each request loads its chunks straight into pages of its own, and the pool holds only the "
+         "copies. Default: pool.", shown="epic", see="modes.md#where-epic-keeps-its-chunks")
 MAX_CHUNKS = Setting(
     "--mepic-max-chunks", "SGLANG_MEPIC_MAX_CHUNKS", "64", parse_max_chunks, metavar="N",
     help="most chunks one request may mark for reuse (each absent one is a compile row in its batch); a "
@@ -224,7 +231,7 @@ VERIFY_QUESTIONS = Setting(
     help="calibration questions the gate runs for --mepic-verify (1-{questions}). Default: all {questions}.")
 
 SETTINGS: tuple[Setting, ...] = (
-    MODE, RECOMPUTE_BLOCKS, COMPILE_SINK, PLACEMENT, TEXT_MARKUP, HOST_TIER_GB, MAX_CHUNKS, AUTO_CHUNK,
+    MODE, RECOMPUTE_BLOCKS, COMPILE_SINK, PLACEMENT, TEXT_MARKUP, HOST_TIER_GB, CHUNK_STORE, MAX_CHUNKS, AUTO_CHUNK,
     KNOWN_TEXTS_MB, SEPARATOR, STORAGE_BACKEND, STORAGE_DIR, STORAGE_CONFIG, STORAGE_TIMEOUT, STORAGE_SECRET, VERIFY,
     VERIFY_QUESTIONS)
 

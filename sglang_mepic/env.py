@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from sglang_mepic.config import (PREFILL_GRAPHS_OFF_ENV, REUSE_REFUSED_ENV, ROPE_TABLE_ENV, SETTINGS, SYNC_DEBUG_ENV,
                                   Placement, Setting, parse_sync_debug)
-from sglang_mepic.modes import Mode
+from sglang_mepic.modes import Kind, Mode
 
 # "1": under TP, each prefill round's plan is hashed on every rank and compared; ranks that planned
 # differently end the server with one log line (cache/round_digest.py). A debugging aid: no flag.
@@ -30,6 +30,7 @@ class Settings:
     placement: Placement
     text_markup: bool              # <|chunk|> ... <|/chunk|> in text marks chunks; off, it is text
     host_tier_gb: float            # host memory for chunk KV evicted from the device pool (0: none)
+    chunk_store: str               # epic-K: "pool" (a store in the KV pool) or "host" (host memory only)
     max_chunks: int                # most chunks one request may mark for reuse
     auto_chunk: str                # --mepic-auto-chunk as given ("messages+known", ...)
     known_texts_bytes: int         # the registered texts and their index, all namespaces together
@@ -69,6 +70,10 @@ class Settings:
             value["storage_backend"] = "file"
         if value["storage_backend"] == "file" and not value["storage_dir"]:
             raise ValueError("--mepic-storage-backend file needs --mepic-storage-dir")
+        if value["chunk_store"] == "host" and (value["mode"].kind is not Kind.EPIC or value["host_tier_gb"] <= 0):
+            raise ValueError(f"--mepic-chunk-store host: keeps the chunks epic-K copies in the host tier; it needs "
+                             f"--mepic-mode epic-K and --mepic-host-tier-gb above 0 (here {value['mode'].name} and "
+                             f"{value['host_tier_gb']:g} GB)")
         return cls(**value, reuse_refused=environ.get(REUSE_REFUSED_ENV) or None,
                    rope_table=environ.get(ROPE_TABLE_ENV) == "1",
                    prefill_graphs_off_file=environ.get(PREFILL_GRAPHS_OFF_ENV) or None,

@@ -493,7 +493,7 @@ def ratios(cells: list[Cell], pools: list[int]) -> list[str]:
                "judged here):"]
     else:
         out = [f"at {pool:,} pages (the smallest pool where vanilla sustains >= 1 req/s), seed by seed:"]
-    for other in ("epic-16", "vanilla", "cacheblend-0.15", "full"):
+    for other in ("epic-16", "epic-16-host", "vanilla", "cacheblend-0.15", "full"):
         values = paired(cells, "capacity", pool, "mepic", other, capacity_of)
         if values:
             m = statistics.median(values)

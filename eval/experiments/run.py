@@ -68,12 +68,14 @@ SYSTEMS = {
     "full": ["--mepic-mode", "full"],
     "naive": ["--mepic-mode", "naive"],
     "epic-16": ["--mepic-mode", "epic-16"],
+    # EPIC as on LMCache's CPU backend: its chunks in the host tier only, each request's copy loaded into the pool.
+    "epic-16-host": ["--mepic-mode", "epic-16", "--mepic-chunk-store", "host"],
     "cacheblend-0.15": ["--mepic-mode", "cacheblend-0.15"],
     "mepic": ["--mepic-mode", "mepic"],
 }
 REFERENCE = "full"  # fidelity is measured against it
 # The position-independent systems: they keep chunk KV, and each gets the same host tier.
-PIC = ("naive", "epic-16", "cacheblend-0.15", "mepic")
+PIC = ("naive", "epic-16", "epic-16-host", "cacheblend-0.15", "mepic")
 # CacheBlend here runs every token through every layer (SGLang's model runner cannot narrow the
 # token set between layers): its attention and memory are CacheBlend's, its compute is not.
 EMULATED = {"cacheblend-0.15": "every token runs every layer: its TTFT is an upper bound on CacheBlend's, "

@@ -40,8 +40,9 @@ logger = logging.getLogger(__name__)
 
 def private_copy_slots(link: Link, mode: modes.Mode) -> int:
     """KV slots of the private copy EPIC makes at admission of the stored pages `link` reads (the ones its
-    match injected); 0 where none is made: another mode, a compile row, nothing reused."""
-    if not modes.copies_private_prefix(mode) or link.compile or link.injected is None:
+    match injected); 0 where none is made: another mode, a compile row, nothing reused, or pages loaded
+    from the host for it alone (`--mepic-chunk-store host`), which are its copy already."""
+    if not modes.copies_private_prefix(mode) or link.compile or link.injected is None or link.held_private:
         return 0
     return len(link.injected)
 

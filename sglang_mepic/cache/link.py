@@ -72,6 +72,7 @@ class Link:
     phase: Phase = Phase.LINKED
     planned: Planned | None = None
     held: list[int] = field(default_factory=list)  # pages this request holds a reference on
+    held_private: bool = False          # they are its own already (loaded from the host for it): no copy to make
     found: list[str] | None = None      # where each chunk was found when planned: device, host, storage, absent
     # The match: reused KV slots appended to the tree's (None: none), the slots the tree matched
     # before them, and how many of them the tree has since taken its own reference on.

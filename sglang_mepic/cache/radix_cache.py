@@ -108,7 +108,9 @@ class MepicRadixCache(RadixCache):
         self.compile_rows = compile_rows.CompileRows(self.page_size)
         self.residency = Residency(self.store, self.refs, self.pages, self.tiers, self.evict, self.page_size,
                                    self.canonical_from,
-                                   self.compile_rows.in_flight if self.mode.shares else None)
+                                   self.compile_rows.in_flight if self.mode.shares else None,
+                                   private_loads=settings.chunk_store == "host"
+                                   and modes.copies_private_prefix(self.mode))
         # The parts, each handed only what it reads.
         self.readiness = Readiness(rows=self.compile_rows, store=self.store, tiers=self.tiers,
                                    shares=self.mode.shares, keeps=self.residency.keeps,
@@ -150,8 +152,8 @@ class MepicRadixCache(RadixCache):
         SGLang counts them when it admits it: its prompt, what it may generate, a page for
         alignment; or it waits for room no one can give."""
         total = getattr(self.pages.allocator, "size", None)
-        if not modes.holds_chunks_beside_prompt(self.mode) or total is None:
-            return None
+        if not modes.holds_chunks_beside_prompt(self.mode) or total is None or self.residency.private_loads:
+            return None  # a private load's pages are its prompt's own: what fits the prompt fits them
         params = req.sampling_params
         generated = len(req.output_ids)
         max_new = cast(int, params.max_new_tokens)  # the scheduler has set it (init_req_max_new_tokens)
@@ -282,6 +284,10 @@ class MepicRadixCache(RadixCache):
         self.store.put(key, canonical)
         self.tiers.persist(key, self.pages.slots(canonical))
         self.report.counters.compiled_chunks += 1
+        # A host-tier store (--mepic-chunk-store host) keeps it in host memory only; the tree still holds the
+        # compile's pages, evictable. Where the host cannot take it, the pool's store keeps it.
+        if self.residency.private_loads and self.tiers.demote(key, self.pages.slots(canonical)):
+            self.store.remove(key, evicted=False)
 
     # ---- tree nodes, as the ledger sees them ----------------------------------
     # Unlocked nodes hold their pages loosely (evictable); locking one pins them.

@@ -45,13 +45,18 @@ class Found:
     where: list[str]                      # per chunk segment: device, host, storage or absent
     pins: list[int]                       # pages pinned for the request (one reference each)
     left_out: set[str] = field(default_factory=set)  # chunks neither pinned nor loaded for the budget: computed
+    private: bool = False                 # every pin is the request's own (loaded from the host for it alone)
 
 
 class Residency:
+    """private_loads: chunks loaded from the tiers become pages of the request's own, not stored ones
+    (`--mepic-chunk-store host`: EPIC's copy is made as it loads, and the pool holds no store beside it)."""
+
     def __init__(self, store: ChunkStore, refs: PageRefs, pages: PoolPages, tiers: Tiers,
                  evict: Callable[[EvictParams], EvictResult], page_size: int, canonical_from: int | None,
-                 in_flight: Callable[[str], tuple[int, ...] | None] | None = None) -> None:
+                 in_flight: Callable[[str], tuple[int, ...] | None] | None = None, private_loads: bool = False) -> None:
         self.store, self.refs, self.pages, self.tiers = store, refs, pages, tiers
+        self.private_loads = private_loads
         # key -> canonical pages a compile row in a batch already launched writes (compile_rows.py), or None
         self.in_flight = in_flight
         self.evict = evict  # the cache's evict(EvictParams)
@@ -75,12 +80,13 @@ class Residency:
         pins: list[int] = []
         left_out: set[str] = set()
         where: list[str] = []
+        stored = False  # a stored chunk is pinned: the request copies it at admission
 
         def fits(pages: int) -> bool:
             return budget is None or len(pins) + pages <= budget
 
         for key in shape.keys:
-            pages = self.store.peek(key)
+            pages = self.store.peek(key) if not self.private_loads else None  # a private load copies it (load)
             if pages is None and self.in_flight is not None and not shape.compile:
                 pages = self.in_flight(key)
             if pages is not None and key not in resident:
@@ -91,6 +97,7 @@ class Residency:
                 self.refs.acquire(pages)
                 resident[key] = pages
                 pins += pages
+                stored = True
             where.append("device" if pages is not None else "absent")
         for i, ((start, end), key) in enumerate(zip(shape.chunk_slots, shape.keys)):
             if where[i] != "absent" or key in left_out:
@@ -106,35 +113,59 @@ class Residency:
                 continue
             pages, where[i] = self.load(key, num_pages)
             if pages is not None:
-                self.refs.acquire(pages)  # before the next load, which may evict
+                if not self.private_loads:  # a private load's pages come with the request's reference
+                    self.refs.acquire(pages)  # before the next load, which may evict
                 resident[key] = pages
                 pins += pages
-        return Found(resident, where, pins, left_out)
+        return Found(resident, where, pins, left_out, self.private_loads and not stored and bool(pins))
 
     def load(self, key: str, num_pages: int) -> tuple[tuple[int, ...] | None, str]:
-        """Copy a chunk from the host or storage tier into fresh device pages and store it.
+        """Copy a chunk from the host or storage tier into fresh device pages and store it; with
+        `private_loads`, keep them as the caller's (one reference), the store's own copy too when the host
+        tier could not take it (`_copy_stored`).
 
         Returns its pages and the tier it came from, or (None, "absent") when no tier has it
         sound or the pool has no room for it.
         """
+        if self.private_loads and key in self.store:
+            return self._copy_stored(key, num_pages), "device"
         if self.tiers.want(key, num_pages * self.page_size) not in ("host", "storage"):
             return None, "absent"  # or still being read: the request is computed without it
-        pages = self.refs.alloc(num_pages)
+        pages = self._alloc(num_pages)
         if pages is None:
-            short = num_pages - self.pages.available()
-            self.evict(EvictParams(num_tokens=short * self.page_size))
-            pages = self.refs.alloc(num_pages)
-            if pages is None:
-                return None, "absent"
+            return None, "absent"
         # After the allocation: making room may have demoted chunks into the host tier, over this one.
         fetched = self.tiers.take(key, num_pages * self.page_size)
         if fetched is None:
             self.refs.release(pages)
             return None, "absent"
         self.tiers.place(fetched, self.pages.slots(pages), key)
+        if self.private_loads:
+            return tuple(pages), fetched[1]  # the request's own: no one else matches them
         stored = self.store.put(key, tuple(pages))
         self.refs.release(stored)  # the store is now their only holder
         return stored, fetched[1]
+
+    def _alloc(self, num_pages: int) -> list[int] | None:
+        """Fresh pages, with one reference, making room by eviction if the pool is short."""
+        pages = self.refs.alloc(num_pages)
+        if pages is None:
+            short = num_pages - self.pages.available()
+            self.evict(EvictParams(num_tokens=short * self.page_size))
+            pages = self.refs.alloc(num_pages)
+        return pages
+
+    def _copy_stored(self, key: str, num_pages: int) -> tuple[int, ...] | None:
+        """A private copy of a chunk the device store keeps, in fresh pages of the caller's."""
+        stored = cast(tuple[int, ...], self.store.lookup(key))  # the caller checked it is stored
+        self.refs.acquire(stored)  # not evicted for the copy's room
+        try:
+            pages = self._alloc(num_pages)
+            if pages is not None:
+                self.tiers.device.scatter(self.pages.slots(pages), self.tiers.device.gather(self.pages.slots(stored)))
+        finally:
+            self.refs.release(stored)
+        return tuple(pages) if pages is not None else None
 
     # ---- the pins a planned request holds ---------------------------------------
 
@@ -144,6 +175,7 @@ class Residency:
         self.let_go(link)
         link.unplan()
         link.held = found.pins
+        link.held_private = found.private
         link.found_where(found.where)
         if link.held:
             self._planned[id(link)] = link
@@ -154,6 +186,7 @@ class Residency:
         if link.held:
             self.refs.release(link.held)
             link.held = []
+        link.held_private = False
 
     def end_round(self) -> None:
         """A scheduling round is over: requests planned in it but not admitted let go of their

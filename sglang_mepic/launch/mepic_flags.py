@@ -44,7 +44,7 @@ def _shown(setting: config.Setting, backend: str | None, settings: env.Settings)
     """Whether the start-up line names a setting: the shared tier's only where one is set."""
     return {"always": True, "never": False, "file": backend == "file", "storage": backend is not None,
             "storage-set": backend is not None and bool(os.environ.get(setting.env)),
-            "known": settings.known_texts}[setting.shown]
+            "known": settings.known_texts, "epic": settings.mode.kind is modes.Kind.EPIC}[setting.shown]
 
 
 def _display(setting: config.Setting) -> str:
@@ -110,16 +110,20 @@ def _checked(parse: Callable[[str], Any]) -> Callable[[str], str]:
 def split_mepic_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     """Remove the --mepic-* flags from argv and return them as environment settings."""
     known, rest = mepic_parser().parse_known_args(argv)
-    env = {}
+    variables: dict[str, str] = {}
     for setting in config.SETTINGS:
         value = getattr(known, setting.dest)
         if value is None or value is False:
             continue
         if setting is config.STORAGE_DIR:
             value = check_storage_dir(value)
-        env[setting.env] = "on" if setting.switch else value
+        variables[setting.env] = "on" if setting.switch else value
     check_storage(known.mepic_storage_backend or ("file" if known.mepic_storage_dir else None), known)
-    return rest, env
+    try:  # the rules between settings (env.Settings.from_env), over the variables already set too
+        env.Settings.from_env({**os.environ, **variables})
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    return rest, variables
 
 
 def check_storage(backend: str | None, known: argparse.Namespace) -> None:

@@ -135,8 +135,9 @@ class ChunkStore:
                 freed += self.remove(key)
         return freed
 
-    def remove(self, key: str) -> int:
-        """Evict one chunk now; returns the pages freed (those no one else held)."""
+    def remove(self, key: str, *, evicted: bool = True) -> int:
+        """Evict one chunk now; returns the pages freed (those no one else held). Not `evicted`: its KV is
+        kept below already (a host-tier store hands each chunk down as it is compiled): no demotion, no count."""
         chunk = self._chunks.pop(key)
         for p in chunk.pages:
             keys = self._keys[p]
@@ -144,12 +145,12 @@ class ChunkStore:
             if not keys:
                 del self._keys[p]
         self._pages -= len(chunk.pages)
-        if self.on_evict is not None:
+        if self.on_evict is not None and evicted:
             self.on_evict(chunk.key, chunk.pages)
         if self.on_change is not None:  # before the release, which tells of the pages it frees after it
             self.on_change(chunk.key, chunk.pages, False)
         freed = len(self.refs.release(chunk.pages))
-        self.stats.evictions += 1
+        self.stats.evictions += evicted
         return freed
 
     def forget(self) -> None:

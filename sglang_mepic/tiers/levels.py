@@ -204,13 +204,17 @@ class Tiers:
         self._agreed.clear()
         self._held.clear()
 
-    def demote(self, key: str, slots: torch.Tensor) -> None:
-        """The store is evicting this chunk from the device pool: keep a host copy.
+    def demote(self, key: str, slots: torch.Tensor) -> bool:
+        """The store is evicting this chunk from the device pool: keep a host copy. Whether the host holds it.
 
         A chunk loaded back from the host is still there; its copy is only refreshed in the LRU.
         """
-        if self.host is not None and self.host.get(key) is None:
-            self.host.put(key, self.device.gather(slots))
+        if self.host is None:
+            return False
+        if key in self.host:
+            self.host.get(key)  # refreshes its place in the LRU
+            return True
+        return self.host.put(key, self.device.gather(slots))
 
     def persist(self, key: str, slots: torch.Tensor) -> None:
         """A chunk was just compiled: write it through to shared storage (in the background, once)."""

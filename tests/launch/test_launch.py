@@ -331,7 +331,8 @@ def test_start_up_line_shows_the_effective_mepic_settings_defaults_included(monk
                           "--mepic-max-chunks", "8", "--mepic-storage-secret", "hunter2",
                           "--mepic-auto-chunk", "tools", "--mepic-separator", " # # ")
     assert given == ("--mepic-mode epic-16 --mepic-recompute-blocks 1 --mepic-compile-sink bos "
-                     "--mepic-placement leading --mepic-text-markup off --mepic-host-tier-gb 0.5 --mepic-max-chunks 8 "
+                     "--mepic-placement leading --mepic-text-markup off --mepic-host-tier-gb 0.5 "
+                     "--mepic-chunk-store pool --mepic-max-chunks 8 "
                      "--mepic-auto-chunk tools --mepic-separator ' # # ' "
                      f"--mepic-storage-backend file --mepic-storage-dir {tmp_path} --mepic-storage-timeout 0.5 "
                      "--mepic-storage-secret (set)")  # never the secret itself
@@ -577,6 +578,10 @@ REFUSED = [
     (["--mepic-host-tier-gb", "-1"], "argument --mepic-host-tier-gb"),
     (["--mepic-max-chunks", "0"], "argument --mepic-max-chunks"),
     (["--mepic-storage-backend", "file"], "--mepic-storage-backend file needs --mepic-storage-dir"),
+    (["--mepic-chunk-store", "host", "--mepic-host-tier-gb", "1"], "--mepic-chunk-store host: keeps the chunks "
+                                                                   "epic-K copies in the host tier; it needs"),
+    (["--mepic-mode", "epic-16", "--mepic-chunk-store", "host"], "--mepic-host-tier-gb above 0 (here epic-16 and 0 GB)"),
+    (["--mepic-mode", "epic-16", "--mepic-chunk-store", "disk"], "argument --mepic-chunk-store"),
     # The check read a flag the launcher never parsed, so it always saw one worker (issue 68).
     (["--mepic-auto-chunk", "known", "--tokenizer-worker-num", "2"],
      "--tokenizer-worker-num 2: sglang-mepic reads chunk markup, auto-chunking and registered texts in"),

@@ -16,6 +16,7 @@ SAMPLES = {
     config.PLACEMENT: ("leading", "middle"),
     config.TEXT_MARKUP: ("off", "no"),
     config.HOST_TIER_GB: ("0.5", "-1"),
+    config.CHUNK_STORE: ("pool", "disk"),  # host needs epic-K and a host tier: test_a_bad_variable_set_by_hand
     config.MAX_CHUNKS: ("8", "0"),
     config.AUTO_CHUNK: ("tools+known", "all"),
     config.KNOWN_TEXTS_MB: ("0.5", "0"),
@@ -97,6 +98,11 @@ def test_a_bad_variable_set_by_hand_names_the_variable():
         env.Settings.from_env({config.PLACEMENT.env: "middle"})
     with pytest.raises(ValueError, match="--mepic-storage-backend file needs --mepic-storage-dir"):
         env.Settings.from_env({config.STORAGE_BACKEND.env: "file"})
+    with pytest.raises(ValueError, match="--mepic-chunk-store host: .* needs --mepic-mode epic-K"):
+        env.Settings.from_env({config.CHUNK_STORE.env: "host", config.HOST_TIER_GB.env: "1"})
+    host = env.Settings.from_env({config.CHUNK_STORE.env: "host", config.HOST_TIER_GB.env: "1",
+                                  config.MODE.env: "epic-16"})
+    assert host.chunk_store == "host" and env.Settings.from_env({}).chunk_store == "pool"
 
 
 def test_typed_settings_give_the_table_defaults():

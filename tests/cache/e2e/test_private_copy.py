@@ -114,3 +114,50 @@ def test_a_copy_finds_the_room_its_budget_counted_when_a_later_request_of_its_ro
     assert stats(server)["private_copy_fallbacks"] == before
     assert all(o["meta_info"]["mepic_residency"] != ["absent"] for o in r.json())  # each found its chunk stored
     assert [o["meta_info"]["cached_tokens"] for o in r.json()] == [(len(a) // B - 1) * B, (len(b) // B - 1) * B]
+
+
+# EPIC as on LMCache's CPU backend (`--mepic-chunk-store host`): the chunks live in the host tier only, and each
+# request loads its copy straight into pages of its own; the pool holds no store beside the copies.
+@pytest.fixture(scope="module")
+def host_epic(servers):
+    return servers.get("--mepic-mode", "epic-16", "--max-total-tokens", str(POOL_PAGES * B),
+                       "--mepic-host-tier-gb", "0.05", "--mepic-chunk-store", "host")
+
+
+@pytest.mark.server
+def test_a_host_store_keeps_no_chunk_in_the_pool_and_each_reader_loads_a_copy_of_its_own(host_epic, small_epic):
+    flush(host_epic)
+    before = stats(host_epic)
+    generate(host_epic, prompt(99))  # compiles the chunk, which goes to the host tier
+    assert stats(host_epic)["chunks_resident"] == 0
+    readers = [prompt(k) for k in range(8)]
+    with ThreadPoolExecutor(len(readers)) as pool:
+        together = list(pool.map(lambda p: generate(host_epic, p), readers))
+    after = stats(host_epic)
+    assert after["private_copy_fallbacks"] == before["private_copy_fallbacks"]
+    assert after["chunks_resident"] == 0
+    assert after["tier_loads_host"] - before["tier_loads_host"] >= len(readers)  # a load a reader, none shared
+    copied = (len(CHUNK) // B - 1) * B
+    assert [r["meta_info"]["cached_tokens"] for r in together] == [copied] * len(readers)
+    # The same KV as a copy of the pool's store: the same tokens as the pool-store server, each read alone.
+    flush(small_epic)
+    generate(small_epic, prompt(99))
+    assert [r["output_ids"] for r in together] == [generate(small_epic, p)["output_ids"] for p in readers]
+
+
+@pytest.mark.server
+def test_a_chunk_too_big_to_copy_beside_its_stored_pages_is_read_from_the_host(host_epic, small_epic):
+    """The 40-page chunk that the pool store cannot copy at 64 pages (the test above) needs only its copy here:
+    it is reused, and nothing reads stored pages in place."""
+    big = ids(40 * B, 8)
+    marked = INSTRUCTION + [CHUNK_BEGIN_ID, *big, CHUNK_END_ID] + ids(9, 2000)
+    second = ids(11, 101) + marked[len(INSTRUCTION):-9] + ids(9, 2001)
+    results = {}
+    for name, server in (("host", host_epic), ("pool", small_epic)):
+        flush(server)
+        before = stats(server)["private_copy_fallbacks"]
+        generate(server, marked)
+        results[name] = generate(server, second)
+        assert stats(server)["private_copy_fallbacks"] == before
+    assert results["host"]["meta_info"]["cached_tokens"] == (len(big) // B - 1) * B
+    assert results["pool"]["meta_info"]["cached_tokens"] < len(big) - B
