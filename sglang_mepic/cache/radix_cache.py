@@ -106,11 +106,10 @@ class MepicRadixCache(RadixCache):
                                     Agreement.of_group(getattr(params, "tp_cache_group", None)))
         self.linker = Linker(settings.placement, self.page_size, model_fingerprint)
         self.compile_rows = compile_rows.CompileRows(self.page_size)
+        private_loads = settings.chunk_store == "host" and modes.copies_private_prefix(self.mode)
         self.residency = Residency(self.store, self.refs, self.pages, self.tiers, self.evict, self.page_size,
-                                   self.canonical_from,
-                                   self.compile_rows.in_flight if self.mode.shares else None,
-                                   private_loads=settings.chunk_store == "host"
-                                   and modes.copies_private_prefix(self.mode))
+                                   self.canonical_from, self.compile_rows.in_flight if self.mode.shares else None,
+                                   private_loads, modes.epic_lead_pages(self.mode, self.page_size))
         # The parts, each handed only what it reads.
         self.readiness = Readiness(rows=self.compile_rows, store=self.store, tiers=self.tiers,
                                    shares=self.mode.shares, keeps=self.residency.keeps,
@@ -128,6 +127,8 @@ class MepicRadixCache(RadixCache):
 
     def _plan(self, req: Req, link: Link, params: MatchPrefixParams) -> None:
         """Pin and load the request's chunks, plan it, and put its ids in planned order."""
+        if self.residency.private_loads:  # its earlier loads are its own pages: free them before loading again
+            self.residency.let_go(link)
         found = self.residency.find(link.shape, self._pin_budget(req, link))
         self.residency.hold(link, found)
         # Input logprobs from a slot on: as SGLang limits its prefix there, chunks past it are computed.
@@ -177,6 +178,8 @@ class MepicRadixCache(RadixCache):
                 continue
             if logprob_start is not None and end > logprob_start:
                 continue  # computed in context whatever the store holds (planner.plan)
+            if self.residency.private_loads and key in link.made_for:
+                continue  # made for it once, not loadable now (host LRU, no room): in context, never waited on twice
             row = rows.for_chunk(req, link.shape, i)
             if row is None:
                 continue

@@ -31,6 +31,7 @@ from typing import cast
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult
 
+from sglang_mepic.cache.compile_rows import PLACEHOLDER_PAGE
 from sglang_mepic.cache.link import Link
 from sglang_mepic.cache.shape import Shape
 from sglang_mepic.pages.chunk_store import ChunkStore
@@ -50,13 +51,16 @@ class Found:
 
 class Residency:
     """private_loads: chunks loaded from the tiers become pages of the request's own, not stored ones
-    (`--mepic-chunk-store host`: EPIC's copy is made as it loads, and the pool holds no store beside it)."""
+    (`--mepic-chunk-store host`: EPIC's copy is made as it loads, and the pool holds no store beside it).
+    private_lead: with private_loads, the pages at the head of each chunk that the plan computes again in
+    context (EPIC's first K tokens): they are neither loaded nor held, only the chunk's pages after them."""
 
     def __init__(self, store: ChunkStore, refs: PageRefs, pages: PoolPages, tiers: Tiers,
                  evict: Callable[[EvictParams], EvictResult], page_size: int, canonical_from: int | None,
-                 in_flight: Callable[[str], tuple[int, ...] | None] | None = None, private_loads: bool = False) -> None:
+                 in_flight: Callable[[str], tuple[int, ...] | None] | None = None, private_loads: bool = False,
+                 private_lead: int = 0) -> None:
         self.store, self.refs, self.pages, self.tiers = store, refs, pages, tiers
-        self.private_loads = private_loads
+        self.private_loads, self.private_lead = private_loads, private_lead if private_loads else 0
         # key -> canonical pages a compile row in a batch already launched writes (compile_rows.py), or None
         self.in_flight = in_flight
         self.evict = evict  # the cache's evict(EvictParams)
@@ -108,38 +112,48 @@ class Residency:
             if not self.keeps(start, end):
                 continue
             num_pages = self.canonical_slots(start, end) // self.page_size
-            if not fits(num_pages):
+            lead = self.private_lead
+            if not fits(num_pages - lead) or num_pages <= lead:  # nothing past the lead: computed in context
                 left_out.add(key)
                 continue
             pages, where[i] = self.load(key, num_pages)
             if pages is not None:
                 if not self.private_loads:  # a private load's pages come with the request's reference
                     self.refs.acquire(pages)  # before the next load, which may evict
-                resident[key] = pages
+                # The plan reads only the pages past the lead; the lead's places are never read.
+                resident[key] = (PLACEHOLDER_PAGE,) * lead + pages
                 pins += pages
         return Found(resident, where, pins, left_out, self.private_loads and not stored and bool(pins))
 
     def load(self, key: str, num_pages: int) -> tuple[tuple[int, ...] | None, str]:
         """Copy a chunk from the host or storage tier into fresh device pages and store it; with
-        `private_loads`, keep them as the caller's (one reference), the store's own copy too when the host
-        tier could not take it (`_copy_stored`).
+        `private_loads`, keep its pages past `private_lead` as the caller's (one reference), copied from
+        the store's when the device store still keeps it (the host tier could not take it).
 
-        Returns its pages and the tier it came from, or (None, "absent") when no tier has it
+        Returns the pages and the tier it came from, or (None, "absent") when no tier has it
         sound or the pool has no room for it.
         """
+        lead = self.private_lead
         if self.private_loads and key in self.store:
-            return self._copy_stored(key, num_pages), "device"
+            copy = self._copy_stored(key, lead)
+            return (copy, "device") if copy is not None else (None, "absent")
         if self.tiers.want(key, num_pages * self.page_size) not in ("host", "storage"):
             return None, "absent"  # or still being read: the request is computed without it
-        pages = self._alloc(num_pages)
+        pages = self._alloc(num_pages - lead)
         if pages is None:
             return None, "absent"
-        # After the allocation: making room may have demoted chunks into the host tier, over this one.
-        fetched = self.tiers.take(key, num_pages * self.page_size)
+        try:
+            # After the allocation: making room may have demoted chunks into the host tier, over this one.
+            fetched = self.tiers.take(key, num_pages * self.page_size)
+            if fetched is not None:
+                kv, tier = fetched
+                self.tiers.place((kv[:, :, lead * self.page_size:], tier), self.pages.slots(pages), key)
+        except BaseException:
+            self.refs.release(pages)
+            raise
         if fetched is None:
             self.refs.release(pages)
             return None, "absent"
-        self.tiers.place(fetched, self.pages.slots(pages), key)
         if self.private_loads:
             return tuple(pages), fetched[1]  # the request's own: no one else matches them
         stored = self.store.put(key, tuple(pages))
@@ -155,14 +169,19 @@ class Residency:
             pages = self.refs.alloc(num_pages)
         return pages
 
-    def _copy_stored(self, key: str, num_pages: int) -> tuple[int, ...] | None:
-        """A private copy of a chunk the device store keeps, in fresh pages of the caller's."""
-        stored = cast(tuple[int, ...], self.store.lookup(key))  # the caller checked it is stored
+    def _copy_stored(self, key: str, lead: int) -> tuple[int, ...] | None:
+        """A private copy of a chunk the device store keeps, its pages past `lead`, in fresh pages of the
+        caller's; None when the pool has no room for it."""
+        stored = cast(tuple[int, ...], self.store.lookup(key))[lead:]  # the caller checked it is stored
         self.refs.acquire(stored)  # not evicted for the copy's room
         try:
-            pages = self._alloc(num_pages)
+            pages = self._alloc(len(stored))
             if pages is not None:
-                self.tiers.device.scatter(self.pages.slots(pages), self.tiers.device.gather(self.pages.slots(stored)))
+                try:
+                    self.tiers.device.move(self.pages.slots(pages), self.pages.slots(stored))
+                except BaseException:
+                    self.refs.release(pages)
+                    raise
         finally:
             self.refs.release(stored)
         return tuple(pages) if pages is not None else None

@@ -43,6 +43,7 @@ from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, cast
 
 import torch
+from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
 
 from sglang_mepic.tiers.agreement import Agreement
 from sglang_mepic.tiers.prefetch import ABSENT, PENDING, Prefetch
@@ -72,6 +73,10 @@ class DevicePool:
         for layer, (k, v) in enumerate(zip(self.k, self.v)):
             k[slots] = kv[0, layer].to(k.device, k.dtype)
             v[slots] = kv[1, layer].to(v.device, v.dtype)
+
+    def move(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy the KV at slots `src` to slots `dst`, in every layer, without a staging copy."""
+        move_kv_cache_native(self.k, self.v, dst, src.to(dst.device))
 
     def empty(self, num_slots: int, device: str = "cpu") -> torch.Tensor:
         k = self.k[0]

@@ -39,9 +39,14 @@ class Rows:
 
 
 def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num_pages=NUM_PAGES, sglang=False,
-              eviction_policy="lru", rows=16):
+              eviction_policy="lru", rows=16, chunk_store="pool"):
     """The mepic radix cache on a small real KV pool (or, with `sglang`, SGLang's own RadixCache);
-    `eviction_policy`: SGLang's --radix-eviction-policy; `rows`: requests (compile rows too) at once."""
+    `eviction_policy`: SGLang's --radix-eviction-policy; `rows`: requests (compile rows too) at once;
+    `chunk_store`: --mepic-chunk-store."""
+    import dataclasses
+
+    from sglang_mepic import env
+
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
@@ -66,7 +71,8 @@ def make_tree(mode="mepic", canonical_from=1, host_gb=0.0, storage_dir=None, num
         assert shared.connected()
     tree = MepicRadixCache(params, model_fingerprint="tiny", mode=modes.parse_mode(mode),
                            canonical_from=canonical_from,
-                           tiers=Tiers(kv, B, host_gb=host_gb, storage=shared))
+                           tiers=Tiers(kv, B, host_gb=host_gb, storage=shared),
+                           settings=dataclasses.replace(env.settings(), chunk_store=chunk_store))
     return tree
 
 
