@@ -27,7 +27,7 @@ DECODE_BYTES = RESULTS / "capacity-decode-fp8-512" / "results.json"
 # 384 float32 pages (the bytes of 768 bf16 ones), vanilla, epic-16 and mepic on one day (2026-12-04): the pool at which
 # memory, not the 2-core forward, decides what each system runs at once on a machine of that day's speed.
 DECODE_384 = RESULTS / "capacity-decode-384" / "results.json"
-DECODE_384_HOST = RESULTS / "capacity-decode-384-host" / "results.json"  # EPIC with its chunks on the host
+DECODE_384_HOST = RESULTS / "capacity-decode-384-host-b" / "results.json"  # EPIC with its chunks on the host, lead unheld
 FP8 = RESULTS / "capacity-fp8-seeded" / "results.json"
 SMOL_TTFT = RESULTS / "compile-rows" / "smol-squad-after" / "results.json"
 SMOL_F1 = {"squad": RESULTS / "smollm2" / "squad" / "results.json",
