@@ -479,6 +479,10 @@ def matched_targets(cells: list[Cell]) -> list[int]:
     return sorted({int(c.kind.split("-")[1]) for c in cells if c.kind.startswith("matched-")})
 
 
+# Issue 86's capacity targets, mepic over each baseline (the README's headline reads them at the memory-bound pool).
+RATIO_TARGETS = {"epic-16": 2.0, "epic-16-host": 2.0, "vanilla": 1.5}
+
+
 def ratios(cells: list[Cell], pools: list[int]) -> list[str]:
     """mepic's capacity over each other system's, seed by seed, at the pool the targets are judged at."""
     pool, judged = judged_pool(cells), True
@@ -489,16 +493,15 @@ def ratios(cells: list[Cell], pools: list[int]) -> list[str]:
         pool, judged = pools_run[0], False
         why = "vanilla sustains under 1 req/s at every pool" if any(c.system == "vanilla" for c in cells) \
             else "no vanilla cells"
-        out = [f"at {pool:,} pages, seed by seed ({why}: the capacity targets against vanilla and epic-16 are not "
-               "judged here):"]
+        out = [f"at {pool:,} pages, seed by seed ({why}: the capacity targets are not judged here):"]
     else:
         out = [f"at {pool:,} pages (the smallest pool where vanilla sustains >= 1 req/s), seed by seed:"]
     for other in ("epic-16", "epic-16-host", "vanilla", "cacheblend-0.15", "full"):
         values = paired(cells, "capacity", pool, "mepic", other, capacity_of)
         if values:
             m = statistics.median(values)
-            target = " (target >= 2: " + ("met)" if m >= 2 else "missed)") \
-                if judged and other in ("epic-16", "vanilla") else ""
+            target = f" (target >= {RATIO_TARGETS[other]}: " + ("met)" if m >= RATIO_TARGETS[other] else "missed)") \
+                if judged and other in RATIO_TARGETS else ""
             out.append(f"- capacity mepic / {other}: {fmt(values)}{target}")
     for pool_ in sorted({c.pool_pages for c in cells if c.kind == "capacity"}):  # each pool: fp8 against bf16
         values = paired(cells, "capacity", pool_, "mepic-fp8", "mepic-bf16", capacity_of)

@@ -255,7 +255,7 @@ def cell(system, pool, cap, peak=100.0, mean=50.0, kind="capacity"):
 def test_tables_and_ratios_read_the_cells(tmp_path):
     cells = [cell("vanilla", 512, 0.5), cell("vanilla", 1024, 1.5), cell("mepic", 512, 1.0), cell("mepic", 1024, 3.5),
              cell("epic-16", 1024, 1.0), cell("mepic", 1024, 0, 40, 15, "matched-8"),
-             cell("epic-16", 1024, 0, 100, 50, "matched-8")]
+             cell("epic-16", 1024, 0, 100, 50, "matched-8"), cell("epic-16-host", 1024, 2.5)]
     cells[3].probes[0].update(sent=50, requests=60)  # the scheduler's busy time a request sent: 7.5 s / 50
     cells[3].probes[0]["counters"]["stage_seconds"] = {"run_batch": 6.0, "get_next_batch_to_run": 1.5, "idle": 2.0}
     text = capacity.capacity_table(cells, ["vanilla", "epic-16", "mepic"], [512, 1024])
@@ -263,8 +263,10 @@ def test_tables_and_ratios_read_the_cells(tmp_path):
     assert "| vanilla | 1,024 | 1.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | 0.0 | 8.0 | 0.00 | 0 | — | — | 1 |" in text  # no counters
     lines = capacity.ratios(cells, [512, 1024])
     assert lines[0].startswith("at 1,024 pages")  # vanilla holds 1 req/s there first
-    assert "- capacity mepic / epic-16: 3.50 (target >= 2: met)" in lines
-    assert "- capacity mepic / vanilla: 2.33 (target >= 2: met)" in lines
+    # Issue 86's targets: 2.0 over either EPIC (its store in the pool or on the host), 1.5 over vanilla.
+    assert "- capacity mepic / epic-16: 3.50 (target >= 2.0: met)" in lines
+    assert "- capacity mepic / epic-16-host: 1.40 (target >= 2.0: missed)" in lines
+    assert "- capacity mepic / vanilla: 2.33 (target >= 1.5: met)" in lines
     matched = capacity.matched_table(cells, ["epic-16", "mepic"])
     assert "| 8 | mepic / epic-16 | 0.40 | 0.30 | peak ≤ 0.5: met, time-weighted ≤ 0.4: met |" in matched
     capacity.plot(cells, ["vanilla", "epic-16", "mepic"], [512, 1024], tmp_path / "c.png")

@@ -342,3 +342,31 @@ def test_capacity_part_5_runs_sglangs_fp8_and_mepics_at_part_1s_bytes():
         assert parsed.kv_cache_dtype == "fp8_e4m3" and parsed.attention_backend == backend
     flags, common, _ = device_capacity.server_of("mepic", args, 2048, 8192)  # part 1's: the bf16 pool as it was
     assert "--kv-cache-dtype" not in flags and common[common.index("--max-total-tokens") + 1] == str(2048 * 16)
+
+
+def test_every_device_capacity_part_starts_servers_the_launcher_and_sglang_accept():
+    """The private-copy baseline read first, epic-16-host, runs on the device (part 2 on SQuAD, part 4 on long
+    prompts), on the device and in the dry run alike: its host tier is given in both, since the launcher refuses
+    --mepic-chunk-store host without one."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from eval.gpu.e2e import capacity as device_capacity
+    from sglang_mepic.launch.mepic_flags import split_mepic_flags
+
+    assert device_capacity.PARTS[2] == ("squad", ("epic-16-host", "epic-16"))
+    assert "epic-16-host" in device_capacity.PARTS[4][1]
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    for cpu in (False, True):
+        args = device_capacity.parser().parse_args(["--part", "2"] + (["--cpu"] if cpu else []))
+        args.dtype, args.sync_debug, args.equal_bytes = ("float32" if cpu else "bfloat16"), "", False
+        for part, (_, systems) in device_capacity.PARTS.items():
+            for system in systems:
+                flags, common, _ = device_capacity.server_of(system, args, 2048, 8192)
+                rest, variables = split_mepic_flags([*flags, *common])  # raises where the launcher would refuse
+                parser.parse_args(["--model-path", "m", *rest])
+                if system == "epic-16-host":
+                    assert variables["SGLANG_MEPIC_CHUNK_STORE"] == "host", (part, cpu)
+                    assert float(variables["SGLANG_MEPIC_HOST_TIER_GB"]) > 0, (part, cpu)

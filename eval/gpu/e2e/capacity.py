@@ -4,9 +4,9 @@ drive.py's 8B-shaped model and servers (vanilla: SGLang's triton backend and rad
 rendered here into the carry (capacity.json.xz). One device call runs one part, a workload for one or two systems:
 
     set -o pipefail; bash eval/gpu/e2e/run.sh capacity --part 1   # SQuAD, 2,048 pages: vanilla, mepic (timeout_s 590)
-    set -o pipefail; bash eval/gpu/e2e/run.sh capacity --part 2   # SQuAD, 2,048 pages: epic-16
+    set -o pipefail; bash eval/gpu/e2e/run.sh capacity --part 2   # SQuAD, 2,048 pages: epic-16-host, epic-16
     set -o pipefail; bash eval/gpu/e2e/run.sh capacity --part 3   # long prompts, 4,352 pages: epic-16, mepic
-    set -o pipefail; bash eval/gpu/e2e/run.sh capacity --part 4   # long prompts, 4,352 pages: vanilla
+    set -o pipefail; bash eval/gpu/e2e/run.sh capacity --part 4   # long prompts, 4,352 pages: vanilla, epic-16-host
     set -o pipefail; bash eval/gpu/e2e/run.sh capacity --part 5   # SQuAD, 2,048 bf16 pages' bytes (4,096 fp8
                                                                   # pages): vanilla-fp8, mepic-fp8 (issue 73)
 
@@ -33,8 +33,10 @@ from eval.gpu.e2e.workload import CAPACITY, read_capacity
 from sglang_mepic.launch.sglang_flags import MEPIC_PAGE_SIZE
 from sglang_mepic.process.server_process import ServerProcess
 
-PARTS = {1: ("squad", ("vanilla", "mepic")), 2: ("squad", ("epic-16",)), 3: ("long", ("epic-16", "mepic")),
-         4: ("long", ("vanilla",)), 5: ("squad", ("vanilla-fp8", "mepic-fp8"))}
+# epic-16-host (EPIC's chunks in host memory, as on LMCache's CPU backend) is the private-copy baseline read
+# first, so it leads part 2 and joins vanilla in part 4; epic-16 (its store in the pool) follows it.
+PARTS = {1: ("squad", ("vanilla", "mepic")), 2: ("squad", ("epic-16-host", "epic-16")), 3: ("long", ("epic-16", "mepic")),
+         4: ("long", ("vanilla", "epic-16-host")), 5: ("squad", ("vanilla-fp8", "mepic-fp8"))}
 # fp8 KV (issue 73): SGLang's own triton backend and mepic over an e4m3 cache. Part 5 reads its pool as bytes
 # (--equal-bytes): part 1's bf16 pool holds twice its pages in fp8, so its cells sit beside part 1's.
 FP8_VARIANTS = {"vanilla-fp8": ("vanilla", "fp8_e4m3"), "mepic-fp8": ("mepic", "fp8_e4m3")}

@@ -82,13 +82,18 @@ MAX_DIFF = {"bfloat16": 0.15, "float32": 1e-3}
 GPU_VANILLA = ["--attention-backend", "triton", "--radix-cache-backend", "sglang"]
 CPU_VANILLA = ["--attention-backend", "torch_native", "--radix-cache-backend", "sglang"]
 SYSTEMS = {"vanilla": None, "full": ["--mepic-mode", "full"], "epic-16": ["--mepic-mode", "epic-16"],
+           # EPIC as on LMCache's CPU backend: its chunks in pinned host memory, each request's copy loaded
+           # from there across PCIe (docs/modes.md); the private-copy baseline to read first (issue 86).
+           "epic-16-host": ["--mepic-mode", "epic-16", "--mepic-chunk-store", "host"],
            "mepic": ["--mepic-mode", "mepic"],
            "recompute-all": ["--mepic-mode", "mepic", "--mepic-recompute-blocks", "all"],
            # mepic runs under SGLang's breakable prefill CUDA graphs (the launcher no longer turns them off,
            # issue 69); mepic-eager is mepic without them, on a server of its own (part 3).
            "mepic-eager": ["--mepic-mode", "mepic", "--cuda-graph-backend-prefill", "disabled"]}
 CHECK_ONLY = {"recompute-all"}  # served for the checks, not the workload
-HOST_TIER_GB = {"epic-16": 4, "mepic": 4, "recompute-all": 4, "mepic-eager": 4}  # pinned host memory, as eval.experiments.run gives PIC systems
+HOST_TIER_GB = {"epic-16": 4, "epic-16-host": 4, "mepic": 4, "recompute-all": 4, "mepic-eager": 4}  # pinned host memory, as eval.experiments.run gives PIC systems
+# The dry run gives no host tier, except where the system is its store (the launcher refuses one without it).
+CPU_HOST_TIER_GB = {"epic-16-host": 1}
 GREEDY_SYSTEMS = {"mepic"}  # the graphs-vs-eager check: mepic under prefill graphs, switched eager on its server
 # Timing ratios only hold within one call (one machine): vanilla and mepic share the first. The checks
 # compare across calls, on the same weights (their checksum says so).
@@ -607,8 +612,9 @@ def server_args(name: str, args, pool_pages: int, context_length: int = 8192) ->
     """One system's server as every device run starts it: (its system's flags, the flags all share, env)."""
     mepic = name != "vanilla"
     flags = (CPU_VANILLA if args.cpu else GPU_VANILLA) if name == "vanilla" else list(SYSTEMS[name])
-    if name in HOST_TIER_GB and not args.cpu:
-        flags += ["--mepic-host-tier-gb", str(HOST_TIER_GB[name])]
+    tier_gb = (CPU_HOST_TIER_GB if args.cpu else HOST_TIER_GB).get(name)
+    if tier_gb:
+        flags += ["--mepic-host-tier-gb", str(tier_gb)]
     common = ["--dtype", args.dtype, "--max-total-tokens", str(pool_pages * MEPIC_PAGE_SIZE),
               "--decode-log-interval", "8", "--sampling-backend", "pytorch", "--context-length", str(context_length)]
     if not args.cpu:
