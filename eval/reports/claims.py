@@ -20,7 +20,9 @@ RESULTS = ROOT / "eval" / "results"
 # Capacity where memory binds (issue 86): decode-heavy requests (256 new tokens) judged on TTFT and TPOT, EPIC's
 # baseline charged its private copies (it waits for them, never reads the store's pages in place).
 DECODE = RESULTS / "capacity-decode" / "results.json"  # 1,024 pages: where the 2-core forward binds mepic first
-DECODE_LONG = RESULTS / "capacity-decode-long" / "results.json"
+# Long prompts against EPIC with its chunks in host memory (2026-12-05); the pool-store epic-16 run
+# (capacity-decode-long, 2.90) held each chunk twice and is kept in docs/results.md.
+DECODE_LONG = RESULTS / "capacity-decode-long-host" / "results.json"
 # The same 512 float32 pages, all four systems on one machine's day (2026-12-04), mepic-fp8 at those pages' bytes:
 # the sessions' machines differ in speed (eval/lib/cpu_speed.py), so ratios pair cells of one session only.
 DECODE_BYTES = RESULTS / "capacity-decode-fp8-512" / "results.json"
@@ -120,8 +122,9 @@ CLAIMS = [
           in_flight_ratio("mepic", "epic-16"), "≥ 2", lambda v: v >= 2),
     Claim("epic-16 requests reading stored pages in place (its private copy skipped), per cell: the memory-bound pool",
           DECODE_384, fallbacks, "= 0", lambda v: v == 0, "{:.0f}"),
-    Claim("capacity within the SLO, mepic / epic-16: long prompts (squad-long, 16 chunks), 256 new tokens",
-          DECODE_LONG, capacity_ratio("mepic", "epic-16"), "≥ 3.0", lambda v: v >= 3.0),
+    Claim("capacity within the SLO, mepic / epic-16-host: long prompts (squad-long, 16 chunks, about 14k tokens), "
+          "256 new tokens, 2,048 float32 pages", DECODE_LONG, capacity_ratio("mepic", "epic-16-host"), "≥ 3.0",
+          lambda v: v >= 3.0),
     Claim("capacity within the SLO, mepic-fp8 / epic-16 at equal pool bytes: SQuAD, 256 new tokens (2,048 fp8 pages "
           "against 512 float32 ones: 4x the pages here, 2x against bf16 on a GPU)", DECODE_BYTES,
           capacity_ratio("mepic-fp8", "epic-16"), "≥ 3.5", lambda v: v >= 3.5),

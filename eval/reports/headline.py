@@ -49,6 +49,7 @@ CAPACITY_MORE = {"capacity-decode-384-host-b": RESULTS / "capacity-decode-384-ho
                  "capacity-decode-384": RESULTS / "capacity-decode-384" / "results.json",
                  "capacity-decode-fp8-512": RESULTS / "capacity-decode-fp8-512" / "results.json",
                  "capacity-decode-512": RESULTS / "capacity-decode-512" / "results.json",
+                 "capacity-decode-long-host": RESULTS / "capacity-decode-long-host" / "results.json",
                  "capacity-decode-long": RESULTS / "capacity-decode-long" / "results.json",
                  "capacity-decode-fp8": RESULTS / "capacity-decode-fp8" / "results.json",
                  "capacity-hotpotqa": RESULTS / "capacity-hotpotqa" / "results.json",
