@@ -44,7 +44,8 @@ SMOL_TTFT = {"squad": RESULTS / "compile-rows" / "smol-squad-after" / "results.j
 # What the memory buys (issue 50): capacity within the SLO at a fixed pool, and KV at matched concurrency.
 CAPACITY = RESULTS / "capacity" / "results.json"
 # The same search on another dataset and on the default model, at one pool each (issue 50).
-CAPACITY_MORE = {"capacity-decode-384-host-b": RESULTS / "capacity-decode-384-host-b" / "results.json",
+CAPACITY_MORE = {"capacity-decode-host-pools": RESULTS / "capacity-decode-host-pools" / "results.json",
+                 "capacity-decode-384-host-b": RESULTS / "capacity-decode-384-host-b" / "results.json",
                  "capacity-decode-384-host": RESULTS / "capacity-decode-384-host" / "results.json",
                  "capacity-decode-384": RESULTS / "capacity-decode-384" / "results.json",
                  "capacity-decode-fp8-512": RESULTS / "capacity-decode-fp8-512" / "results.json",
