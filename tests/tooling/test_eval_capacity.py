@@ -450,3 +450,19 @@ def test_the_cpu_probe_times_one_thread_and_gives_the_threads_back():
     threads = torch.get_num_threads()
     assert cpu_speed.probe_ms() > 0
     assert torch.get_num_threads() == threads
+
+
+def test_a_ratio_says_which_seeds_only_one_system_ran_and_fp8_is_read_over_each_baseline():
+    # seeds 0 and 1 paired; seed 2 has epic-16-host's cell alone (mepic's was stopped part way)
+    cells = []
+    for seed, (host, mine, fp8) in enumerate([(0.35, 0.50, 0.84), (0.14, 0.26, 0.48), (0.08, None, None)]):
+        for system, rate in (("epic-16-host", host), ("mepic", mine), ("mepic-fp8", fp8)):
+            if rate is not None:
+                c = cell(system, 768, rate)
+                c.seed = seed
+                cells.append(c)
+    lines = capacity.ratios(cells, [768])
+    mepic = next(line for line in lines if line.startswith("- capacity mepic / epic-16-host"))
+    assert mepic.endswith("; seed 2 left out: mepic has no cell there"), mepic
+    fp8 = next(line for line in lines if line.startswith("- capacity mepic-fp8 / epic-16-host"))
+    assert fp8.endswith("; seed 2 left out: mepic-fp8 has no cell there"), fp8
