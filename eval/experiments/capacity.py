@@ -524,7 +524,9 @@ def without_ratio(cells: list[Cell], pool: int, a: str, b: str) -> str:
     mine, theirs = seeds(a), seeds(b)
     why = {s: f"{b} held no rate there" for s in mine.keys() & theirs.keys() if theirs[s].capacity <= 0}
     why |= {s: f"{a if s in theirs else b} has no cell there" for s in mine.keys() ^ theirs.keys()}
-    return "".join(f"; seed {s} left out: {why[s]}" for s in sorted(why))
+    seeds_for = {reason: [s for s in sorted(why) if why[s] == reason] for reason in dict.fromkeys(why[s] for s in sorted(why))}
+    return "".join(f"; seed{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left out: {reason}"
+                   for reason, left in seeds_for.items())
 
 
 def matched_table(cells: list[Cell], systems: list[str]) -> str:
