@@ -21,6 +21,7 @@ writes only a file whose blocks changed, and says which ("unchanged" when none d
 """
 
 import argparse
+import itertools
 import json
 import re
 import statistics
@@ -224,12 +225,19 @@ def more_capacity_rows(path: Path) -> list[str]:
     pool = min(c.pool_pages for c in cells)
     what = run_of(results)
     lines = []
-    for other in ("epic-16", "vanilla"):
-        values = capacity.paired(cells, "capacity", pool, "mepic", other, capacity.capacity_of)
+    # Every pair a headline row may read, so that a row the headline no longer reads keeps its figure here.
+    for system, other in itertools.product(("mepic", "mepic-fp8"), ("epic-16", "epic-16-host", "vanilla")):
+        values = capacity.paired(cells, "capacity", pool, system, other, capacity.capacity_of)
         if values:
             med, rng = span(values)
             note = shared_note(cells) if other == "epic-16" else ""
-            lines.append(f"| capacity within the SLO, mepic / {other}, at {pool:,} pages ({what}){note} | {med} | {rng} | "
+            bytes_ = " (mepic-fp8 at the pages' bytes)" if system == "mepic-fp8" else ""
+            lines.append(f"| capacity within the SLO, {system} / {other}, at {pool:,} pages{bytes_} ({what}){note} | "
+                         f"{med} | {rng} | {len(values)} | — | `{rel(path)}` |")
+    for other in ("epic-16", "epic-16-host"):
+        if values := claims.in_flight_ratio("mepic", other)(results):
+            med, rng = span(values)
+            lines.append(f"| requests in flight at capacity, mepic / {other}, at {pool:,} pages ({what}) | {med} | {rng} | "
                          f"{len(values)} | — | `{rel(path)}` |")
     return lines
 

@@ -132,3 +132,27 @@ def test_the_headline_is_one_row_per_claim_and_marks_a_baseline_that_shared():
 
     assert "withdrawn" in headline.shared_note([cell("epic-16", 3), cell("mepic", 0)])
     assert headline.shared_note([cell("epic-16", 0), cell("mepic", 0)]) == ""
+
+
+def test_every_figure_keeps_the_ratios_over_epic_16_host_and_of_mepic_fp8_a_headline_row_read(monkeypatch, tmp_path):
+    """When a headline row moves to a newer run, the figure it read before stays in docs/results.md's list
+    (README: "the superseded and withdrawn ones with them"). The list read mepic over epic-16 and vanilla only,
+    so the rows over epic-16-host, mepic-fp8's and the requests in flight left no trace there."""
+    def cell(system, seed, cap, in_flight):
+        probe = {"rate": cap, "ok": True, "in_flight": in_flight, "counters": {"private_copy_fallbacks": 0}}
+        return {"system": system, "pool_pages": 768, "seed": seed, "capacity": cap, "probes": [probe], "kind": "capacity"}
+
+    cells = [cell("epic-16-host", s, 0.2, 0.5) for s in range(3)]
+    cells += [cell("mepic", s, 0.3 + 0.1 * s, 1.0) for s in range(3)]
+    cells += [cell("mepic-fp8", s, 0.8, 2.0) for s in range(3)]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"cells": cells, "args": {"model": "models/tiny-4l"}}))
+    monkeypatch.setattr(headline, "rel", lambda p: p.name)
+    rows = headline.more_capacity_rows(path)
+    assert any(r.startswith("| capacity within the SLO, mepic / epic-16-host, at 768 pages") and "| 2.00 | 1.50–2.50 | 3 |"
+               in r for r in rows), rows
+    assert any(r.startswith("| capacity within the SLO, mepic-fp8 / epic-16-host, at 768 pages") and "| 4.00 |" in r
+               for r in rows), rows
+    assert any(r.startswith("| requests in flight at capacity, mepic / epic-16-host, at 768 pages") and "| 2.00 |" in r
+               for r in rows), rows
+    assert not any("/ epic-16," in r or "/ vanilla," in r for r in rows)  # no cells, no row
