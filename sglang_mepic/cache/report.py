@@ -3,6 +3,7 @@ response's `mepic_*` meta_info) and the cache's totals (/metrics, /server_info, 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -19,6 +20,10 @@ if TYPE_CHECKING:
     from sglang_mepic.pages.pool_pages import PoolPages
     from sglang_mepic.pages.refs import PageRefs
     from sglang_mepic.tiers.levels import Tiers
+
+
+PUBLISH_EVERY_S = 0.5  # while requests run, /metrics is brought up to date at most this often
+clock = time.monotonic
 
 
 @dataclass
@@ -89,7 +94,8 @@ class CacheReport:
         self.reuse_refused = reuse_refused  # the mode --mepic-verify refused (then mode is full)
         self.counters = Counters()
         self.peak_pages_in_use = 0
-        self._sampled: tuple[int, ...] | None = None  # the counts `sample` compares, at the last sample
+        self._sampled: tuple[int, ...] | None = None  # the counts `sample` compares, at the last publish
+        self._published = -PUBLISH_EVERY_S  # clock() at the last publish
 
     def total_pages(self) -> int:
         return self.pages.allocator.size // self.page_size
@@ -99,18 +105,27 @@ class CacheReport:
         and every unheld chunk would not free (SGLang's "used" = total - available - evictable)."""
         return self.total_pages() - self.pages.available() - self.ledger.freeable()
 
-    def sample(self) -> None:
-        """Skipped while the counts below are what they were at the last sample (all O(1)):
-        most decode steps allocate nothing, and an idle poll changes nothing. A finished
-        request may change the freeable count alone (its pages go to the tree), a published
-        compile the store's counts alone."""
-        store = self.store
-        counts = (self.pages.available(), self.ledger.freeable(), len(store), store.canonical_pages(),
+    def sample(self, *, busy: bool = True) -> None:
+        """The peak follows every sample; /metrics is published when the counts below (all O(1)) moved since
+        the last publish, and, while requests run (`busy`), at most every `PUBLISH_EVERY_S`.
+
+        Most decode steps allocate nothing, and an idle poll changes nothing. But at a decode batch of 64
+        a new page is allocated at nearly every step, and setting the gauges (SGLang's multiprocess
+        Prometheus files) cost the step about 0.1 ms of the scheduler's time (issue 88's py-spy profile),
+        for a figure scraped every few seconds. The idle pass (`busy=False`) publishes what moved at once,
+        so /metrics agrees with /server_info once the requests are done."""
+        store, available, freeable = self.store, self.pages.available(), self.ledger.freeable()
+        self.peak_pages_in_use = max(self.peak_pages_in_use, self.total_pages() - available - freeable)
+        counts = (available, freeable, len(store), store.canonical_pages(),
                   self.refs.shared(), store.stats.hits, store.stats.misses, store.stats.evictions,
                   self.counters.compiled_chunks, self.counters.requests_received, self.compile_rows.made)
-        if counts != self._sampled:
-            self._sampled = counts
-            metrics.publish(self.stats())
+        if counts == self._sampled:
+            return
+        now = clock()
+        if busy and now - self._published < PUBLISH_EVERY_S:
+            return
+        self._sampled, self._published = counts, now
+        metrics.publish(self.stats())
 
     def stats(self) -> dict[str, Any]:
         store, counters = self.store, self.counters
@@ -143,6 +158,6 @@ class CacheReport:
     def reset(self) -> None:
         """The pool is being cleared: say so without waiting for the next sample."""
         self.peak_pages_in_use = 0
-        self._sampled = None
+        self._sampled, self._published = None, -PUBLISH_EVERY_S
         metrics.publish({"kv_pages_in_use": 0, "kv_pages_in_use_peak": 0, "canonical_chunk_pages": 0,
                          "shared_pages": 0, "chunks_resident": 0, "kv_pages_free": self.total_pages()})

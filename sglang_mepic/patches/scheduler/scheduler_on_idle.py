@@ -5,8 +5,10 @@ The MEPIC gauges are sampled after allocations (`prepare_for_extend`,
 allocation, so without this the gauges kept their busy values (pages in use,
 pages free) while `/server_info` showed the pool empty. `sample` publishes only
 when one of the O(1) counts it compares changed, so repeated idle polls cost one
-comparison. SGLang's own usage gauges had the same staleness; they are published
-at the idle pass where the pool's use changed (`metrics.refresh_sglang_usage_when_stale`).
+comparison; here at once (`busy=False`), where a busy step's sample publishes at
+most every `report.PUBLISH_EVERY_S`. SGLang's own usage gauges had the same
+staleness; they are published at the idle pass where the pool's use changed
+(`metrics.refresh_sglang_usage_when_stale`).
 """
 
 from __future__ import annotations
@@ -30,5 +32,5 @@ def hook(original: Callable[..., Any], scheduler: Scheduler, *args: Any, **kwarg
     metrics.refresh_sglang_usage_when_stale(scheduler)  # SGLang's own gauges, published by the original
     result = original(scheduler, *args, **kwargs)
     if (tree := mepic_cache(scheduler)) is not None:
-        tree.report.sample()
+        tree.report.sample(busy=False)
     return result
