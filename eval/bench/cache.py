@@ -19,17 +19,24 @@ is timed (mean of `--calls`, or their median with `--median`, in ms):
 - evict 1%: evicting 1% of the cached pages (5 calls);
 - release: a finished request cached and released, then evictable_size. The first
   follows the evictions: a page they touched and left for the next question to
-  settle would be paid here.
+  settle would be paid here;
+- step sample: the figures sampled after a decode step that allocated a page (the
+  prepare_for_decode hook), with SGLang's multiprocess Prometheus files as its server
+  has them; and "published", the same sample made to publish /metrics, as every such
+  step did before busy samples published at most every 0.5 s (issue 88).
 """
 
 import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+# As a server with metrics has it: the gauges write to files shared by its processes, which is what a set costs.
+os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="mepic-bench-metrics-"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from tqdm import tqdm  # noqa: E402
@@ -129,7 +136,26 @@ def measure(size: int, mepic: bool, calls: int) -> dict[str, float | None]:
         return time.perf_counter() - t
 
     out["release"] = AVERAGE([release() for _ in range(calls)]) * 1e3
+    out["step sample"] = step_sample(tree, calls, publish=False) if mepic else None
+    out["published"] = step_sample(tree, calls, publish=True) if mepic else None
     return out
+
+
+def step_sample(tree, calls: int, publish: bool) -> float:
+    """ms of `report.sample()` after a decode step's page allocation; `publish`: as if the last publish were
+    more than PUBLISH_EVERY_S ago."""
+    allocator, report, times = tree.token_to_kv_pool_allocator, tree.report, []
+    report.sample()
+    for _ in range(calls):
+        slots = allocator.alloc(B)
+        if publish:
+            report._published = float("-inf")
+        t = time.perf_counter()
+        report.sample()
+        times.append(time.perf_counter() - t)
+        if slots is not None:
+            allocator.free(slots)
+    return AVERAGE(times) * 1e3
 
 
 def main():
@@ -146,7 +172,7 @@ def main():
     rows = {}
     for size in sizes:
         rows[size] = (measure(size, True, args.calls), measure(size, False, args.calls))
-    names = ["evictable_size", "recount", "stats", "match+plan", "evict 1%", "release"]
+    names = ["evictable_size", "recount", "stats", "match+plan", "evict 1%", "release", "step sample", "published"]
     stat = "median" if args.median else "mean"
     print(f"\nms per call, {stat} of {args.calls} (evict: of 5); page size {B}; mepic / SGLang RadixCache\n")
     print("| cached pages | " + " | ".join(names) + " |")
