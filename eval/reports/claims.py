@@ -143,18 +143,19 @@ CLAIMS = [
 
 
 def measured_on(path: Path, results: dict) -> str:
-    """The machine and the commit a run names (the commit that committed its results where it names none), and
-    its last date."""
+    """The machine and the commits a run names (the commit that committed its results where it names none),
+    and its dates: the first and the last where its invocations span more than one (a run resumed later)."""
     runs = results.get("invocations") if isinstance(results.get("invocations"), list) else []
     last = runs[-1] if runs else {}
     machine = last.get("machine") or "2-core CPU"
-    commit = last.get("commit")
-    if not commit:
+    commits = list(dict.fromkeys(r["commit"] for r in runs if r.get("commit")))
+    if not commits:
         out = subprocess.run(["git", "log", "-1", "--format=%h", "--", str(path)], cwd=ROOT, capture_output=True,
                              text=True, timeout=10)
-        commit = f"committed in {out.stdout.strip()}" if out.returncode == 0 and out.stdout.strip() else "uncommitted"
-    started = last.get("started", "")[:10]
-    return f"{machine}; {commit}" + (f"; {started}" if started else "")
+        commits = [f"committed in {out.stdout.strip()}" if out.returncode == 0 and out.stdout.strip() else "uncommitted"]
+    days = sorted({r["started"][:10] for r in runs if r.get("started")})
+    return (f"{machine}; {' to '.join(dict.fromkeys([commits[0], commits[-1]]))}"
+            + (f"; {' to '.join(dict.fromkeys([days[0], days[-1]]))}" if days else ""))
 
 
 def row(claim: Claim, load: Callable[[Path], dict | None]) -> str:

@@ -156,3 +156,18 @@ def test_every_figure_keeps_the_ratios_over_epic_16_host_and_of_mepic_fp8_a_head
     assert any(r.startswith("| requests in flight at capacity, mepic / epic-16-host, at 768 pages") and "| 2.00 |" in r
                for r in rows), rows
     assert not any("/ epic-16," in r or "/ vanilla," in r for r in rows)  # no cells, no row
+
+
+def test_a_row_names_every_commit_and_day_its_run_was_resumed_on():
+    """A run resumed on another day at another commit (capacity-decode-host-pools: seeds 0-1 at c4256ba on
+    2026-12-06, seed 2's last cells at 9790d9a on 2026-12-07) read as measured at the last alone."""
+    from eval.reports import claims
+
+    def run(commit, started):
+        return {"argv": [], "commit": commit, "started": started, "machine": "2-core CPU"}
+
+    resumed = {"invocations": [run("c4256ba", "2026-12-06 21:22"), run("c4256ba", "2026-12-06 22:28"),
+                               run("9790d9a", "2026-12-07 00:53")]}
+    assert claims.measured_on(ROOT, resumed) == "2-core CPU; c4256ba to 9790d9a; 2026-12-06 to 2026-12-07"
+    one = {"invocations": [run("378553f", "2026-12-05 10:00"), run("378553f", "2026-12-05 11:00")]}
+    assert claims.measured_on(ROOT, one) == "2-core CPU; 378553f; 2026-12-05"
