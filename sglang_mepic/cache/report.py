@@ -94,7 +94,8 @@ class CacheReport:
         self.reuse_refused = reuse_refused  # the mode --mepic-verify refused (then mode is full)
         self.counters = Counters()
         self.peak_pages_in_use = 0
-        self._sampled: tuple[int, ...] | None = None  # the counts `sample` compares, at the last publish
+        # the counts `sample` compares, at the last publish: (the pool's free and freeable pages, the others)
+        self._sampled: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._published = -PUBLISH_EVERY_S  # clock() at the last publish
 
     def total_pages(self) -> int:
@@ -107,22 +108,25 @@ class CacheReport:
 
     def sample(self, *, busy: bool = True) -> None:
         """The peak follows every sample; /metrics is published when the counts below (all O(1)) moved since
-        the last publish, and, while requests run (`busy`), at most every `PUBLISH_EVERY_S`.
+        the last publish. While requests run (`busy`), a move of the pool's free and freeable pages alone is
+        published at most every `PUBLISH_EVERY_S`; any other count, at once.
 
         Most decode steps allocate nothing, and an idle poll changes nothing. But at a decode batch of 64
         a new page is allocated at nearly every step, and setting the gauges (SGLang's multiprocess
         Prometheus files) cost the step about 0.1 ms of the scheduler's time (issue 88's py-spy profile),
-        for a figure scraped every few seconds. The idle pass (`busy=False`) publishes what moved at once,
-        so /metrics agrees with /server_info once the requests are done."""
+        for a figure scraped every few seconds. The other counts move once a request or a chunk, and a
+        client may read them right after its response. The idle pass (`busy=False`) publishes what moved at
+        once, so /metrics agrees with /server_info once the requests are done."""
         store, available, freeable = self.store, self.pages.available(), self.ledger.freeable()
         self.peak_pages_in_use = max(self.peak_pages_in_use, self.total_pages() - available - freeable)
-        counts = (available, freeable, len(store), store.canonical_pages(),
-                  self.refs.shared(), store.stats.hits, store.stats.misses, store.stats.evictions,
-                  self.counters.compiled_chunks, self.counters.requests_received, self.compile_rows.made)
-        if counts == self._sampled:
+        events = (len(store), store.canonical_pages(), self.refs.shared(), store.stats.hits, store.stats.misses,
+                  store.stats.evictions, self.counters.compiled_chunks, self.counters.requests_received,
+                  self.compile_rows.made)
+        counts, last = ((available, freeable), events), self._sampled
+        if counts == last:
             return
         now = clock()
-        if busy and now - self._published < PUBLISH_EVERY_S:
+        if busy and last is not None and last[1] == events and now - self._published < PUBLISH_EVERY_S:
             return
         self._sampled, self._published = counts, now
         metrics.publish(self.stats())

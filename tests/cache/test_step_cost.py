@@ -104,8 +104,9 @@ def test_a_decode_steps_cache_work_is_the_same_on_a_pool_sixteen_times_larger():
 
 def test_a_busy_step_publishes_the_figures_at_most_every_half_second_the_idle_pass_at_once(monkeypatch):
     """At a decode batch of 64 a page is allocated at nearly every step, and setting the MEPIC gauges at each
-    cost the step about 0.1 ms (issue 88, py-spy). While requests run they are published at most every
-    PUBLISH_EVERY_S; the peak still follows every step, and the idle pass publishes what moved at once."""
+    cost the step about 0.1 ms (issue 88, py-spy). While requests run, a move of the pages alone is published at
+    most every PUBLISH_EVERY_S, any other count at once; the peak still follows every step, and the idle pass
+    publishes what moved at once."""
     from sglang_mepic.cache import report
 
     now, published = [100.0], []
@@ -125,8 +126,11 @@ def test_a_busy_step_publishes_the_figures_at_most_every_half_second_the_idle_pa
     now[0] += report.PUBLISH_EVERY_S
     rep.sample()
     assert len(published) == 2 and published[-1]["kv_pages_in_use"] == rep.pages_in_use()
+    rep.counters.requests_received += 1  # a count other than the pages': published at once, busy or not
+    rep.sample()
+    assert len(published) == 3 and published[-1]["requests_received"] == rep.counters.requests_received
     assert allocator.alloc(B) is not None
     rep.sample(busy=False)  # the idle pass, right after
-    assert len(published) == 3 and published[-1]["kv_pages_in_use_peak"] == rep.pages_in_use()
+    assert len(published) == 4 and published[-1]["kv_pages_in_use_peak"] == rep.pages_in_use()
     rep.sample(busy=False)
-    assert len(published) == 3  # nothing moved: nothing published
+    assert len(published) == 4  # nothing moved: nothing published
