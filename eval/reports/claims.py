@@ -142,10 +142,23 @@ CLAIMS = [
 ]
 
 
+def _argv_pools(argv: list[str]) -> set[int] | None:
+    """The pools an eval.experiments.capacity invocation was asked for (None where its argv names none)."""
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--pools":
+            return {int(p) for p in value.split(",") if p.strip().isdigit()}
+    return None
+
+
 def measured_on(path: Path, results: dict) -> str:
     """The machine and the commits a run names (the commit that committed its results where it names none),
-    and its dates: the first and the last where its invocations span more than one (a run resumed later)."""
+    and its dates: the first and the last where its invocations span more than one (a run resumed later). Of a
+    capacity run, only the invocations that ran the judged pool count: a later one at another pool measured
+    none of the figures the row reads."""
     runs = results.get("invocations") if isinstance(results.get("invocations"), list) else []
+    pool = bound_pool(results)
+    if pool is not None:  # an invocation whose argv names no pools ran the default ones: it counts
+        runs = [r for r in runs if pool in (_argv_pools(r.get("argv") or []) or {pool})] or runs
     last = runs[-1] if runs else {}
     machine = last.get("machine") or "2-core CPU"
     commits = list(dict.fromkeys(r["commit"] for r in runs if r.get("commit")))

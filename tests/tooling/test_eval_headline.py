@@ -171,3 +171,24 @@ def test_a_row_names_every_commit_and_day_its_run_was_resumed_on():
     assert claims.measured_on(ROOT, resumed) == "2-core CPU; c4256ba to 9790d9a; 2026-12-06 to 2026-12-07"
     one = {"invocations": [run("378553f", "2026-12-05 10:00"), run("378553f", "2026-12-05 11:00")]}
     assert claims.measured_on(ROOT, one) == "2-core CPU; 378553f; 2026-12-05"
+
+
+def test_a_row_names_only_the_commits_that_ran_the_pool_it_judges():
+    """A later invocation at a larger pool (capacity-decode-host-pools' 1,536 point at 9c29a40) measured none of
+    the bound pool's figures the row reads, so it does not stretch the row's commits and days."""
+    from eval.reports import claims
+
+    def run(commit, started, pools):
+        return {"argv": ["--systems", "mepic", "--pools", pools, "--seeds", "0"], "commit": commit,
+                "started": started, "machine": "2-core CPU"}
+
+    def cell(pool):
+        return {"system": "mepic", "pool_pages": pool, "seed": 0, "capacity": 0.5, "kind": "capacity"}
+
+    results = {"invocations": [run("c4256ba", "2026-12-06 21:22", "768"), run("9790d9a", "2026-12-07 00:53", "768"),
+                               run("9c29a40", "2026-12-07 02:40", "1536")],
+               "cells": [cell(768), cell(1536)]}
+    assert claims.bound_pool(results) == 768
+    assert claims.measured_on(ROOT, results) == "2-core CPU; c4256ba to 9790d9a; 2026-12-06 to 2026-12-07"
+    both = {**results, "invocations": [*results["invocations"], run("aaaaaaa", "2026-12-08 01:00", "768,1536")]}
+    assert claims.measured_on(ROOT, both) == "2-core CPU; c4256ba to aaaaaaa; 2026-12-06 to 2026-12-08"
