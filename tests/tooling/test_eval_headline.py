@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from eval.lib import provenance  # the eval package is registered by conftest.py
-from eval.reports import headline
+from eval.reports import capacity_figures, headline
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where a results.json or invocations.jsonl records how it ran: the strings under these keys.
@@ -109,9 +109,9 @@ def test_a_capacity_row_names_the_machine_its_cells_ran_on():
     the device (eval/gpu/e2e/capacity.py); runs recorded before invocations named one ran on the 2-core CPU."""
     args = {"model": "/x/llama3-8b", "dataset": "squad", "chunks": "7"}
     on_device = {"args": args, "invocations": [{"argv": []}, {"argv": [], "machine": "NVIDIA H200"}]}
-    assert headline.run_of(on_device) == "llama3-8b, squad, 7 chunks; NVIDIA H200"
-    assert headline.run_of({"args": args, "invocations": [{"argv": []}]}).endswith("; 2-core CPU")
-    rows = headline.capacity_rows({**on_device, "cells": []})
+    assert capacity_figures.run_of(on_device) == "llama3-8b, squad, 7 chunks; NVIDIA H200"
+    assert capacity_figures.run_of({"args": args, "invocations": [{"argv": []}]}).endswith("; 2-core CPU")
+    rows = capacity_figures.capacity_rows({**on_device, "cells": []}, ROOT / "eval" / "results" / "x" / "results.json")
     assert rows and all("NVIDIA H200" in row for row in rows)
 
 
@@ -130,8 +130,8 @@ def test_the_headline_is_one_row_per_claim_and_marks_a_baseline_that_shared():
         probe = {"rate": 1.0, "ok": True, "counters": {"private_copy_fallbacks": fallbacks}}
         return capacity.Cell(system=system, pool_pages=512, seed=0, capacity=1.0, probes=[probe])
 
-    assert "withdrawn" in headline.shared_note([cell("epic-16", 3), cell("mepic", 0)])
-    assert headline.shared_note([cell("epic-16", 0), cell("mepic", 0)]) == ""
+    assert "withdrawn" in capacity_figures.shared_note([cell("epic-16", 3), cell("mepic", 0)])
+    assert capacity_figures.shared_note([cell("epic-16", 0), cell("mepic", 0)]) == ""
 
 
 def test_every_figure_keeps_the_ratios_over_epic_16_host_and_of_mepic_fp8_a_headline_row_read(monkeypatch, tmp_path):
@@ -146,9 +146,8 @@ def test_every_figure_keeps_the_ratios_over_epic_16_host_and_of_mepic_fp8_a_head
     cells += [cell("mepic", s, 0.3 + 0.1 * s, 1.0) for s in range(3)]
     cells += [cell("mepic-fp8", s, 0.8, 2.0) for s in range(3)]
     path = tmp_path / "results.json"
-    path.write_text(json.dumps({"cells": cells, "args": {"model": "models/tiny-4l"}}))
-    monkeypatch.setattr(headline, "rel", lambda p: p.name)
-    rows = headline.more_capacity_rows(path)
+    monkeypatch.setattr(capacity_figures, "rel", lambda p: p.name)
+    rows = capacity_figures.more_capacity_rows(path, {"cells": cells, "args": {"model": "models/tiny-4l"}})
     assert any(r.startswith("| capacity within the SLO, mepic / epic-16-host, at 768 pages") and "| 2.00 | 1.50–2.50 | 3 |"
                in r for r in rows), rows
     assert any(r.startswith("| capacity within the SLO, mepic-fp8 / epic-16-host, at 768 pages") and "| 4.00 |" in r
