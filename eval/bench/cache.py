@@ -149,7 +149,7 @@ def step_sample(tree, calls: int, publish: bool) -> float:
     for _ in range(calls):
         slots = allocator.alloc(B)
         if publish:  # the counts moved since the last publish, which was long enough ago
-            report._sampled, report._published = None, float("-inf")
+            report.publish_at_next_sample()
         t = time.perf_counter()
         report.sample()
         times.append(time.perf_counter() - t)

@@ -95,8 +95,8 @@ class CacheReport:
         self.counters = Counters()
         self.peak_pages_in_use = 0
         # the counts `sample` compares, at the last publish: (the pool's free and freeable pages, the others)
-        self._sampled: tuple[tuple[int, ...], tuple[int, ...]] | None = None
-        self._published = -PUBLISH_EVERY_S  # clock() at the last publish
+        self._sampled: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # None: publish at the next sample
+        self._published = 0.0  # clock() at the last publish
 
     def total_pages(self) -> int:
         return self.pages.allocator.size // self.page_size
@@ -104,7 +104,15 @@ class CacheReport:
     def pages_in_use(self) -> int:
         """Pages running requests hold: allocated pages that evicting every unlocked tree node
         and every unheld chunk would not free (SGLang's "used" = total - available - evictable)."""
-        return self.total_pages() - self.pages.available() - self.ledger.freeable()
+        return self._in_use(self.pages.available(), self.ledger.freeable())
+
+    def _in_use(self, available: int, freeable: int) -> int:
+        return self.total_pages() - available - freeable
+
+    def publish_at_next_sample(self) -> None:
+        """The next `sample` publishes what it finds, as if the counts had moved long enough ago (`reset`, and
+        the benches and tests that time a publishing step)."""
+        self._sampled = None
 
     def sample(self, *, busy: bool = True) -> None:
         """The peak follows every sample; /metrics is published when the counts below (all O(1)) moved since
@@ -118,7 +126,7 @@ class CacheReport:
         client may read them right after its response. The idle pass (`busy=False`) publishes what moved at
         once, so /metrics agrees with /server_info once the requests are done."""
         store, available, freeable = self.store, self.pages.available(), self.ledger.freeable()
-        self.peak_pages_in_use = max(self.peak_pages_in_use, self.total_pages() - available - freeable)
+        self.peak_pages_in_use = max(self.peak_pages_in_use, self._in_use(available, freeable))
         events = (len(store), store.canonical_pages(), self.refs.shared(), store.stats.hits, store.stats.misses,
                   store.stats.evictions, self.counters.compiled_chunks, self.counters.requests_received,
                   self.compile_rows.made)
@@ -162,6 +170,6 @@ class CacheReport:
     def reset(self) -> None:
         """The pool is being cleared: say so without waiting for the next sample."""
         self.peak_pages_in_use = 0
-        self._sampled, self._published = None, -PUBLISH_EVERY_S
+        self.publish_at_next_sample()
         metrics.publish({"kv_pages_in_use": 0, "kv_pages_in_use_peak": 0, "canonical_chunk_pages": 0,
                          "shared_pages": 0, "chunks_resident": 0, "kv_pages_free": self.total_pages()})

@@ -53,7 +53,7 @@ def decode_step(tree) -> None:
     for _ in range(3):
         tree.evictable_size()
     # as if the step's allocation had moved the counts, half a second after the last publish: a step that publishes
-    tree.report._sampled, tree.report._published = None, float("-inf")
+    tree.report.publish_at_next_sample()
     tree.report.sample()
 
 
