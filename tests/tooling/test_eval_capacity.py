@@ -466,3 +466,17 @@ def test_a_ratio_says_which_seeds_only_one_system_ran_and_fp8_is_read_over_each_
     assert mepic.endswith("; seed 2 left out: mepic has no cell there"), mepic
     fp8 = next(line for line in lines if line.startswith("- capacity mepic-fp8 / epic-16-host"))
     assert fp8.endswith("; seed 2 left out: mepic-fp8 has no cell there"), fp8
+
+
+def test_the_ratios_are_given_at_every_pool_run_the_larger_ones_not_judged():
+    """capacity-decode-host-pools ran 768 and 1,536 pages; its table gave the ratios at 768 alone, so the
+    figure at the pool where memory binds less (what the gap does as the pool grows) was nowhere but the cells."""
+    cells = []
+    for pool, (host, mine) in ((768, (0.2, 0.3)), (1536, (0.5, 1.3))):
+        for system, rate in (("epic-16-host", host), ("mepic", mine)):
+            cells.append(cell(system, pool, rate))
+    lines = capacity.ratios(cells, [768, 1536])
+    assert lines[0].startswith("at 768 pages") and "not judged" in lines[0]
+    at = lines.index("at 1,536 pages, seed by seed (not judged):")
+    assert lines[1:at] == ["- capacity mepic / epic-16-host: 1.50"]
+    assert lines[at + 1:] == ["- capacity mepic / epic-16-host: 2.60"]
