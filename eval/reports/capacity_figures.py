@@ -77,27 +77,24 @@ def capacity_rows(results: dict | None, path: Path) -> list[str]:
 
 
 def more_capacity_rows(path: Path, results: dict | None) -> list[str]:
-    """Capacity ratios of a one-pool run (HotpotQA, SmolLM2), seed by seed: figures beside the judged ones."""
+    """Capacity ratios of a capacity run at each of its pools, seed by seed: figures beside the judged ones."""
     cells = [capacity.Cell(**c) for c in (results or {}).get("cells", []) if c["kind"] == "capacity"]
-    if not cells:
-        return []
-    pool = min(c.pool_pages for c in cells)
-    what = run_of(results or {})
-    lines = []
-    # Every pair a headline row may read, so that a row the headline no longer reads keeps its figure here.
-    for system, other in itertools.product(("mepic", "mepic-fp8"), ("epic-16", "epic-16-host", "vanilla")):
-        values = capacity.paired(cells, "capacity", pool, system, other, capacity.capacity_of)
-        if values:
-            med, rng = span(values)
-            note = shared_note(cells) if other == "epic-16" else ""
-            bytes_ = " (mepic-fp8 at the pages' bytes)" if system == "mepic-fp8" else ""
-            lines.append(f"| capacity within the SLO, {system} / {other}, at {pool:,} pages{bytes_} ({what}){note} | "
-                         f"{med} | {rng} | {len(values)} | — | `{rel(path)}` |")
-    for other in ("epic-16", "epic-16-host"):
-        if values := claims.in_flight_ratio("mepic", other)(results):
-            med, rng = span(values)
-            lines.append(f"| requests in flight at capacity, mepic / {other}, at {pool:,} pages ({what}) | {med} | {rng} | "
-                         f"{len(values)} | — | `{rel(path)}` |")
+    what, lines = run_of(results or {}), []
+    for pool in sorted({c.pool_pages for c in cells}):
+        # Every pair a headline row may read, so that a row the headline no longer reads keeps its figure here.
+        for system, other in itertools.product(("mepic", "mepic-fp8"), ("epic-16", "epic-16-host", "vanilla")):
+            values = capacity.paired(cells, "capacity", pool, system, other, capacity.capacity_of)
+            if values:
+                med, rng = span(values)
+                note = shared_note([c for c in cells if c.pool_pages == pool]) if other == "epic-16" else ""
+                bytes_ = " (mepic-fp8 at the pages' bytes)" if system == "mepic-fp8" else ""
+                lines.append(f"| capacity within the SLO, {system} / {other}, at {pool:,} pages{bytes_} ({what}){note} | "
+                             f"{med} | {rng} | {len(values)} | — | `{rel(path)}` |")
+        for other in ("epic-16", "epic-16-host"):
+            if values := capacity.paired(cells, "capacity", pool, "mepic", other, claims.in_flight_at_capacity):
+                med, rng = span(values)
+                lines.append(f"| requests in flight at capacity, mepic / {other}, at {pool:,} pages ({what}) | {med} | "
+                             f"{rng} | {len(values)} | — | `{rel(path)}` |")
     return lines
 
 

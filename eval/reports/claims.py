@@ -75,14 +75,16 @@ def capacity_ratio(a: str, b: str) -> Callable[[dict], list[float]]:
     return read
 
 
-def in_flight_ratio(a: str, b: str) -> Callable[[dict], list[float]]:
-    """Requests in flight at each cell's capacity point (Little's law), a over b seed by seed."""
-    def at_capacity(cell):
-        probe = capacity.best(cell)
-        return probe["in_flight"] if probe else 0.0
+def in_flight_at_capacity(cell: capacity.Cell) -> float:
+    """Requests in flight at the cell's capacity point (Little's law)."""
+    probe = capacity.best(cell)
+    return probe["in_flight"] if probe else 0.0
 
+
+def in_flight_ratio(a: str, b: str) -> Callable[[dict], list[float]]:
+    """Requests in flight at each cell's capacity point, a over b seed by seed."""
     def read(results):
-        return capacity.paired(_cells(results), "capacity", bound_pool(results), a, b, at_capacity)
+        return capacity.paired(_cells(results), "capacity", bound_pool(results), a, b, in_flight_at_capacity)
     return read
 
 

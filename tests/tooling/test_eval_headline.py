@@ -157,6 +157,24 @@ def test_every_figure_keeps_the_ratios_over_epic_16_host_and_of_mepic_fp8_a_head
     assert not any("/ epic-16," in r or "/ vanilla," in r for r in rows)  # no cells, no row
 
 
+def test_every_figure_gives_a_capacity_run_s_ratios_at_each_of_its_pools(monkeypatch, tmp_path):
+    """capacity-decode-host-pools ran 768 and 1,536 pages; the list read its smallest pool alone, so the 1,536
+    figures (where memory binds less) were in no table."""
+    def cell(system, pool, cap, in_flight):
+        probe = {"rate": cap, "ok": True, "in_flight": in_flight, "counters": {"private_copy_fallbacks": 0}}
+        return {"system": system, "pool_pages": pool, "seed": 0, "capacity": cap, "probes": [probe], "kind": "capacity"}
+
+    cells = [cell("epic-16-host", 768, 0.2, 0.5), cell("mepic", 768, 0.3, 1.0),
+             cell("epic-16-host", 1536, 0.5, 1.5), cell("mepic", 1536, 1.3, 4.5)]
+    monkeypatch.setattr(capacity_figures, "rel", lambda p: p.name)
+    rows = capacity_figures.more_capacity_rows(tmp_path / "results.json", {"cells": cells, "args": {}})
+    assert [r.split(" (")[0] + " | " + r.split(" | ")[1] for r in rows] == [
+        "| capacity within the SLO, mepic / epic-16-host, at 768 pages | 1.50",
+        "| requests in flight at capacity, mepic / epic-16-host, at 768 pages | 2.00",
+        "| capacity within the SLO, mepic / epic-16-host, at 1,536 pages | 2.60",
+        "| requests in flight at capacity, mepic / epic-16-host, at 1,536 pages | 3.00"], rows
+
+
 def test_a_row_names_every_commit_and_day_its_run_was_resumed_on():
     """A run resumed on another day at another commit (capacity-decode-host-pools: seeds 0-1 at c4256ba on
     2026-12-06, seed 2's last cells at 9790d9a on 2026-12-07) read as measured at the last alone."""
