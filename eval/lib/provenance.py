@@ -7,6 +7,7 @@ every argument that names a path inside the repository is written relative to it
 README, so such a run's command has to be fixed before it is cited.
 """
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -34,11 +35,13 @@ def portable(value) -> str:
         return f"{flag}={portable(rest)}"
     if not text.startswith("/"):
         return text
-    try:
-        inside = Path(text).resolve().relative_to(ROOT)
-    except ValueError:
-        return text
-    return str(inside) if str(inside) != "." else "."
+    # The path as written first: a folder of the repository that links elsewhere (models/ on another disk) is
+    # still inside it; then resolved, for a repository reached through a link.
+    for path in (Path(os.path.normpath(text)), Path(text).resolve()):
+        if path.is_relative_to(ROOT):
+            inside = path.relative_to(ROOT)
+            return str(inside) if str(inside) != "." else "."
+    return text
 
 
 def command(module: str, argv) -> str:

@@ -74,6 +74,20 @@ def test_harnesses_record_paths_inside_the_repository_relative_to_it():
     assert provenance.portable(ROOT) == "." and provenance.portable("models/tiny") == "models/tiny"
 
 
+def test_a_path_under_a_repository_folder_that_links_elsewhere_is_recorded_relative(monkeypatch, tmp_path):
+    """models/ linked to another disk (as a clone that shares one checkout's models has it): the path resolved
+    lies outside the repository, and the command recorded /repo/models/tiny-4l, absolute, which the headline
+    then refuses to cite."""
+    repo, disk = tmp_path / "repo", tmp_path / "disk"
+    (disk / "tiny-4l").mkdir(parents=True)
+    repo.mkdir()
+    (repo / "models").symlink_to(disk)
+    monkeypatch.setattr(provenance, "ROOT", repo)
+    assert provenance.portable(str(repo / "models" / "tiny-4l")) == "models/tiny-4l"
+    assert provenance.portable(f"--model={repo}/models/../models/tiny-4l") == "--model=models/tiny-4l"
+    assert provenance.portable(str(disk / "tiny-4l")) == str(disk / "tiny-4l")  # outside: kept as given
+
+
 def test_headline_refuses_to_write_an_absolute_path(monkeypatch, capsys):
     load, written = headline.load, []
 
