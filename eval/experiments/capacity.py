@@ -488,8 +488,8 @@ FP8_RATIO_TARGETS = {"epic-16": 3.5, "epic-16-host": 3.5}
 def ratios(cells: list[Cell], pools: list[int]) -> list[str]:
     """mepic's capacity over each other system's, seed by seed, at the pool the targets are judged at."""
     pool, judged = judged_pool(cells), True
+    pools_run = sorted({c.pool_pages for c in cells if c.kind == "capacity"})
     if pool is None:  # a slow model: the ratios still say what the memory buys, but no target is read
-        pools_run = sorted({c.pool_pages for c in cells if c.kind == "capacity"})
         if not pools_run:
             return ["no capacity cells"]
         pool, judged = pools_run[0], False
@@ -499,11 +499,10 @@ def ratios(cells: list[Cell], pools: list[int]) -> list[str]:
     else:
         out = [f"at {pool:,} pages (the smallest pool where vanilla sustains >= 1 req/s), seed by seed:"]
     out += pool_ratios(cells, pool, judged)
-    for other_pool in sorted({c.pool_pages for c in cells if c.kind == "capacity"} - {pool}):
-        # the pool against which memory binds less: what the ratio does as the pool grows (not judged)
+    for other_pool in (p for p in pools_run if p != pool):  # what the ratio does with the pool (not judged)
         if more := pool_ratios(cells, other_pool, False):
             out += [f"at {other_pool:,} pages, seed by seed (not judged):", *more]
-    for pool_ in sorted({c.pool_pages for c in cells if c.kind == "capacity"}):  # each pool: fp8 against bf16
+    for pool_ in pools_run:  # each pool: fp8 against bf16
         values = paired(cells, "capacity", pool_, "mepic-fp8", "mepic-bf16", capacity_of)
         if values:
             target = " (target >= 1.6: " + ("met)" if statistics.median(values) >= 1.6 else "missed)")
