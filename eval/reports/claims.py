@@ -145,11 +145,13 @@ CLAIMS = [
 
 
 def _argv_pools(argv: list[str]) -> set[int] | None:
-    """The pools an eval.experiments.capacity invocation was asked for (None where its argv names none)."""
-    for flag, value in zip(argv, argv[1:]):
-        if flag == "--pools":
-            return {int(p) for p in value.split(",") if p.strip().isdigit()}
-    return None
+    """The pools an eval.experiments.capacity invocation was asked for, read by the harness's own parser
+    (`--pools=768`, an abbreviation), None where its argv names none or no longer parses."""
+    try:
+        pools = capacity.parser().parse_known_args(argv)[0].pools
+    except SystemExit:
+        return None
+    return {int(p) for p in pools.split(",") if p.strip().isdigit()} if pools else None
 
 
 def measured_on(path: Path, results: dict) -> str:

@@ -223,3 +223,8 @@ def test_a_row_names_only_the_commits_that_ran_the_pool_it_judges():
     assert claims.measured_on(ROOT, results) == "2-core CPU; c4256ba to 9790d9a; 2026-12-06 to 2026-12-07"
     both = {**results, "invocations": [*results["invocations"], run("aaaaaaa", "2026-12-08 01:00", "768,1536")]}
     assert claims.measured_on(ROOT, both) == "2-core CPU; c4256ba to aaaaaaa; 2026-12-06 to 2026-12-08"
+    # Every spelling the harness's parser accepts names the pool (it was read by hand: `--pools` alone).
+    for argv in (["--pools=1536"], ["--pool", "1536"], ["--pools", "1536", "--unknown-device-flag", "x"]):
+        later = {**results, "invocations": [*results["invocations"][:2], {**run("bbbbbbb", "2026-12-09 01:00", ""),
+                                                                          "argv": argv}]}
+        assert claims.measured_on(ROOT, later) == "2-core CPU; c4256ba to 9790d9a; 2026-12-06 to 2026-12-07", argv
