@@ -16,8 +16,10 @@ import random
 import pytest
 import requests
 
-from cache.e2e.test_cache_independence import B, BEG, END, SEED, workload
+from cache.e2e.test_cache_independence import B, SEED, workload
+from sglang_mepic.frontend.markup import split_ids
 from sglang_mepic.process.server_process import ServerProcess
+from sglang_mepic.wire.layout import Kind
 from support.warm_alone import flush, together, warm_then_alone
 
 REQUESTS = 16
@@ -96,15 +98,8 @@ RUNS: dict[str, tuple] = {}
 def stored_chunks(ids: list[int]) -> set[tuple[int, ...]]:
     """The chunks of a request the cache stores: marked, longer than a page (a chunk of one page or less is
     computed in context every time), and none ends this workload's requests (a question follows each)."""
-    chunks, start = set(), None
-    for i, token in enumerate(ids):
-        if token == BEG:
-            start = i + 1
-        elif token == END and start is not None:
-            if i - start > B:
-                chunks.add(tuple(ids[start:i]))
-            start = None
-    return chunks
+    # split as the server splits input_ids; the workload's tokens are all below 1 << 20
+    return {p.tokens for p in split_ids(ids, 1 << 20) if p.kind is Kind.CHUNK and len(p.tokens) > B}
 
 
 def affinity_compiles_at_most(work: list[list[int]]) -> tuple[int, int]:
