@@ -37,7 +37,9 @@ from pathlib import Path
 
 import requests
 
-from eval.experiments.capacity import busy_seconds, fmt, loadavg, scheduler_counters_of
+from eval.experiments.capacity import loadavg
+from eval.experiments.capacity_probe import scheduler_counters_of
+from eval.experiments.capacity_report import busy_seconds, fmt
 from eval.experiments.run import SYSTEMS, context_args, server_process, stream
 from eval.lib import served
 from eval.lib.workloads import render, with_reuse

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval.experiments import capacity
+from eval.experiments import capacity, capacity_probe, capacity_report
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "eval" / "results"
@@ -58,8 +58,8 @@ class Claim:
     fmt: str = "{:.2f}"
 
 
-def _cells(results: dict, kind: str = "capacity") -> list[capacity.Cell]:
-    return [capacity.Cell(**c) for c in results.get("cells", []) if c["kind"] == kind]
+def _cells(results: dict, kind: str = "capacity") -> list[capacity_probe.Cell]:
+    return [capacity_probe.Cell(**c) for c in results.get("cells", []) if c["kind"] == kind]
 
 
 def bound_pool(results: dict) -> int | None:
@@ -71,26 +71,26 @@ def bound_pool(results: dict) -> int | None:
 def capacity_ratio(a: str, b: str) -> Callable[[dict], list[float]]:
     def read(results):
         cells = _cells(results)
-        return capacity.paired(cells, "capacity", bound_pool(results), a, b, capacity.capacity_of)
+        return capacity_report.paired(cells, "capacity", bound_pool(results), a, b, capacity_report.capacity_of)
     return read
 
 
-def in_flight_at_capacity(cell: capacity.Cell) -> float:
+def in_flight_at_capacity(cell: capacity_probe.Cell) -> float:
     """Requests in flight at the cell's capacity point (Little's law)."""
-    probe = capacity.best(cell)
+    probe = capacity_report.best(cell)
     return probe["in_flight"] if probe else 0.0
 
 
 def in_flight_ratio(a: str, b: str) -> Callable[[dict], list[float]]:
     """Requests in flight at each cell's capacity point, a over b seed by seed."""
     def read(results):
-        return capacity.paired(_cells(results), "capacity", bound_pool(results), a, b, in_flight_at_capacity)
+        return capacity_report.paired(_cells(results), "capacity", bound_pool(results), a, b, in_flight_at_capacity)
     return read
 
 
 def fallbacks(results: dict) -> list[float]:
     """EPIC's requests that read stored pages in place, at each cell's capacity point (a baseline that shares)."""
-    return [float((capacity.best(c) or {"counters": {}})["counters"].get("private_copy_fallbacks") or 0)
+    return [float((capacity_report.best(c) or {"counters": {}})["counters"].get("private_copy_fallbacks") or 0)
             for c in _cells(results) if c.system.startswith("epic")]
 
 

@@ -25,7 +25,7 @@ DOCS = ("README.md", "docs/results.md")
 STUB_CAPACITY = '''
 import sys
 
-from eval.experiments import capacity
+from eval.experiments import capacity, capacity_probe
 
 
 class Server:
@@ -51,7 +51,7 @@ def cpu_servers(model, args, prompt_tokens):
 
 def probe(server, pool, texts, rate, seed, args, bar, clients=None):
     ok = clients is not None or rate <= 3
-    return capacity.Probe(rate=rate, requests=len(texts), attainment=1.0 if ok else 0.5, queue_first=0.0,
+    return capacity_probe.Probe(rate=rate, requests=len(texts), attainment=1.0 if ok else 0.5, queue_first=0.0,
                           queue_last=0.0, ok=ok, ttft_p50=0.1, e2e_p50=0.5, e2e_mean=0.5, achieved_rps=rate,
                           in_flight=1.0, peak_kv_pages=pool / 2, mean_kv_pages=pool / 4, seconds=1.0, sent=len(texts))
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from eval.experiments import capacity  # the eval package is registered by conftest.py
+from eval.experiments import capacity, capacity_probe, capacity_report  # the eval package is registered by conftest.py
 
 ARGS = SimpleNamespace(ttft_slo=2.0, e2e_slo=8.0, attainment=0.95, queue_slack=0.5)
 
@@ -23,16 +23,16 @@ def fake(capacity_rps: float, in_flight_per_rps: float = 2.0):
 
 @pytest.mark.parametrize("true_capacity", [0.3, 1.0, 2.0, 5.0, 13.7, 40.0])
 def test_the_search_brackets_then_bisects_to_the_resolution(true_capacity):
-    found, probes = capacity.search(fake(true_capacity), start=2.0, lo=0.25, hi=64.0, resolution=0.15, max_probes=20)
+    found, probes = capacity_probe.search(fake(true_capacity), start=2.0, lo=0.25, hi=64.0, resolution=0.15, max_probes=20)
     assert found <= true_capacity < found * 1.15 + 1e-9
     assert all(p.ok == (p.rate <= true_capacity) for p in probes)
     assert len(probes) <= 12
 
 
 def test_the_search_ends_at_its_limits():
-    assert capacity.search(fake(0.1), 2.0, 0.25, 64.0, 0.15, 20)[0] == 0.0  # fails even at the lowest rate
-    assert capacity.search(fake(100.0), 2.0, 0.25, 64.0, 0.15, 20)[0] == 64.0
-    found, probes = capacity.search(fake(5.0), 2.0, 0.25, 64.0, 0.15, 3)  # the probe budget binds
+    assert capacity_probe.search(fake(0.1), 2.0, 0.25, 64.0, 0.15, 20)[0] == 0.0  # fails even at the lowest rate
+    assert capacity_probe.search(fake(100.0), 2.0, 0.25, 64.0, 0.15, 20)[0] == 64.0
+    found, probes = capacity_probe.search(fake(5.0), 2.0, 0.25, 64.0, 0.15, 3)  # the probe budget binds
     assert len(probes) == 3 and found == 4.0
 
 
@@ -43,15 +43,15 @@ def outputs(ttfts, e2es, queues):
 def test_a_probe_holds_when_95_percent_meet_the_slo_and_the_queue_does_not_grow():
     sampler = SimpleNamespace(pages=[10.0, 30.0, 20.0], anatomy=[])
     n = 60
-    good = capacity.judge(outputs([0.5] * n, [3.0] * n, [0.01] * n), 2.0, 30.0, sampler, None, {}, ARGS)
+    good = capacity_probe.judge(outputs([0.5] * n, [3.0] * n, [0.01] * n), 2.0, 30.0, sampler, None, {}, ARGS)
     assert good.ok and good.attainment == 1.0 and good.peak_kv_pages == 30.0 and good.in_flight == 6.0
-    slow = capacity.judge(outputs([0.5] * 56 + [3.0] * 4, [3.0] * n, [0.01] * n), 2.0, 30.0, sampler, 35, {}, ARGS)
+    slow = capacity_probe.judge(outputs([0.5] * 56 + [3.0] * 4, [3.0] * n, [0.01] * n), 2.0, 30.0, sampler, 35, {}, ARGS)
     assert not slow.ok and slow.attainment == pytest.approx(56 / 60, abs=1e-4) and slow.peak_kv_pages == 35
     assert good.missed == [] and [m["i"] for m in slow.missed] == [56, 57, 58, 59]  # each miss, readable
     assert slow.missed[0] == {"i": 56, "sent_s": 0.0, "queue": 0.01, "ttft": 3.0, "tpot": 0.0, "e2e": 3.0}
     growing = [0.01] * 20 + [0.3] * 20 + [0.9] * 20  # within the SLO, but the queue grows
-    assert not capacity.judge(outputs([0.5] * n, [3.0] * n, growing), 2.0, 30.0, sampler, None, {}, ARGS).ok
-    lost = capacity.judge(outputs([None] + [0.5] * (n - 1), [3.0] * n, [0.0] * n), 2.0, 30.0, sampler, None, {}, ARGS)
+    assert not capacity_probe.judge(outputs([0.5] * n, [3.0] * n, growing), 2.0, 30.0, sampler, None, {}, ARGS).ok
+    lost = capacity_probe.judge(outputs([None] + [0.5] * (n - 1), [3.0] * n, [0.0] * n), 2.0, 30.0, sampler, None, {}, ARGS)
     assert lost.attainment < 1  # a request with no first token did not meet the TTFT SLO
     assert lost.missed[0]["i"] == 0 and lost.missed[0]["ttft"] is None
 
@@ -60,7 +60,7 @@ def test_a_probe_that_ended_early_fails_and_counts_what_it_did_not_finish():
     sampler = SimpleNamespace(pages=[5.0], anatomy=[])
     done = outputs([0.5] * 10, [3.0] * 10, [0.01] * 10)
     cut = {**done[9][2], "finish_reason": {"type": "abort"}}
-    probe = capacity.judge(done[:9] + [(*done[9][:2], cut, *done[9][3:])] + [None] * 10, 4.0, 5.0, sampler, None, {},
+    probe = capacity_probe.judge(done[:9] + [(*done[9][:2], cut, *done[9][3:])] + [None] * 10, 4.0, 5.0, sampler, None, {},
                            ARGS, ended_early=True)
     assert not probe.ok and probe.ended_early and probe.sent == 10 and probe.requests == 20
     assert probe.attainment == 0.45 and probe.achieved_rps == 1.8  # 9 of 20 finished within the SLO
@@ -68,9 +68,9 @@ def test_a_probe_that_ended_early_fails_and_counts_what_it_did_not_finish():
 
 def test_the_watch_stops_a_probe_once_its_misses_exceed_the_allowance(monkeypatch):
     aborted = []
-    monkeypatch.setattr(capacity, "abort_all", aborted.append)
-    monkeypatch.setattr(capacity, "scheduler_counters", lambda url: {"retractions": 0.0, "stages": {"idle": 1.0}})
-    watch = capacity.Watch("http://x", 60, ARGS)  # 95% of 60: 3 misses allowed
+    monkeypatch.setattr(capacity_probe, "abort_all", aborted.append)
+    monkeypatch.setattr(capacity_probe, "scheduler_counters", lambda url: {"retractions": 0.0, "stages": {"idle": 1.0}})
+    watch = capacity_probe.Watch("http://x", 60, ARGS)  # 95% of 60: 3 misses allowed
     assert watch.allowed == 3
     for i in range(3):
         watch.sent(i)
@@ -95,7 +95,7 @@ def test_a_cell_starts_its_search_from_its_neighbours():
     cells += [cell("mepic", 1024, 5.0), cell("mepic", 1024, 6.0), cell("mepic", 1024, 8.0)]
     assert capacity.warm_start(cells, "mepic", 1024, args)[0] == 6.0  # the seeds already run there
     assert capacity.warm_start([cell("mepic", 512, 0.0)], "mepic", 1024, args) == (2.0, 2.0)  # held nothing
-    found, probes = capacity.search(fake(3.5), 3.0, 0.25, 64.0, 0.15, 20, step=1.3225)
+    found, probes = capacity_probe.search(fake(3.5), 3.0, 0.25, 64.0, 0.15, 20, step=1.3225)
     assert found <= 3.5 < found * 1.15 and len(probes) <= 3
 
 
@@ -184,12 +184,12 @@ def test_a_request_the_server_refuses_is_a_miss_and_the_probe_goes_on(monkeypatc
     outputs, *_ = run.run_point(SimpleNamespace(url="http://x"), 16, 64, texts, 0.0, 4, 0, bar, clients=2,
                                 refusals=True)
     assert [o[1] for o in outputs] == ["" if i == 3 else f"t{i}" for i in range(20)]
-    probe = capacity.judge(outputs, 2.0, 10.0, SimpleNamespace(pages=[5.0], anatomy=[]), None, {}, ARGS)
+    probe = capacity_probe.judge(outputs, 2.0, 10.0, SimpleNamespace(pages=[5.0], anatomy=[]), None, {}, ARGS)
     assert probe.refused == 1 and probe.sent == 20 and probe.attainment == 0.95 and probe.ok
     assert probe.ttft_p50 == 0.005  # the refused request has no first token to count
-    cell = capacity.Cell("mepic-bf16", 192, 3, 2.0, [dataclasses.asdict(probe)])
+    cell = capacity_probe.Cell("mepic-bf16", 192, 3, 2.0, [dataclasses.asdict(probe)])
     assert "refused (more KV than it takes in one request), each a miss in every probe that sent it: mepic-bf16 " \
-           "at 192 pages, seed 3: 1" in capacity.capacity_table([cell], ["mepic-bf16"], [192])
+           "at 192 pages, seed 3: 1" in capacity_report.capacity_table([cell], ["mepic-bf16"], [192])
 
 
 def test_a_probe_that_ended_early_does_not_wait_out_its_arrivals(monkeypatch):
@@ -249,7 +249,7 @@ def test_an_interrupted_run_stops_at_once_and_aborts_what_is_in_flight(monkeypat
 def cell(system, pool, cap, peak=100.0, mean=50.0, kind="capacity"):
     probe = {"rate": cap, "ok": True, "peak_kv_pages": peak, "mean_kv_pages": mean, "ttft_p50": 0.2,
              "in_flight": 8.0, "counters": {"retractions": 0, "chunk_evictions": 1, "chunks_compiled": 9}}
-    return capacity.Cell(system, pool, 0, cap, [probe], kind)
+    return capacity_probe.Cell(system, pool, 0, cap, [probe], kind)
 
 
 def test_tables_and_ratios_read_the_cells(tmp_path):
@@ -258,18 +258,18 @@ def test_tables_and_ratios_read_the_cells(tmp_path):
              cell("epic-16", 1024, 0, 100, 50, "matched-8"), cell("epic-16-host", 1024, 2.5)]
     cells[3].probes[0].update(sent=50, requests=60)  # the scheduler's busy time a request sent: 7.5 s / 50
     cells[3].probes[0]["counters"]["stage_seconds"] = {"run_batch": 6.0, "get_next_batch_to_run": 1.5, "idle": 2.0}
-    text = capacity.capacity_table(cells, ["vanilla", "epic-16", "mepic"], [512, 1024])
+    text = capacity_report.capacity_table(cells, ["vanilla", "epic-16", "mepic"], [512, 1024])
     assert "| mepic | 1,024 | 3.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | 0.0 | 8.0 | 0.00 | 0 | 150 | — | 1 |" in text
     assert "| vanilla | 1,024 | 1.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | 0.0 | 8.0 | 0.00 | 0 | — | — | 1 |" in text  # no counters
-    lines = capacity.ratios(cells, [512, 1024])
+    lines = capacity_report.ratios(cells, [512, 1024])
     assert lines[0].startswith("at 1,024 pages")  # vanilla holds 1 req/s there first
     # Issue 86's targets: 2.0 over either EPIC (its store in the pool or on the host), 1.5 over vanilla.
     assert "- capacity mepic / epic-16: 3.50 (target >= 2.0: met)" in lines
     assert "- capacity mepic / epic-16-host: 1.40 (target >= 2.0: missed)" in lines
     assert "- capacity mepic / vanilla: 2.33 (target >= 1.5: met)" in lines
-    matched = capacity.matched_table(cells, ["epic-16", "mepic"])
+    matched = capacity_report.matched_table(cells, ["epic-16", "mepic"])
     assert "| 8 | mepic / epic-16 | 0.40 | 0.30 | peak ≤ 0.5: met, time-weighted ≤ 0.4: met |" in matched
-    capacity.plot(cells, ["vanilla", "epic-16", "mepic"], [512, 1024], tmp_path / "c.png")
+    capacity_report.plot(cells, ["vanilla", "epic-16", "mepic"], [512, 1024], tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 1000
 
 
@@ -286,11 +286,11 @@ def test_matched_runs_report_their_anatomy_and_stand_in_for_a_missing_capacity_p
             for t in range(3)])
         return c
     cells = [cell("epic-16", 512, 0), cell("mepic", 512, 0), sampled("epic-16", 3, 80), sampled("mepic", 5, 60)]
-    text = capacity.anatomy_section(cells, ["epic-16", "mepic"], [512])
+    text = capacity_report.anatomy_section(cells, ["epic-16", "mepic"], [512])
     assert "capacity point" not in text  # no rate held: no capacity-point table
     assert "| epic-16, 8 in flight (seed 0) | 512 | 500.0 | 3.0 | 80.0 |" in text
     assert "| mepic, 8 in flight (seed 0) | 512 | 500.0 | 5.0 | 60.0 |" in text
-    panels = capacity.anatomy_panels(cells, ["epic-16", "mepic"], [512])
+    panels = capacity_report.anatomy_panels(cells, ["epic-16", "mepic"], [512])
     assert [label for label, _ in panels] == ["epic-16, 512 pages, 8 in flight, seed 0",
                                               "mepic, 512 pages, 8 in flight, seed 0"]
 
@@ -298,7 +298,7 @@ def test_matched_runs_report_their_anatomy_and_stand_in_for_a_missing_capacity_p
 def test_a_slow_model_gets_its_ratios_without_a_target_verdict():
     """SmolLM2 on a CPU: vanilla under 1 req/s at its one pool. The ratio is what the run is for; no target
     is judged there (the targets are read where vanilla sustains 1 req/s)."""
-    lines = capacity.ratios([cell("vanilla", 512, 0.28), cell("mepic", 512, 0.8)], [512])
+    lines = capacity_report.ratios([cell("vanilla", 512, 0.28), cell("mepic", 512, 0.8)], [512])
     assert lines[0].startswith("at 512 pages") and "not judged" in lines[0]
     assert lines[1:] == ["- capacity mepic / vanilla: 2.86"]
 
@@ -306,22 +306,22 @@ def test_a_slow_model_gets_its_ratios_without_a_target_verdict():
 def test_a_cell_says_what_stopped_it():
     def probe(rate, ok, peak, retractions=0):
         return {"rate": rate, "ok": ok, "peak_kv_pages": peak, "counters": {"retractions": retractions}}
-    full = capacity.Cell("vanilla", 512, 0, 2.0, [probe(2.0, True, 300), probe(4.0, False, 500), probe(8.0, False, 400)])
-    assert capacity.stopped_by(full) == "pool"  # the lowest failing rate filled the pool
-    retracted = capacity.Cell("vanilla", 512, 0, 2.0, [probe(2.0, True, 300), probe(2.5, False, 420, retractions=3)])
-    assert capacity.stopped_by(retracted) == "pool"
-    queue = capacity.Cell("mepic", 512, 0, 4.0, [probe(4.0, True, 100), probe(8.0, False, 200), probe(5.0, False, 150)])
-    assert capacity.stopped_by(queue) == "compute"  # no stage counters recorded
+    full = capacity_probe.Cell("vanilla", 512, 0, 2.0, [probe(2.0, True, 300), probe(4.0, False, 500), probe(8.0, False, 400)])
+    assert capacity_report.stopped_by(full) == "pool"  # the lowest failing rate filled the pool
+    retracted = capacity_probe.Cell("vanilla", 512, 0, 2.0, [probe(2.0, True, 300), probe(2.5, False, 420, retractions=3)])
+    assert capacity_report.stopped_by(retracted) == "pool"
+    queue = capacity_probe.Cell("mepic", 512, 0, 4.0, [probe(4.0, True, 100), probe(8.0, False, 200), probe(5.0, False, 150)])
+    assert capacity_report.stopped_by(queue) == "compute"  # no stage counters recorded
     stages = {"run_batch": 30.0, "get_next_batch_to_run": 8.0, "process_batch_result": 2.0, "idle": 20.0}
     queue.probes[2]["counters"]["stage_seconds"] = stages
-    assert capacity.stopped_by(queue) == "queue"  # idle a third of the time, the pool not full: neither
+    assert capacity_report.stopped_by(queue) == "queue"  # idle a third of the time, the pool not full: neither
     stages["idle"] = 1.0  # saturated: the forward took 75% of the busy time
-    assert capacity.stopped_by(queue) == "forward (75% forward)"
+    assert capacity_report.stopped_by(queue) == "forward (75% forward)"
     stages["get_next_batch_to_run"] = 40.0
-    assert capacity.stopped_by(queue) == "scheduler (42% forward)"
+    assert capacity_report.stopped_by(queue) == "scheduler (42% forward)"
     full.probes[1]["counters"]["stage_seconds"] = {"run_batch": 9.0, "idle": 1.0}
-    assert capacity.stopped_by(full) == "forward (100% forward)"  # a full pool past capacity is a symptom
-    assert capacity.stopped_by(capacity.Cell("mepic", 512, 0, 64.0, [probe(64.0, True, 100)])) == "—"
+    assert capacity_report.stopped_by(full) == "forward (100% forward)"  # a full pool past capacity is a symptom
+    assert capacity_report.stopped_by(capacity_probe.Cell("mepic", 512, 0, 64.0, [probe(64.0, True, 100)])) == "—"
 
 
 def test_the_scheduler_counters_are_read_from_sglangs_metrics(monkeypatch):
@@ -331,11 +331,11 @@ def test_the_scheduler_counters_are_read_from_sglangs_metrics(monkeypatch):
         'sglang:scheduler_stage_seconds_total{category="run_batch",forward_overlap="none",tp_rank="0"} 12.5',
         'sglang:scheduler_stage_seconds_total{category="idle",forward_overlap="none",tp_rank="0"} 4.0',
         'sglang:scheduler_stage_seconds_total_created{category="idle"} 1.7e9'])
-    monkeypatch.setattr(capacity.requests, "get", lambda url, timeout: SimpleNamespace(text=text))
-    before = capacity.scheduler_counters("http://x")
+    monkeypatch.setattr(capacity_probe.requests, "get", lambda url, timeout: SimpleNamespace(text=text))
+    before = capacity_probe.scheduler_counters("http://x")
     assert before == {"retractions": 3.0, "stages": {"run_batch": 12.5, "idle": 4.0}}
     after = {"retractions": 5.0, "stages": {"run_batch": 20.0, "idle": 4.5, "other": 0.25}}
-    assert capacity.scheduler_delta(before, after) == {"retractions": 2.0, "stage_seconds": {
+    assert capacity_probe.scheduler_delta(before, after) == {"retractions": 2.0, "stage_seconds": {
         "run_batch": 7.5, "idle": 0.5, "other": 0.25}}
 
 
@@ -399,14 +399,14 @@ def test_equal_bytes_gives_each_kv_dtype_the_pages_its_bytes_hold_and_fp8_is_rea
 
     cells = [cell("mepic-bf16", 256, 2.0), cell("mepic-fp8", 256, 3.6)]
     cells[0].server_pages, cells[1].server_pages = 256, 512
-    text = capacity.capacity_table(cells, ["mepic-bf16", "mepic-fp8"], [256])
+    text = capacity_report.capacity_table(cells, ["mepic-bf16", "mepic-fp8"], [256])
     assert "| system | pool (bf16 pages' bytes): pages held |" in text
     assert "| mepic-fp8 | 256: 512 | 3.60 |" in text and "| mepic-bf16 | 256 | 2.00 |" in text
-    assert "- at 256 pages, capacity mepic-fp8 / mepic-bf16: 1.80 (target >= 1.6: met)" in capacity.ratios(cells, [256])
+    assert "- at 256 pages, capacity mepic-fp8 / mepic-bf16: 1.80 (target >= 1.6: met)" in capacity_report.ratios(cells, [256])
     none = [*cells, cell("mepic-bf16", 256, 0.0), cell("mepic-fp8", 256, 9.0)]
     none[2].seed = none[3].seed = 3  # a seed where bf16 held no rate: left out of the ratio, and said so
     assert ("- at 256 pages, capacity mepic-fp8 / mepic-bf16: 1.80 (target >= 1.6: met); seed 3 left out: "
-            "mepic-bf16 held no rate there") in capacity.ratios(none, [256])
+            "mepic-bf16 held no rate there") in capacity_report.ratios(none, [256])
 
 
 def test_a_decode_heavy_request_is_judged_on_its_time_per_output_token():
@@ -415,15 +415,15 @@ def test_a_decode_heavy_request_is_judged_on_its_time_per_output_token():
     def out(ttft, e2e, tokens):
         return ([], "", {"completion_tokens": tokens}, ttft, e2e, 0.0)
     fast_decode, slow_decode = out(0.5, 0.5 + 255 * 0.02, 256), out(0.5, 0.5 + 255 * 0.05, 256)
-    assert capacity.tpot(slow_decode) == pytest.approx(0.05) and capacity.tpot(out(0.5, 0.6, 1)) == 0.0
+    assert capacity_probe.tpot(slow_decode) == pytest.approx(0.05) and capacity_probe.tpot(out(0.5, 0.6, 1)) == 0.0
     judged = SimpleNamespace(ttft_slo=2.0, e2e_slo=100.0, tpot_slo=0.04)
-    assert capacity.meets(fast_decode, judged) and not capacity.meets(slow_decode, judged)
-    assert capacity.meets(slow_decode, SimpleNamespace(ttft_slo=2.0, e2e_slo=100.0))  # no TPOT SLO
+    assert capacity_probe.meets(fast_decode, judged) and not capacity_probe.meets(slow_decode, judged)
+    assert capacity_probe.meets(slow_decode, SimpleNamespace(ttft_slo=2.0, e2e_slo=100.0))  # no TPOT SLO
     args = capacity.parser().parse_args(["--new-tokens", "256", "--tpot-slo", "0.04", "--pools", "64",
                                          "--systems", "mepic"])
     capacity.plan(args)
     assert args.e2e_slo == pytest.approx(2.0 + 0.04 * 255)
-    probe = capacity.judge([fast_decode, slow_decode], 1.0, 10.0, SimpleNamespace(pages=[], anatomy=[]), None, {},
+    probe = capacity_probe.judge([fast_decode, slow_decode], 1.0, 10.0, SimpleNamespace(pages=[], anatomy=[]), None, {},
                            SimpleNamespace(**vars(judged), attainment=0.5, queue_slack=0.5))
     assert probe.attainment == 0.5 and probe.tpot_p50 == pytest.approx(0.035, abs=0.016)
 
@@ -461,7 +461,7 @@ def test_a_ratio_says_which_seeds_only_one_system_ran_and_fp8_is_read_over_each_
                 c = cell(system, 768, rate)
                 c.seed = seed
                 cells.append(c)
-    lines = capacity.ratios(cells, [768])
+    lines = capacity_report.ratios(cells, [768])
     mepic = next(line for line in lines if line.startswith("- capacity mepic / epic-16-host"))
     assert mepic.endswith("; seed 2 left out: mepic has no cell there"), mepic
     fp8 = next(line for line in lines if line.startswith("- capacity mepic-fp8 / epic-16-host"))
@@ -475,7 +475,7 @@ def test_the_ratios_are_given_at_every_pool_run_the_larger_ones_not_judged():
     for pool, (host, mine) in ((768, (0.2, 0.3)), (1536, (0.5, 1.3))):
         for system, rate in (("epic-16-host", host), ("mepic", mine)):
             cells.append(cell(system, pool, rate))
-    lines = capacity.ratios(cells, [768, 1536])
+    lines = capacity_report.ratios(cells, [768, 1536])
     assert lines[0].startswith("at 768 pages") and "not judged" in lines[0]
     at = lines.index("at 1,536 pages, seed by seed (not judged):")
     assert lines[1:at] == ["- capacity mepic / epic-16-host: 1.50"]

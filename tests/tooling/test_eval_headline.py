@@ -133,7 +133,7 @@ def test_the_headline_is_one_row_per_claim_and_marks_a_baseline_that_shared():
     """The README's table holds a row per claim (about ten, each naming its machine and commit or "not run");
     every run's figures go to docs/results.md, where a ratio over an epic-16 that read stored pages in place
     says it is withdrawn."""
-    from eval.experiments import capacity
+    from eval.experiments import capacity_probe
     from eval.reports import claims
 
     rows = [line for line in headline.headline().splitlines() if line.startswith("| ") and "---" not in line][1:]
@@ -142,7 +142,7 @@ def test_the_headline_is_one_row_per_claim_and_marks_a_baseline_that_shared():
 
     def cell(system, fallbacks):
         probe = {"rate": 1.0, "ok": True, "counters": {"private_copy_fallbacks": fallbacks}}
-        return capacity.Cell(system=system, pool_pages=512, seed=0, capacity=1.0, probes=[probe])
+        return capacity_probe.Cell(system=system, pool_pages=512, seed=0, capacity=1.0, probes=[probe])
 
     assert "withdrawn" in capacity_figures.shared_note([cell("epic-16", 3), cell("mepic", 0)])
     assert capacity_figures.shared_note([cell("epic-16", 0), cell("mepic", 0)]) == ""
