@@ -15,7 +15,10 @@ is timed (mean of `--calls`, or their median with `--median`, in ms):
 - recount: the same figure counted from scratch (the mepic cache's oracle, and its
   cost before the ledger);
 - stats: the figures /metrics and /server_info publish;
-- match+plan: matching a new request of 8 stored chunks (planning included);
+- match+plan: a request of 8 stored chunks matched again (planning included), as the scheduler matches a
+  request at each round it waits, its chunks where they were;
+- first match: a new request of the same 8 chunks, seen and matched for the first time (its chunk keys
+  hashed, planned, matched), a request each call;
 - evict 1%: evicting 1% of the cached pages (5 calls);
 - release: a finished request cached and released, then evictable_size. The first
   follows the evictions: a page they touched and left for the next question to
@@ -123,6 +126,16 @@ def measure(size: int, mepic: bool, calls: int) -> dict[str, float | None]:
             replanned(tree, req)
     out["match+plan"] = timed(match, calls)
 
+    def first_match():
+        fresh = new_request(*laid_out(big)) if mepic else new_request(strip(big), None)
+        t = time.perf_counter()
+        replanned(tree, fresh)
+        if mepic:
+            tree.residency.end_round()
+        return time.perf_counter() - t
+
+    out["first match"] = AVERAGE([first_match() for _ in range(calls)]) * 1e3
+
     one_percent = max(1, size // 100) * B
     out["evict 1%"] = timed(lambda: tree.evict(EvictParams(num_tokens=one_percent)), 5)
 
@@ -172,7 +185,7 @@ def main():
     rows = {}
     for size in sizes:
         rows[size] = (measure(size, True, args.calls), measure(size, False, args.calls))
-    names = ["evictable_size", "recount", "stats", "match+plan", "evict 1%", "release", "step sample", "published"]
+    names = ["evictable_size", "recount", "stats", "match+plan", "first match", "evict 1%", "release", "step sample", "published"]
     stat = "median" if args.median else "mean"
     print(f"\nms per call, {stat} of {args.calls} (evict: of 5); page size {B}; mepic / SGLang RadixCache\n")
     print("| cached pages | " + " | ".join(names) + " |")

@@ -90,6 +90,9 @@ class Link:
     _positions: tuple = (None, -1, None)  # (planned, num_slots, positions): match, insert and admit ask alike
     _real_before: tuple = (None, None)     # (planned, real prompt slots before each planned slot)
     _real_prompt: tuple = (-1, 0)          # (prompt slots asked, real tokens among them): output_report
+    # What `planned` was made from (reuse_plan), and the last key `masked` made: (planned, ids, key).
+    _planned_from: tuple | None = None
+    _masked: tuple = (None, None, None)
 
     # ---- phases ---------------------------------------------------------------
 
@@ -98,9 +101,15 @@ class Link:
             raise PhaseError(f"request state: {self.phase.value} -> {to.value} is not a transition")
         self.phase = to
 
-    def set_planned(self, planned: Planned) -> None:
+    def set_planned(self, planned: Planned, made_from: tuple | None = None) -> None:
         self._move((Phase.LINKED,), Phase.PLANNED)
-        self.planned = planned
+        self.planned, self._planned_from = planned, made_from
+
+    def reuse_plan(self, made_from: tuple) -> Planned | None:
+        """The last plan, where it was made from what the planner would be given now (the chunks resident and
+        their pages, and the request's own settings): a request still waiting, matched again next round with
+        its chunks where they were, has the same plan, and keeps the positions and keys made of it."""
+        return self.planned if self._planned_from is not None and self._planned_from == made_from else None
 
     def unplan(self) -> None:
         """Back to linked before it is planned again, or when its round ended without it."""
@@ -185,11 +194,19 @@ class Link:
         return out
 
     def masked(self, token_ids: Sequence[int]) -> array[int]:
-        """The radix-tree key of `token_ids` (planned order): planner.Planned.key."""
+        """The radix-tree key of `token_ids` (planned order): planner.Planned.key. A waiting request's match
+        asks the same ids of the same plan round after round: the last key is kept (a copy is returned)."""
+        planned, ids, key = self._masked
+        if planned is self.planned and type(ids) is type(token_ids) and ids == token_ids:
+            return key[:]
         positions = self.positions(len(token_ids))
         if self.planned is None:
-            return Planned.natural_key(token_ids, positions)
-        return self.planned.key(token_ids, positions)
+            key = Planned.natural_key(token_ids, positions)
+        else:
+            key = self.planned.key(token_ids, positions)
+        if type(token_ids) in (list, array):  # a snapshot: the caller's list may change after
+            self._masked = (self.planned, token_ids[:], key[:])
+        return key
 
     def real_slots(self, start: int, end: int) -> int:
         """Non-pad slots among planned prompt slots [start, end)."""

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from array import array
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -62,7 +61,6 @@ from sglang_mepic.pages.refs import PageRefs
 from sglang_mepic.tiers import storage
 from sglang_mepic.tiers.agreement import Agreement
 from sglang_mepic.tiers.levels import Tiers
-from sglang_mepic.wire.slots import masked_key
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -137,8 +135,10 @@ class MepicRadixCache(RadixCache):
         # A compile of a stored chunk would compute its first block; when the tree holds the
         # chunk's earlier compile whole in natural order, that order costs nothing.
         holds_natural = link.compile and bool(found.resident) and self._holds_compile(link, params)
-        link.set_planned(planner.plan(link.shape, found.resident, self.mode, self.page_size, self.canonical_from,
-                                      start, holds_natural))
+        made_from = (found.resident, start, holds_natural)  # with the cache's mode and layout: all plan() reads
+        planned_again = link.reuse_plan(made_from)
+        link.set_planned(planned_again or planner.plan(link.shape, found.resident, self.mode, self.page_size,
+                                                       self.canonical_from, start, holds_natural), made_from)
         planned = cast(planner.Planned, link.planned)  # just set
         if planned.reuses:
             # Same length, new order: fill_ids is rebuilt from it below (it would go stale).
@@ -231,7 +231,7 @@ class MepicRadixCache(RadixCache):
     def _match_natural(self, link: Link, params: MatchPrefixParams, output: Iterable[int] = ()) -> MatchResult:
         """What the tree holds for the request in natural slot order (pads as PAD_ID), unplanned."""
         key = params.key
-        ids = array("q", masked_key(link.natural, link.pads))
+        ids = link.shape.pad_masked[:]
         ids.extend(output)
         natural = RadixKey(ids, key.extra_key, is_bigram=key.is_bigram, limit=key.limit, cache_salt=key.cache_salt)
         return super().match_prefix(dataclasses.replace(params, key=natural))

@@ -12,7 +12,7 @@ import torch
 
 from sglang_mepic.cache.plan import ChunkSpan
 from sglang_mepic.wire.layout import NO_POSITION
-from sglang_mepic.wire.slots import pad_mask, slot_positions
+from sglang_mepic.wire.slots import masked_key, pad_mask, slot_positions
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,6 +54,12 @@ class Shape:
             return prompt[:num_slots]
         real = self.size - self.pad_count
         return torch.cat([prompt, torch.arange(real, real + num_slots - self.size, dtype=prompt.dtype)])
+
+    @cached_property
+    def pad_masked(self) -> array:
+        """The prompt's ids in natural order with pads as PAD_ID: the key of every unplanned match (the
+        waiting queue's sort asks it of each request, round after round)."""
+        return array("q", masked_key(self.natural, self.pads))
 
     @cached_property
     def _ids(self) -> torch.Tensor:
