@@ -72,7 +72,7 @@ def stopped_by(cell: Cell) -> str:
     run before the counters were recorded is judged on the pool alone."""
     failed = [p for p in cell.probes if not p["ok"] and p["rate"] > cell.capacity]
     if not failed:
-        return "—"
+        return "not reached: held at every rate probed (a lower bound)" if held_throughout(cell) else "—"
     p = min(failed, key=lambda p: p["rate"])
     stages = p["counters"].get("stage_seconds") or {}
     total = sum(stages.values())
@@ -83,6 +83,12 @@ def stopped_by(cell: Cell) -> str:
     if p["peak_kv_pages"] >= 0.95 * cell.pool_pages or p["counters"].get("retractions", 0) > 0:
         return "pool"
     return "queue" if stages else "compute"
+
+
+def held_throughout(cell: Cell) -> bool:
+    """Whether the cell held at every rate it probed: its search ran out of probes (--max-probes) before a rate
+    failed, so its capacity is a lower bound (a search started low, at an earlier seed's capacity, can)."""
+    return cell.kind == "capacity" and bool(cell.probes) and all(p["ok"] for p in cell.probes)
 
 
 def busy_ms_a_request(probe: dict) -> float | None:
@@ -168,7 +174,7 @@ def ratios(cells: list[Cell], pools: list[int]) -> list[str]:
         if values:
             target = " (target >= 1.6: " + ("met)" if statistics.median(values) >= 1.6 else "missed)")
             out.append(f"- at {pool_:,} pages, capacity mepic-fp8 / mepic-bf16: {fmt(values)}{target}"
-                       + without_ratio(cells, pool_, "mepic-fp8", "mepic-bf16"))
+                       + ratio_notes(cells, pool_, "mepic-fp8", "mepic-bf16"))
     return out
 
 
@@ -183,7 +189,26 @@ def pool_ratios(cells: list[Cell], pool: int, judged: bool) -> list[str]:
                 m = statistics.median(values)
                 target = f" (target >= {targets[other]}: " + ("met)" if m >= targets[other] else "missed)") \
                     if judged and other in targets else ""
-                out.append(f"- capacity {mine} / {other}: {fmt(values)}{target}" + without_ratio(cells, pool, mine, other))
+                out.append(f"- capacity {mine} / {other}: {fmt(values)}{target}" + ratio_notes(cells, pool, mine, other))
+    return out
+
+
+def ratio_notes(cells: list[Cell], pool: int, a: str, b: str) -> str:
+    """What to read beside a's ratio to b: the seeds left out (without_ratio), and the seeds whose ratio is a
+    bound, not a figure (where either cell held at every rate it probed)."""
+    def seeds(system):
+        return {c.seed: c for c in cells if (c.system, c.pool_pages, c.kind) == (system, pool, "capacity")}
+
+    mine, theirs = seeds(a), seeds(b)
+    both = sorted(mine.keys() & theirs.keys())
+    upper = [s for s in both if held_throughout(theirs[s]) and theirs[s].capacity > 0 and not held_throughout(mine[s])]
+    lower = [s for s in both if held_throughout(mine[s]) and not held_throughout(theirs[s])]
+    unknown = [s for s in both if held_throughout(mine[s]) and held_throughout(theirs[s])]
+    out = without_ratio(cells, pool, a, b)
+    for left, who, bound in ((upper, b, "an upper bound"), (lower, a, "a lower bound"), (unknown, "both", "neither")):
+        if left:
+            out += (f"; seed{'s' if len(left) > 1 else ''} {', '.join(map(str, left))}: {who} held at every rate "
+                    f"probed, so the ratio there is {bound}")
     return out
 
 

@@ -107,7 +107,7 @@ def fp8_rows(path: Path, results: dict | None, order: str) -> list[str]:
         if values:
             med, rng = span(values)
             lines.append(f"| capacity within the SLO, mepic-fp8 / mepic-bf16, at the bytes of {pool:,} bf16 pages "
-                         f"({what}; {order}{capacity_report.without_ratio(cells, pool, 'mepic-fp8', 'mepic-bf16')}) | "
+                         f"({what}; {order}{capacity_report.ratio_notes(cells, pool, 'mepic-fp8', 'mepic-bf16')}) | "
                          f"{med} | {rng} | {len(values)} | ≥ 1.6: "
                          f"{verdict(statistics.median(values), lambda v: v >= 1.6)} | `{rel(path)}` |")
     return lines

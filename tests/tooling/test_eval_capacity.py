@@ -249,7 +249,8 @@ def test_an_interrupted_run_stops_at_once_and_aborts_what_is_in_flight(monkeypat
 def cell(system, pool, cap, peak=100.0, mean=50.0, kind="capacity"):
     probe = {"rate": cap, "ok": True, "peak_kv_pages": peak, "mean_kv_pages": mean, "ttft_p50": 0.2,
              "in_flight": 8.0, "counters": {"retractions": 0, "chunk_evictions": 1, "chunks_compiled": 9}}
-    return capacity_probe.Cell(system, pool, 0, cap, [probe], kind)
+    failed = {**probe, "rate": cap * 1.2, "ok": False, "counters": dict(probe["counters"])}  # the search bracketed it
+    return capacity_probe.Cell(system, pool, 0, cap, [probe, failed] if kind == "capacity" else [probe], kind)
 
 
 def test_tables_and_ratios_read_the_cells(tmp_path):
@@ -259,8 +260,8 @@ def test_tables_and_ratios_read_the_cells(tmp_path):
     cells[3].probes[0].update(sent=50, requests=60)  # the scheduler's busy time a request sent: 7.5 s / 50
     cells[3].probes[0]["counters"]["stage_seconds"] = {"run_batch": 6.0, "get_next_batch_to_run": 1.5, "idle": 2.0}
     text = capacity_report.capacity_table(cells, ["vanilla", "epic-16", "mepic"], [512, 1024])
-    assert "| mepic | 1,024 | 3.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | 0.0 | 8.0 | 0.00 | 0 | 150 | — | 1 |" in text
-    assert "| vanilla | 1,024 | 1.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | 0.0 | 8.0 | 0.00 | 0 | — | — | 1 |" in text  # no counters
+    assert "| mepic | 1,024 | 3.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | 0.0 | 8.0 | 0.00 | 0 | 150 | compute | 2 |" in text
+    assert "| vanilla | 1,024 | 1.50 | 100 | 50 | 0 | 1 | 9 | 0.200 | 0.0 | 8.0 | 0.00 | 0 | — | compute | 2 |" in text  # no counters
     lines = capacity_report.ratios(cells, [512, 1024])
     assert lines[0].startswith("at 1,024 pages")  # vanilla holds 1 req/s there first
     # Issue 86's targets: 2.0 over either EPIC (its store in the pool or on the host), 1.5 over vanilla.
@@ -321,7 +322,10 @@ def test_a_cell_says_what_stopped_it():
     assert capacity_report.stopped_by(queue) == "scheduler (42% forward)"
     full.probes[1]["counters"]["stage_seconds"] = {"run_batch": 9.0, "idle": 1.0}
     assert capacity_report.stopped_by(full) == "forward (100% forward)"  # a full pool past capacity is a symptom
-    assert capacity_report.stopped_by(capacity_probe.Cell("mepic", 512, 0, 64.0, [probe(64.0, True, 100)])) == "—"
+    # it held at every rate probed: the search ran out of probes, and its capacity is a lower bound
+    unbracketed = capacity_probe.Cell("mepic", 512, 0, 0.27, [probe(0.06, True, 100), probe(0.27, True, 100)])
+    assert capacity_report.stopped_by(unbracketed) == "not reached: held at every rate probed (a lower bound)"
+    assert capacity_report.stopped_by(capacity_probe.Cell("mepic", 512, 0, 2.0, [probe(1.0, False, 100)])) == "—"
 
 
 def test_the_scheduler_counters_are_read_from_sglangs_metrics(monkeypatch):
@@ -466,6 +470,24 @@ def test_a_ratio_says_which_seeds_only_one_system_ran_and_fp8_is_read_over_each_
     assert mepic.endswith("; seed 2 left out: mepic has no cell there"), mepic
     fp8 = next(line for line in lines if line.startswith("- capacity mepic-fp8 / epic-16-host"))
     assert fp8.endswith("; seed 2 left out: mepic-fp8 has no cell there"), fp8
+
+
+def test_a_ratio_over_a_cell_that_held_at_every_rate_probed_is_a_bound():
+    """cacheblend-0.15's seed 1 at 768 pages (eval/results/capacity-decode-cacheblend) started its search at seed 0's
+    0.06 req/s and held at each of its 5 probes up to 0.27: mepic's 0.60 over it is at most 2.25, not 2.25."""
+    cells = []
+    for seed, (theirs, mine) in enumerate([((0.062, 0.088), 0.5), ((0.267, None), 0.6)]):
+        cap, failed = theirs
+        blend = cell("cacheblend-0.15", 768, cap)
+        blend.probes = blend.probes[:1] + ([{**blend.probes[0], "rate": failed, "ok": False}] if failed else [])
+        blend.seed = seed
+        ours = cell("mepic", 768, mine)
+        ours.seed = seed
+        cells += [blend, ours]
+    line = next(x for x in capacity_report.ratios(cells, [768]) if x.startswith("- capacity mepic / cacheblend-0.15"))
+    assert line == ("- capacity mepic / cacheblend-0.15: 5.16 (2.25–8.06); seed 1: cacheblend-0.15 held at every "
+                    "rate probed, so the ratio there is an upper bound"), line
+    assert "not reached" in capacity_report.capacity_table(cells, ["cacheblend-0.15", "mepic"], [768])
 
 
 def test_the_ratios_are_given_at_every_pool_run_the_larger_ones_not_judged():
