@@ -228,7 +228,9 @@ def search(run, start: float, lo: float, hi: float, resolution: float, max_probe
            step: float = 2.0) -> tuple[float, list]:
     """The highest rate in [lo, hi] at which run(rate).ok, by multiplying or dividing by `step` from `start` to a
     bracket, then bisecting on a log scale until failing / holding <= 1 + resolution. Returns (capacity, probes).
-    A start taken from a neighbouring cell is close: a step of (1 + resolution)^2 brackets it in two probes."""
+    A start taken from a neighbouring cell is close: a step of (1 + resolution)^2 brackets it in two probes. Where
+    it is not (a seed whose capacity is four times the last one's), the step is squared, up to 2, at each further
+    step the same way: 5 probes from (1.2)^2 reach 8.3 times the start, where they reached 4.3."""
     probes, held, failed = [], None, None
 
     def attempt(rate):
@@ -238,6 +240,8 @@ def search(run, start: float, lo: float, hi: float, resolution: float, max_probe
 
     rate = min(max(start, lo), hi)
     while len(probes) < max_probes:
+        if len(probes) >= 2 and step < 2.0:  # a second step the same way: the start was not close, stride out
+            step = min(2.0, step * step)
         if attempt(rate):
             held = rate
             if failed is not None or rate >= hi:

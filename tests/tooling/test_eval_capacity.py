@@ -97,6 +97,10 @@ def test_a_cell_starts_its_search_from_its_neighbours():
     assert capacity.warm_start([cell("mepic", 512, 0.0)], "mepic", 1024, args) == (2.0, 2.0)  # held nothing
     found, probes = capacity_probe.search(fake(3.5), 3.0, 0.25, 64.0, 0.15, 20, step=1.3225)
     assert found <= 3.5 < found * 1.15 and len(probes) <= 3
+    # A start far below (cacheblend-0.15's seed 1 after seed 0's 0.06 req/s): the step strides out after two, and
+    # five probes bracket a capacity 4.5 times the start, where five steps of 1.44 held at every one.
+    found, probes = capacity_probe.search(fake(0.28), 0.062, 0.05, 64.0, 0.2, 5, step=1.44)
+    assert any(not p.ok for p in probes) and found <= 0.28 < found * 2, [(p.rate, p.ok) for p in probes]
 
 
 class NoSampler:
