@@ -136,9 +136,8 @@ class MepicRadixCache(RadixCache):
         # chunk's earlier compile whole in natural order, that order costs nothing.
         holds_natural = link.compile and bool(found.resident) and self._holds_compile(link, params)
         made_from = (found.resident, start, holds_natural)  # with the cache's mode and layout: all plan() reads
-        planned_again = link.reuse_plan(made_from)
-        link.set_planned(planned_again or planner.plan(link.shape, found.resident, self.mode, self.page_size,
-                                                       self.canonical_from, start, holds_natural), made_from)
+        link.set_planned(link.reuse_plan(made_from) or planner.plan(link.shape, found.resident, self.mode, self.page_size,
+                                                                    self.canonical_from, start, holds_natural), made_from)
         planned = cast(planner.Planned, link.planned)  # just set
         if planned.reuses:
             # Same length, new order: fill_ids is rebuilt from it below (it would go stale).
@@ -217,7 +216,8 @@ class MepicRadixCache(RadixCache):
         end = min(plan.prefix_slots, limit // self.page_size * self.page_size)
         if end <= result.device_prefix_len:
             return result
-        link.injected = planned.reused_slots[result.device_prefix_len:end].to(self.pages.allocator.device)
+        # A copy: the readers point it at their compile rows in place (readers.py), and the plan is kept for a rematch.
+        link.injected = planned.reused_slots[result.device_prefix_len:end].to(self.pages.allocator.device, copy=True)
         return result._replace(device_prefix_len=end)
 
     def _match_unplanned(self, link: Link, params: MatchPrefixParams) -> MatchResult:

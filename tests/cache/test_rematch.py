@@ -8,9 +8,11 @@ would be on the same cache: what it reads never depends on the rounds it waited.
 
 import pytest
 
-from support.replay import compile_all, evict_all, laid_out, make_tree, new_request, replanned, request, serve
+from support.replay import (B, admit_round, compile_all, evict_all, laid_out, make_tree, new_request, release, replanned,
+                            request, serve)
 
 from sglang_mepic.cache import planner
+from sglang_mepic.cache.link import Link
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -124,3 +126,48 @@ def test_the_key_kept_for_a_rematch_follows_the_ids_asked(plans):
     assert link.masked(ids_changed)[-1] == 4242
     tree.residency.end_round()
     serve(tree, *laid_out(lay))
+
+
+def retracted_reader_planned_again_on_placeholders():
+    """A reader of two chunks no tier holds is admitted with its compile rows and pointed at their pages; it is
+    retracted, its chunks stored then evicted while it waits, and it is matched again on placeholders, as in its
+    first plan (found by the review of 49de630). Returns what it was matched to, its rows, and whether its plan
+    was kept."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    tree = make_tree()
+    tree.compile_rows.make_req = lambda rid, ids, parent: new_request(list(ids), None, parent.extra_key, rid)
+    reader = new_request(*laid_out(request(tuple(range(100, 161)), tuple(range(200, 261)))), rid="reader")
+    batch = admit_round(tree, [reader])  # its compile rows and it, pointed at the rows' pages
+    first = reader.mepic.planned
+    for row in batch[:-1]:
+        release(tree, row)  # the compile rows end: the chunks are stored
+    release(tree, reader, cache=False)  # retracted: its row let go, nothing cached
+    reader.output_ids.extend([11, 12])
+    reader.kv.req_pool_idx = None
+    tree.evict(EvictParams(num_tokens=96 * B))
+    assert len(tree.store) == 0
+    replanned(tree, reader)
+    link = reader.mepic
+    matched = (reader.prefix_len, list(reader.origin_input_ids), link.injected.tolist(),
+               link.planned.reused_slots.tolist())
+    kept = link.planned is first
+    tree.residency.end_round()
+    tree.compile_rows.end_round()
+    batch = admit_round(tree, [reader])
+    rows = [tree.req_to_token_pool.req_to_token[r.kv.req_pool_idx, :len(r.origin_input_ids)].tolist() for r in batch]
+    for r in batch:
+        release(tree, r)
+    return matched, rows, kept
+
+
+def test_a_kept_plan_is_not_changed_by_pointing_its_reader_at_its_compile_rows(monkeypatch):
+    """Pointing a reader at its compile rows' pages writes into its injected prefix. On a CPU pool that was a view
+    of the plan's reused slots, and a kept plan then named the first compile rows' (freed) slots at the next
+    match: it must match as a plan made anew does."""
+    kept_matched, kept_rows, kept = retracted_reader_planned_again_on_placeholders()
+    assert kept
+    monkeypatch.setattr(Link, "reuse_plan", lambda self, made_from: None)
+    fresh_matched, fresh_rows, _ = retracted_reader_planned_again_on_placeholders()
+    assert kept_matched == fresh_matched
+    assert kept_rows == fresh_rows
