@@ -25,7 +25,8 @@ it holds or halved while it fails, then bisected until the ratio between the low
 highest holding rate is at most 1 + `--resolution` (0.15: capacities are good to 15%). A system that
 fails at `--min-rate` has capacity 0. Each cell is run for every seed (workload draw and arrivals);
 tables give the median and the range. A cell's search starts at the capacity its earlier seeds found, or
-else the next smaller pool's, stepping by (1 + resolution)^2: two or three probes bracket it. Pools run
+else the next smaller pool's, stepping by (1 + resolution)^2: two or three probes bracket it (a start that was
+not close strides out: the step is squared, up to 2, from the third probe, capacity_probe.search). Pools run
 smallest first, one server at a time, so a run stopped part way has whole pools.
 
 Default SLOs, for tiny-4l on this 2-core CPU: a lone request's TTFT is 0.3-0.45 s at the paper's base
