@@ -193,37 +193,39 @@ def pool_ratios(cells: list[Cell], pool: int, judged: bool) -> list[str]:
     return out
 
 
+def capacity_by_seed(cells: list[Cell], pool: int, system: str) -> dict[int, Cell]:
+    """The system's capacity cells at `pool`, by seed."""
+    return {c.seed: c for c in cells if (c.system, c.pool_pages, c.kind) == (system, pool, "capacity")}
+
+
+def seeds_named(seeds: list[int]) -> str:
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+
+
 def ratio_notes(cells: list[Cell], pool: int, a: str, b: str) -> str:
     """What to read beside a's ratio to b: the seeds left out (without_ratio), and the seeds whose ratio is a
     bound, not a figure (where either cell held at every rate it probed)."""
-    def seeds(system):
-        return {c.seed: c for c in cells if (c.system, c.pool_pages, c.kind) == (system, pool, "capacity")}
-
-    mine, theirs = seeds(a), seeds(b)
+    mine, theirs = capacity_by_seed(cells, pool, a), capacity_by_seed(cells, pool, b)
     both = sorted(mine.keys() & theirs.keys())
-    upper = [s for s in both if held_throughout(theirs[s]) and theirs[s].capacity > 0 and not held_throughout(mine[s])]
+    upper = [s for s in both if held_throughout(theirs[s]) and not held_throughout(mine[s])]
     lower = [s for s in both if held_throughout(mine[s]) and not held_throughout(theirs[s])]
     unknown = [s for s in both if held_throughout(mine[s]) and held_throughout(theirs[s])]
     out = without_ratio(cells, pool, a, b)
-    for left, who, bound in ((upper, b, "an upper bound"), (lower, a, "a lower bound"), (unknown, "both", "neither")):
+    for left, who, bound in ((upper, b, "an upper bound"), (lower, a, "a lower bound"),
+                             (unknown, "both", "neither a figure nor a bound")):
         if left:
-            out += (f"; seed{'s' if len(left) > 1 else ''} {', '.join(map(str, left))}: {who} held at every rate "
-                    f"probed, so the ratio there is {bound}")
+            out += f"; {seeds_named(left)}: {who} held at every rate probed, so the ratio there is {bound}"
     return out
 
 
 def without_ratio(cells: list[Cell], pool: int, a: str, b: str) -> str:
     """The seeds `paired` leaves out of a's ratio to b, said beside the ratio: a median over the other seeds must
     not pass for one over every seed. Left out: where b held no rate, and where only one of the two ran."""
-    def seeds(system):
-        return {c.seed: c for c in cells if (c.system, c.pool_pages, c.kind) == (system, pool, "capacity")}
-
-    mine, theirs = seeds(a), seeds(b)
+    mine, theirs = capacity_by_seed(cells, pool, a), capacity_by_seed(cells, pool, b)
     why = {s: f"{b} held no rate there" for s in mine.keys() & theirs.keys() if theirs[s].capacity <= 0}
     why |= {s: f"{a if s in theirs else b} has no cell there" for s in mine.keys() ^ theirs.keys()}
     seeds_for = {reason: [s for s in sorted(why) if why[s] == reason] for reason in dict.fromkeys(why[s] for s in sorted(why))}
-    return "".join(f"; seed{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left out: {reason}"
-                   for reason, left in seeds_for.items())
+    return "".join(f"; {seeds_named(left)} left out: {reason}" for reason, left in seeds_for.items())
 
 
 def matched_table(cells: list[Cell], systems: list[str]) -> str:
